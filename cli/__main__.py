@@ -1,0 +1,5 @@
+import sys
+
+from postcast.cli import main
+
+sys.exit(main())

@@ -1,0 +1,214 @@
+"""The ``postcast`` command line: one entry point, one small adapter per verb.
+
+Each verb turns flags (and an optional YAML preset) into a typed config and calls one library
+function. Exit codes: 0 ok (also "already done"), 1 internal error, 2 bad usage/config,
+65 invalid input data, 66 missing input (retryable), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import postcast
+from postcast.datasets.errors import PostcastError
+
+log = logging.getLogger("postcast")
+
+EPILOG = """\
+quickstart (synthetic ENS-10, coarse grid):
+  postcast synth --out data/synth
+  postcast ingest data/synth --out data/store.zarr
+  postcast inspect data/store.zarr
+
+exit codes: 0 ok or already done | 1 internal error | 2 bad usage or config |
+            65 invalid input data | 66 missing input (retryable) | 130 interrupted
+"""
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as err:
+        msg = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from err
+
+
+def _str_tuple(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _year_range(text: str) -> tuple[int, int]:
+    parts = _int_tuple(text.replace(":", ","))
+    if len(parts) != 2:
+        msg = f"expected START:END years, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return (parts[0], parts[1])
+
+
+# --- synth ---------------------------------------------------------------------------------------
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "synth", help="generate synthetic ENS-10 data with a known oracle",
+        description="Generate ENS-10-style forecasts (10 members, steps 0/24/48 h) and ERA5-like truth whose "
+                    "true predictive distribution is known (written as oracle_mean/oracle_std). Deterministic "
+                    "for a seed; reruns skip files that exist.",
+        epilog="examples:\n  postcast synth --out data/synth\n"
+               "  postcast synth --out data/grib --format grib --years 2015:2017 --dates-per-year 4\n"
+               "  postcast synth -c configs/synth/ens10_full.yaml --out /scratch/ens10  # 0.5 deg, lazily",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("-c", "--config", help="YAML preset (kind: synth), e.g. configs/synth/quickstart.yaml")
+    p.add_argument("--seed", type=int, help="random seed (default 0)")
+    p.add_argument("--resolution", type=float, help="grid spacing in degrees (default 5; ENS-10 is 0.5)")
+    p.add_argument("--years", type=_year_range, help="reforecast years START:END (default 1998:2017)")
+    p.add_argument("--dates-per-year", type=int, help="init month-days per year, 1..105 (default 8)")
+    p.add_argument("--levels", type=_int_tuple, help="pressure levels in hPa, e.g. 500,850 (default)")
+    p.add_argument("--format", choices=["zarr", "grib", "netcdf"], help="on-disk form (default zarr)")
+    p.set_defaults(func=_run_synth)
+
+
+def _run_synth(a: argparse.Namespace) -> int:
+    from postcast.datasets import config, rawforms
+    from postcast.datasets.synthetic import SynthConfig
+
+    over = {"seed": a.seed, "resolution": a.resolution, "years": a.years, "dates_per_year": a.dates_per_year,
+            "levels": a.levels, "format": a.format}
+    cfg = config.load(a.config, "synth", **over) if a.config else config.from_dict(
+        SynthConfig, {k: v for k, v in over.items() if v is not None}, where="synth options")
+    log.info("synthesising %d init dates on a %dx%d grid -> %s (%s)", len(cfg.init_times), *cfg.grid.shape,
+             a.out, cfg.format)
+    manifest = rawforms.write_synthetic(cfg, a.out, progress=a.progress)
+    log.info("done in %.1f s: %s", manifest["seconds"], ", ".join(manifest["files"][:6]))
+    return 0
+
+
+# --- ingest --------------------------------------------------------------------------------------
+def _add_ingest(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ingest", help="raw forecasts (+ truth) -> canonical training store (zarr 3)",
+        description="Read ENS-10 GRIB, netCDF or zarr forecasts and ERA5-like truth, normalise conventions, "
+                    "check completeness and values, and write the training store with per-sample ensemble "
+                    "mean/std and training-year statistics. Runs on dask.distributed; interrupted runs resume.",
+        epilog="examples:\n  postcast ingest data/synth --out data/store.zarr\n"
+               "  postcast ingest /data/ens10 --truth /data/era5 --out ens10.zarr --levels 500,850\n"
+               "  postcast ingest data/synth --out s.zarr --scheduler tcp://10.0.0.5:8786",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="directory written by `postcast synth`, ENS-10 GRIB/netCDF files, or a zarr store")
+    p.add_argument("--out", required=True, help="store path (e.g. data/store.zarr)")
+    p.add_argument("-c", "--config", help="YAML preset (kind: ingest)")
+    p.add_argument("--truth", help="ERA5-like truth (netCDF file/directory or zarr); default: found next to SOURCE")
+    p.add_argument("--variables", type=_str_tuple, help="required variables (default: all 18 ENS-10 variables)")
+    p.add_argument("--levels", type=_int_tuple, help="required levels in hPa (default: those in the source)")
+    p.add_argument("--members", type=int, help="expected members (default 10)")
+    p.add_argument("--train-years", type=_year_range, help="statistics/training years (default 1998:2013)")
+    p.add_argument("--val-years", type=_year_range, help="validation years (default 2014:2015)")
+    p.add_argument("--test-years", type=_year_range, help="test years (default 2016:2017)")
+    p.add_argument("--scheduler", help="address of an existing dask.distributed scheduler")
+    p.add_argument("--workers", type=int, help="local dask worker processes (default 2)")
+    p.add_argument("--overwrite", action="store_true", default=None, help="rebuild even if OUT is complete")
+    p.add_argument("--restart", action="store_true", default=None,
+                   help="discard an interrupted ingest made with other settings")
+    p.set_defaults(func=_run_ingest)
+
+
+def _run_ingest(a: argparse.Namespace) -> int:
+    from postcast.datasets import config
+    from postcast.datasets.ingest import IngestConfig, ingest
+
+    splits = {k: list(v) for k, v in (("train", a.train_years), ("val", a.val_years), ("test", a.test_years)) if v}
+    over: dict[str, Any] = {"source": a.source, "out": a.out, "truth": a.truth, "variables": a.variables,
+                            "levels": a.levels, "members": a.members, "scheduler": a.scheduler,
+                            "workers": a.workers, "overwrite": a.overwrite, "restart": a.restart,
+                            "splits": splits or None, "progress": a.progress}
+    if a.config:
+        cfg = config.load(a.config, "ingest", **over)
+    else:
+        cfg = config.from_dict(IngestConfig, {k: v for k, v in over.items() if v is not None}, where="ingest options")
+    result = ingest(cfg)
+    if result.skipped:
+        print(f"{result.store}: already complete, nothing to do")
+    else:
+        print(f"{result.store}: {result.n_written} of {result.n_dates} init dates written in {result.seconds:.1f} s")
+    return 0
+
+
+# --- inspect -------------------------------------------------------------------------------------
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="summarise a training store",
+                       description="Dims, variables, dates, splits, completeness and statistics of a store.")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_run_inspect)
+
+
+def _run_inspect(a: argparse.Namespace) -> int:
+    from postcast.datasets import inspection
+
+    info = inspection.summary(a.store)
+    print(json.dumps(info, indent=2, default=str) if a.json else inspection.render(info))
+    return 0 if info.get("complete") else 66
+
+
+# --- config --------------------------------------------------------------------------------------
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="validate configuration presets",
+                       description="Check YAML presets against their typed schema (kind: synth | ingest | ...).")
+    csub = p.add_subparsers(dest="config_cmd", required=True)
+    v = csub.add_parser("validate", help="validate one or more YAML files")
+    v.add_argument("files", nargs="+")
+    v.set_defaults(func=_run_config_validate)
+
+
+def _run_config_validate(a: argparse.Namespace) -> int:
+    from postcast.datasets import config
+
+    worst = 0
+    for f in a.files:
+        try:
+            cfg = config.load(f)
+            print(f"{f}: ok ({type(cfg).__name__})")
+        except PostcastError as err:
+            print(f"{f}: INVALID: {err}", file=sys.stderr)
+            worst = max(worst, err.exit_code)
+    return worst
+
+
+# --- main ----------------------------------------------------------------------------------------
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_synth, _add_ingest, _add_inspect, _add_config]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="postcast", description="Post-processing of ensemble weather forecasts (ENS-10).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"postcast {postcast.__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars (batch logs)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        return int(args.func(args))
+    except PostcastError as err:
+        print(f"postcast: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("postcast: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

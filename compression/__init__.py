@@ -1,0 +1,1 @@
+"""postcast.compression (see the issues for what lands here)."""

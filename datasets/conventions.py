@@ -1,0 +1,248 @@
+"""Normalise conventions once, at the read boundary: names, latitude order, longitudes, units, time.
+
+:func:`normalise` takes a forecast dataset in any of the conventions postcast meets (cfgrib/ENS-10:
+``number``, ``time``, ``isobaricInhPa``, descending latitude; cdo/ENS-10 baseline files: ``plev`` in
+Pa, ``lat``/``lon``, upper-case ECMWF names; WeatherBench-style ``level``/``realization``) and
+returns it in the canonical form of :mod:`postcast.datasets.schema`. Nothing downstream re-checks.
+:func:`to_ens10` does the reverse, for writers that produce ENS-10 look-alike files.
+
+Both functions are pure ``xr.Dataset -> xr.Dataset`` and keep dask arrays lazy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from postcast.datasets import schema
+from postcast.datasets.errors import BadInputError, MissingInputError
+
+# dimension / coordinate aliases -> canonical
+_DIM_ALIASES = {
+    "number": schema.MEMBER, "realization": schema.MEMBER, "ensemble": schema.MEMBER, "ens": schema.MEMBER,
+    "isobaricInhPa": schema.LEVEL, "pressure_level": schema.LEVEL, "plev": schema.LEVEL, "lev": schema.LEVEL,
+    "lat": schema.LAT, "lon": schema.LON, "forecast_reference_time": schema.INIT_TIME,
+    "lead_time": schema.STEP, "prediction_timedelta": schema.STEP, "forecast_period": schema.STEP,
+}
+# variable aliases (GRIB short names, cdo -t ecmwf names) -> canonical
+_CDO_NAMES = {"Z": "z", "T": "t", "Q": "q", "W": "w", "D": "d", "U": "u", "V": "v", "SSTK": "sst",
+              "TCW": "tcw", "TCWV": "tcwv", "CP": "cp", "TP": "tp", "MSL": "msl", "TCC": "tcc",
+              "U10M": "u10", "V10M": "v10", "T2M": "t2m", "SKT": "skt"}
+_VAR_ALIASES = {**{v.grib_short_name: v.name for v in schema.VARIABLES.values()}, **_CDO_NAMES}
+
+
+def _unit_key(units: str) -> str:
+    return units.replace(" ", "").replace("**", "").replace("^", "").replace("·", "").lower()
+
+
+def _scale(f: float) -> Callable[[xr.DataArray], xr.DataArray]:
+    return lambda x: x * f
+
+
+def _shift(c: float) -> Callable[[xr.DataArray], xr.DataArray]:
+    return lambda x: x + c
+
+
+_IDENTITY = _scale(1.0)
+# canonical unit -> {alias key: converter to canonical}
+_UNIT_TABLE: dict[str, dict[str, Callable[[xr.DataArray], xr.DataArray]]] = {
+    "K": {"k": _IDENTITY, "kelvin": _IDENTITY, "degk": _IDENTITY, "degc": _shift(273.15), "c": _shift(273.15),
+          "°c": _shift(273.15), "celsius": _shift(273.15), "degree_celsius": _shift(273.15)},
+    "m**2 s**-2": {"m2s-2": _IDENTITY, "m2/s2": _IDENTITY, "m2s2": _IDENTITY, "j/kg": _IDENTITY,
+                   "jkg-1": _IDENTITY, "m": _scale(schema.GRAVITY), "gpm": _scale(schema.GRAVITY),
+                   "dam": _scale(10 * schema.GRAVITY)},
+    "kg kg**-1": {"kgkg-1": _IDENTITY, "kg/kg": _IDENTITY, "1": _IDENTITY, "g/kg": _scale(1e-3),
+                  "gkg-1": _scale(1e-3)},
+    "Pa s**-1": {"pas-1": _IDENTITY, "pa/s": _IDENTITY, "hpa/s": _scale(100.0), "hpas-1": _scale(100.0)},
+    "s**-1": {"s-1": _IDENTITY, "1/s": _IDENTITY},
+    "m s**-1": {"ms-1": _IDENTITY, "m/s": _IDENTITY, "kmh-1": _scale(1 / 3.6), "km/h": _scale(1 / 3.6),
+                "knots": _scale(0.514444), "kt": _scale(0.514444)},
+    "kg m**-2": {"kgm-2": _IDENTITY, "kg/m2": _IDENTITY, "mm": _IDENTITY},
+    "m": {"m": _IDENTITY, "mm": _scale(1e-3), "kgm-2": _scale(1e-3), "kg/m2": _scale(1e-3)},
+    "Pa": {"pa": _IDENTITY, "hpa": _scale(100.0), "mb": _scale(100.0), "mbar": _scale(100.0)},
+    "(0 - 1)": {"(0-1)": _IDENTITY, "0-1": _IDENTITY, "1": _IDENTITY, "fraction": _IDENTITY,
+                "dimensionless": _IDENTITY, "%": _scale(0.01), "percent": _scale(0.01)},
+}
+
+
+def convert_units(da: xr.DataArray, var: schema.Variable, source: str = "") -> xr.DataArray:
+    """Convert ``da`` to the canonical units of ``var``; raise :class:`BadInputError` if unknown."""
+    units = da.attrs.get("units")
+    if units is None or units == var.units:
+        out = da
+    else:
+        conv = _UNIT_TABLE[var.units].get(_unit_key(str(units)))
+        if conv is None:
+            known = sorted(_UNIT_TABLE[var.units])
+            msg = (f"{source}: variable {var.name!r} has units {units!r}, which postcast cannot convert to "
+                   f"{var.units!r}; use one of {known}")
+            raise BadInputError(msg)
+        out = conv(da)
+    out.attrs = {**da.attrs, "units": var.units}
+    return out
+
+
+def _rename(ds: xr.Dataset, source: str) -> xr.Dataset:
+    names = {k: v for k, v in _DIM_ALIASES.items() if k in ds.variables or k in ds.dims}
+    # ``time`` is the init time in forecasts (cfgrib); ``valid_time`` stays a coordinate.
+    if "time" in ds.dims and schema.INIT_TIME not in ds.dims:
+        names["time"] = schema.INIT_TIME
+    names.update({k: v for k, v in _VAR_ALIASES.items() if k in ds.data_vars and k != v})
+    clash = [v for k, v in names.items() if v in ds.variables and k != v]
+    if clash:
+        msg = f"{source}: both an alias and the canonical name exist for {clash}; drop one of them"
+        raise BadInputError(msg)
+    return ds.rename(names)
+
+
+def _fix_level(ds: xr.Dataset) -> xr.Dataset:
+    if schema.LEVEL not in ds.coords:
+        return ds
+    lev = ds[schema.LEVEL]
+    values = np.asarray(lev.values, dtype=np.float64)
+    units = str(lev.attrs.get("units", "")).lower()
+    if units in ("pa", "pascal") or (values.size and values.max() > 2000):
+        values = values / 100.0  # Pa -> hPa (cdo writes plev in Pa)
+    ds = ds.assign_coords({schema.LEVEL: (schema.LEVEL, np.round(values).astype(np.int64), {"units": "hPa"})})
+    return ds.sortby(schema.LEVEL)
+
+
+def _fix_step(ds: xr.Dataset, source: str) -> xr.Dataset:
+    if schema.STEP not in ds.coords:
+        return ds
+    step = ds[schema.STEP]
+    if np.issubdtype(step.dtype, np.timedelta64):
+        return ds
+    units = str(step.attrs.get("units", "hours")).lower()
+    factor = {"hours": "h", "hour": "h", "h": "h", "days": "D", "day": "D", "d": "D"}.get(units)
+    if factor is None:
+        msg = f"{source}: step has units {units!r}; use hours or days"
+        raise BadInputError(msg)
+    return ds.assign_coords({schema.STEP: pd.to_timedelta(np.asarray(step.values), unit=factor)})
+
+
+def _fix_lonlat(ds: xr.Dataset, source: str) -> xr.Dataset:
+    for c in (schema.LAT, schema.LON):
+        if c not in ds.coords:
+            msg = f"{source}: no {c} coordinate; expected a regular latitude/longitude grid"
+            raise BadInputError(msg)
+    lon = np.asarray(ds[schema.LON].values, dtype=np.float64)
+    if lon.min() < 0:
+        ds = ds.assign_coords({schema.LON: np.mod(lon, 360.0)}).sortby(schema.LON)
+    lat = ds[schema.LAT].values
+    if lat.size > 1 and lat[0] > lat[-1]:
+        ds = ds.isel({schema.LAT: slice(None, None, -1)})  # ENS-10 / ERA5 are north -> south
+    try:
+        schema.Grid.from_coords(ds[schema.LAT].values, ds[schema.LON].values)
+    except ValueError as err:
+        raise BadInputError(f"{source}: wrong grid: {err}") from err
+    return ds.assign_coords({
+        schema.LAT: (schema.LAT, ds[schema.LAT].values.astype(np.float64),
+                     {"units": "degrees_north", "standard_name": "latitude"}),
+        schema.LON: (schema.LON, ds[schema.LON].values.astype(np.float64),
+                     {"units": "degrees_east", "standard_name": "longitude"}),
+    })
+
+
+def _fix_dims(ds: xr.Dataset) -> xr.Dataset:
+    """Promote scalar coords (cfgrib's single-level ``surface``/``isobaricInhPa``) and order dims."""
+    if schema.INIT_TIME in ds.coords and schema.INIT_TIME not in ds.dims:
+        ds = ds.expand_dims(schema.INIT_TIME)
+    drop = [c for c in ("surface", "heightAboveGround", "entireAtmosphere", "meanSea") if c in ds.coords]
+    ds = ds.drop_vars(drop)
+    out = {}
+    for name, da in ds.data_vars.items():
+        var = schema.VARIABLES.get(str(name))
+        if var is None:
+            continue
+        if var.level_type is schema.LevelType.PRESSURE:
+            if schema.LEVEL in da.coords and schema.LEVEL not in da.dims:
+                da = da.expand_dims(schema.LEVEL)
+            order = schema.PL_DIMS
+        else:
+            if schema.LEVEL in da.dims:
+                da = da.squeeze(schema.LEVEL, drop=True)
+            order = schema.SFC_DIMS
+        missing = [d for d in order if d not in da.dims]
+        if missing == [schema.MEMBER]:
+            da = da.expand_dims({schema.MEMBER: [1]})
+        out[str(name)] = da.transpose(*[d for d in order if d in da.dims], ...)
+    return xr.Dataset(out, attrs=ds.attrs)
+
+
+def normalise(ds: xr.Dataset, *, source: str = "input") -> xr.Dataset:
+    """Any supported forecast convention -> canonical postcast forecast dataset (lazy-friendly).
+
+    Raises :class:`BadInputError` (wrong grid, unconvertible units, name clashes) or
+    :class:`MissingInputError` (no ENS-10 variable at all).
+    """
+    ds = _rename(ds, source)
+    ds = _fix_level(ds)
+    ds = _fix_step(ds, source)
+    ds = _fix_lonlat(ds, source)
+    ds = _fix_dims(ds)
+    if not ds.data_vars:
+        msg = f"{source}: no ENS-10 variable found (known: {', '.join(schema.VARIABLES)})"
+        raise MissingInputError(msg)
+    for name in list(ds.data_vars):
+        ds[name] = convert_units(ds[name], schema.VARIABLES[str(name)], source)
+    if schema.STEP in ds.coords and schema.INIT_TIME in ds.coords:
+        valid = ds[schema.INIT_TIME].values[:, None] + ds[schema.STEP].values[None, :]
+        ds = ds.assign_coords({schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP), valid)})
+    return ds
+
+
+def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
+    """ERA5-like truth -> ``truth_<target>`` variables on a canonical grid, indexed by valid time
+    (dim ``valid_time``), or already paired with forecasts (dims ``init_time``, ``step``)."""
+    names: dict[str, str] = {}
+    if "time" in ds.dims:
+        names["time"] = schema.INIT_TIME if "step" in ds.dims else schema.VALID_TIME
+    names.update({k: v for k, v in _DIM_ALIASES.items() if k in ds.dims or k in ds.coords})
+    ds = ds.rename({k: v for k, v in names.items() if k in ds.variables or k in ds.dims})
+    ds = _fix_step(_fix_level(ds), source)
+    ds = _fix_lonlat(ds, source)
+    out = {}
+    for name, da in ds.data_vars.items():
+        key = str(name)
+        target = _truth_target(key, da)
+        if target is None:
+            continue
+        tg = schema.TARGETS[target]
+        if tg.level is not None and schema.LEVEL in da.coords:
+            if tg.level not in np.atleast_1d(da[schema.LEVEL].values):
+                continue
+            da = da.sel({schema.LEVEL: tg.level}, drop=True) if schema.LEVEL in da.dims else da.drop_vars(schema.LEVEL)
+        conv = convert_units(da, schema.VARIABLES[tg.variable], source)
+        out[schema.truth_name(target)] = conv.assign_attrs(target=target)
+    if not out:
+        msg = f"{source}: no truth variable for z500, t850 or t2m found (have {list(ds.data_vars)})"
+        raise MissingInputError(msg)
+    return xr.Dataset(out)
+
+
+def _truth_target(name: str, da: xr.DataArray) -> str | None:
+    if name.startswith("truth_") and name[6:] in schema.TARGETS:
+        return name[6:]
+    if name in schema.TARGETS:
+        return name
+    canon = _VAR_ALIASES.get(name, name)
+    for target, tg in schema.TARGETS.items():
+        if canon == tg.variable:
+            if tg.level is None:
+                return target
+            levels = np.atleast_1d(da[schema.LEVEL].values) if schema.LEVEL in da.coords else []
+            if tg.level in levels:
+                return target
+    return None
+
+
+def to_ens10(ds: xr.Dataset) -> xr.Dataset:
+    """Canonical forecast -> ENS-10/cfgrib look-alike (``number``, ``time``, ``isobaricInhPa``,
+    descending latitude, GRIB short names kept as cfgrib does: ``t2m``, ``u10``)."""
+    ren = {schema.MEMBER: "number", schema.INIT_TIME: "time", schema.LEVEL: "isobaricInhPa"}
+    out = ds.rename({k: v for k, v in ren.items() if k in ds.dims})
+    return out.isel({schema.LAT: slice(None, None, -1)})

@@ -1,0 +1,34 @@
+"""Errors that carry an exit code, so every driver (CLI, batch job, pipeline) maps them the same way.
+
+Exit codes (documented in the README, after BSD sysexits.h):
+
+====  ===================  ==========================================================
+code  class                meaning
+====  ===================  ==========================================================
+0     -                    success, including "already done"
+1     (other exceptions)   internal failure
+2     ConfigError          bad command line or configuration
+65    BadInputError        input data exist but are invalid (corrupt, wrong grid, NaNs, units)
+66    MissingInputError    input files, variables, levels, members or dates are missing (retryable)
+====  ===================  ==========================================================
+"""
+
+from __future__ import annotations
+
+
+class PostcastError(Exception):
+    """Base class; ``exit_code`` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class ConfigError(PostcastError, ValueError):
+    exit_code = 2
+
+
+class BadInputError(PostcastError, ValueError):
+    exit_code = 65
+
+
+class MissingInputError(PostcastError, FileNotFoundError):
+    exit_code = 66

@@ -1,0 +1,227 @@
+"""ENS-10 GRIB edition 1: write look-alike files with eccodes, index and decode them.
+
+File form (ENS-10, ../shared/reference/ens10-task.md 1.2): one file per month-day and level type,
+``output.pl.2018MMDD`` / ``output.sfc.2018MMDD``, each holding every reforecast year of that
+month-day; ECMWF centre, local definition 1 (``dataType=pf``, ``number`` 1..10, ``totalNumber`` 11),
+16-bit simple packing, 00 UTC, grid scanned north to south, SST missing over land (bitmap).
+
+Reading is two-phase so it scales to 48 GB files: :func:`index_file` scans message headers only
+(byte offset, length and identity of each message), then :func:`decode` reads just the messages
+a work unit needs. Both raise :class:`BadInputError` naming the file and message on corrupt data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import eccodes
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from postcast.datasets import schema
+from postcast.datasets.errors import BadInputError
+from postcast.datasets.io import atomic_path
+
+MISSING_VALUE = 9999.0  # what ENS-10 readers see for missing SST (the reference loader fills 9999)
+BITS_PER_VALUE = 16
+INDEX_COLUMNS = ["var", "level", "member", "init_time", "step_h", "offset", "length", "ni", "nj",
+                 "lat_first", "lat_last", "lon_first", "lon_last"]
+
+
+def file_name(kind: str, month: int, day: int) -> str:
+    return f"output.{kind}.{schema.file_date_label(month, day)}"
+
+
+# --- writing -------------------------------------------------------------------------------------
+def _set_grid(h: int, grid: schema.Grid) -> None:
+    eccodes.codes_set(h, "Ni", grid.n_lon)
+    eccodes.codes_set(h, "Nj", grid.n_lat)
+    eccodes.codes_set(h, "latitudeOfFirstGridPointInDegrees", 90.0)
+    eccodes.codes_set(h, "latitudeOfLastGridPointInDegrees", -90.0)
+    eccodes.codes_set(h, "longitudeOfFirstGridPointInDegrees", 0.0)
+    eccodes.codes_set(h, "longitudeOfLastGridPointInDegrees", 360.0 - grid.resolution)
+    eccodes.codes_set(h, "iDirectionIncrementInDegrees", grid.resolution)
+    eccodes.codes_set(h, "jDirectionIncrementInDegrees", grid.resolution)
+    eccodes.codes_set(h, "jScansPositively", 0)
+
+
+def _template(var: schema.Variable, grid: schema.Grid) -> int:
+    """A GRIB1 handle with everything set except date, step, member, level and values."""
+    pl = var.level_type is schema.LevelType.PRESSURE
+    h = eccodes.codes_grib_new_from_samples("regular_ll_pl_grib1" if pl else "regular_ll_sfc_grib1")
+    eccodes.codes_set(h, "centre", "ecmf")
+    eccodes.codes_set(h, "setLocalDefinition", 1)
+    eccodes.codes_set(h, "localDefinitionNumber", 1)
+    eccodes.codes_set(h, "marsClass", "od")
+    eccodes.codes_set(h, "marsStream", "enfh")  # ensemble forecast hindcasts (reforecasts)
+    eccodes.codes_set(h, "marsType", "pf")
+    eccodes.codes_set(h, "numberOfForecastsInEnsemble", 11)
+    eccodes.codes_set(h, "dataTime", 0)
+    eccodes.codes_set(h, "paramId", var.param_id)
+    if var.accumulated:
+        eccodes.codes_set(h, "stepType", "accum")
+    _set_grid(h, grid)
+    eccodes.codes_set(h, "bitsPerValue", BITS_PER_VALUE)
+    if var.missing_over_land:
+        eccodes.codes_set(h, "bitmapPresent", 1)
+        eccodes.codes_set(h, "missingValue", MISSING_VALUE)
+    return h
+
+
+def write_file(ds: xr.Dataset, path: str | os.PathLike[str], kind: str) -> int:
+    """Write the ``kind`` ("pl" or "sfc") variables of a canonical forecast dataset as one ENS-10
+    GRIB1 file, atomically. Data may be dask-backed; one (init, step) is loaded at a time.
+    Returns the number of messages written."""
+    grid = schema.Grid.from_coords(ds[schema.LAT].values, ds[schema.LON].values)
+    want = schema.LevelType.PRESSURE if kind == "pl" else schema.LevelType.SURFACE
+    names = [n for n in ds.data_vars if schema.VARIABLES[str(n)].level_type is want]
+    templates = {n: _template(schema.VARIABLES[str(n)], grid) for n in names}
+    count = 0
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            for t in ds[schema.INIT_TIME].values:
+                stamp = pd.Timestamp(t)
+                for step in ds[schema.STEP].values:
+                    step_h = int(pd.Timedelta(step).total_seconds() // 3600)
+                    block = ds[names].sel({schema.INIT_TIME: t, schema.STEP: step}).load()
+                    for name in names:
+                        count += _write_messages(f, templates[name], block[name], stamp, step_h)
+    finally:
+        for h in templates.values():
+            eccodes.codes_release(h)
+    return count
+
+
+def _write_messages(f: object, template: int, da: xr.DataArray, init: pd.Timestamp, step_h: int) -> int:
+    var = schema.VARIABLES[str(da.name)]
+    levels = da[schema.LEVEL].values if schema.LEVEL in da.dims else [None]
+    n = 0
+    for member in da[schema.MEMBER].values:
+        for level in levels:
+            sel = {schema.MEMBER: member} | ({schema.LEVEL: level} if level is not None else {})
+            values = np.asarray(da.sel(sel).values, dtype=np.float64)[::-1]  # GRIB: north -> south
+            h = eccodes.codes_clone(template)
+            try:
+                eccodes.codes_set(h, "dataDate", int(init.strftime("%Y%m%d")))
+                eccodes.codes_set(h, "number", int(member))
+                if level is not None:
+                    eccodes.codes_set(h, "level", int(level))
+                if var.accumulated:
+                    eccodes.codes_set(h, "startStep", 0)
+                    eccodes.codes_set(h, "endStep", step_h)
+                else:
+                    eccodes.codes_set(h, "step", step_h)
+                if var.missing_over_land:
+                    values = np.where(np.isnan(values), MISSING_VALUE, values)
+                eccodes.codes_set_values(h, values.ravel())
+                eccodes.codes_write(h, f)
+                n += 1
+            finally:
+                eccodes.codes_release(h)
+    return n
+
+
+# --- reading -------------------------------------------------------------------------------------
+def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """One row per GRIB message (headers only): identity, byte offset, length and grid."""
+    rows = []
+    path = Path(path)
+    with open(path, "rb") as f:
+        i = 0
+        while True:
+            try:
+                h = eccodes.codes_grib_new_from_file(f, headers_only=True)
+            except Exception as err:  # eccodes raises several types for truncated / corrupt data
+                msg = f"{path}: corrupt or truncated GRIB after message {i}: {err}"
+                raise BadInputError(msg) from err
+            if h is None:
+                break
+            try:
+                rows.append(_header_row(h, path, i))
+            finally:
+                eccodes.codes_release(h)
+            i += 1
+    if not rows:
+        msg = f"{path}: no GRIB messages found (empty or not a GRIB file)"
+        raise BadInputError(msg)
+    df = pd.DataFrame(rows, columns=INDEX_COLUMNS)
+    end = int((df["offset"] + df["length"]).max())
+    if end > path.stat().st_size:
+        msg = f"{path}: truncated: last message ends at byte {end} but the file has {path.stat().st_size} bytes"
+        raise BadInputError(msg)
+    return df
+
+
+def _header_row(h: int, path: Path, i: int) -> list[object]:
+    try:
+        short = eccodes.codes_get(h, "shortName")
+        pid = eccodes.codes_get(h, "paramId")
+        var = schema.BY_SHORT_NAME.get(short) or schema.BY_PARAM_ID.get(int(pid))
+        if var is None:
+            msg = f"{path}: message {i} holds {short!r} (paramId {pid}), not an ENS-10 variable"
+            raise BadInputError(msg)
+        pl = eccodes.codes_get(h, "typeOfLevel") == "isobaricInhPa"
+        date, hhmm = eccodes.codes_get(h, "dataDate"), eccodes.codes_get(h, "dataTime")
+        init = pd.Timestamp(f"{date:08d}") + pd.Timedelta(hours=int(hhmm) // 100)
+        return [var.name, int(eccodes.codes_get(h, "level")) if pl else 0, int(eccodes.codes_get(h, "number")),
+                init, int(eccodes.codes_get(h, "endStep")), int(eccodes.codes_get(h, "offset")),
+                int(eccodes.codes_get(h, "totalLength")), int(eccodes.codes_get(h, "Ni")),
+                int(eccodes.codes_get(h, "Nj")), float(eccodes.codes_get(h, "latitudeOfFirstGridPointInDegrees")),
+                float(eccodes.codes_get(h, "latitudeOfLastGridPointInDegrees")),
+                float(eccodes.codes_get(h, "longitudeOfFirstGridPointInDegrees")),
+                float(eccodes.codes_get(h, "longitudeOfLastGridPointInDegrees"))]
+    except BadInputError:
+        raise
+    except Exception as err:
+        msg = f"{path}: cannot read the header of GRIB message {i}: {err}"
+        raise BadInputError(msg) from err
+
+
+def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> schema.Grid:
+    """The regular global grid shared by every message of an index, or :class:`BadInputError`."""
+    shapes = index[["ni", "nj", "lat_first", "lat_last", "lon_first", "lon_last"]].drop_duplicates()
+    if len(shapes) != 1:
+        msg = f"{path}: messages on {len(shapes)} different grids; ENS-10 files hold one grid"
+        raise BadInputError(msg)
+    ni, nj, la0, la1, lo0, lo1 = shapes.iloc[0]
+    lat = np.linspace(la0, la1, int(nj))
+    lon = np.linspace(lo0, lo1, int(ni))
+    try:
+        return schema.Grid.from_coords(lat, lon)
+    except ValueError as err:
+        raise BadInputError(f"{path}: wrong grid: {err}") from err
+
+
+def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape: tuple[int, int]) -> np.ndarray:
+    """Decode messages at (offset, length) into (n, n_lat, n_lon) float32, latitude ascending, NaN
+    where the bitmap marks missing values."""
+    rows = list(rows)
+    out = np.empty((len(rows), *shape), dtype=np.float32)
+    with open(path, "rb") as f:
+        for k, (offset, length) in enumerate(rows):
+            f.seek(offset)
+            buf = f.read(length)
+            try:
+                h = eccodes.codes_new_from_message(buf)
+            except Exception as err:
+                msg = f"{path}: corrupt GRIB message at byte {offset}: {err}"
+                raise BadInputError(msg) from err
+            try:
+                values = eccodes.codes_get_values(h)
+                if eccodes.codes_get(h, "bitmapPresent"):
+                    values[values == eccodes.codes_get(h, "missingValue")] = np.nan
+                jpos = eccodes.codes_get(h, "jScansPositively")
+            except Exception as err:
+                msg = f"{path}: cannot decode GRIB message at byte {offset}: {err}"
+                raise BadInputError(msg) from err
+            finally:
+                eccodes.codes_release(h)
+            if values.size != shape[0] * shape[1]:
+                msg = f"{path}: message at byte {offset} has {values.size} values, expected {shape[0] * shape[1]}"
+                raise BadInputError(msg)
+            field = values.reshape(shape)
+            out[k] = field if jpos else field[::-1]
+    return out

@@ -1,0 +1,393 @@
+"""Ingestion: raw ENS-10 forecasts (+ ERA5-like truth) -> the canonical training store (zarr 3).
+
+Layout of the store (see docs/store.md for the reasoning):
+
+* member fields ``z, t, q, w, d, u, v`` (init_time, member, step, level, latitude, longitude) and
+  ``sst .. skt`` (init_time, member, step, latitude, longitude), float32, one chunk per
+  (init time, step, level, variable) holding all members and the whole grid (10 MB at 0.5 deg);
+  on coarse grids levels and steps join the chunk while it stays under ~4 MB;
+* per-sample ensemble statistics ``ens_mean_F`` / ``ens_std_F`` (population std, ddof 0), chunked
+  the same way without the member axis;
+* ``truth_<target>`` and, for synthetic data, ``oracle_mean_<target>`` / ``oracle_std_<target>``,
+  (init_time, step, latitude, longitude), one chunk per init time;
+* coordinate ``split`` (train/val/test/none) per init time; group ``statistics`` (training years
+  only); attributes: format version, plan, provenance (sources, SHA-256, code version), completeness.
+
+Execution: a dask.distributed cluster (a local one by default, an existing one with
+``scheduler=ADDRESS``) runs one task per init date, each writing whole chunks, then the statistics.
+Crash safety: the store is built at ``OUT.partial/store.zarr`` with one marker file per finished
+date under ``OUT.partial/done/``; a rerun with the same settings resumes; only a finished store is
+renamed to ``OUT``, so a store at ``OUT`` is always complete.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+import postcast
+from postcast.datasets import grib, io, schema, sources, statistics
+from postcast.datasets.errors import ConfigError, MissingInputError
+
+log = logging.getLogger(__name__)
+STORE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """Options of ``postcast ingest`` (YAML preset: configs/ingest/default.yaml)."""
+
+    source: str
+    out: str
+    truth: str | None = None  # ERA5-like truth; default: era5.zarr / era5/*.nc next to the forecasts
+    variables: tuple[str, ...] = tuple(schema.VARIABLES)  # required forecast variables
+    levels: tuple[int, ...] | None = None  # None: the levels the source holds
+    members: int = schema.N_MEMBERS
+    splits: schema.Splits = field(default_factory=schema.Splits)
+    scheduler: str | None = None  # dask.distributed address; None: start a LocalCluster
+    workers: int = 2  # LocalCluster worker processes
+    overwrite: bool = False  # rebuild a complete store
+    restart: bool = False  # discard an interrupted ingest with other settings
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            sources.Expectation(self.variables, self.levels, self.members)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        if self.workers < 1:
+            msg = f"workers={self.workers}: need at least 1"
+            raise ConfigError(msg)
+
+    @property
+    def expectation(self) -> sources.Expectation:
+        return sources.Expectation(self.variables, self.levels, self.members)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines the store's content (not how it is computed)."""
+        keep = {k: v for k, v in asdict(self).items() if k not in ("scheduler", "workers", "overwrite",
+                                                                  "restart", "progress", "out")}
+        keep["source"] = str(Path(self.source).resolve())
+        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class IngestResult:
+    store: Path
+    skipped: bool
+    n_dates: int
+    n_written: int
+    seconds: float
+    bytes_read: int = 0
+
+
+# --- layout --------------------------------------------------------------------------------------
+def _chunks(plan: sources.Plan) -> dict[str, tuple[int, ...]]:
+    """Chunk shapes: one init date per chunk (whole-chunk region writes), all members and the whole
+    grid; levels, then steps, merged in while a chunk stays under ~4 MB (coarse grids)."""
+    ny, nx = plan.grid.shape
+    nm, ns, nl = len(plan.members), len(plan.steps_h), len(plan.levels)
+    out: dict[str, tuple[int, ...]] = {}
+    grow = (schema.LEVEL, schema.STEP)
+    for v in plan.variables:
+        pl = schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE
+        dims = schema.PL_DIMS if pl else schema.SFC_DIMS
+        shape = (1, nm, ns, nl, ny, nx) if pl else (1, nm, ns, ny, nx)
+        out[v] = io.chunk_shape(dims, shape, whole=(schema.MEMBER, schema.LAT, schema.LON), grow=grow)
+        edims = tuple(d for d in dims if d != schema.MEMBER)
+        eshape = tuple(n for d, n in zip(dims, shape, strict=True) if d != schema.MEMBER)
+        out[f"ens_mean_{v}"] = out[f"ens_std_{v}"] = io.chunk_shape(
+            edims, eshape, whole=(schema.LAT, schema.LON), grow=grow)
+    for t in schema.TARGETS:
+        for name in (schema.truth_name(t), f"oracle_mean_{t}", f"oracle_std_{t}"):
+            out[name] = (1, ns, ny, nx)
+    return out
+
+
+def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits: schema.Splits) -> xr.Dataset:
+    """The empty store: every variable as lazy NaNs with the store's chunking (metadata only)."""
+    from postcast.datasets.synthetic import variable_attrs
+
+    from_nt, nm, ns, nl = len(plan.init_times), len(plan.members), len(plan.steps_h), len(plan.levels)
+    ny, nx = plan.grid.shape
+    chunks = _chunks(plan)
+    times = pd.DatetimeIndex(plan.init_times)
+    steps = pd.to_timedelta(list(plan.steps_h), unit="h")
+    coords: dict[str, Any] = {
+        schema.INIT_TIME: times, schema.MEMBER: np.array(plan.members), schema.STEP: steps,
+        schema.LEVEL: (schema.LEVEL, np.array(plan.levels, dtype=np.int64), {"units": "hPa"}),
+        schema.LAT: (schema.LAT, plan.grid.latitudes(), {"units": "degrees_north", "standard_name": "latitude"}),
+        schema.LON: (schema.LON, plan.grid.longitudes(), {"units": "degrees_east", "standard_name": "longitude"}),
+        schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP), times.values[:, None] + steps.values[None, :]),
+        "split": (schema.INIT_TIME, np.array([splits.split_of(t.year) or "none" for t in times], dtype="<U5")),
+    }
+    data: dict[str, xr.Variable] = {}
+
+    def empty(shape: tuple[int, ...], name: str) -> da.Array:
+        return da.full(shape, np.nan, dtype=np.float32, chunks=chunks[name])
+
+    for v in plan.variables:
+        var = schema.VARIABLES[v]
+        attrs = variable_attrs(var)
+        if var.level_type is schema.LevelType.PRESSURE:
+            dims, shape = schema.PL_DIMS, (from_nt, nm, ns, nl, ny, nx)
+        else:
+            dims, shape = schema.SFC_DIMS, (from_nt, nm, ns, ny, nx)
+        edims = tuple(d for d in dims if d != schema.MEMBER)
+        eshape = tuple(s for d, s in zip(dims, shape, strict=True) if d != schema.MEMBER)
+        data[v] = xr.Variable(dims, empty(shape, v), attrs)
+        data[f"ens_mean_{v}"] = xr.Variable(edims, empty(eshape, f"ens_mean_{v}"),
+                                            {**attrs, "long_name": f"ensemble mean of {var.long_name}"})
+        data[f"ens_std_{v}"] = xr.Variable(edims, empty(eshape, f"ens_std_{v}"),
+                                           {**attrs, "long_name": f"ensemble std (ddof=0) of {var.long_name}"})
+    tdims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
+    for name in [*truth, *oracle]:
+        target = name.split("_")[-1]
+        data[name] = xr.Variable(tdims, empty((from_nt, ns, ny, nx), name),
+                                 {"units": schema.TARGETS[target].units, "target": target})
+    return xr.Dataset(data, coords=coords)
+
+
+# --- the per-date task (runs on dask workers) ----------------------------------------------------
+def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
+    """Per-sample ensemble mean and population std (ddof 0) of every member field."""
+    out = {}
+    for name, x in ds.data_vars.items():
+        out[f"ens_mean_{name}"] = x.mean(schema.MEMBER).astype(np.float32)
+        out[f"ens_std_{name}"] = x.std(schema.MEMBER, ddof=0).astype(np.float32)
+    return xr.Dataset(out)
+
+
+def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
+                 oracle: sources.TruthSource | None, plan: sources.Plan, indices: list[int], store: str,
+                 done_dir: str) -> int:
+    """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks);
+    then mark each date done. Returns the bytes of forecast data written."""
+    parts = []
+    for i in indices:
+        t = plan.init_times[i]
+        ds = forecast.load(t, plan)
+        pieces = [ds, ensemble_statistics(ds)]
+        pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
+        parts.append(xr.merge(pieces, compat="override", join="override"))
+    full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
+    io.write_region(full, store, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
+    for i in indices:
+        io.write_text(Path(done_dir) / f"{plan.init_times[i]:%Y%m%dT%H}", "done\n")
+    return int(sum(v.nbytes for name, v in full.data_vars.items() if name in plan.variables))
+
+
+def batches(todo: list[int], size: int) -> list[list[int]]:
+    """Split sorted indices into runs of consecutive indices of at most ``size``."""
+    out: list[list[int]] = []
+    for i in todo:
+        if out and out[-1][-1] == i - 1 and len(out[-1]) < size:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def batch_size(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> int:
+    """Dates per task: about ``target_bytes`` of member data (1 date per task at 0.5 deg)."""
+    ny, nx = plan.grid.shape
+    n_fields = sum(len(plan.levels) if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE else 1
+                   for v in plan.variables)
+    per_date = 4 * ny * nx * len(plan.members) * len(plan.steps_h) * n_fields
+    return max(1, min(16, target_bytes // max(per_date, 1)))
+
+
+# --- driver --------------------------------------------------------------------------------------
+@contextmanager
+def dask_client(scheduler: str | None, workers: int) -> Iterator[Any]:
+    """A dask.distributed client: the given scheduler, or a LocalCluster of worker processes."""
+    from dask.distributed import Client, LocalCluster
+
+    if scheduler:
+        client = Client(scheduler)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                      memory_limit=0, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        yield client
+
+
+def _code_version() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{postcast.__version__}+g{sha}" if sha else postcast.__version__
+
+
+def _checksum(path: str) -> str:
+    p = Path(path)
+    if p.is_dir():  # zarr store: hash the metadata and chunk sizes (cheap, detects changes)
+        h = hashlib.sha256()
+        for q in sorted(p.rglob("*")):
+            if q.is_file():
+                h.update(f"{q.relative_to(p)}:{q.stat().st_size}".encode())
+                if q.name == "zarr.json":
+                    h.update(q.read_bytes())
+        return "tree-sha256:" + h.hexdigest()
+    return "sha256:" + io.sha256_file(p)
+
+
+def _progress(futures: list[Any], weights: list[int], enabled: bool, desc: str) -> Iterator[tuple[Any, int]]:
+    """Yield (future, weight) as futures complete, with a tqdm bar counting weights (dates)."""
+    from dask.distributed import as_completed
+    from tqdm import tqdm
+
+    weight = {f.key: w for f, w in zip(futures, weights, strict=True)}
+    with tqdm(total=sum(weights), desc=desc, unit="date", disable=not enabled, mininterval=1.0) as bar:
+        for fut in as_completed(futures):
+            yield fut, weight[fut.key]
+            bar.update(weight[fut.key])
+
+
+def _existing_complete(out: Path) -> bool:
+    if not (out / "zarr.json").exists():
+        return False
+    meta = json.loads((out / "zarr.json").read_text())
+    return bool(meta.get("attributes", {}).get("postcast_complete"))
+
+
+def ingest(cfg: IngestConfig) -> IngestResult:
+    """Run the whole ingestion (see the module docstring); idempotent and resumable."""
+    start = time.perf_counter()
+    out = Path(cfg.out)
+    partial = out.with_name(out.name + ".partial")
+    if out.exists() and not cfg.overwrite:
+        if _existing_complete(out):
+            log.info("%s is already complete: nothing to do (use --overwrite to rebuild)", out)
+            io.remove(partial)
+            return IngestResult(out, True, 0, 0, time.perf_counter() - start)
+        msg = f"{out} exists but is not a complete postcast store; remove it or pass --overwrite"
+        raise ConfigError(msg)
+    found = sources.discover(cfg.source, truth=cfg.truth)
+    with dask_client(cfg.scheduler, cfg.workers) as client:
+        if isinstance(found.forecast, sources.GribSource):
+            log.info("indexing %d GRIB files", len(found.forecast.files))
+            found.forecast.set_index(client.gather(client.map(grib.index_file, found.forecast.files)))
+        try:
+            plan = found.forecast.plan(cfg.expectation)
+        except MissingInputError as err:
+            report = out.with_name(out.name + ".missing.json")
+            io.write_json(report, {"source": cfg.source, "missing": getattr(err, "missing", [str(err)])})
+            log.error("completeness report written to %s", report)
+            raise
+        truth_vars = found.truth.variables() if found.truth else []
+        oracle_vars = found.oracle.variables() if found.oracle else []
+        store, done_dir = _prepare(cfg, plan, partial, truth_vars, oracle_vars)
+        done = {p.name for p in done_dir.iterdir()}
+        todo = [i for i, t in enumerate(plan.init_times) if f"{t:%Y%m%dT%H}" not in done]
+        log.info("%d of %d init dates to ingest (%d already done)", len(todo), len(plan.init_times),
+                 len(plan.init_times) - len(todo))
+        work = batches(todo, batch_size(plan))
+        futures = [client.submit(ingest_dates, found.forecast, found.truth, found.oracle, plan, b, str(store),
+                                 str(done_dir), pure=False) for b in work]
+        n_bytes = 0
+        for fut, n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest"):
+            n_bytes += fut.result()
+        log.info("computing statistics over the training years %s", cfg.splits.train)
+        stats = statistics.compute_statistics(io.open_zarr(store), cfg.splits)
+        stats = stats.compute()  # runs on the distributed client
+        io.write_zarr(stats, store, group="statistics", mode="w")
+        _finalise(cfg, plan, store, found, truth_vars)
+    io.replace(store, out)
+    io.remove(partial)
+    log.info("wrote %s (%d init dates)", out, len(plan.init_times))
+    return IngestResult(out, False, len(plan.init_times), len(todo), time.perf_counter() - start, n_bytes)
+
+
+def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: list[str],
+             oracle_vars: list[str]) -> tuple[Path, Path]:
+    """Create (or reopen, to resume) the partial store and its done-markers directory."""
+    store, done_dir, meta = partial / "store.zarr", partial / "done", partial / "plan.json"
+    fingerprint = {"config": cfg.fingerprint(), "plan": plan.to_dict(), "truth": truth_vars, "oracle": oracle_vars}
+    if meta.exists():
+        if json.loads(meta.read_text()) == json.loads(json.dumps(fingerprint, default=str)) and store.exists():
+            log.info("resuming the interrupted ingest in %s", partial)
+            return store, done_dir
+        if not cfg.restart:
+            msg = (f"{partial} holds an interrupted ingest with other settings or sources; rerun with the same "
+                   "arguments to resume, or pass --restart to discard it")
+            raise ConfigError(msg)
+        log.warning("discarding the interrupted ingest in %s (--restart)", partial)
+    io.remove(partial)
+    partial.mkdir(parents=True)
+    tmpl = template(plan, truth=truth_vars, oracle=oracle_vars, splits=cfg.splits)
+    io.write_zarr(tmpl, store, chunks=_chunks(plan), compute=False)
+    io.update_zarr_attrs(store, {"postcast_complete": False, "postcast_store_version": STORE_FORMAT_VERSION})
+    done_dir.mkdir()
+    io.write_json(meta, fingerprint)
+    return store, done_dir
+
+
+def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources.Discovered,
+              truth_vars: list[str]) -> None:
+    files = list(plan.files)
+    if found.truth is not None:
+        files += list(found.truth.paths)
+    if found.oracle is not None:
+        files += list(found.oracle.paths)
+    attrs = {
+        "postcast_store_version": STORE_FORMAT_VERSION,
+        "postcast_complete": True,
+        "title": "postcast training store (ENS-10 schema)",
+        "Conventions": "CF-1.10",
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "code_version": _code_version(),
+        "source_kind": found.forecast.kind,
+        "sources": {f: _checksum(f) for f in files},
+        "plan": {k: v for k, v in plan.to_dict().items() if k not in ("init_times", "files")},
+        "n_init_times": len(plan.init_times),
+        "splits": cfg.splits.as_dict(),
+        "targets": list(schema.TARGETS),
+        "truth_missing_at_48h": found.truth.coverage(plan) if found.truth is not None else {},
+        "ingest_config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
+    }
+    if found.oracle is not None:
+        attrs["has_oracle"] = True
+    io.update_zarr_attrs(store, json.loads(json.dumps(attrs, default=str)))
+    io.consolidate(store)
+
+
+def open_store(path: str | os.PathLike[str], *, require_complete: bool = True) -> xr.Dataset:
+    """Open a training store (lazy) with its statistics in ``ds.attrs['statistics']`` access via
+    :func:`open_statistics`; refuses an incomplete store unless ``require_complete=False``."""
+    p = Path(path)
+    if not (p / "zarr.json").exists():
+        partial = p.with_name(p.name + ".partial")
+        hint = f" (an interrupted ingest is in {partial}: rerun `postcast ingest` to finish it)" if partial.exists() else ""
+        msg = f"{p}: not a postcast store{hint}"
+        raise MissingInputError(msg)
+    ds = io.open_zarr(p)
+    if require_complete and not ds.attrs.get("postcast_complete"):
+        msg = f"{p}: the store is incomplete; rerun `postcast ingest` to finish it"
+        raise MissingInputError(msg)
+    return ds
+
+
+def open_statistics(path: str | os.PathLike[str]) -> xr.Dataset:
+    return io.open_zarr(path, group="statistics")

@@ -1,0 +1,124 @@
+"""``postcast inspect STORE``: dims, variables, dates, splits, completeness and statistics at a glance."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from postcast.datasets import io, schema
+
+
+def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON-able description of a training store (complete or interrupted)."""
+    p = Path(path)
+    partial = p.with_name(p.name + ".partial")
+    if not (p / "zarr.json").exists() and (partial / "store.zarr").exists():
+        return _partial_summary(partial)
+    if not (p / "zarr.json").exists():
+        from postcast.datasets.errors import MissingInputError
+
+        msg = f"{p}: not a postcast store (no zarr.json)"
+        raise MissingInputError(msg)
+    ds = io.open_zarr(p)
+    times = pd.DatetimeIndex(ds[schema.INIT_TIME].values)
+    splits = ds["split"].values if "split" in ds.coords else np.array(["?"] * len(times))
+    out: dict[str, Any] = {
+        "store": str(p),
+        "complete": bool(ds.attrs.get("postcast_complete")),
+        "format_version": ds.attrs.get("postcast_store_version"),
+        "dims": {str(k): int(v) for k, v in ds.sizes.items()},
+        "grid": f"{ds.sizes[schema.LAT]} x {ds.sizes[schema.LON]} "
+                f"({float(ds[schema.LAT][1] - ds[schema.LAT][0]):g} deg)",
+        "init_times": {"first": f"{times.min():%Y-%m-%d}", "last": f"{times.max():%Y-%m-%d}", "n": len(times)},
+        "levels_hPa": [int(x) for x in ds[schema.LEVEL].values],
+        "steps_h": [int(pd.Timedelta(s).total_seconds() // 3600) for s in ds[schema.STEP].values],
+        "splits": {s: int((splits == s).sum()) for s in ("train", "val", "test", "none")},
+        "split_years": ds.attrs.get("splits"),
+        "variables": _variables(ds),
+        "truth_missing_at_48h": {k: len(v) for k, v in ds.attrs.get("truth_missing_at_48h", {}).items()},
+        "sources": ds.attrs.get("sources", {}),
+        "code_version": ds.attrs.get("code_version"),
+        "created": ds.attrs.get("created"),
+        "size_on_disk_MB": round(sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20, 1),
+    }
+    try:
+        out["statistics"] = _stats_table(io.open_zarr(p, group="statistics"))
+    except (FileNotFoundError, KeyError, OSError, ValueError):
+        out["statistics"] = "missing"
+    return out
+
+
+def _variables(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, v in ds.data_vars.items():
+        enc_chunks = v.encoding.get("chunks") or v.encoding.get("preferred_chunks")
+        out[str(name)] = {"dims": list(v.dims), "units": v.attrs.get("units", ""),
+                          "chunks": list(enc_chunks) if isinstance(enc_chunks, tuple | list) else None}
+    return out
+
+
+def _stats_table(stats: xr.Dataset) -> dict[str, Any]:
+    """Global statistics at the 48 h step for each field and level."""
+    rows: dict[str, Any] = {"period": [stats.attrs.get("statistics_start"), stats.attrs.get("statistics_end")],
+                            "n_init_times": stats.attrs.get("statistics_n_init_times"), "fields": {}}
+    step = pd.Timedelta(hours=schema.TARGET_STEP_H)
+    for name in stats.data_vars:
+        key = str(name)
+        if not key.endswith("_mean") or key.endswith("_point_mean"):
+            continue
+        field = key[: -len("_mean")]
+        sel = {schema.STEP: step} if schema.STEP in stats[key].dims else {}
+        vals = {k: stats[f"{field}_{k}"].sel(sel).values for k in ("mean", "std", "min", "max")}
+        if schema.LEVEL in stats[key].dims:
+            for i, lv in enumerate(stats[schema.LEVEL].values):
+                rows["fields"][f"{field}@{int(lv)}"] = {k: float(v[i]) for k, v in vals.items()}
+        else:
+            rows["fields"][field] = {k: float(v) for k, v in vals.items()}
+    return rows
+
+
+def _partial_summary(partial: Path) -> dict[str, Any]:
+    plan = json.loads((partial / "plan.json").read_text()) if (partial / "plan.json").exists() else {}
+    n_total = len(plan.get("plan", {}).get("init_times", []))
+    n_done = len(list((partial / "done").iterdir())) if (partial / "done").exists() else 0
+    return {"store": str(partial), "complete": False, "dates_done": n_done, "dates_total": n_total,
+            "hint": "interrupted ingest: rerun `postcast ingest` with the same arguments to resume"}
+
+
+def render(info: dict[str, Any]) -> str:
+    """Human-readable text for ``postcast inspect``."""
+    if not info.get("complete") and "dates_done" in info:
+        return (f"{info['store']}: INCOMPLETE ({info['dates_done']}/{info['dates_total']} init dates written)\n"
+                f"  {info['hint']}")
+    lines = [
+        f"store      {info['store']}  ({info['size_on_disk_MB']} MB, format v{info['format_version']})",
+        f"complete   {'yes' if info['complete'] else 'NO'}",
+        f"dims       {', '.join(f'{k}={v}' for k, v in info['dims'].items())}",
+        f"grid       {info['grid']}",
+        f"init times {info['init_times']['first']} .. {info['init_times']['last']} ({info['init_times']['n']})",
+        f"levels     {info['levels_hPa']} hPa;  steps {info['steps_h']} h",
+        f"splits     {info['splits']}  years {info['split_years']}",
+        f"truth      missing at 48 h: {info['truth_missing_at_48h'] or 'none'}",
+        f"code       {info['code_version']}  created {info['created']}",
+        f"sources    {len(info['sources'])} files",
+        "",
+        f"{'variable':<18}{'units':<14}{'dims':<52}chunks",
+    ]
+    for name, v in info["variables"].items():
+        lines.append(f"{name:<18}{v['units']:<14}{','.join(v['dims']):<52}{v['chunks']}")
+    stats = info.get("statistics")
+    if isinstance(stats, dict):
+        lines += ["", f"statistics (train {stats['period'][0]} .. {stats['period'][1]}, "
+                      f"{stats['n_init_times']} init times; shown at 48 h)",
+                  f"{'field':<22}{'mean':>14}{'std':>14}{'min':>14}{'max':>14}"]
+        for name, s in stats["fields"].items():
+            lines.append(f"{name:<22}{s['mean']:>14.5g}{s['std']:>14.5g}{s['min']:>14.5g}{s['max']:>14.5g}")
+    else:
+        lines.append("statistics MISSING")
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""The one place postcast writes: atomic files and directories, zarr templates and region writes.
+
+Rules every writer follows:
+
+* a file or directory appears at its final path only when it is complete: write to a temporary
+  sibling (``.<name>.tmp-<pid>``), then ``os.replace`` (atomic on POSIX within a filesystem);
+* zarr stores are created from a template (metadata only, ``compute=False``) and filled by region
+  writes that each cover whole chunks, so concurrent workers never touch the same chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import zarr
+from zarr.codecs import BloscCodec
+
+ZARR_COMPRESSOR = BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")
+
+
+def _tmp_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary sibling path; on success move it onto ``path`` atomically, else remove it.
+
+    Works for files and directories (an existing directory at ``path`` is replaced).
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(final)
+    remove(tmp)
+    try:
+        yield tmp
+        replace(tmp, final)
+    finally:
+        remove(tmp)
+
+
+def replace(src: Path, dst: Path) -> None:
+    """Move ``src`` onto ``dst`` atomically; an existing directory ``dst`` is first moved aside."""
+    if dst.is_dir() and not dst.is_symlink():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_netcdf(ds: xr.Dataset, path: str | os.PathLike[str], *, compress: bool = True) -> None:
+    """Write ``ds`` as netCDF4 atomically (zlib level 4 on float variables when ``compress``)."""
+    encoding = {}
+    if compress:
+        encoding = {name: {"zlib": True, "complevel": 4} for name, v in ds.data_vars.items()
+                    if np.issubdtype(v.dtype, np.floating)}
+    with atomic_path(path) as tmp:
+        ds.to_netcdf(tmp, engine="netcdf4", format="NETCDF4", encoding=encoding)
+
+
+TARGET_CHUNK_BYTES = 4 * 2**20  # grow small chunks towards ~4 MB (zarr-python 3 pays per chunk)
+
+
+def chunk_shape(dims: tuple[str, ...], shape: tuple[int, ...], *, whole: tuple[str, ...],
+                grow: tuple[str, ...], itemsize: int = 4, target: int = TARGET_CHUNK_BYTES) -> tuple[int, ...]:
+    """Chunk shape holding ``whole`` dims entirely and 1 along others, then ``grow`` dims (in order)
+    taken whole while the chunk stays under ``target`` bytes."""
+    chunk = {d: (n if d in whole else 1) for d, n in zip(dims, shape, strict=True)}
+    size = dict(zip(dims, shape, strict=True))
+    for d in grow:
+        if d in chunk and np.prod(list(chunk.values())) * itemsize * size[d] <= target:
+            chunk[d] = size[d]
+    return tuple(chunk[d] for d in dims)
+
+
+def zarr_encoding(ds: xr.Dataset, chunks: Mapping[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
+    """Chunking + compression for every data variable (``chunks`` maps name -> chunk shape)."""
+    enc: dict[str, dict[str, Any]] = {}
+    for name, v in ds.data_vars.items():
+        e: dict[str, Any] = {"compressors": [ZARR_COMPRESSOR]}
+        if str(name) in chunks:
+            e["chunks"] = chunks[str(name)]
+        if np.issubdtype(v.dtype, np.floating):
+            e["_FillValue"] = np.nan
+        enc[str(name)] = e
+    return enc
+
+
+def write_zarr(ds: xr.Dataset, path: str | os.PathLike[str], *, chunks: Mapping[str, tuple[int, ...]] | None = None,
+               group: str | None = None, mode: str = "w", compute: bool = True) -> None:
+    """Write a whole dataset (or a template with ``compute=False``) as zarr format 3."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        ds.to_zarr(path, mode=mode, group=group, zarr_format=3, consolidated=False, compute=compute,  # type: ignore[call-overload]
+                   encoding=zarr_encoding(ds, chunks or {}))
+
+
+def write_region(ds: xr.Dataset, path: str | os.PathLike[str], region: Mapping[str, slice]) -> None:
+    """Write the variables of ``ds`` into an existing store at ``region`` (whole chunks only)."""
+    dims = set(region)
+    keep = [n for n, v in ds.data_vars.items() if dims & set(v.dims)]
+    sub = ds[keep]
+    sub = sub.drop_vars([c for c in sub.coords])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        sub.to_zarr(path, region=dict(region), mode="r+", zarr_format=3, consolidated=False)
+
+
+def update_zarr_attrs(path: str | os.PathLike[str], attrs: Mapping[str, Any]) -> None:
+    group = zarr.open_group(str(path), mode="r+", zarr_format=3)
+    group.attrs.update(dict(attrs))
+
+
+def consolidate(path: str | os.PathLike[str]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        zarr.consolidate_metadata(str(path), zarr_format=3)
+
+
+def open_zarr(path: str | os.PathLike[str], *, group: str | None = None, chunks: Any = None) -> xr.Dataset:
+    """Open a postcast zarr store (consolidated when possible), silencing zarr-3 advisory warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        return xr.open_zarr(path, group=group, chunks=chunks, zarr_format=3)  # type: ignore[arg-type]
+
+
+def sha256_file(path: str | os.PathLike[str], *, limit: int | None = None) -> str:
+    """SHA-256 of a file (or of its first ``limit`` bytes), hex."""
+    h = hashlib.sha256()
+    remaining = limit
+    with open(path, "rb") as f:
+        while True:
+            n = 1 << 22 if remaining is None else min(1 << 22, remaining)
+            if n == 0:
+                break
+            buf = f.read(n)
+            if not buf:
+                break
+            h.update(buf)
+            if remaining is not None:
+                remaining -= len(buf)
+    return h.hexdigest()
+
+
+def sha256_tree(path: str | os.PathLike[str]) -> str:
+    """SHA-256 over a directory's relative file names and contents (e.g. a zarr store)."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(sha256_file(p).encode())
+    return h.hexdigest()
+
+
+def make_temp_dir(prefix: str = "postcast-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

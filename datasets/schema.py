@@ -1,0 +1,292 @@
+"""The ENS-10 schema as code: variables, levels, canonical names, grid, calendar and splits.
+
+Everything that knows what ENS-10 *is* lives here; readers, writers and the generator import it.
+Facts follow ../shared/reference/ens10-task.md (sections 1.1-1.5).
+
+Canonical conventions of every postcast dataset (after :func:`postcast.datasets.conventions.normalise`):
+
+===============  ==========================================================================
+dimension        meaning
+===============  ==========================================================================
+``init_time``    forecast initialisation time, datetime64[ns] (00 UTC)
+``member``       perturbed ensemble member, int 1..10 (ENS-10 ``number``)
+``step``         lead time, timedelta64[ns] (0, 24, 48 h)
+``level``        pressure level in hPa, int, ascending 10 .. 1000
+``latitude``     degrees north, **ascending** -90 .. 90 (ENS-10 files are descending)
+``longitude``    degrees east, 0 .. 360 - resolution
+===============  ==========================================================================
+
+``valid_time`` is a coordinate ``init_time + step``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import pandas as pd
+
+# --- canonical dimension names -------------------------------------------------------------------
+INIT_TIME = "init_time"
+MEMBER = "member"
+STEP = "step"
+LEVEL = "level"
+LAT = "latitude"
+LON = "longitude"
+VALID_TIME = "valid_time"
+
+PL_DIMS = (INIT_TIME, MEMBER, STEP, LEVEL, LAT, LON)  # pressure-level member fields
+SFC_DIMS = (INIT_TIME, MEMBER, STEP, LAT, LON)  # surface member fields
+TRUTH_DIMS = (INIT_TIME, LAT, LON)  # verifying analysis at the target lead (48 h)
+
+GRAVITY = 9.80665  # m s-2, WMO standard gravity (geopotential = g * geopotential height)
+
+# ENS-10 pressure levels in hPa (ascending; GRIB files list them in any order).
+LEVELS: tuple[int, ...] = (10, 50, 100, 200, 300, 400, 500, 700, 850, 925, 1000)
+STEPS_H: tuple[int, ...] = (0, 24, 48)
+N_MEMBERS = 10
+REFORECAST_YEARS: tuple[int, ...] = tuple(range(1998, 2018))
+TARGET_STEP_H = 48
+
+
+class LevelType(StrEnum):
+    PRESSURE = "isobaricInhPa"
+    SURFACE = "surface"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One ENS-10 variable: canonical name, GRIB identity, CF metadata and a plausibility range."""
+
+    name: str  # canonical (= cfgrib) name, e.g. "t2m"
+    grib_short_name: str  # eccodes shortName, e.g. "2t"
+    param_id: int  # ECMWF GRIB parameter id (table 128)
+    units: str  # canonical units (ECMWF parameter database)
+    long_name: str
+    standard_name: str | None
+    level_type: LevelType
+    valid_min: float  # physically plausible range, used by validation
+    valid_max: float
+    accumulated: bool = False  # accumulated since init (cp, tp)
+    missing_over_land: bool = False  # sst
+
+
+def _pl(name: str, pid: int, units: str, long: str, std: str | None, lo: float, hi: float) -> Variable:
+    return Variable(name, name, pid, units, long, std, LevelType.PRESSURE, lo, hi)
+
+
+PL_VARIABLES: tuple[Variable, ...] = (
+    _pl("z", 129, "m**2 s**-2", "Geopotential", "geopotential", -5.0e3, 3.5e5),
+    _pl("t", 130, "K", "Temperature", "air_temperature", 150.0, 350.0),
+    _pl("q", 133, "kg kg**-1", "Specific humidity", "specific_humidity", 0.0, 0.05),
+    _pl("w", 135, "Pa s**-1", "Vertical velocity", "lagrangian_tendency_of_air_pressure", -20.0, 20.0),
+    _pl("d", 155, "s**-1", "Divergence", "divergence_of_wind", -5e-3, 5e-3),
+    _pl("u", 131, "m s**-1", "U component of wind", "eastward_wind", -200.0, 200.0),
+    _pl("v", 132, "m s**-1", "V component of wind", "northward_wind", -200.0, 200.0),
+)
+
+
+def _sfc(name: str, short: str, pid: int, units: str, long: str, std: str | None, lo: float, hi: float,
+         **kw: bool) -> Variable:
+    return Variable(name, short, pid, units, long, std, LevelType.SURFACE, lo, hi, **kw)
+
+
+SFC_VARIABLES: tuple[Variable, ...] = (
+    _sfc("sst", "sst", 34, "K", "Sea surface temperature", "sea_surface_temperature", 260.0, 320.0,
+         missing_over_land=True),
+    _sfc("tcw", "tcw", 136, "kg m**-2", "Total column water", None, 0.0, 150.0),
+    _sfc("tcwv", "tcwv", 137, "kg m**-2", "Total column vertically-integrated water vapour",
+         "atmosphere_mass_content_of_water_vapor", 0.0, 150.0),
+    _sfc("cp", "cp", 143, "m", "Convective precipitation", None, 0.0, 1.0, accumulated=True),
+    _sfc("tp", "tp", 228, "m", "Total precipitation", None, 0.0, 1.0, accumulated=True),
+    _sfc("msl", "msl", 151, "Pa", "Mean sea level pressure", "air_pressure_at_mean_sea_level",
+         8.5e4, 1.1e5),
+    _sfc("tcc", "tcc", 164, "(0 - 1)", "Total cloud cover", "cloud_area_fraction", 0.0, 1.0),
+    _sfc("u10", "10u", 165, "m s**-1", "10 metre U wind component", "eastward_wind", -100.0, 100.0),
+    _sfc("v10", "10v", 166, "m s**-1", "10 metre V wind component", "northward_wind", -100.0, 100.0),
+    _sfc("t2m", "2t", 167, "K", "2 metre temperature", "air_temperature", 180.0, 340.0),
+    _sfc("skt", "skt", 235, "K", "Skin temperature", "surface_temperature", 180.0, 350.0),
+)
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in (*PL_VARIABLES, *SFC_VARIABLES)}
+BY_SHORT_NAME: dict[str, Variable] = {v.grib_short_name: v for v in VARIABLES.values()}
+BY_PARAM_ID: dict[int, Variable] = {v.param_id: v for v in VARIABLES.values()}
+
+
+def variable(name: str) -> Variable:
+    """Look a variable up by canonical name, GRIB short name or parameter id (as text)."""
+    if name in VARIABLES:
+        return VARIABLES[name]
+    if name in BY_SHORT_NAME:
+        return BY_SHORT_NAME[name]
+    if name.isdigit() and int(name) in BY_PARAM_ID:
+        return BY_PARAM_ID[int(name)]
+    msg = f"unknown ENS-10 variable {name!r}; known: {', '.join(VARIABLES)}"
+    raise KeyError(msg)
+
+
+# --- targets -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    """A post-processing target: a variable at a level (None for surface) and the 48 h lead."""
+
+    name: str  # "z500", "t850", "t2m"
+    variable: str
+    level: int | None
+    # Reference scale of the 48 h forecast error (units of the variable); sets synthetic magnitudes.
+    error_scale: float
+
+    @property
+    def units(self) -> str:
+        return VARIABLES[self.variable].units
+
+
+TARGETS: dict[str, Target] = {
+    "z500": Target("z500", "z", 500, error_scale=140.0),  # m2 s-2 (~14 m of height)
+    "t850": Target("t850", "t", 850, error_scale=1.2),  # K
+    "t2m": Target("t2m", "t2m", None, error_scale=1.3),  # K
+}
+
+
+def truth_name(target: str) -> str:
+    return f"truth_{target}"
+
+
+# --- grid ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Grid:
+    """A regular global latitude/longitude grid including both poles (ENS-10: 0.5 deg, 361 x 720)."""
+
+    resolution: float = 0.5  # degrees
+
+    def __post_init__(self) -> None:
+        n_lat, n_lon = 180.0 / self.resolution, 360.0 / self.resolution
+        if self.resolution <= 0 or abs(n_lat - round(n_lat)) > 1e-9 or abs(n_lon - round(n_lon)) > 1e-9:
+            msg = (f"grid resolution {self.resolution} deg does not divide 180 and 360; "
+                   "use e.g. 0.5, 1, 2, 2.5, 3, 4, 5")
+            raise ValueError(msg)
+
+    @property
+    def n_lat(self) -> int:
+        return round(180.0 / self.resolution) + 1
+
+    @property
+    def n_lon(self) -> int:
+        return round(360.0 / self.resolution)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_lat, self.n_lon)
+
+    def latitudes(self) -> np.ndarray:
+        """Ascending latitudes (canonical order), float64, degrees north."""
+        return np.linspace(-90.0, 90.0, self.n_lat)
+
+    def longitudes(self) -> np.ndarray:
+        return np.arange(self.n_lon, dtype=np.float64) * self.resolution
+
+    @classmethod
+    def from_coords(cls, lat: np.ndarray, lon: np.ndarray) -> Grid:
+        """Recognise a regular global grid from coordinates, or raise ``ValueError`` naming the problem."""
+        lat = np.sort(np.asarray(lat, dtype=np.float64))
+        lon = np.asarray(lon, dtype=np.float64)
+        if lat.size < 3 or lon.size < 3:
+            msg = f"grid too small: {lat.size} latitudes x {lon.size} longitudes"
+            raise ValueError(msg)
+        res = float(lat[1] - lat[0])
+        grid = cls(round(res, 6))
+        if lat.size != grid.n_lat or lon.size != grid.n_lon:
+            msg = (f"not a global {res} deg grid: got {lat.size} x {lon.size} points, expected "
+                   f"{grid.n_lat} x {grid.n_lon} (latitude -90..90 with both poles, longitude 0..360)")
+            raise ValueError(msg)
+        if not (np.allclose(lat, grid.latitudes(), atol=1e-4) and np.allclose(lon, grid.longitudes(), atol=1e-4)):
+            msg = (f"grid coordinates are not the regular {res} deg grid (latitude {lat[0]}..{lat[-1]}, "
+                   f"longitude {lon[0]}..{lon[-1]}); regrid to a global regular grid first")
+            raise ValueError(msg)
+        return grid
+
+
+# --- calendar ------------------------------------------------------------------------------------
+def ens10_month_days() -> list[tuple[int, int]]:
+    """The 105 (month, day) pairs of ENS-10: the Mondays and Thursdays of 2018."""
+    days = pd.date_range("2018-01-01", "2018-12-31", freq="D")
+    picked = days[(days.dayofweek == 0) | (days.dayofweek == 3)]
+    return [(int(d.month), int(d.day)) for d in picked]
+
+
+def month_days_subset(n: int) -> list[tuple[int, int]]:
+    """``n`` month-days spread evenly over the ENS-10 calendar (all 105 when n >= 105)."""
+    all_md = ens10_month_days()
+    if n <= 0:
+        msg = f"dates_per_year must be positive, got {n}"
+        raise ValueError(msg)
+    if n >= len(all_md):
+        return all_md
+    idx = np.round(np.linspace(0, len(all_md) - 1, n)).astype(int)
+    return [all_md[i] for i in idx]
+
+
+def init_times(years: tuple[int, ...] | list[int], month_days: list[tuple[int, int]]) -> pd.DatetimeIndex:
+    """Sorted 00 UTC init times for every year x month-day."""
+    stamps = [dt.datetime(y, m, d) for y in years for (m, d) in month_days]
+    return pd.DatetimeIndex(sorted(stamps), name=INIT_TIME)
+
+
+def file_date_label(month: int, day: int) -> str:
+    """The ``2018MMDD`` label of ENS-10 file names (the reforecast-production calendar)."""
+    return f"2018{month:02d}{day:02d}"
+
+
+# --- splits --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Splits:
+    """Year ranges (inclusive) of the train / validation / test splits, by init year."""
+
+    train: tuple[int, int] = (1998, 2013)
+    val: tuple[int, int] = (2014, 2015)
+    test: tuple[int, int] = (2016, 2017)
+    names: tuple[str, ...] = field(default=("train", "val", "test"), repr=False)
+
+    def __post_init__(self) -> None:
+        spans = [self.train, self.val, self.test]
+        for name, (a, b) in zip(self.names, spans, strict=True):
+            if a > b:
+                msg = f"split {name!r} has start year {a} after end year {b}"
+                raise ValueError(msg)
+        ordered = sorted(spans)
+        for (_, b1), (a2, _) in zip(ordered, ordered[1:], strict=False):
+            if a2 <= b1:
+                msg = f"splits overlap: {self.as_dict()}; give each year to one split only"
+                raise ValueError(msg)
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {"train": list(self.train), "val": list(self.val), "test": list(self.test)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, list[int]] | None) -> Splits:
+        if not d:
+            return cls()
+        unknown = set(d) - {"train", "val", "test"}
+        if unknown:
+            msg = f"unknown split names {sorted(unknown)}; use train, val, test"
+            raise ValueError(msg)
+        base = cls()
+        return cls(
+            train=tuple(d.get("train", base.train)),  # type: ignore[arg-type]
+            val=tuple(d.get("val", base.val)),  # type: ignore[arg-type]
+            test=tuple(d.get("test", base.test)),  # type: ignore[arg-type]
+        )
+
+    def split_of(self, year: int) -> str | None:
+        for name, (a, b) in zip(self.names, (self.train, self.val, self.test), strict=True):
+            if a <= year <= b:
+                return name
+        return None
+
+    def mask(self, times: pd.DatetimeIndex | np.ndarray, split: str) -> np.ndarray:
+        """Boolean mask of the init times that fall into ``split``."""
+        a, b = getattr(self, split)
+        years = pd.DatetimeIndex(times).year
+        return np.asarray((years >= a) & (years <= b))

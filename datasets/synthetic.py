@@ -1,0 +1,604 @@
+"""Synthetic ENS-10: forecasts with the exact ENS-10 schema and a truth whose distribution is known.
+
+How the world is built (all fields are deterministic functions of ``seed`` and the date, so any
+chunk can be generated on its own, in any process, in any order):
+
+* **Smooth random fields** come from :class:`GaussianWaves`: a sum of products of zonal and
+  meridional sines and cosines with independent Gaussian coefficients. At every point such a field
+  is *exactly* N(0, 1) (a cos x + b sin x ~ N(0, s^2) for any x), with large-scale spatial
+  correlation. Coefficients vary smoothly in time (a few random frequencies) and the pattern drifts
+  eastwards, so weather evolves from date to date; years are independent.
+* **Latent weather** at a valid time: a flow anomaly ``psi`` (drives z, t, u, v, msl), a moisture
+  anomaly ``h`` (q, w, d, clouds, precipitation), and per-variable anomalies; plus rare intense
+  blobs (**extremes**, about 8 per year). A static land/sea mask comes from a fixed geography seed.
+* **Members** add state-dependent, lead-growing perturbations to the latent fields, shared across
+  variables (correlation 0.8), so the ensemble spread of one variable informs the others.
+* **Truth** (ERA5-like) for each target (Z500, T850, T2m) at each step is drawn from a Gaussian
+  *conditional on the forecast*: ``y = m + beta + sigma * eps`` where ``m``, ``s`` are the ensemble
+  mean and population std of the target, ``beta`` is a bias that depends on location, season and,
+  non-linearly, on other variables (850 hPa wind speed, cloud cover, humidity), and
+  ``sigma = sqrt((k s (1 + 0.3 tanh(...)))^2 + floor^2)`` with ``k > 1`` (under-dispersion).
+  ``eps`` is exactly N(0, 1) at every point. The generator writes ``oracle_mean = m + beta`` and
+  ``oracle_std = sigma``: the true predictive distribution, whose CRPS no post-processor can beat.
+
+Public entry points: :func:`forecast_dataset` and :func:`truth_dataset` return lazy (dask) datasets
+in canonical conventions (see :mod:`postcast.datasets.schema`); :class:`SynthConfig` is the typed
+configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from postcast.datasets import schema
+from postcast.datasets.schema import GRAVITY, TARGETS, Grid
+
+FORMAT_VERSION = 1
+GEOGRAPHY_SEED = 20180101  # the static land/sea pattern and local biases are shared by all seeds
+
+# Error growth with lead time: spread, bias and truth noise scale with g(step).
+LEAD_GROWTH = {0: 0.15, 24: 0.6, 48: 1.0}
+UNDERDISPERSION = 1.7  # k: true error std / ensemble spread (spread/skill ~ 1/k before bias)
+
+# Standard-atmosphere geopotential heights (m) and temperatures (K) on the ENS-10 levels.
+_H_STD = {10: 31060.0, 50: 20580.0, 100: 16180.0, 200: 11790.0, 300: 9160.0, 400: 7180.0,
+          500: 5570.0, 700: 3010.0, 850: 1460.0, 925: 760.0, 1000: 110.0}
+_T_STD = {10: 227.0, 50: 211.0, 100: 206.0, 200: 217.0, 300: 229.0, 400: 242.0, 500: 253.0,
+          700: 270.0, 850: 279.0, 925: 283.0, 1000: 288.0}
+_JET = {10: 8.0, 50: 10.0, 100: 15.0, 200: 35.0, 300: 30.0, 400: 24.0, 500: 18.0, 700: 10.0,
+        850: 6.0, 925: 4.0, 1000: 3.0}  # m/s, zonal-mean westerly jet maximum
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """What to generate. Defaults are the quickstart size (5 deg, 8 dates a year, 2 levels)."""
+
+    seed: int = 0
+    resolution: float = 5.0  # degrees; 0.5 is the real ENS-10 grid (361 x 720)
+    years: tuple[int, int] = (1998, 2017)  # inclusive range of reforecast years
+    dates_per_year: int = 8  # month-days picked evenly from the 105 ENS-10 dates (105 = all)
+    levels: tuple[int, ...] = (500, 850)  # hPa; any subset of the 11 ENS-10 levels
+    members: int = schema.N_MEMBERS
+    format: str = "zarr"  # zarr | grib | netcdf (raw on-disk form written by `postcast synth`)
+    chunk_dates: int = 1  # init dates per chunk of the lazy dask arrays
+
+    def __post_init__(self) -> None:
+        Grid(self.resolution)  # validates
+        bad = [lv for lv in self.levels if lv not in schema.LEVELS]
+        if bad or not self.levels:
+            msg = f"levels {bad or '[]'} are not ENS-10 levels; choose from {list(schema.LEVELS)}"
+            raise ValueError(msg)
+        if self.years[0] > self.years[1]:
+            msg = f"years {self.years}: start after end"
+            raise ValueError(msg)
+        if not 1 <= self.members <= 50:
+            msg = f"members={self.members}: use 1..50 (ENS-10 has 10)"
+            raise ValueError(msg)
+        if self.format not in ("zarr", "grib", "netcdf"):
+            msg = f"format {self.format!r}: use zarr, grib or netcdf"
+            raise ValueError(msg)
+        if self.dates_per_year < 1:
+            msg = f"dates_per_year={self.dates_per_year}: must be >= 1"
+            raise ValueError(msg)
+
+    @property
+    def grid(self) -> Grid:
+        return Grid(self.resolution)
+
+    @property
+    def year_list(self) -> list[int]:
+        return list(range(self.years[0], self.years[1] + 1))
+
+    @property
+    def month_days(self) -> list[tuple[int, int]]:
+        return schema.month_days_subset(self.dates_per_year)
+
+    @property
+    def init_times(self) -> pd.DatetimeIndex:
+        return schema.init_times(self.year_list, self.month_days)
+
+    @property
+    def sorted_levels(self) -> tuple[int, ...]:
+        return tuple(sorted(self.levels))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["years"] = list(self.years)
+        d["levels"] = list(self.levels)
+        return d
+
+
+# --- smooth Gaussian random fields ---------------------------------------------------------------
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng([abs(int(k)) for k in key])
+
+
+class GaussianWaves:
+    """A smooth random field on the sphere, exactly N(0, 1) at every point and time.
+
+    field(t) = Lat @ C(t) @ Lon(t), with Lat = [cos(l phi), sin(l phi)]_l (n_lat, 2L),
+    Lon = [cos(n (lam - c t)), sin(n (lam - c t))]_n (2N, n_lon), and C(t) a (2L, 2N) matrix whose
+    entries are N(0, s_ln^2) at every t (sum of R random-frequency oscillations / sqrt(R)); the
+    spectrum s^2 is normalised to sum 1, hence unit variance pointwise.
+    """
+
+    def __init__(self, rng: np.random.Generator, *, n_max: int = 8, l_max: int = 7, scale: float = 3.0,
+                 n_freq: int = 3, periods: tuple[float, float] = (6.0, 40.0), drift: float = 6.0):
+        n = np.arange(n_max + 1)
+        ll = np.arange(l_max + 1)
+        spec = 1.0 / (1.0 + (ll[:, None] ** 2 + n[None, :] ** 2) / scale**2) ** 2  # (L+1, N+1)
+        spec /= spec.sum()
+        self.n, self.l = n, ll
+        self.std = np.sqrt(np.repeat(np.repeat(spec, 2, axis=0), 2, axis=1))  # (2L+2, 2N+2)
+        shape = (n_freq, 2 * (l_max + 1), 2 * (n_max + 1))
+        self.p = rng.standard_normal(shape)
+        self.q = rng.standard_normal(shape)
+        self.omega = 2 * np.pi / rng.uniform(*periods, size=n_freq)  # rad / day
+        self.drift = drift * rng.uniform(0.5, 1.5)  # deg / day eastward
+        self.n_freq = n_freq
+        # variance of the meridional / zonal derivative fields, for normalisation
+        self.grad_lat_std = math.sqrt(float((spec * ll[:, None] ** 2).sum()))
+        self.grad_lon_std = math.sqrt(float((spec * n[None, :] ** 2).sum()))
+
+    def coefficients(self, t: float) -> np.ndarray:
+        c = np.cos(self.omega * t)[:, None, None] * self.p + np.sin(self.omega * t)[:, None, None] * self.q
+        return self.std * c.sum(axis=0) / math.sqrt(self.n_freq)
+
+    def _lat_basis(self, lat: np.ndarray, deriv: bool = False) -> np.ndarray:
+        phi = np.deg2rad(lat)[:, None] * self.l[None, :]  # (n_lat, L+1)
+        if deriv:
+            cols = np.stack([-np.sin(phi) * self.l, np.cos(phi) * self.l], axis=-1)
+        else:
+            cols = np.stack([np.cos(phi), np.sin(phi)], axis=-1)
+        return cols.reshape(lat.size, -1)  # (n_lat, 2L+2)
+
+    def _lon_basis(self, lon: np.ndarray, t: float, deriv: bool = False) -> np.ndarray:
+        lam = np.deg2rad(lon - self.drift * t)[None, :] * self.n[:, None]  # (N+1, n_lon)
+        if deriv:
+            rows = np.stack([-np.sin(lam) * self.n[:, None], np.cos(lam) * self.n[:, None]], axis=1)
+        else:
+            rows = np.stack([np.cos(lam), np.sin(lam)], axis=1)
+        return rows.reshape(-1, lon.size)  # (2N+2, n_lon)
+
+    def __call__(self, lat: np.ndarray, lon: np.ndarray, t: float = 0.0, *, dlat: bool = False,
+                 dlon: bool = False) -> np.ndarray:
+        """Field (n_lat, n_lon) at time ``t`` (days); ``dlat``/``dlon`` give unit-variance derivatives."""
+        out = self._lat_basis(lat, dlat) @ self.coefficients(t) @ self._lon_basis(lon, t, dlon)
+        if dlat:
+            out /= self.grad_lat_std
+        if dlon:
+            out /= self.grad_lon_std
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _static_basis(resolution: float, n_max: int, l_max: int, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Lat (n_lat, 2L+2), std (2L+2, 2N+2), Lon (2N+2, n_lon)) for :func:`static_fields`."""
+    grid = Grid(resolution)
+    n, ll = np.arange(n_max + 1), np.arange(l_max + 1)
+    spec = 1.0 / (1.0 + (ll[:, None] ** 2 + n[None, :] ** 2) / scale**2) ** 2
+    spec /= spec.sum()
+    std = np.sqrt(np.repeat(np.repeat(spec, 2, axis=0), 2, axis=1))
+    phi = np.deg2rad(grid.latitudes())[:, None] * ll[None, :]
+    lat = np.stack([np.cos(phi), np.sin(phi)], axis=-1).reshape(grid.n_lat, -1)
+    lam = np.deg2rad(grid.longitudes())[None, :] * n[:, None]
+    lon = np.stack([np.cos(lam), np.sin(lam)], axis=1).reshape(-1, grid.n_lon)
+    return lat, std, lon
+
+
+def static_fields(rng: np.random.Generator, grid: Grid, count: int, *, scale: float = 4.0,
+                  n_max: int = 8, l_max: int = 7) -> np.ndarray:
+    """``count`` independent smooth fields (count, n_lat, n_lon), each exactly N(0, 1) pointwise
+    (the time-frozen case of :class:`GaussianWaves`, batched)."""
+    lat, std, lon = _static_basis(grid.resolution, n_max, l_max, scale)
+    coef = std[None] * rng.standard_normal((count, *std.shape))  # (count, 2L+2, 2N+2)
+    return np.einsum("ya,mab,bx->myx", lat, coef, lon, optimize=True)
+
+
+# --- the generator -------------------------------------------------------------------------------
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x)
+
+
+# Latent streams: each gets its own random numbers (stable ids, never renumber).
+_STREAM = {"psi": 1, "h": 2, "own": 3, "events": 4, "eta": 5, "xi": 6, "eps": 7, "white": 8}
+_VAR_ID = {v: i + 1 for i, v in enumerate(schema.VARIABLES)}
+
+
+class World:
+    """Deterministic synthetic world for one seed and grid; every method is a pure function."""
+
+    def __init__(self, seed: int, grid: Grid, members: int = schema.N_MEMBERS):
+        self.seed, self.grid, self.members = seed, grid, members
+        self.lat = grid.latitudes()  # ascending, degrees
+        self.lon = grid.longitudes()
+        phi = np.deg2rad(self.lat)[:, None]
+        self.coslat = np.cos(phi) * np.ones((1, self.lon.size))  # (n_lat, n_lon)
+        self.sinlat = np.sin(phi) * np.ones((1, self.lon.size))
+        abslat = np.abs(self.lat)[:, None] * np.ones((1, self.lon.size))
+        self.abslat = abslat
+        self.env = 0.3 + 0.7 * np.exp(-(((abslat - 50.0) / 25.0) ** 2))  # storm-track envelope
+        geo = GaussianWaves(_rng(GEOGRAPHY_SEED, 0), n_max=6, l_max=6, scale=2.5)(self.lat, self.lon)
+        self.land = ((geo > 0.55) | (self.lat[:, None] < -68.0)).astype(np.float64)
+        self.land = self.land * np.ones((1, self.lon.size))
+        self._bias_fields = {
+            name: GaussianWaves(_rng(GEOGRAPHY_SEED, 10 + i), n_max=5, l_max=5, scale=2.0)(self.lat, self.lon)
+            for i, name in enumerate(TARGETS)
+        }
+
+    # ---- time-indexed latent fields (cached per process) ----
+    @functools.lru_cache(maxsize=32)  # noqa: B019 - World objects are few and long-lived
+    def _waves(self, stream: str, year: int, sub: int = 0) -> GaussianWaves:
+        periods = (15.0, 90.0) if stream == "own" else (6.0, 40.0)
+        return GaussianWaves(_rng(self.seed, _STREAM[stream], year, sub), periods=periods)
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019
+    def _events(self, year: int) -> np.ndarray:
+        """Extreme events of a year: rows (time_day, lat, lon, amplitude, radius_deg, duration_day)."""
+        rng = _rng(self.seed, _STREAM["events"], year)
+        k = rng.poisson(8.0)
+        return np.column_stack([
+            rng.uniform(0, 366, k), np.rad2deg(np.arcsin(rng.uniform(-0.95, 0.95, k))),
+            rng.uniform(0, 360, k), rng.choice([-1.0, 1.0], k) * rng.uniform(2.5, 4.0, k),
+            rng.uniform(8.0, 15.0, k), rng.uniform(1.5, 3.0, k),
+        ])
+
+    def _event_field(self, year: int, day: float) -> np.ndarray:
+        out = np.zeros(self.grid.shape)
+        for te, la, lo, amp, rad, dur in self._events(year):
+            w = math.exp(-0.5 * ((day - te) / dur) ** 2)
+            if w < 1e-3:
+                continue
+            c = (np.sin(np.deg2rad(la)) * self.sinlat
+                 + np.cos(np.deg2rad(la)) * self.coslat * np.cos(np.deg2rad(self.lon - lo))[None, :])
+            ang = np.rad2deg(np.arccos(np.clip(c, -1.0, 1.0)))
+            out += amp * w * np.exp(-0.5 * (ang / rad) ** 2)
+        return out
+
+    @staticmethod
+    def _year_day(t: pd.Timestamp) -> tuple[int, float]:
+        return t.year, float(t.dayofyear - 1) + t.hour / 24.0
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019
+    def latent(self, valid: pd.Timestamp) -> dict[str, np.ndarray]:
+        """Ensemble-centre latent fields at a valid time: psi (+ gradients), h, season."""
+        year, day = self._year_day(valid)
+        w = self._waves("psi", year)
+        psi = w(self.lat, self.lon, day) + self._event_field(year, day)
+        season = self.sinlat * math.cos(2 * math.pi * (day - 196.0) / 365.25)  # + in local summer
+        return {
+            "psi": psi,
+            "psi_dlat": w(self.lat, self.lon, day, dlat=True),
+            "psi_dlon": w(self.lat, self.lon, day, dlon=True),
+            "h": self._waves("h", year)(self.lat, self.lon, day),
+            "season": season,
+        }
+
+    def own(self, name: str, level: int, valid: pd.Timestamp) -> np.ndarray:
+        """A slowly varying anomaly specific to one variable and level (unit variance)."""
+        year, day = self._year_day(valid)
+        return self._waves("own", year, _VAR_ID[name] * 10000 + level)(self.lat, self.lon, day)
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019
+    def member_patterns(self, init: pd.Timestamp) -> np.ndarray:
+        """Per-member perturbation patterns eta (member, n_lat, n_lon), exactly N(0, 1) pointwise."""
+        rng = _rng(self.seed, _STREAM["eta"], int(init.value // 3_600_000_000_000))
+        return static_fields(rng, self.grid, self.members, scale=4.0)
+
+    def spread_factor(self, init: pd.Timestamp, step_h: int) -> np.ndarray:
+        """State-dependent spread multiplier: larger in the storm track and in active flow."""
+        lat = self.latent(init + pd.Timedelta(hours=step_h))
+        return LEAD_GROWTH[step_h] * (0.55 + 0.45 * self.env) * (1.0 + 0.35 * np.tanh(lat["psi"]))
+
+    def perturbation(self, name: str, level: int, init: pd.Timestamp, step_h: int) -> np.ndarray:
+        """Member perturbations (member, n_lat, n_lon) of unit scale x spread factor."""
+        eta = self.member_patterns(init)
+        key = int(init.value // 3_600_000_000_000)
+        rng = _rng(self.seed, _STREAM["xi"], key, _VAR_ID[name], level, step_h)
+        xi = static_fields(rng, self.grid, self.members, scale=5.0)
+        return self.spread_factor(init, step_h)[None] * (0.8 * eta + 0.6 * xi)
+
+    def white(self, *key: int) -> np.ndarray:
+        return _rng(self.seed, _STREAM["white"], *key).standard_normal((self.members, *self.grid.shape))
+
+    # ---- member fields of every variable ----
+    @functools.lru_cache(maxsize=24)  # noqa: B019 - fields feed several others (t850 -> q, t2m, ...)
+    def members_field(self, name: str, level: int, init: pd.Timestamp, step_h: int) -> np.ndarray:
+        """Member values (member, n_lat, n_lon), float64, canonical units; level 0 for surface.
+        The returned array is cached and shared: do not modify it."""
+        valid = init + pd.Timedelta(hours=step_h)
+        fn = getattr(self, f"_f_{name}")
+        out: np.ndarray = fn(level, init, step_h, valid)
+        return out
+
+    def _flow_members(self, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        """psi for each member: centre + spread-scaled perturbation, (member, lat, lon)."""
+        return self.latent(valid)["psi"][None] + 0.5 * self.perturbation("z", 0, init, step_h)
+
+    def _f_z(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        lat = self.latent(valid)
+        h0 = _H_STD[level]
+        clim = h0 + (0.09 * h0 + 50.0) * (self.coslat**2 - 0.5) + 0.025 * h0 * lat["season"]
+        amp = 0.02 * h0 + 20.0  # m of height per unit psi in the storm track
+        # member spread ~6.5 % of the anomaly scale: about 8 m (80 m2 s-2) for Z500 at 48 h
+        psi_m = lat["psi"][None] + 0.065 * self.perturbation("z", level, init, step_h)
+        return GRAVITY * (clim[None] + amp * self.env[None] * psi_m)
+
+    def _f_t(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        lat = self.latent(valid)
+        tropo = level >= 250
+        grad = 40.0 if tropo else -10.0
+        clim = _T_STD[level] + grad * (self.coslat**2 - 0.55) + (8.0 if tropo else 3.0) * lat["season"]
+        if level >= 850:
+            clim = clim + 6.0 * self.land * lat["season"]
+        amp = 3.0 + (1.5 if level >= 700 else 0.0)
+        anom = 0.8 * lat["psi"] + 0.6 * self.own("t", level, valid)
+        pert = 0.19 * self.perturbation("t", level, init, step_h)
+        return clim[None] + amp * self.env[None] * (anom[None] + pert)
+
+    def _relative_humidity(self, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        h = self.latent(valid)["h"][None] + 0.4 * self.perturbation("q", 0, init, step_h)
+        return 0.15 + 0.8 * _sigmoid(1.2 * h + (self.coslat**2 - 0.5)[None])
+
+    def _f_q(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        t = self._f_t(level, init, step_h, valid)
+        es = 611.2 * np.exp(17.67 * (t - 273.15) / (t - 29.65))  # Pa, Bolton (1980)
+        qsat = 0.622 * es / (level * 100.0)
+        return np.minimum(self._relative_humidity(init, step_h, valid) * qsat, 0.04)
+
+    def _ascent(self, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        """Unit-scale ascent index (member, lat, lon): moist, convective regions rise."""
+        h = self.latent(valid)["h"][None] + 0.5 * self.perturbation("w", 0, init, step_h)
+        return 0.7 * h + 0.5 * np.exp(-((self.abslat / 12.0) ** 2))[None]
+
+    def _f_w(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        shape = math.sin(math.pi * min(max((level - 100.0) / 900.0, 0.0), 1.0)) + 0.05
+        noise = 0.5 * self.white(_VAR_ID["w"], level, int(valid.value // 3_600_000_000_000))
+        return -0.15 * shape * (self._ascent(init, step_h, valid) + noise)
+
+    def _f_d(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        sign = -1.0 if level > 600 else 1.0  # low-level convergence under ascent, divergence aloft
+        noise = 0.8 * self.white(_VAR_ID["d"], level, int(valid.value // 3_600_000_000_000))
+        return 1.0e-5 * (sign * 0.6 * self._ascent(init, step_h, valid) + noise)
+
+    def _wind(self, comp: str, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        lat = self.latent(valid)
+        jet = _JET[level]
+        amp = 0.5 * jet + 4.0
+        pert = 0.3 * self.perturbation(comp, level, init, step_h)
+        if comp == "u":
+            clim = jet * np.exp(-(((self.abslat - 40.0) / 12.0) ** 2)) - 5.0 * np.exp(-((self.abslat / 15.0) ** 2))
+            anom = -lat["psi_dlat"]
+        else:
+            clim = np.zeros(self.grid.shape)
+            anom = lat["psi_dlon"] / np.maximum(self.coslat, 0.2)
+        return clim[None] + amp * self.env[None] * (anom[None] + pert)
+
+    def _f_u(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        return self._wind("u", level, init, step_h, valid)
+
+    def _f_v(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        return self._wind("v", level, init, step_h, valid)
+
+    # surface
+    def _f_msl(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        lat = self.latent(valid)
+        clim = (101325.0 + 1500.0 * (np.exp(-(((self.abslat - 30.0) / 10.0) ** 2))
+                                     - np.exp(-(((self.abslat - 60.0) / 10.0) ** 2)))
+                - 600.0 * self.land * lat["season"])
+        anom = 0.8 * self._flow_members(init, step_h, valid) + 0.6 * self.own("msl", 0, valid)[None]
+        return clim[None] + 900.0 * self.env[None] * anom
+
+    def _f_t2m(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        lat = self.latent(valid)
+        t850 = self._f_t(850, init, step_h, valid)
+        local = 1.2 * self.own("t2m", 0, valid) + 6.0 * self.land * lat["season"]
+        pert = 0.5 * self.perturbation("t2m", 0, init, step_h)
+        return t850 + 6.0 + local[None] + pert
+
+    def _f_skt(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        noise = 0.3 * self.white(_VAR_ID["skt"], 0, int(valid.value // 3_600_000_000_000))
+        return self._f_t2m(0, init, step_h, valid) + 0.8 * self.own("skt", 0, valid)[None] * self.land + noise
+
+    def _f_sst(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        lat = self.latent(valid)
+        clim = 271.35 + 30.0 * np.clip(self.coslat, 0, 1) ** 2.5 + 1.5 * lat["season"] * (self.abslat < 55)
+        sst = np.maximum(clim + 0.4 * self.own("sst", 0, valid), 271.35)
+        pert = 0.05 * self.perturbation("sst", 0, init, step_h)
+        out = sst[None] + pert
+        out[:, self.land > 0.5] = np.nan  # missing over land, as in ENS-10
+        return out
+
+    def _f_tcc(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        x = 1.5 * self._ascent(init, step_h, valid) + 0.8 * self.own("tcc", 0, valid)[None] - 0.3
+        return _sigmoid(x + 0.8 * self.env[None])
+
+    def _f_tcwv(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        return 4.5e3 * self._f_q(850, init, step_h, valid)
+
+    def _f_tcw(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        tcc = self._f_tcc(0, init, step_h, valid)
+        return self._f_tcwv(0, init, step_h, valid) + 0.2 + 0.6 * tcc
+
+    def _rain_rate(self, init: pd.Timestamp, step_h: int) -> np.ndarray:
+        """Mean precipitation rate (m / day) over the 24 h ending at ``step_h`` (member, lat, lon)."""
+        mid = init + pd.Timedelta(hours=step_h - 12)
+        x = 1.6 * self._ascent(init, step_h, mid) + 0.5 * (self.coslat**2)[None] - 1.2
+        return 0.004 * _softplus(x)
+
+    def _f_tp(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        acc = np.zeros((self.members, *self.grid.shape))
+        for s in range(24, step_h + 1, 24):  # accumulated since init: 0 at step 0, grows with lead
+            acc = acc + self._rain_rate(init, s)
+        return acc
+
+    def _f_cp(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        frac = _sigmoid(4.0 * (self.coslat**2 - 0.6) + 0.5 * self.latent(valid)["h"])
+        return self._f_tp(0, init, step_h, valid) * frac[None]
+
+    def _surface_wind(self, comp: str, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        return (0.75 - 0.25 * self.land)[None] * self._wind(comp, 1000, init, step_h, valid)
+
+    def _f_u10(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        return self._surface_wind("u", init, step_h, valid)
+
+    def _f_v10(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
+        return self._surface_wind("v", init, step_h, valid)
+
+    # ---- truth and oracle ----
+    def oracle(self, target: str, init: pd.Timestamp, step_h: int) -> dict[str, np.ndarray]:
+        """True conditional distribution of the target given the forecast, and a draw from it.
+
+        Returns (n_lat, n_lon) float64 arrays: ``mean`` (oracle mean), ``std`` (oracle std),
+        ``truth``, and the raw ensemble ``ens_mean`` / ``ens_std`` (population std) of the target.
+        """
+        tg = TARGETS[target]
+        valid = init + pd.Timedelta(hours=step_h)
+        x = self.members_field(tg.variable, tg.level or 0, init, step_h)
+        m, s = x.mean(axis=0), x.std(axis=0)
+        u = self.members_field("u", 850, init, step_h).mean(axis=0)
+        v = self.members_field("v", 850, init, step_h).mean(axis=0)
+        ws = np.hypot(u, v)  # ensemble-mean 850 hPa wind speed (m/s): a non-linear flow feature
+        tcc = self.members_field("tcc", 0, init, step_h).mean(axis=0)
+        wind_term = np.tanh((ws - 10.0) / 5.0)
+        season = self.latent(valid)["season"]
+        g = LEAD_GROWTH[step_h]
+        shape = (0.6 * self._bias_fields[target] + 0.5 * season * np.sign(self.sinlat)
+                 + 0.6 * wind_term + 0.4 * np.sin(3.0 * (2.0 * tcc - 1.0)))
+        if target == "t2m":
+            shape = shape + 0.8 * (2.0 * tcc - 1.0) * self.land  # clouds keep land nights warm
+        beta = tg.error_scale * g * 0.55 * shape
+        state = 1.0 + 0.3 * np.tanh(2.0 * wind_term + (tcc - 0.5))
+        sigma = np.sqrt((UNDERDISPERSION * s * state) ** 2 + (0.25 * tg.error_scale * g) ** 2)
+        key = int(init.value // 3_600_000_000_000)
+        rng = _rng(self.seed, _STREAM["eps"], key, list(TARGETS).index(target), step_h)
+        smooth = static_fields(rng, self.grid, 1, scale=5.0)[0]
+        eps = math.sqrt(0.7) * smooth + math.sqrt(0.3) * rng.standard_normal(self.grid.shape)  # N(0, 1)
+        mean = m + beta
+        return {"mean": mean, "std": sigma, "truth": mean + sigma * eps, "ens_mean": m, "ens_std": s}
+
+
+@functools.lru_cache(maxsize=8)
+def world(seed: int, resolution: float, members: int = schema.N_MEMBERS) -> World:
+    return World(seed, Grid(resolution), members)
+
+
+# --- lazy datasets -------------------------------------------------------------------------------
+def _member_block(cfg: SynthConfig, name: str, inits: tuple[pd.Timestamp, ...]) -> np.ndarray:
+    """(init, member, step, level, lat, lon) float32 for one variable (level axis of 1 for surface)."""
+    w = world(cfg.seed, cfg.resolution, cfg.members)
+    var = schema.VARIABLES[name]
+    levels = cfg.sorted_levels if var.level_type is schema.LevelType.PRESSURE else (0,)
+    out = np.empty((len(inits), cfg.members, len(schema.STEPS_H), len(levels), *cfg.grid.shape), np.float32)
+    for i, t in enumerate(inits):
+        for j, step in enumerate(schema.STEPS_H):
+            for k, lv in enumerate(levels):
+                out[i, :, j, k] = w.members_field(name, lv, t, step)
+    return out
+
+
+def _lazy_variable(cfg: SynthConfig, var: schema.Variable) -> da.Array:
+    """(init_time, member, step[, level], lat, lon) float32 dask array; one task per date chunk."""
+    times = list(cfg.init_times)
+    nl = len(cfg.sorted_levels) if var.level_type is schema.LevelType.PRESSURE else 1
+    blocks = []
+    for i0 in range(0, len(times), cfg.chunk_dates):
+        inits = tuple(times[i0:i0 + cfg.chunk_dates])
+        shape = (len(inits), cfg.members, len(schema.STEPS_H), nl, *cfg.grid.shape)
+        blocks.append(da.from_delayed(dask.delayed(_member_block, pure=True)(cfg, var.name, inits),
+                                      shape=shape, dtype=np.float32))
+    arr = da.concatenate(blocks, axis=0)
+    return arr[:, :, :, 0] if var.level_type is schema.LevelType.SURFACE else arr
+
+
+def _coords(cfg: SynthConfig, with_members: bool = True, levels: bool = True) -> dict[str, Any]:
+    times = cfg.init_times
+    steps = pd.to_timedelta(list(schema.STEPS_H), unit="h")
+    coords: dict[str, Any] = {
+        schema.INIT_TIME: times,
+        schema.STEP: steps,
+        schema.LAT: ("latitude", cfg.grid.latitudes(), {"units": "degrees_north", "standard_name": "latitude"}),
+        schema.LON: ("longitude", cfg.grid.longitudes(), {"units": "degrees_east", "standard_name": "longitude"}),
+        schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP),
+                            times.values[:, None] + steps.values[None, :]),
+    }
+    if with_members:
+        coords[schema.MEMBER] = np.arange(1, cfg.members + 1)
+    if levels:
+        coords[schema.LEVEL] = ("level", np.array(cfg.sorted_levels), {"units": "hPa"})
+    return coords
+
+
+def variable_attrs(var: schema.Variable) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"units": var.units, "long_name": var.long_name,
+                             "GRIB_shortName": var.grib_short_name, "GRIB_paramId": var.param_id}
+    if var.standard_name:
+        attrs["standard_name"] = var.standard_name
+    return attrs
+
+
+def forecast_dataset(cfg: SynthConfig, variables: list[str] | None = None) -> xr.Dataset:
+    """Lazy synthetic ENS-10 forecasts in canonical conventions (nothing computed until asked)."""
+    names = variables or list(schema.VARIABLES)
+    data_vars = {}
+    for name in names:
+        var = schema.VARIABLES[name]
+        dims = schema.PL_DIMS if var.level_type is schema.LevelType.PRESSURE else schema.SFC_DIMS
+        data_vars[name] = xr.Variable(dims, _lazy_variable(cfg, var), variable_attrs(var))
+    ds = xr.Dataset(data_vars, coords=_coords(cfg))
+    ds.attrs.update(synthetic_attrs(cfg))
+    return ds
+
+
+def _truth_block(cfg: SynthConfig, inits: tuple[pd.Timestamp, ...]) -> np.ndarray:
+    """(target, [truth, mean, std], init, step, lat, lon) float32 for a block of init times."""
+    w = world(cfg.seed, cfg.resolution, cfg.members)
+    out = np.empty((len(TARGETS), 3, len(inits), len(schema.STEPS_H), *cfg.grid.shape), dtype=np.float32)
+    for i, t in enumerate(inits):
+        for j, step in enumerate(schema.STEPS_H):
+            for k, target in enumerate(TARGETS):
+                o = w.oracle(target, t, step)
+                out[k, 0, i, j], out[k, 1, i, j], out[k, 2, i, j] = o["truth"], o["mean"], o["std"]
+    return out
+
+
+def truth_dataset(cfg: SynthConfig) -> xr.Dataset:
+    """Lazy ERA5-like truth ``truth_<target>`` and the oracle ``oracle_mean_<target>`` /
+    ``oracle_std_<target>`` for every target and step, dims (init_time, step, latitude, longitude)."""
+    times = list(cfg.init_times)
+    blocks = []
+    for i in range(0, len(times), cfg.chunk_dates):
+        inits = tuple(times[i:i + cfg.chunk_dates])
+        shape = (len(TARGETS), 3, len(inits), len(schema.STEPS_H), *cfg.grid.shape)
+        blocks.append(da.from_delayed(dask.delayed(_truth_block, pure=True)(cfg, inits), shape=shape,
+                                      dtype=np.float32))
+    arr = da.concatenate(blocks, axis=2)
+    dims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
+    data_vars = {}
+    for k, (target, tg) in enumerate(TARGETS.items()):
+        base = {"units": tg.units, "target": target}
+        data_vars[schema.truth_name(target)] = xr.Variable(dims, arr[k, 0], {**base, "long_name": f"ERA5-like {target}"})
+        data_vars[f"oracle_mean_{target}"] = xr.Variable(dims, arr[k, 1], {**base, "long_name": f"oracle mean {target}"})
+        data_vars[f"oracle_std_{target}"] = xr.Variable(dims, arr[k, 2], {**base, "long_name": f"oracle std {target}"})
+    ds = xr.Dataset(data_vars, coords=_coords(cfg, with_members=False, levels=False))
+    ds.attrs.update(synthetic_attrs(cfg))
+    return ds
+
+
+def synthetic_attrs(cfg: SynthConfig) -> dict[str, Any]:
+    import json
+
+    return {"postcast_synthetic": json.dumps(cfg.to_dict()), "postcast_synthetic_version": FORMAT_VERSION}

@@ -1,0 +1,1 @@
+"""postcast.models (see the issues for what lands here)."""

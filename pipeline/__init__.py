@@ -1,0 +1,1 @@
+"""postcast.pipeline (see the issues for what lands here)."""

@@ -1,0 +1,1 @@
+"""postcast.serve (see the issues for what lands here)."""
