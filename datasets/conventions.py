@@ -38,15 +38,21 @@ def _unit_key(units: str) -> str:
     return units.replace(" ", "").replace("**", "").replace("^", "").replace("·", "").lower()
 
 
+def _lazy(x: xr.DataArray) -> xr.DataArray:
+    """Arithmetic on a lazily indexed (non-dask) array would load it whole: chunk it first."""
+    return x if x.chunks is not None else x.chunk()
+
+
 def _scale(f: float) -> Callable[[xr.DataArray], xr.DataArray]:
-    return lambda x: x * f
+    return lambda x: _lazy(x) * f
 
 
 def _shift(c: float) -> Callable[[xr.DataArray], xr.DataArray]:
-    return lambda x: x + c
+    return lambda x: _lazy(x) + c
 
 
-_IDENTITY = _scale(1.0)
+def _IDENTITY(x: xr.DataArray) -> xr.DataArray:
+    return x
 # canonical unit -> {alias key: converter to canonical}
 _UNIT_TABLE: dict[str, dict[str, Callable[[xr.DataArray], xr.DataArray]]] = {
     "K": {"k": _IDENTITY, "kelvin": _IDENTITY, "degk": _IDENTITY, "degc": _shift(273.15), "c": _shift(273.15),
@@ -81,8 +87,7 @@ def convert_units(da: xr.DataArray, var: schema.Variable, source: str = "") -> x
                    f"{var.units!r}; use one of {known}")
             raise BadInputError(msg)
         out = conv(da)
-    out.attrs = {**da.attrs, "units": var.units}
-    return out
+    return out.assign_attrs({**da.attrs, "units": var.units})
 
 
 def _rename(ds: xr.Dataset, source: str) -> xr.Dataset:

@@ -13,7 +13,7 @@ a work unit needs. Both raise :class:`BadInputError` naming the file and message
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import eccodes
@@ -155,24 +155,27 @@ def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     return df
 
 
+_LONG_KEYS = ("level", "number", "dataDate", "dataTime", "endStep", "offset", "totalLength", "Ni", "Nj")
+_GRID_KEYS = ("latitudeOfFirstGridPointInDegrees", "latitudeOfLastGridPointInDegrees",
+              "longitudeOfFirstGridPointInDegrees", "longitudeOfLastGridPointInDegrees")
+
+
 def _header_row(h: int, path: Path, i: int) -> list[object]:
     try:
-        short = eccodes.codes_get(h, "shortName")
-        pid = eccodes.codes_get(h, "paramId")
-        var = schema.BY_SHORT_NAME.get(short) or schema.BY_PARAM_ID.get(int(pid))
+        short = eccodes.codes_get_string(h, "shortName")
+        var = schema.BY_SHORT_NAME.get(short)
         if var is None:
-            msg = f"{path}: message {i} holds {short!r} (paramId {pid}), not an ENS-10 variable"
-            raise BadInputError(msg)
-        pl = eccodes.codes_get(h, "typeOfLevel") == "isobaricInhPa"
-        date, hhmm = eccodes.codes_get(h, "dataDate"), eccodes.codes_get(h, "dataTime")
-        init = pd.Timestamp(f"{date:08d}") + pd.Timedelta(hours=int(hhmm) // 100)
-        return [var.name, int(eccodes.codes_get(h, "level")) if pl else 0, int(eccodes.codes_get(h, "number")),
-                init, int(eccodes.codes_get(h, "endStep")), int(eccodes.codes_get(h, "offset")),
-                int(eccodes.codes_get(h, "totalLength")), int(eccodes.codes_get(h, "Ni")),
-                int(eccodes.codes_get(h, "Nj")), float(eccodes.codes_get(h, "latitudeOfFirstGridPointInDegrees")),
-                float(eccodes.codes_get(h, "latitudeOfLastGridPointInDegrees")),
-                float(eccodes.codes_get(h, "longitudeOfFirstGridPointInDegrees")),
-                float(eccodes.codes_get(h, "longitudeOfLastGridPointInDegrees"))]
+            pid = eccodes.codes_get_long(h, "paramId")
+            var = schema.BY_PARAM_ID.get(int(pid))
+            if var is None:
+                msg = f"{path}: message {i} holds {short!r} (paramId {pid}), not an ENS-10 variable"
+                raise BadInputError(msg)
+        pl = eccodes.codes_get_string(h, "typeOfLevel") == "isobaricInhPa"
+        level, number, date, hhmm, step, offset, length, ni, nj = (
+            eccodes.codes_get_long(h, k) for k in _LONG_KEYS)
+        init = pd.Timestamp(year=date // 10000, month=date // 100 % 100, day=date % 100, hour=hhmm // 100)
+        grid = [eccodes.codes_get_double(h, k) for k in _GRID_KEYS]
+        return [var.name, level if pl else 0, number, init, step, offset, length, ni, nj, *grid]
     except BadInputError:
         raise
     except Exception as err:
@@ -225,3 +228,20 @@ def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape:
             field = values.reshape(shape)
             out[k] = field if jpos else field[::-1]
     return out
+
+
+def copy_messages(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                  keep: Callable[[dict[str, object]], bool]) -> int:
+    """Copy the messages of ``src`` for which ``keep(keys)`` is true to ``dst`` (like ``grib_copy -w``);
+    ``keys`` holds shortName, level, number, dataDate and endStep. Returns the messages copied."""
+    n = 0
+    with open(src, "rb") as fin, atomic_path(dst) as tmp, open(tmp, "wb") as fout:
+        while (h := eccodes.codes_grib_new_from_file(fin)) is not None:
+            try:
+                keys = {k: eccodes.codes_get(h, k) for k in ("shortName", "level", "number", "dataDate", "endStep")}
+                if keep(keys):
+                    eccodes.codes_write(h, fout)
+                    n += 1
+            finally:
+                eccodes.codes_release(h)
+    return n

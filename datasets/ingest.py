@@ -46,6 +46,7 @@ from postcast.datasets.errors import ConfigError, MissingInputError
 
 log = logging.getLogger(__name__)
 STORE_FORMAT_VERSION = 1
+SPLIT_CODES = {None: -1, "train": 0, "val": 1, "test": 2}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class IngestConfig:
     members: int = schema.N_MEMBERS
     splits: schema.Splits = field(default_factory=schema.Splits)
     scheduler: str | None = None  # dask.distributed address; None: start a LocalCluster
-    workers: int = 2  # LocalCluster worker processes
+    workers: int = 2  # LocalCluster workers
+    processes: bool = True  # LocalCluster of processes (False: threads in this process, for tests/debugging)
     overwrite: bool = False  # rebuild a complete store
     restart: bool = False  # discard an interrupted ingest with other settings
     progress: bool = True
@@ -80,8 +82,8 @@ class IngestConfig:
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the store's content (not how it is computed)."""
-        keep = {k: v for k, v in asdict(self).items() if k not in ("scheduler", "workers", "overwrite",
-                                                                  "restart", "progress", "out")}
+        keep = {k: v for k, v in asdict(self).items()
+                if k not in ("scheduler", "workers", "processes", "overwrite", "restart", "progress", "out")}
         keep["source"] = str(Path(self.source).resolve())
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -134,7 +136,9 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
         schema.LAT: (schema.LAT, plan.grid.latitudes(), {"units": "degrees_north", "standard_name": "latitude"}),
         schema.LON: (schema.LON, plan.grid.longitudes(), {"units": "degrees_east", "standard_name": "longitude"}),
         schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP), times.values[:, None] + steps.values[None, :]),
-        "split": (schema.INIT_TIME, np.array([splits.split_of(t.year) or "none" for t in times], dtype="<U5")),
+        "split": (schema.INIT_TIME, np.array([SPLIT_CODES[splits.split_of(t.year)] for t in times], dtype=np.int8),
+                  {"long_name": "data split of the init time", "flag_values": [-1, 0, 1, 2],
+                   "flag_meanings": "none train val test"}),
     }
     data: dict[str, xr.Variable] = {}
 
@@ -168,8 +172,9 @@ def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
     """Per-sample ensemble mean and population std (ddof 0) of every member field."""
     out = {}
     for name, x in ds.data_vars.items():
-        out[f"ens_mean_{name}"] = x.mean(schema.MEMBER).astype(np.float32)
-        out[f"ens_std_{name}"] = x.std(schema.MEMBER, ddof=0).astype(np.float32)
+        # skipna=False: missing SST is missing in every member, and NaN-aware reductions are slow
+        out[f"ens_mean_{name}"] = x.mean(schema.MEMBER, skipna=False).astype(np.float32)
+        out[f"ens_std_{name}"] = x.std(schema.MEMBER, ddof=0, skipna=False).astype(np.float32)
     return xr.Dataset(out)
 
 
@@ -214,7 +219,7 @@ def batch_size(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> int:
 
 # --- driver --------------------------------------------------------------------------------------
 @contextmanager
-def dask_client(scheduler: str | None, workers: int) -> Iterator[Any]:
+def dask_client(scheduler: str | None, workers: int, processes: bool = True) -> Iterator[Any]:
     """A dask.distributed client: the given scheduler, or a LocalCluster of worker processes."""
     from dask.distributed import Client, LocalCluster
 
@@ -225,7 +230,7 @@ def dask_client(scheduler: str | None, workers: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, dashboard_address=None,
                       memory_limit=0, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
@@ -265,6 +270,12 @@ def _progress(futures: list[Any], weights: list[int], enabled: bool, desc: str) 
             bar.update(weight[fut.key])
 
 
+def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[str, int]:
+    """Read chunks for the statistics pass: many init dates per dask task (few, large tasks)."""
+    per_date = 4 * plan.grid.shape[0] * plan.grid.shape[1] * len(plan.members) * len(plan.steps_h)
+    return {schema.INIT_TIME: int(max(1, min(len(plan.init_times), target_bytes // per_date)))}
+
+
 def _existing_complete(out: Path) -> bool:
     if not (out / "zarr.json").exists():
         return False
@@ -285,7 +296,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         msg = f"{out} exists but is not a complete postcast store; remove it or pass --overwrite"
         raise ConfigError(msg)
     found = sources.discover(cfg.source, truth=cfg.truth)
-    with dask_client(cfg.scheduler, cfg.workers) as client:
+    with dask_client(cfg.scheduler, cfg.workers, cfg.processes) as client:
         if isinstance(found.forecast, sources.GribSource):
             log.info("indexing %d GRIB files", len(found.forecast.files))
             found.forecast.set_index(client.gather(client.map(grib.index_file, found.forecast.files)))
@@ -310,7 +321,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         for fut, n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest"):
             n_bytes += fut.result()
         log.info("computing statistics over the training years %s", cfg.splits.train)
-        stats = statistics.compute_statistics(io.open_zarr(store), cfg.splits)
+        stats = statistics.compute_statistics(io.open_zarr(store, chunks=_stats_chunks(plan)), cfg.splits)
         stats = stats.compute()  # runs on the distributed client
         io.write_zarr(stats, store, group="statistics", mode="w")
         _finalise(cfg, plan, store, found, truth_vars)

@@ -27,7 +27,7 @@ def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise MissingInputError(msg)
     ds = io.open_zarr(p)
     times = pd.DatetimeIndex(ds[schema.INIT_TIME].values)
-    splits = ds["split"].values if "split" in ds.coords else np.array(["?"] * len(times))
+    codes = ds["split"].values if "split" in ds.coords else np.full(len(times), -9)
     out: dict[str, Any] = {
         "store": str(p),
         "complete": bool(ds.attrs.get("postcast_complete")),
@@ -38,7 +38,7 @@ def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
         "init_times": {"first": f"{times.min():%Y-%m-%d}", "last": f"{times.max():%Y-%m-%d}", "n": len(times)},
         "levels_hPa": [int(x) for x in ds[schema.LEVEL].values],
         "steps_h": [int(pd.Timedelta(s).total_seconds() // 3600) for s in ds[schema.STEP].values],
-        "splits": {s: int((splits == s).sum()) for s in ("train", "val", "test", "none")},
+        "splits": {s: int((codes == c).sum()) for s, c in (("train", 0), ("val", 1), ("test", 2), ("none", -1))},
         "split_years": ds.attrs.get("splits"),
         "variables": _variables(ds),
         "truth_missing_at_48h": {k: len(v) for k, v in ds.attrs.get("truth_missing_at_48h", {}).items()},

@@ -212,7 +212,7 @@ class Grid:
 def ens10_month_days() -> list[tuple[int, int]]:
     """The 105 (month, day) pairs of ENS-10: the Mondays and Thursdays of 2018."""
     days = pd.date_range("2018-01-01", "2018-12-31", freq="D")
-    picked = days[(days.dayofweek == 0) | (days.dayofweek == 3)]
+    picked = days[(days.day_of_week == 0) | (days.day_of_week == 3)]
     return [(int(d.month), int(d.day)) for d in picked]
 
 
@@ -224,7 +224,7 @@ def month_days_subset(n: int) -> list[tuple[int, int]]:
         raise ValueError(msg)
     if n >= len(all_md):
         return all_md
-    idx = np.round(np.linspace(0, len(all_md) - 1, n)).astype(int)
+    idx = np.floor((np.arange(n) + 0.5) * len(all_md) / n).astype(int)  # centres of n equal parts
     return [all_md[i] for i in idx]
 
 

@@ -227,9 +227,9 @@ def _open_normalised(paths: tuple[str, ...]) -> xr.Dataset:
         if paths[0].endswith(".zarr") or Path(paths[0], "zarr.json").exists():
             from postcast.datasets.io import open_zarr
 
-            raw = open_zarr(paths[0])
+            raw = open_zarr(paths[0], chunks=None)  # lazily indexed: a date reads only its chunks
         elif len(paths) == 1:
-            raw = xr.open_dataset(paths[0], engine="netcdf4", chunks={})
+            raw = xr.open_dataset(paths[0], engine="netcdf4")
         else:
             raw = xr.open_mfdataset(list(paths), engine="netcdf4", combine="by_coords", chunks={})
     except (OSError, ValueError) as err:
@@ -304,11 +304,12 @@ class TruthSource:
     def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
         ds = self.dataset
         steps = pd.to_timedelta(list(plan.steps_h), unit="h")
+        # select what exists lazily (reads only the needed chunks), then pad the small result with NaN
         if self.paired:
-            out = ds.reindex({schema.INIT_TIME: [init_time], schema.STEP: steps})
+            out = _select_existing(ds, {schema.INIT_TIME: [init_time], schema.STEP: steps})
         else:
             valid = [init_time + s for s in steps]
-            out = ds.reindex({schema.VALID_TIME: valid}).rename({schema.VALID_TIME: schema.STEP})
+            out = _select_existing(ds, {schema.VALID_TIME: valid}).rename({schema.VALID_TIME: schema.STEP})
             out = out.assign_coords({schema.STEP: steps}).expand_dims({schema.INIT_TIME: [init_time]})
         out = out.load().astype(np.float32)
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
@@ -332,13 +333,21 @@ class TruthSource:
         return {v: [f"{t:%Y-%m-%d}" for t in lacking] for v in self.variables()}
 
 
+def _select_existing(ds: xr.Dataset, wanted: dict[str, Any]) -> xr.Dataset:
+    """``ds.reindex(wanted)`` that touches only the existing labels of a lazily indexed dataset."""
+    pos = {d: pd.Index(ds[d].values).get_indexer(pd.Index(v)) for d, v in wanted.items()}
+    have = {d: p[p >= 0] for d, p in pos.items()}
+    part = ds.isel(have).load()
+    return part.reindex({d: list(v) for d, v in wanted.items()})
+
+
 @functools.lru_cache(maxsize=8)
 def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
     from postcast.datasets.io import open_zarr
 
     try:
         if paths[0].endswith(".zarr"):
-            raw = open_zarr(paths[0])
+            raw = open_zarr(paths[0], chunks=None)
         else:
             raw = xr.merge([xr.open_dataset(p, engine="netcdf4", chunks={}) for p in paths],
                            compat="override", join="outer")

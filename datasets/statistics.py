@@ -28,14 +28,22 @@ def statistic_fields(ds: xr.Dataset) -> list[str]:
             if np.issubdtype(v.dtype, np.floating) and not str(n).startswith("oracle_")]
 
 
-def _reduce(da: xr.DataArray, dims: list[str], prefix: str) -> dict[str, xr.DataArray]:
+def _reduce(da: xr.DataArray, dims: list[str], prefix: str, skipna: bool) -> dict[str, xr.DataArray]:
     x = da.astype(np.float64)
     return {
-        f"{prefix}_mean": x.mean(dims, skipna=True),
-        f"{prefix}_std": x.std(dims, skipna=True),
-        f"{prefix}_min": x.min(dims, skipna=True),
-        f"{prefix}_max": x.max(dims, skipna=True),
+        f"{prefix}_mean": x.mean(dims, skipna=skipna),
+        f"{prefix}_std": x.std(dims, skipna=skipna),
+        f"{prefix}_min": x.min(dims, skipna=skipna),
+        f"{prefix}_max": x.max(dims, skipna=skipna),
     }
+
+
+def _may_have_nans(name: str) -> bool:
+    """Only fields derived from variables with missing values (SST over land) need NaN-aware (slow)
+    reductions; the checks at read time guarantee the others are NaN-free."""
+    base = name.removeprefix("ens_mean_").removeprefix("ens_std_")
+    var = schema.VARIABLES.get(base)
+    return (var is not None and var.missing_over_land) or name.startswith("truth_")
 
 
 def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
@@ -50,8 +58,9 @@ def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
     for name in statistic_fields(ds):
         da = train[name]
         sample_dims = [d for d in (schema.INIT_TIME, schema.MEMBER) if d in da.dims]
-        out.update(_reduce(da, [*sample_dims, schema.LAT, schema.LON], name))
-        out.update(_reduce(da, sample_dims, f"{name}_point"))
+        skipna = _may_have_nans(name)
+        out.update(_reduce(da, [*sample_dims, schema.LAT, schema.LON], name, skipna))
+        out.update(_reduce(da, sample_dims, f"{name}_point", skipna))
     stats = xr.Dataset(out)
     stats = stats.drop_vars([c for c in stats.coords if c not in stats.dims])
     times = train[schema.INIT_TIME].values
