@@ -109,7 +109,9 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-years", type=_year_range, help="validation years (default 2014:2015)")
     p.add_argument("--test-years", type=_year_range, help="test years (default 2016:2017)")
     p.add_argument("--scheduler", help="address of an existing dask.distributed scheduler")
-    p.add_argument("--workers", type=int, help="local dask worker processes (default 2)")
+    p.add_argument("--workers", type=int, help="local dask workers (default 2)")
+    p.add_argument("--threads", dest="processes", action="store_false", default=None,
+                   help="run the local dask workers as threads in this process (fast start for small inputs)")
     p.add_argument("--overwrite", action="store_true", default=None, help="rebuild even if OUT is complete")
     p.add_argument("--restart", action="store_true", default=None,
                    help="discard an interrupted ingest made with other settings")
@@ -123,7 +125,7 @@ def _run_ingest(a: argparse.Namespace) -> int:
     splits = {k: list(v) for k, v in (("train", a.train_years), ("val", a.val_years), ("test", a.test_years)) if v}
     over: dict[str, Any] = {"source": a.source, "out": a.out, "truth": a.truth, "variables": a.variables,
                             "levels": a.levels, "members": a.members, "scheduler": a.scheduler,
-                            "workers": a.workers, "overwrite": a.overwrite, "restart": a.restart,
+                            "workers": a.workers, "processes": a.processes, "overwrite": a.overwrite, "restart": a.restart,
                             "splits": splits or None, "progress": a.progress}
     if a.config:
         cfg = config.load(a.config, "ingest", **over)

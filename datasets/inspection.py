@@ -120,5 +120,5 @@ def render(info: dict[str, Any]) -> str:
         for name, s in stats["fields"].items():
             lines.append(f"{name:<22}{s['mean']:>14.5g}{s['std']:>14.5g}{s['min']:>14.5g}{s['max']:>14.5g}")
     else:
-        lines.append("statistics MISSING")
+        lines.append("statistics none (no init date in the training years)")
     return "\n".join(lines)

@@ -299,7 +299,7 @@ class TruthSource:
         return schema.STEP in self.dataset.dims
 
     def variables(self) -> list[str]:
-        return [str(v) for v in self.dataset.data_vars]
+        return sorted(str(v) for v in self.dataset.data_vars)  # zarr lists arrays in no fixed order
 
     def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
         ds = self.dataset

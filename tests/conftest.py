@@ -53,3 +53,9 @@ def store(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("store") / "store.zarr"
     ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False))
     return out
+
+
+@pytest.fixture
+def cli():
+    """``cli("ingest", ...)`` runs the real ``postcast`` command in a subprocess."""
+    return run_cli

@@ -1,0 +1,146 @@
+"""Bad input: a clear one-line error naming the file and the problem, a non-zero exit code, and no
+store that looks complete."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from postcast.datasets import conventions, grib, rawforms, synthetic
+from postcast.datasets.synthetic import SynthConfig
+
+SMALL = SynthConfig(seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=1, levels=(500, 850), format="grib")
+PL, SFC = grib.file_name("pl", 7, 2), grib.file_name("sfc", 7, 2)
+
+
+@pytest.fixture(scope="module")
+def good_grib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bad") / "good"
+    rawforms.write_synthetic(SMALL, out, progress=False)
+    assert (out / PL).exists() and (out / SFC).exists()
+    return out
+
+
+@pytest.fixture
+def src(good_grib, tmp_path):
+    d = tmp_path / "src"
+    shutil.copytree(good_grib, d)
+    return d
+
+
+def _fails(cli, src, tmp_path, code, *needles, extra=()):
+    out = tmp_path / "out.zarr"
+    proc = cli("ingest", str(src), "--out", str(out), "--threads", *extra)
+    err = proc.stderr.strip().splitlines()
+    last = [line for line in err if line.startswith("postcast: error:")]
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert len(last) == 1, proc.stderr[-2000:]
+    for n in needles:
+        assert n in last[0], last[0]
+    assert not out.exists()  # nothing that looks complete
+    return last[0]
+
+
+def test_good_input_passes(cli, src, tmp_path):
+    proc = cli("ingest", str(src), "--out", str(tmp_path / "ok.zarr"), "--threads")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_truncated_grib(cli, src, tmp_path):
+    data = (src / PL).read_bytes()
+    (src / PL).write_bytes(data[: len(data) // 2 + 17])
+    _fails(cli, src, tmp_path, 65, PL, "truncated")
+
+
+def test_corrupt_grib_header_loses_a_message(cli, src, tmp_path):
+    data = bytearray((src / SFC).read_bytes())
+    second = data.find(b"GRIB", 10)
+    data[second:second + 4] = b"XXXX"  # the reader cannot find this message any more
+    (src / SFC).write_bytes(bytes(data))
+    msg = _fails(cli, src, tmp_path, 66, "missing", SFC)
+    report = json.loads((tmp_path / "out.zarr.missing.json").read_text())
+    assert len(report["missing"]) == 1 and SFC in report["missing"][0]
+    assert msg
+
+
+def test_corrupt_grib_parameter(cli, src, tmp_path):
+    data = bytearray((src / SFC).read_bytes())
+    data[8 + 8] = 250  # section 1 octet 9: indicatorOfParameter of the first message
+    (src / SFC).write_bytes(bytes(data))
+    _fails(cli, src, tmp_path, 65, SFC, "not an ENS-10 variable")
+
+
+@pytest.mark.parametrize(("what", "keep", "needle"), [
+    ("variable", lambda k: k["shortName"] != "2t", "t2m"),
+    ("level", lambda k: not (k["level"] == 850 and k["dataDate"] == 20170702), "850 hPa"),
+    ("member", lambda k: not (k["number"] == 3 and k["dataDate"] == 20160702), "member 3"),
+    ("step", lambda k: k["endStep"] != 24, "step 24 h"),
+])
+def test_missing_fields_are_reported(cli, src, tmp_path, what, keep, needle):
+    for name in (PL, SFC):
+        grib.copy_messages(src / name, src / f"{name}.tmp", keep=keep)
+        (src / f"{name}.tmp").replace(src / name)
+    msg = _fails(cli, src, tmp_path, 66, "missing", needle)
+    report = json.loads((tmp_path / "out.zarr.missing.json").read_text())
+    assert all(needle in m for m in report["missing"]), what
+    assert msg
+
+
+def test_missing_file(cli, src, tmp_path):
+    (src / SFC).unlink()
+    _fails(cli, src, tmp_path, 66, "missing", SFC)
+
+
+def test_wrong_grid(cli, src, tmp_path):
+    other = SynthConfig(**{**SMALL.to_dict(), "resolution": 5.0, "years": SMALL.years, "levels": SMALL.levels})
+    rawforms.write_synthetic(other, tmp_path / "coarse", progress=False)
+    shutil.copy(tmp_path / "coarse" / SFC, src / SFC)
+    _fails(cli, src, tmp_path, 65, "different grids")
+
+
+def test_nonexistent_source(cli, tmp_path):
+    _fails(cli, tmp_path / "nope", tmp_path, 66, "no such file")
+
+
+def _netcdf(tmp_path, mutate):
+    cfg = SynthConfig(**{**SMALL.to_dict(), "format": "zarr", "years": SMALL.years, "levels": (850,)})
+    ds = conventions.to_ens10(synthetic.forecast_dataset(cfg, variables=["t", "t2m"]).compute())
+    ds = mutate(ds)
+    path = tmp_path / "forecast.nc"
+    ds.to_netcdf(path)
+    return path
+
+
+def test_nans_where_none_belong(cli, tmp_path):
+    def poke(ds):
+        v = ds["t"].values.copy()
+        v[1, 4, 2, 0, 5, 5] = np.nan
+        ds["t"] = (ds["t"].dims, v, ds["t"].attrs)
+        return ds
+
+    path = _netcdf(tmp_path, poke)
+    _fails(cli, path, tmp_path, 65, "forecast.nc", "NaN", "'t'", extra=("--variables", "t,t2m"))
+
+
+def test_unknown_units(cli, tmp_path):
+    path = _netcdf(tmp_path, lambda ds: ds.assign(t=ds["t"].assign_attrs(units="furlongs")))
+    _fails(cli, path, tmp_path, 65, "forecast.nc", "units 'furlongs'", extra=("--variables", "t,t2m"))
+
+
+def test_mislabelled_units(cli, tmp_path):
+    path = _netcdf(tmp_path, lambda ds: ds.assign(t2m=(ds["t2m"] - 273.15).assign_attrs(units="K")))
+    _fails(cli, path, tmp_path, 65, "'t2m'", "outside the plausible", extra=("--variables", "t,t2m"))
+
+
+def test_converted_units_are_accepted(cli, tmp_path):
+    path = _netcdf(tmp_path, lambda ds: ds.assign(t2m=(ds["t2m"] - 273.15).assign_attrs(units="degC")))
+    proc = cli("ingest", str(path), "--out", str(tmp_path / "ok.zarr"), "--variables", "t,t2m", "--threads")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_bad_cli_usage(cli, tmp_path):
+    proc = cli("ingest", str(tmp_path), "--out", str(tmp_path / "o.zarr"), "--levels", "123")
+    assert proc.returncode == 2 and "not ENS-10 levels" in proc.stderr
+    proc = cli("synth", "--out", str(tmp_path / "s"), "--resolution", "7")
+    assert proc.returncode == 2 and "does not divide" in proc.stderr
