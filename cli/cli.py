@@ -125,8 +125,8 @@ def _run_ingest(a: argparse.Namespace) -> int:
     splits = {k: list(v) for k, v in (("train", a.train_years), ("val", a.val_years), ("test", a.test_years)) if v}
     over: dict[str, Any] = {"source": a.source, "out": a.out, "truth": a.truth, "variables": a.variables,
                             "levels": a.levels, "members": a.members, "scheduler": a.scheduler,
-                            "workers": a.workers, "processes": a.processes, "overwrite": a.overwrite, "restart": a.restart,
-                            "splits": splits or None, "progress": a.progress}
+                            "workers": a.workers, "processes": a.processes, "overwrite": a.overwrite,
+                            "restart": a.restart, "splits": splits or None, "progress": a.progress}
     if a.config:
         cfg = config.load(a.config, "ingest", **over)
     else:

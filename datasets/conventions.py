@@ -143,7 +143,8 @@ def _fix_lonlat(ds: xr.Dataset, source: str) -> xr.Dataset:
     try:
         schema.Grid.from_coords(ds[schema.LAT].values, ds[schema.LON].values)
     except ValueError as err:
-        raise BadInputError(f"{source}: wrong grid: {err}") from err
+        msg_0 = f"{source}: wrong grid: {err}"
+        raise BadInputError(msg_0) from err
     return ds.assign_coords({
         schema.LAT: (schema.LAT, ds[schema.LAT].values.astype(np.float64),
                      {"units": "degrees_north", "standard_name": "latitude"}),
@@ -239,7 +240,8 @@ def _truth_target(name: str, da: xr.DataArray) -> str | None:
         if canon == tg.variable:
             if tg.level is None:
                 return target
-            levels = np.atleast_1d(da[schema.LEVEL].values) if schema.LEVEL in da.coords else []
+            levels: list[int] = (np.atleast_1d(da[schema.LEVEL].values).tolist()
+                                 if schema.LEVEL in da.coords else [])
             if tg.level in levels:
                 return target
     return None

@@ -195,7 +195,8 @@ def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> schema.Grid:
     try:
         return schema.Grid.from_coords(lat, lon)
     except ValueError as err:
-        raise BadInputError(f"{path}: wrong grid: {err}") from err
+        msg_0 = f"{path}: wrong grid: {err}"
+        raise BadInputError(msg_0) from err
 
 
 def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape: tuple[int, int]) -> np.ndarray:

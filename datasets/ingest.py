@@ -125,7 +125,7 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
     """The empty store: every variable as lazy NaNs with the store's chunking (metadata only)."""
     from postcast.datasets.synthetic import variable_attrs
 
-    from_nt, nm, ns, nl = len(plan.init_times), len(plan.members), len(plan.steps_h), len(plan.levels)
+    n_t, nm, ns, nl = len(plan.init_times), len(plan.members), len(plan.steps_h), len(plan.levels)
     ny, nx = plan.grid.shape
     chunks = _chunks(plan)
     times = pd.DatetimeIndex(plan.init_times)
@@ -148,10 +148,11 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
     for v in plan.variables:
         var = schema.VARIABLES[v]
         attrs = variable_attrs(var)
+        shape: tuple[int, ...]
         if var.level_type is schema.LevelType.PRESSURE:
-            dims, shape = schema.PL_DIMS, (from_nt, nm, ns, nl, ny, nx)
+            dims, shape = schema.PL_DIMS, (n_t, nm, ns, nl, ny, nx)
         else:
-            dims, shape = schema.SFC_DIMS, (from_nt, nm, ns, ny, nx)
+            dims, shape = schema.SFC_DIMS, (n_t, nm, ns, ny, nx)
         edims = tuple(d for d in dims if d != schema.MEMBER)
         eshape = tuple(s for d, s in zip(dims, shape, strict=True) if d != schema.MEMBER)
         data[v] = xr.Variable(dims, empty(shape, v), attrs)
@@ -162,7 +163,7 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
     tdims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
     for name in [*truth, *oracle]:
         target = name.split("_")[-1]
-        data[name] = xr.Variable(tdims, empty((from_nt, ns, ny, nx), name),
+        data[name] = xr.Variable(tdims, empty((n_t, ns, ny, nx), name),
                                  {"units": schema.TARGETS[target].units, "target": target})
     return xr.Dataset(data, coords=coords)
 
@@ -318,7 +319,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         futures = [client.submit(ingest_dates, found.forecast, found.truth, found.oracle, plan, b, str(store),
                                  str(done_dir), pure=False) for b in work]
         n_bytes = 0
-        for fut, n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest"):
+        for fut, _n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest"):
             n_bytes += fut.result()
         if cfg.splits.mask(pd.DatetimeIndex(plan.init_times), "train").any():
             log.info("computing statistics over the training years %s", cfg.splits.train)
@@ -393,7 +394,9 @@ def open_store(path: str | os.PathLike[str], *, require_complete: bool = True) -
     p = Path(path)
     if not (p / "zarr.json").exists():
         partial = p.with_name(p.name + ".partial")
-        hint = f" (an interrupted ingest is in {partial}: rerun `postcast ingest` to finish it)" if partial.exists() else ""
+        hint = ""
+        if partial.exists():
+            hint = f" (an interrupted ingest is in {partial}: rerun `postcast ingest` to finish it)"
         msg = f"{p}: not a postcast store{hint}"
         raise MissingInputError(msg)
     ds = io.open_zarr(p)

@@ -152,7 +152,7 @@ def open_zarr(path: str | os.PathLike[str], *, group: str | None = None, chunks:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=RuntimeWarning)
-        return xr.open_zarr(path, group=group, chunks=chunks, zarr_format=3)  # type: ignore[arg-type]
+        return xr.open_zarr(path, group=group, chunks=chunks, zarr_format=3)
 
 
 def sha256_file(path: str | os.PathLike[str], *, limit: int | None = None) -> str:

@@ -22,6 +22,7 @@ dimension        meaning
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -256,7 +257,7 @@ class Splits:
                 msg = f"split {name!r} has start year {a} after end year {b}"
                 raise ValueError(msg)
         ordered = sorted(spans)
-        for (_, b1), (a2, _) in zip(ordered, ordered[1:], strict=False):
+        for (_, b1), (a2, _) in itertools.pairwise(ordered):
             if a2 <= b1:
                 msg = f"splits overlap: {self.as_dict()}; give each year to one split only"
                 raise ValueError(msg)

@@ -79,7 +79,7 @@ def _raise_missing(missing: list[str], source: str, what: str = "forecast fields
     shown = "; ".join(missing[:MAX_REPORTED])
     more = f" ... and {len(missing) - MAX_REPORTED} more" if len(missing) > MAX_REPORTED else ""
     err = MissingInputError(f"{source}: {len(missing)} {what} missing: {shown}{more}")
-    err.missing = missing  # type: ignore[attr-defined]
+    err.missing = missing
     raise err
 
 
@@ -378,9 +378,7 @@ class Discovered:
 def _is_grib(p: Path) -> bool:
     if p.suffix in (".grib", ".grb", ".grib1", ".grb1"):
         return True
-    if p.name.startswith("output.") and p.suffix not in (".nc", ".idx", ".zarr", ".json"):
-        return True
-    return False
+    return bool(p.name.startswith("output.") and p.suffix not in (".nc", ".idx", ".zarr", ".json"))
 
 
 def discover(path: str | Path, *, truth: str | Path | None = None) -> Discovered:
@@ -421,5 +419,5 @@ def discover(path: str | Path, *, truth: str | Path | None = None) -> Discovered
         if not tp.exists():
             msg = f"truth {tp}: no such file or directory"
             raise MissingInputError(msg)
-        truth_paths = sorted(tp.glob("*.nc")) if tp.is_dir() and not tp.suffix == ".zarr" else [tp]
+        truth_paths = sorted(tp.glob("*.nc")) if tp.is_dir() and tp.suffix != ".zarr" else [tp]
     return Discovered(forecast, TruthSource(truth_paths) if truth_paths else None, oracle)

@@ -74,7 +74,9 @@ def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
     return stats
 
 
-def normalise_field(da: xr.DataArray, stats: xr.Dataset, *, per_point: bool = False, eps: float = 1e-12) -> xr.DataArray:
+def normalise_field(
+    da: xr.DataArray, stats: xr.Dataset, *, per_point: bool = False, eps: float = 1e-12
+) -> xr.DataArray:
     """(x - mean) / std with the stored statistics of field ``da.name`` (global or per grid point)."""
     key = f"{da.name}_point" if per_point else str(da.name)
     mean, std = stats[f"{key}_mean"], stats[f"{key}_std"]

@@ -600,9 +600,10 @@ def truth_dataset(cfg: SynthConfig) -> xr.Dataset:
     data_vars = {}
     for k, (target, tg) in enumerate(TARGETS.items()):
         base = {"units": tg.units, "target": target}
-        data_vars[schema.truth_name(target)] = xr.Variable(dims, arr[k, 0], {**base, "long_name": f"ERA5-like {target}"})
-        data_vars[f"oracle_mean_{target}"] = xr.Variable(dims, arr[k, 1], {**base, "long_name": f"oracle mean {target}"})
-        data_vars[f"oracle_std_{target}"] = xr.Variable(dims, arr[k, 2], {**base, "long_name": f"oracle std {target}"})
+        for j, (name, label) in enumerate(((schema.truth_name(target), "ERA5-like"),
+                                           (f"oracle_mean_{target}", "oracle mean"),
+                                           (f"oracle_std_{target}", "oracle std"))):
+            data_vars[name] = xr.Variable(dims, arr[k, j], {**base, "long_name": f"{label} {target}"})
     ds = xr.Dataset(data_vars, coords=_coords(cfg, with_members=False, levels=False))
     ds.attrs.update(synthetic_attrs(cfg))
     return ds

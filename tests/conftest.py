@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,9 +18,8 @@ from postcast.datasets.synthetic import SynthConfig
 TINY = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3, levels=(500, 850))
 
 
-def run_cli(*args: str, check: bool = False, timeout: float = 300) -> "subprocess.CompletedProcess[str]":
+def run_cli(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real ``postcast`` console entry point in a subprocess."""
-    import subprocess
 
     proc = subprocess.run([sys.executable, "-m", "postcast", "--no-progress", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"}, check=False)

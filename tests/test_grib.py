@@ -35,7 +35,7 @@ def test_cfgrib_sees_ens10_attributes(one_file):
 
 
 def test_postcast_decode_equals_cfgrib(one_file):
-    pl, sfc = one_file
+    pl, _sfc = one_file
     idx = grib.index_file(pl)
     rows = idx[(idx["var"] == "t") & (idx.level == 850) & (idx.member == 3) & (idx.step_h == 48)]
     ours = grib.decode(pl, zip(rows.offset, rows.length, strict=True), (19, 36))
@@ -71,7 +71,7 @@ def test_corrupt_and_truncated_files_raise(one_file, tmp_path):
     data = pl.read_bytes()
     cut = tmp_path / "cut"
     cut.write_bytes(data[: len(data) - 1000])
-    with pytest.raises(Exception, match="truncated|corrupt"):
+    with pytest.raises(Exception, match=r"truncated|corrupt"):
         grib.index_file(cut)
     empty = tmp_path / "empty"
     empty.write_bytes(b"not a grib file at all")

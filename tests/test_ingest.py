@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import conventions, ingest, io, schema, sources, statistics, synthetic
+from postcast.datasets import conventions, ingest, io, schema, statistics, synthetic
 from postcast.datasets.ingest import IngestConfig
 
 
@@ -186,7 +186,7 @@ def test_kill_and_resume(synth_zarr, tmp_path, store, cli):
     assert 0 < n_done < 18 and not out.exists()
     shown = cli("inspect", str(out))
     assert shown.returncode == 66 and "INCOMPLETE" in shown.stdout
-    with pytest.raises(Exception, match="incomplete|not a postcast store"):
+    with pytest.raises(Exception, match=r"incomplete|not a postcast store"):
         ingest.open_store(out)
     proc = cli("ingest", str(synth_zarr), "--out", str(out), "--workers", "1", check=True)
     written = int(proc.stdout.split(":")[1].split()[0])

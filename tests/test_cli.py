@@ -1,0 +1,86 @@
+"""The command line: teaching --help, config validation, exit codes, the quickstart path."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from postcast.datasets import config
+from postcast.datasets.errors import ConfigError
+from postcast.datasets.ingest import IngestConfig
+from postcast.datasets.synthetic import SynthConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("verb", ["synth", "ingest", "inspect", "config"])
+def test_help_teaches(cli, verb):
+    proc = cli(verb, "--help", check=True)
+    assert "usage: postcast" in proc.stdout
+    if verb in ("synth", "ingest"):
+        assert "examples:" in proc.stdout
+
+
+def test_top_level_help_lists_exit_codes(cli):
+    out = cli("--help", check=True).stdout
+    for verb in ("synth", "ingest", "inspect", "config"):
+        assert verb in out
+    assert "66 missing input" in out
+
+
+def test_presets_validate(cli):
+    files = sorted(str(p) for p in (ROOT / "configs").rglob("*.yaml"))
+    assert len(files) >= 4
+    proc = cli("config", "validate", *files, check=True)
+    assert proc.stdout.count(": ok") == len(files)
+
+
+def test_invalid_presets_are_rejected(cli, tmp_path):
+    bad = {
+        "unknown_key.yaml": "kind: synth\nresolution: 5\ncolour: blue\n",
+        "wrong_type.yaml": "kind: synth\ndates_per_year: many\n",
+        "bad_level.yaml": "kind: synth\nlevels: [500, 851]\n",
+        "no_kind.yaml": "resolution: 5\n",
+        "bad_split.yaml": "kind: ingest\nsource: a\nout: b\nsplits: {train: [2000, 2015], val: [2014, 2015]}\n",
+    }
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        proc = cli("config", "validate", str(tmp_path / name))
+        assert proc.returncode == 2, name
+        assert "INVALID" in proc.stderr and name in proc.stderr
+
+
+def test_config_loader_types():
+    cfg = config.load(ROOT / "configs/synth/quickstart.yaml", "synth", seed=7)
+    assert isinstance(cfg, SynthConfig) and cfg.seed == 7 and cfg.levels == (500, 850)
+    ing = config.from_dict(IngestConfig, {"source": "s", "out": "o", "splits": {"train": [1998, 2010]}})
+    assert ing.splits.train == (1998, 2010) and ing.splits.test == (2016, 2017)
+    with pytest.raises(ConfigError, match="unknown keys"):
+        config.from_dict(SynthConfig, {"resolutoin": 5})
+    with pytest.raises(ConfigError, match="is a 'synth' config"):
+        config.load(ROOT / "configs/synth/quickstart.yaml", "ingest")
+
+
+def test_quickstart_cli_chain(cli, tmp_path):
+    """synth -> ingest -> inspect through the console script, on the tiny preset."""
+    s, t = tmp_path / "s", tmp_path / "t.zarr"
+    cli("synth", "-c", str(ROOT / "configs/synth/tiny.yaml"), "--out", str(s), "--years", "2015:2017", check=True)
+    cli("ingest", str(s), "--out", str(t), "--threads", check=True)
+    again = cli("ingest", str(s), "--out", str(t), "--threads", check=True)
+    assert "already complete" in again.stdout
+    out = cli("inspect", str(t), check=True).stdout
+    assert "init times 2015-03-01 .. 2017-11-01 (9)" in out
+
+
+def test_console_script_installed():
+    exe = shutil.which("postcast")
+    assert exe, "the `postcast` console script is not on PATH: run scripts/setup.sh"
+    proc = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
+    assert proc.stdout.startswith("postcast ")
+
+
+def test_module_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "postcast", "--version"], capture_output=True, text=True, check=True)
+    assert proc.stdout.startswith("postcast ")
