@@ -224,6 +224,8 @@ def dask_client(scheduler: str | None, workers: int, processes: bool = True) -> 
     """A dask.distributed client: the given scheduler, or a LocalCluster of worker processes."""
     from dask.distributed import Client, LocalCluster
 
+    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     if scheduler:
         client = Client(scheduler)
         try:

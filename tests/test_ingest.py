@@ -54,12 +54,16 @@ def test_statistics_use_training_years_only(store):
     assert st["t_mean"].sel(level=850, step=pd.Timedelta(hours=48)).item() == pytest.approx(x.mean(), rel=1e-9)
     assert st["t_std"].sel(level=850, step=pd.Timedelta(hours=48)).item() == pytest.approx(x.std(), rel=1e-6)
     assert st["t_max"].sel(level=850, step=pd.Timedelta(hours=48)).item() == pytest.approx(x.max())
-    pt = st["t_point_mean"].sel(level=850, step=pd.Timedelta(hours=48)).values
-    np.testing.assert_allclose(pt, x.mean((0, 1)), rtol=1e-9)
+    e = train["ens_std_t"].sel(level=850, step=pd.Timedelta(hours=48)).values.astype(np.float64)
+    pt = st["ens_std_t_point_mean"].sel(level=850, step=pd.Timedelta(hours=48)).values
+    np.testing.assert_allclose(pt, e.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(st["ens_std_t_point_std"].sel(level=850, step=pd.Timedelta(hours=48)).values,
+                               e.std(0), rtol=1e-5, atol=1e-7)
+    assert "t_point_mean" not in st  # members get per-variable/level statistics only
     allyears = ds["t"].sel(level=850, step=pd.Timedelta(hours=48)).values.astype(np.float64).mean()
     assert allyears != pytest.approx(x.mean(), rel=1e-9)  # the test years would change it
     assert st.attrs["statistics_end"] <= "2013-12-31"
-    sst = st["sst_point_mean"].sel(step=pd.Timedelta(hours=0)).values
+    sst = st["ens_mean_sst_point_mean"].sel(step=pd.Timedelta(hours=0)).values
     assert np.isnan(sst).any() and np.isfinite(sst).any()  # land stays NaN, oceans have statistics
     assert np.isfinite(st["sst_mean"].values).all()
     assert "truth_z500_mean" in st and "ens_std_t2m_point_std" in st
@@ -78,8 +82,8 @@ def test_pure_cores_on_numpy_and_dask(chunked, tiny_cfg):
     assert (back["t"].chunks is not None) == chunked
     xr.testing.assert_identical(back["t"].drop_attrs(), fc["t"].drop_attrs())
     st = statistics.compute_statistics(fc, schema.Splits(train=(2012, 2012), val=(2013, 2013), test=(2014, 2017)))
-    np.testing.assert_allclose(st["t_point_mean"].values,
-                               ref[pd.DatetimeIndex(fc.init_time.values).year == 2012].mean((0, 1)), rtol=1e-9)
+    np.testing.assert_allclose(st["t_mean"].values,
+                               ref[pd.DatetimeIndex(fc.init_time.values).year == 2012].mean((0, 1, 4, 5)), rtol=1e-9)
 
 
 def test_conventions_convert_units_and_names(tiny_cfg):
