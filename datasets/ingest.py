@@ -326,7 +326,6 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         if cfg.splits.mask(pd.DatetimeIndex(plan.init_times), "train").any():
             log.info("computing statistics over the training years %s", cfg.splits.train)
             stats = statistics.compute_statistics(io.open_zarr(store, chunks=_stats_chunks(plan)), cfg.splits)
-            stats = stats.compute()  # runs on the distributed client
             io.write_zarr(stats, store, group="statistics", mode="w")
         else:  # e.g. an operational store of new forecasts: models carry their own statistics
             log.warning("no init date in the training years %s: the store gets no statistics", cfg.splits.train)

@@ -1,6 +1,7 @@
 """Normalisation statistics of a training store, from the training years only.
 
-:func:`compute_statistics` is a pure, lazy ``xr.Dataset -> xr.Dataset`` function. For every field
+:func:`compute_statistics` is a pure ``xr.Dataset -> xr.Dataset`` function (one pass over the
+data on the active dask scheduler; numpy- or dask-backed input). For every field
 ``F`` (member fields ``z``..``skt``, per-sample ``ens_mean_F`` / ``ens_std_F``, and ``truth_*``):
 
 * ``F_mean``, ``F_std``, ``F_min``, ``F_max``: per variable and level (and step), over training
@@ -9,12 +10,17 @@
   for the member-free fields ``ens_mean_F``, ``ens_std_F`` and ``truth_*`` (ENS-10 normalises its
   ensemble mean and std files per grid point; members are scaled per variable and level).
 
-Per-variable statistics are float64. NaNs (SST over land) are skipped; a grid point that is never valid stays NaN.
+Per-variable statistics are float64 (sums accumulated in float64). NaNs (SST over land) are
+skipped; a grid point that is never valid stays NaN.
 The statistics period is recorded in the attributes, so a model can prove it never saw test years.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import dask
+import dask.array
 import numpy as np
 import xarray as xr
 
@@ -29,50 +35,85 @@ def statistic_fields(ds: xr.Dataset) -> list[str]:
             if np.issubdtype(v.dtype, np.floating) and not str(n).startswith("oracle_")]
 
 
-def _reduce(da: xr.DataArray, dims: list[str], prefix: str, skipna: bool) -> dict[str, xr.DataArray]:
-    x = da.astype(np.float64)
-    return {
-        f"{prefix}_mean": x.mean(dims, skipna=skipna),
-        f"{prefix}_std": x.std(dims, skipna=skipna),
-        f"{prefix}_min": x.min(dims, skipna=skipna),
-        f"{prefix}_max": x.max(dims, skipna=skipna),
-    }
+# One pass over the data: each block (a few init dates) yields mergeable partial sums in float64,
+# combined in a binary tree of dask tasks (bounded memory), then turned into mean/std/min/max.
+Partial = dict[str, np.ndarray]
 
 
-def _reduce_point(da: xr.DataArray, dims: list[str], prefix: str, skipna: bool) -> dict[str, xr.DataArray]:
-    """Per-grid-point mean and std, accumulated in float64, stored as float32 (about 6 MB per field,
-    step and level pair at 0.5 deg instead of 50 MB for four float64 statistics)."""
-    x = da.astype(np.float64)
-    return {
-        f"{prefix}_mean": x.mean(dims, skipna=skipna).astype(np.float32),
-        f"{prefix}_std": x.std(dims, skipna=skipna).astype(np.float32),
-    }
+def _partial(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[int, ...] | None) -> Partial:
+    x = block.astype(np.float64)
+    ok = np.isfinite(x)
+    if ok.all():  # the common case: no masks, no extra copies
+        x0, lo, hi = x, x, x
+    else:
+        x0, lo, hi = np.where(ok, x, 0.0), np.where(ok, x, np.inf), np.where(ok, x, -np.inf)
+    sq = np.square(x0)
+    out = {"n": ok.sum(global_axes), "s": x0.sum(global_axes), "q": sq.sum(global_axes),
+           "min": lo.min(global_axes), "max": hi.max(global_axes)}
+    if point_axes is not None:
+        out |= {"pn": ok.sum(point_axes), "ps": x0.sum(point_axes), "pq": sq.sum(point_axes)}
+    return out
 
 
-def _may_have_nans(name: str) -> bool:
-    """Only fields derived from variables with missing values (SST over land) need NaN-aware (slow)
-    reductions; the checks at read time guarantee the others are NaN-free."""
-    base = name.removeprefix("ens_mean_").removeprefix("ens_std_")
-    var = schema.VARIABLES.get(base)
-    return (var is not None and var.missing_over_land) or name.startswith("truth_")
+def _combine(a: Partial, b: Partial) -> Partial:
+    out = {k: a[k] + b[k] for k in a if k not in ("min", "max")}
+    return out | {"min": np.minimum(a["min"], b["min"]), "max": np.maximum(a["max"], b["max"])}
+
+
+def _tree(parts: list[Any]) -> Any:
+    while len(parts) > 1:
+        parts = [dask.delayed(_combine)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def _moments(n: np.ndarray, s: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = s / n
+        std = np.sqrt(np.maximum(q / n - mean * mean, 0.0))
+    return mean, std
+
+
+def _field_partials(da: xr.DataArray) -> Any:
+    """A delayed Partial for one field, reading each block once."""
+    sample = [i for i, d in enumerate(da.dims) if d in (schema.INIT_TIME, schema.MEMBER)]
+    spatial = [i for i, d in enumerate(da.dims) if d in (schema.LAT, schema.LON)]
+    point = tuple(sample) if schema.MEMBER not in da.dims else None
+    data = da.data if isinstance(da.data, dask.array.Array) else dask.array.from_array(da.values, chunks=-1)
+    data = data.rechunk({i: -1 for i in range(data.ndim) if i != 0})
+    blocks = [dask.delayed(_partial)(b, tuple(sample + spatial), point) for b in data.to_delayed().ravel()]
+    return _tree(blocks)
+
+
+def _to_arrays(name: str, da: xr.DataArray, p: Partial) -> dict[str, xr.DataArray]:
+    gdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)]
+    coords = {d: da[d].values for d in gdims}
+    mean, std = _moments(p["n"], p["s"], p["q"])
+    out = {f"{name}_{k}": xr.DataArray(v, dims=gdims, coords=coords)
+           for k, v in (("mean", mean), ("std", std), ("min", p["min"]), ("max", p["max"]))}
+    if "pn" in p:
+        pdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER)]
+        pmean, pstd = _moments(p["pn"], p["ps"], p["pq"])
+        pcoords = {d: da[d].values for d in pdims}
+        out[f"{name}_point_mean"] = xr.DataArray(pmean.astype(np.float32), dims=pdims, coords=pcoords)
+        out[f"{name}_point_std"] = xr.DataArray(pstd.astype(np.float32), dims=pdims, coords=pcoords)
+    return out
 
 
 def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
-    """Per-variable/level and per-grid-point statistics over the training split (lazy)."""
+    """Per-variable/level and per-grid-point statistics over the training split, computed in one
+    pass on the active dask scheduler (the distributed client during ingestion)."""
     mask = splits.mask(ds[schema.INIT_TIME].values, "train")
     if not mask.any():
         years = sorted(set(ds[schema.INIT_TIME].dt.year.values.tolist()))
         msg = f"no init time falls in the training years {splits.train}; the store holds years {years}"
         raise ValueError(msg)
     train = ds.isel({schema.INIT_TIME: np.flatnonzero(mask)})
+    names = statistic_fields(ds)
+    partials = dask.compute(*[_field_partials(train[n]) for n in names])  # on the active scheduler
     out: dict[str, xr.DataArray] = {}
-    for name in statistic_fields(ds):
-        da = train[name]
-        sample_dims = [d for d in (schema.INIT_TIME, schema.MEMBER) if d in da.dims]
-        skipna = _may_have_nans(name)
-        out.update(_reduce(da, [*sample_dims, schema.LAT, schema.LON], name, skipna))
-        if schema.MEMBER not in da.dims:  # per grid point: the fields grid models normalise
-            out.update(_reduce_point(da, sample_dims, f"{name}_point", skipna))
+    for name, p in zip(names, partials, strict=True):
+        out.update(_to_arrays(name, train[name], p))
     stats = xr.Dataset(out)
     stats = stats.drop_vars([c for c in stats.coords if c not in stats.dims])
     times = train[schema.INIT_TIME].values
