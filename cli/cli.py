@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import postcast
-from postcast.datasets.errors import PostcastError
+from postcast.datasets.errors import ConfigError, PostcastError
 
 log = logging.getLogger("postcast")
 
@@ -98,8 +98,10 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
                "  postcast ingest /data/ens10 --truth /data/era5 --out ens10.zarr --levels 500,850\n"
                "  postcast ingest data/synth --out s.zarr --scheduler tcp://10.0.0.5:8786",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", help="directory written by `postcast synth`, ENS-10 GRIB/netCDF files, or a zarr store")
-    p.add_argument("--out", required=True, help="store path (e.g. data/store.zarr)")
+    p.add_argument("source", nargs="?",
+                   help="directory written by `postcast synth`, ENS-10 GRIB/netCDF files, or a zarr store "
+                        "(optional with -c)")
+    p.add_argument("--out", help="store path, e.g. data/store.zarr (optional with -c)")
     p.add_argument("-c", "--config", help="YAML preset (kind: ingest)")
     p.add_argument("--truth", help="ERA5-like truth (netCDF file/directory or zarr); default: found next to SOURCE")
     p.add_argument("--variables", type=_str_tuple, help="required variables (default: all 18 ENS-10 variables)")
@@ -129,6 +131,9 @@ def _run_ingest(a: argparse.Namespace) -> int:
                             "restart": a.restart, "splits": splits or None, "progress": a.progress}
     if a.config:
         cfg = config.load(a.config, "ingest", **over)
+    elif not (a.source and a.out):
+        msg = "ingest needs SOURCE and --out (or a preset with -c)"
+        raise ConfigError(msg)
     else:
         cfg = config.from_dict(IngestConfig, {k: v for k, v in over.items() if v is not None}, where="ingest options")
     result = ingest(cfg)

@@ -144,3 +144,5 @@ def test_bad_cli_usage(cli, tmp_path):
     assert proc.returncode == 2 and "not ENS-10 levels" in proc.stderr
     proc = cli("synth", "--out", str(tmp_path / "s"), "--resolution", "7")
     assert proc.returncode == 2 and "does not divide" in proc.stderr
+    proc = cli("ingest")
+    assert proc.returncode == 2 and "needs SOURCE and --out" in proc.stderr
