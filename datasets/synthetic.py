@@ -384,7 +384,7 @@ class World:
             anom = -lat["psi_dlat"]
         else:
             clim = np.zeros(self.grid.shape)
-            anom = lat["psi_dlon"] / np.maximum(self.coslat, 0.2)
+            anom = lat["psi_dlon"] / np.maximum(self.coslat, 0.5)  # damped near the poles
         return clim[None] + amp * self.env[None] * (anom[None] + pert)
 
     def _f_u(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
@@ -427,7 +427,7 @@ class World:
         return _sigmoid(x + 0.8 * self.env[None])
 
     def _f_tcwv(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
-        return 4.5e3 * self._f_q(850, init, step_h, valid)
+        return 3.8e3 * self._f_q(850, init, step_h, valid)  # kg m-2: ~45 in the tropics, ~4 near the poles
 
     def _f_tcw(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         tcc = self._f_tcc(0, init, step_h, valid)
