@@ -6,9 +6,8 @@ data on the active dask scheduler; numpy- or dask-backed input). For every field
 
 * ``F_mean``, ``F_std``, ``F_min``, ``F_max``: per variable and level (and step), over training
   init times, members and all grid points (unweighted, as ENS-10 and anemoi do);
-* ``F_point_mean``, ``F_point_std`` (float32): per grid point (and level, step), over training init times,
-  for the member-free fields ``ens_mean_F``, ``ens_std_F`` and ``truth_*`` (ENS-10 normalises its
-  ensemble mean and std files per grid point; members are scaled per variable and level).
+* ``F_point_mean`` .. ``F_point_max`` (float32, accumulated in float64): per grid point (and level,
+  step), over training init times and members (ENS-10 normalises per grid point).
 
 Per-variable statistics are float64 (sums accumulated in float64). NaNs (SST over land) are
 skipped; a grid point that is never valid stays NaN.
@@ -40,7 +39,7 @@ def statistic_fields(ds: xr.Dataset) -> list[str]:
 Partial = dict[str, np.ndarray]
 
 
-def _partial(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[int, ...] | None) -> Partial:
+def _partial(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[int, ...]) -> Partial:
     x = block.astype(np.float64)
     ok = np.isfinite(x)
     if ok.all():  # the common case: no masks, no extra copies
@@ -48,16 +47,16 @@ def _partial(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[
     else:
         x0, lo, hi = np.where(ok, x, 0.0), np.where(ok, x, np.inf), np.where(ok, x, -np.inf)
     sq = np.square(x0)
-    out = {"n": ok.sum(global_axes), "s": x0.sum(global_axes), "q": sq.sum(global_axes),
-           "min": lo.min(global_axes), "max": hi.max(global_axes)}
-    if point_axes is not None:
-        out |= {"pn": ok.sum(point_axes), "ps": x0.sum(point_axes), "pq": sq.sum(point_axes)}
-    return out
+    return {"n": ok.sum(global_axes), "s": x0.sum(global_axes), "q": sq.sum(global_axes),
+            "min": lo.min(global_axes), "max": hi.max(global_axes),
+            "pn": ok.sum(point_axes), "ps": x0.sum(point_axes), "pq": sq.sum(point_axes),
+            "pmin": lo.min(point_axes), "pmax": hi.max(point_axes)}
 
 
 def _combine(a: Partial, b: Partial) -> Partial:
-    out = {k: a[k] + b[k] for k in a if k not in ("min", "max")}
-    return out | {"min": np.minimum(a["min"], b["min"]), "max": np.maximum(a["max"], b["max"])}
+    out = {k: a[k] + b[k] for k in a if not k.endswith(("min", "max"))}
+    return out | {k: np.minimum(a[k], b[k]) for k in ("min", "pmin")} | {
+        k: np.maximum(a[k], b[k]) for k in ("max", "pmax")}
 
 
 def _tree(parts: list[Any]) -> Any:
@@ -78,7 +77,7 @@ def _field_partials(da: xr.DataArray) -> Any:
     """A delayed Partial for one field, reading each block once."""
     sample = [i for i, d in enumerate(da.dims) if d in (schema.INIT_TIME, schema.MEMBER)]
     spatial = [i for i, d in enumerate(da.dims) if d in (schema.LAT, schema.LON)]
-    point = tuple(sample) if schema.MEMBER not in da.dims else None
+    point = tuple(sample)
     data = da.data if isinstance(da.data, dask.array.Array) else dask.array.from_array(da.values, chunks=-1)
     data = data.rechunk({i: -1 for i in range(data.ndim) if i != 0})
     blocks = [dask.delayed(_partial)(b, tuple(sample + spatial), point) for b in data.to_delayed().ravel()]
@@ -91,12 +90,14 @@ def _to_arrays(name: str, da: xr.DataArray, p: Partial) -> dict[str, xr.DataArra
     mean, std = _moments(p["n"], p["s"], p["q"])
     out = {f"{name}_{k}": xr.DataArray(v, dims=gdims, coords=coords)
            for k, v in (("mean", mean), ("std", std), ("min", p["min"]), ("max", p["max"]))}
-    if "pn" in p:
-        pdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER)]
-        pmean, pstd = _moments(p["pn"], p["ps"], p["pq"])
-        pcoords = {d: da[d].values for d in pdims}
-        out[f"{name}_point_mean"] = xr.DataArray(pmean.astype(np.float32), dims=pdims, coords=pcoords)
-        out[f"{name}_point_std"] = xr.DataArray(pstd.astype(np.float32), dims=pdims, coords=pcoords)
+    pdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER)]
+    pcoords = {d: da[d].values for d in pdims}
+    pmean, pstd = _moments(p["pn"], p["ps"], p["pq"])
+    with np.errstate(invalid="ignore"):
+        pmin = np.where(p["pn"] > 0, p["pmin"], np.nan)  # never-valid points (land for SST) stay NaN
+        pmax = np.where(p["pn"] > 0, p["pmax"], np.nan)
+    for k, v in (("mean", pmean), ("std", pstd), ("min", pmin), ("max", pmax)):
+        out[f"{name}_point_{k}"] = xr.DataArray(v.astype(np.float32), dims=pdims, coords=pcoords)
     return out
 
 
