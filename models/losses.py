@@ -1,0 +1,45 @@
+"""Training losses and the spread-relative Gaussian head shared by every post-processor.
+
+Head (ENS-10 reference, ens10-task.md 2.2): with the raw ensemble mean ``m`` and population std
+``s`` of the target, a network's two outputs ``(a, b)`` define
+
+    mu = m + s * a,    sigma = s * exp(b)
+
+so ``a = b = 0`` reproduces the raw ensemble's Gaussian fit. ``s`` is floored (identical members
+would give sigma = 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def gaussian_head(a: torch.Tensor, b: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor,
+                  *, min_std: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mu, sigma) from network outputs (a, b) and the raw ensemble (m, s); all the same shape."""
+    s = ens_std.clamp_min(min_std)
+    return ens_mean + s * a, s * torch.exp(b)
+
+
+def crps_gaussian(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Closed-form CRPS of N(mu, sigma^2) at y, elementwise and differentiable (units of y)."""
+    z = (y - mu) / sigma
+    pdf = _INV_SQRT_2PI * torch.exp(-0.5 * z * z)
+    cdf = torch.special.ndtr(z)
+    return sigma * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - _INV_SQRT_PI)
+
+
+class CRPSGaussianLoss(torch.nn.Module):
+    """Mean closed-form Gaussian CRPS over all elements (NaN targets, e.g. missing truth, ignored)."""
+
+    def forward(self, mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        valid = torch.isfinite(y)
+        if not bool(valid.any()):
+            msg = "CRPSGaussianLoss: every target is NaN; check the truth in the store"
+            raise ValueError(msg)
+        return crps_gaussian(mu[valid], sigma[valid], y[valid]).mean()

@@ -1,0 +1,106 @@
+"""CRPS kernels against float64 references and the peers (properscoring, scoringrules), with the
+estimator each one computes pinned; the torch Gaussian CRPS loss and its gradients."""
+
+import math
+
+import numpy as np
+import properscoring
+import pytest
+import scoringrules
+import torch
+
+from postcast.models import losses
+from postcast.pipeline import metrics
+
+ENGINES = ["numpy", "numba"]
+
+
+@pytest.fixture(scope="module")
+def ens():
+    rng = np.random.default_rng(0)
+    x = rng.gamma(2.0, 1.0, size=(500, 10)) * 3 - 2  # skewed members, (N, M)
+    y = rng.normal(size=500) * 4
+    return x, y
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("estimator", ["fair", "standard"])
+def test_ensemble_crps_equals_float64_reference(ens, engine, estimator):
+    x, y = ens
+    got = metrics.crps_ensemble(x, y, estimator=estimator, engine=engine)
+    ref = metrics.crps_ensemble_reference(x, y, estimator=estimator)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    # member axis anywhere, float32 input, extra dims
+    x3 = np.moveaxis(x.reshape(20, 25, 10), -1, 0).astype(np.float32)
+    got3 = metrics.crps_ensemble(x3, y.reshape(20, 25), axis=0, estimator=estimator, engine=engine)
+    ref3 = metrics.crps_ensemble_reference(x3, y.reshape(20, 25), axis=0, estimator=estimator)
+    np.testing.assert_allclose(got3, ref3, rtol=1e-12, atol=1e-12)
+
+
+def test_estimators_pinned_against_peers(ens):
+    """properscoring computes the standard estimator; scoringrules 'fair' the fair one, 'nrg' the
+    standard one. The two differ by M/(M-1) on the spread term."""
+    x, y = ens
+    std = metrics.crps_ensemble(x, y, estimator="standard")
+    fair = metrics.crps_ensemble(x, y, estimator="fair")
+    np.testing.assert_allclose(properscoring.crps_ensemble(y, x), std, rtol=1e-12)
+    np.testing.assert_allclose(scoringrules.crps_ensemble(y, x, estimator="fair"), fair, rtol=1e-12)
+    np.testing.assert_allclose(scoringrules.crps_ensemble(y, x, estimator="nrg"), std, rtol=1e-12)
+    assert np.all(fair <= std + 1e-12) and not np.allclose(fair, std)
+
+
+def test_fair_crps_of_a_large_sample_converges_to_the_gaussian_form():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.0, 2.0, size=(4000, 50))
+    y = np.full(4000, 0.7)
+    fair = metrics.crps_ensemble(x, y, estimator="fair").mean()
+    closed = float(metrics.crps_gaussian(0.0, 2.0, 0.7))
+    assert fair == pytest.approx(closed, rel=0.01)
+
+
+def test_gaussian_crps_values():
+    assert float(metrics.crps_gaussian(0.0, 1.0, 0.0)) == pytest.approx((math.sqrt(2) - 1) / math.sqrt(math.pi))
+    rng = np.random.default_rng(2)
+    mu, sd, y = rng.normal(size=100), rng.uniform(0.1, 3, 100), rng.normal(size=100)
+    got = metrics.crps_gaussian(mu, sd, y)
+    np.testing.assert_allclose(got, sd * metrics.crps_gaussian(0.0, 1.0, (y - mu) / sd), rtol=1e-12)  # scaling
+    np.testing.assert_allclose(got, properscoring.crps_gaussian(y, mu, sd), rtol=1e-10)
+    assert np.all(got >= 0)
+    assert float(metrics.crps_gaussian(1.0, 1e-9, 3.5)) == pytest.approx(2.5, rel=1e-6)  # sigma -> 0: |y - mu|
+    with pytest.raises(ValueError, match="sigma must be positive"):
+        metrics.crps_gaussian(0.0, 0.0, 1.0)
+
+
+def test_bad_shapes_and_estimators():
+    with pytest.raises(ValueError, match="do not match"):
+        metrics.crps_ensemble(np.zeros((5, 10)), np.zeros(4))
+    with pytest.raises(ValueError, match="estimator"):
+        metrics.crps_ensemble(np.zeros((5, 10)), np.zeros(5), estimator="pwm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 2 members"):
+        metrics.crps_ensemble(np.zeros((5, 1)), np.zeros(5))
+
+
+def test_torch_crps_matches_numpy_and_gradients_check():
+    rng = np.random.default_rng(3)
+    mu, sd, y = rng.normal(size=64), rng.uniform(0.2, 2, 64), rng.normal(size=64)
+    t = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (mu, sd, y)]
+    np.testing.assert_allclose(losses.crps_gaussian(*t).detach().numpy(), metrics.crps_gaussian(mu, sd, y), rtol=1e-12)
+    assert torch.autograd.gradcheck(losses.crps_gaussian, tuple(t))
+    # analytic gradients: dCRPS/dmu = -(2 Phi(z) - 1), dCRPS/dsigma = 2 phi(z) - 1/sqrt(pi)
+    out = losses.crps_gaussian(*t).sum()
+    out.backward()
+    z = (y - mu) / sd
+    from scipy import stats
+
+    np.testing.assert_allclose(t[0].grad.numpy(), -(2 * stats.norm.cdf(z) - 1), rtol=1e-10)
+    np.testing.assert_allclose(t[1].grad.numpy(), 2 * stats.norm.pdf(z) - 1 / math.sqrt(math.pi), rtol=1e-10)
+
+
+def test_gaussian_head_and_loss():
+    m, s = torch.tensor([10.0, 20.0]), torch.tensor([2.0, 0.0])
+    mu, sigma = losses.gaussian_head(torch.zeros(2), torch.zeros(2), m, s)
+    assert torch.equal(mu, m) and sigma[0] == 2.0 and sigma[1] == pytest.approx(1e-6)  # a=b=0: raw ensemble
+    loss = losses.CRPSGaussianLoss()(mu, torch.tensor([2.0, 1.0]), torch.tensor([11.0, float("nan")]))
+    assert float(loss) == pytest.approx(float(metrics.crps_gaussian(10.0, 2.0, 11.0)), rel=1e-6)
+    with pytest.raises(ValueError, match="every target is NaN"):
+        losses.CRPSGaussianLoss()(mu, sigma, torch.tensor([float("nan")] * 2))
