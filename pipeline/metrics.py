@@ -138,3 +138,118 @@ def crps_ensemble_reference(x: np.ndarray, y: np.ndarray, *, axis: int = -1,
     pair = np.abs(xm[..., :, None] - xm[..., None, :]).sum((-1, -2))
     denom = 2 * m * (m - 1) if estimator == "fair" else 2 * m * m
     return skill - pair / denom
+
+
+# --- weighting, calibration ------------------------------------------------------------------------
+def latitude_weights(lat: np.ndarray, kind: Literal["area", "cos"] = "area") -> np.ndarray:
+    """Latitude weights normalised to mean 1 over the rows (WeatherBench 2 conventions).
+
+    ``area``: cell area sin(upper) - sin(lower) with bounds halfway between rows, clipped at +-90
+    (pole rows get their small cap); ``cos``: cos(lat) (pole rows get exactly 0)."""
+    lat = np.asarray(lat, dtype=np.float64)
+    if kind == "cos":
+        w = np.cos(np.deg2rad(lat))
+    elif kind == "area":
+        order = np.argsort(lat)
+        s = lat[order]
+        edges = np.concatenate([[-90.0], 0.5 * (s[1:] + s[:-1]), [90.0]])
+        area = np.sin(np.deg2rad(edges[1:])) - np.sin(np.deg2rad(edges[:-1]))
+        w = np.empty_like(area)
+        w[order] = area
+    else:
+        msg = f"latitude weights {kind!r}: use 'area' or 'cos'"
+        raise ValueError(msg)
+    return w / w.mean()
+
+
+def spread_skill_ratio(ens_std: np.ndarray, ens_mean: np.ndarray, truth: np.ndarray) -> float:
+    """Mean ensemble spread over the RMSE of the ensemble mean (1 for a calibrated ensemble; the
+    spread is taken as sqrt(mean variance), as WeatherBench 2 does)."""
+    ok = np.isfinite(truth)
+    rmse = np.sqrt(np.mean((np.asarray(ens_mean)[ok] - np.asarray(truth)[ok]) ** 2))
+    spread = np.sqrt(np.mean(np.asarray(ens_std)[ok] ** 2))
+    return float(spread / rmse)
+
+
+def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 0) -> np.ndarray:
+    """Counts of the rank of y among the M members (M + 1 bins); ties broken at random."""
+    xm = np.moveaxis(np.asarray(x), axis, -1).reshape(-1, np.shape(x)[axis])
+    yv = np.asarray(y).reshape(-1)
+    ok = np.isfinite(yv)
+    xm, yv = xm[ok], yv[ok]
+    below = (xm < yv[:, None]).sum(-1)
+    ties = (xm == yv[:, None]).sum(-1)
+    rng = np.random.default_rng(seed)
+    rank = below + np.floor(rng.random(yv.size) * (ties + 1)).astype(int)
+    return np.bincount(rank, minlength=xm.shape[-1] + 1)
+
+
+def pit_gaussian(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Probability integral transform Phi((y - mu) / sigma): uniform for a calibrated forecast."""
+    return np.asarray(special.ndtr((np.asarray(y) - np.asarray(mu)) / np.asarray(sigma)))
+
+
+# --- extreme forecast index and EECRPS (ENS-10, ens10-task.md 2.5-2.6) -----------------------------
+EFI_LEVELS = np.linspace(0.0, 1.0, 21)  # p = 0, 0.05, ..., 1
+
+
+def efi(clim_quantiles: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Extreme Forecast Index from model-climate quantiles (21, ...) at EFI_LEVELS and members
+    (M, ...): (2/pi) sum_p (p - F_ens(q_clim(p))) / sqrt(p (1 - p)) dp over the 19 interior levels,
+    dp = 0.05, with F_ens the ensemble CDF interpolated linearly between the ensemble's own
+    quantiles at EFI_LEVELS. In [-1, 1]; > 0 when the ensemble is above the model climate."""
+    q_ens = np.quantile(np.asarray(members, dtype=np.float64), EFI_LEVELS, axis=0)  # (21, ...)
+    q_clim = np.asarray(clim_quantiles, dtype=np.float64)
+    shape = q_ens.shape[1:]
+    qe = q_ens.reshape(21, -1)
+    qc = q_clim.reshape(21, -1)
+    total = np.zeros(qe.shape[1])
+    dp = EFI_LEVELS[1] - EFI_LEVELS[0]
+    for k in range(1, 20):
+        p = EFI_LEVELS[k]
+        # F_ens(q): fraction of ensemble quantile levels below q, linear between them
+        below = (qe <= qc[k]).sum(0)  # 0..21 levels at or below the climate quantile
+        lo = np.clip(below - 1, 0, 20)
+        hi = np.clip(below, 0, 20)
+        span = qe[hi, np.arange(qe.shape[1])] - qe[lo, np.arange(qe.shape[1])]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(span > 0, (qc[k] - qe[lo, np.arange(qe.shape[1])]) / span, 0.0)
+        f_ens = np.where(below == 0, 0.0, np.where(below >= 21, 1.0, EFI_LEVELS[lo] + np.clip(frac, 0, 1) * dp))
+        total += (p - f_ens) / np.sqrt(p * (1 - p)) * dp
+    return np.clip(2.0 / np.pi * total, -1.0, 1.0).reshape(shape)
+
+
+def climate_window(init_times: np.ndarray, target: np.datetime64, *, month_days: list[tuple[int, int]],
+                   window: int = 9, years_back: int = 18) -> np.ndarray:
+    """Boolean mask of the init times pooled into the model climate of ``target`` (ENS-10): years
+    ``Y - years_back .. Y`` and the ``window`` month-days centred on the target's month-day."""
+    import pandas as pd
+
+    times = pd.DatetimeIndex(init_times)
+    t = pd.Timestamp(target)
+    idx = {md: i for i, md in enumerate(month_days)}
+    k = idx[(t.month, t.day)]
+    half = window // 2
+    near = {month_days[j] for j in range(max(0, k - half), min(len(month_days), k + half + 1))}
+    mds = list(zip(times.month, times.day, strict=True))
+    return np.array([(md in near) and (t.year - years_back <= y <= t.year) for md, y in zip(mds, times.year,
+                                                                                            strict=True)])
+
+
+def eecrps(crps: np.ndarray, efi_field: np.ndarray) -> float:
+    """Extreme-event CRPS of one date: mean over points of |EFI| * CRPS (not normalised by sum |EFI|,
+    as in ENS-10, so it is smaller than the CRPS)."""
+    ok = np.isfinite(crps) & np.isfinite(efi_field)
+    return float(np.mean(np.abs(efi_field[ok]) * crps[ok]))
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, n: int = 1000, seed: int = 0,
+                     level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of a - b over samples (e.g. per-date scores of a model and the raw ensemble) with a
+    percentile bootstrap confidence interval: (mean, low, high)."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(n, d.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(d.mean()), float(lo), float(hi)

@@ -104,3 +104,77 @@ def test_gaussian_head_and_loss():
     assert float(loss) == pytest.approx(float(metrics.crps_gaussian(10.0, 2.0, 11.0)), rel=1e-6)
     with pytest.raises(ValueError, match="every target is NaN"):
         losses.CRPSGaussianLoss()(mu, sigma, torch.tensor([float("nan")] * 2))
+
+
+# --- weighting, calibration, EFI/EECRPS, bootstrap ------------------------------------------------
+def test_latitude_weights():
+    lat = np.linspace(-90, 90, 361)
+    for kind in ("area", "cos"):
+        w = metrics.latitude_weights(lat, kind)
+        assert w.mean() == pytest.approx(1.0) and np.all(w >= 0)
+        assert w[180] > w[90] > w[0]  # equator heaviest
+    assert metrics.latitude_weights(lat, "cos")[0] == pytest.approx(0.0, abs=1e-12)
+    assert metrics.latitude_weights(lat, "area")[0] > 0  # the 89.75-90 cap
+    np.testing.assert_allclose(metrics.latitude_weights(lat[::-1]), metrics.latitude_weights(lat)[::-1])
+    field = np.full((361, 720), 3.5)  # a constant field scores the constant
+    w = metrics.latitude_weights(lat)[:, None]
+    assert float((field * w).mean()) == pytest.approx(3.5)
+
+
+def test_calibration_diagnostics_detect_underdispersion():
+    rng = np.random.default_rng(4)
+    n, m = 20000, 10
+    truth = rng.normal(size=n)
+    good = rng.normal(size=(n, m))  # exchangeable with the truth
+    narrow = 0.4 * rng.normal(size=(n, m))
+    assert metrics.spread_skill_ratio(good.std(1, ddof=1), good.mean(1), truth) == pytest.approx(1.0, abs=0.05)
+    assert metrics.spread_skill_ratio(narrow.std(1, ddof=1), narrow.mean(1), truth) < 0.5
+    flat = metrics.rank_histogram(good, truth)
+    assert flat.sum() == n and flat.size == m + 1 and flat.max() / flat.min() < 1.3
+    u = metrics.rank_histogram(narrow, truth)
+    assert u[0] + u[-1] > 0.5 * n  # U-shaped: the truth falls outside a too-narrow ensemble
+    pit = metrics.pit_gaussian(np.zeros(n), np.ones(n), truth)
+    assert np.histogram(pit, bins=10, range=(0, 1))[0].min() > 0.08 * n
+
+
+def test_efi_limits():
+    rng = np.random.default_rng(5)
+    clim_sample = rng.normal(size=(5000, 3))
+    clim_q = np.quantile(clim_sample, metrics.EFI_LEVELS, axis=0)  # (21, 3)
+    same = rng.normal(size=(200, 3))
+    assert np.all(np.abs(metrics.efi(clim_q, same)) < 0.1)  # distributed like the climate
+    above = metrics.efi(clim_q, 10 + rng.random((10, 3)))
+    # entirely above the climate maximum: (2/pi) sum sqrt(p / (1 - p)) dp over 19 levels (~0.79)
+    p = metrics.EFI_LEVELS[1:20]
+    expected = 2 / np.pi * np.sum(np.sqrt(p / (1 - p))) * 0.05
+    np.testing.assert_allclose(above, expected, rtol=1e-9)
+    below = metrics.efi(clim_q, -10 - rng.random((10, 3)))
+    np.testing.assert_allclose(below, -expected, rtol=1e-9)
+    shifted = metrics.efi(clim_q, rng.normal(size=(10, 3)) + 1.0)
+    assert np.all((shifted > 0.2) & (shifted <= 1))
+
+
+def test_climate_window_and_eecrps():
+    import pandas as pd
+
+    from postcast.datasets import schema
+
+    md = schema.ens10_month_days()
+    times = schema.init_times(list(range(1998, 2018)), md).values
+    mask = metrics.climate_window(times, np.datetime64("2016-07-02"), month_days=md)
+    picked = pd.DatetimeIndex(times[mask])
+    assert mask.sum() == 19 * 9  # 19 years (1998..2016) x 9 month-days
+    assert picked.year.min() == 1998 and picked.year.max() == 2016
+    crps = np.array([[1.0, 2.0], [3.0, 4.0]])
+    e = np.array([[0.0, 1.0], [-0.5, 0.0]])
+    assert metrics.eecrps(crps, e) == pytest.approx((2.0 + 1.5) / 4)
+
+
+def test_paired_bootstrap():
+    rng = np.random.default_rng(6)
+    base = rng.gamma(2, 1, 300)
+    better = base - 0.2 + 0.05 * rng.normal(size=300)
+    mean, lo, hi = metrics.paired_bootstrap(better, base, n=500)
+    assert lo < mean < hi < 0 and mean == pytest.approx(-0.2, abs=0.02)
+    mean, lo, hi = metrics.paired_bootstrap(base, base + 0.01 * rng.normal(size=300), n=500)
+    assert lo < 0 < hi
