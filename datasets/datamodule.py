@@ -1,0 +1,172 @@
+"""Training samples from a postcast store: a torch Dataset per init date and a LightningDataModule.
+
+One sample = one init date at the target lead (48 h), on the whole grid:
+
+* ``x`` (C, H, W) float32: for each input variable (at the target's level, or the surface), the
+  ensemble mean and ensemble std, each normalised with the store's per-grid-point training
+  statistics; then optional location features sin(lat), cos(lat) sin(lon), cos(lat) cos(lon)
+  and season features sin/cos(2 pi doy / 365.25);
+* ``y`` (H, W): the truth of the target (NaN where missing);
+* ``m``, ``s`` (H, W): the raw ensemble mean and population std of the target (for the head);
+* ``oracle_mean``/``oracle_std`` (H, W) when the store has them (synthetic data).
+
+The split comes from the store's ``split`` coordinate; dates without truth at the target lead are
+skipped. Works with numpy- or dask-backed stores and with several DataLoader workers (each worker
+opens the store itself).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+from torch.utils.data import DataLoader, Dataset
+
+from postcast.datasets import io, schema
+
+SPLIT_CODE = {"train": 0, "val": 1, "test": 2}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What a post-processor reads (part of every training config and checkpoint)."""
+
+    store: str
+    target: str = "t850"  # z500 | t850 | t2m
+    variables: tuple[str, ...] | None = None  # None: all pressure (z500/t850) or surface (t2m) variables
+    step_h: int = schema.TARGET_STEP_H
+    location_features: bool = True
+    season_features: bool = True
+    batch_size: int = 1  # init dates per batch
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.target not in schema.TARGETS:
+            msg = f"target {self.target!r}: use one of {list(schema.TARGETS)}"
+            raise ValueError(msg)
+        if self.variables is not None:
+            bad = [v for v in self.variables if v not in schema.VARIABLES]
+            if bad:
+                msg = f"unknown input variables {bad}; known: {list(schema.VARIABLES)}"
+                raise ValueError(msg)
+
+    @property
+    def input_variables(self) -> tuple[str, ...]:
+        if self.variables is not None:
+            return self.variables
+        pl = schema.TARGETS[self.target].level is not None
+        src = schema.PL_VARIABLES if pl else schema.SFC_VARIABLES
+        return tuple(v.name for v in src)
+
+    @property
+    def n_channels(self) -> int:
+        return 2 * len(self.input_variables) + 3 * self.location_features + 2 * self.season_features
+
+
+@functools.lru_cache(maxsize=4)
+def _open(store: str) -> tuple[xr.Dataset, xr.Dataset]:
+    return io.open_zarr(store), io.open_zarr(store, group="statistics")
+
+
+class StoreDataset(Dataset[dict[str, torch.Tensor]]):
+    """Samples of one split; see the module docstring for the fields and shapes."""
+
+    def __init__(self, cfg: DataConfig, split: str):
+        self.cfg, self.split = cfg, split
+        ds, stats = _open(cfg.store)
+        truth = ds[schema.truth_name(cfg.target)].sel({schema.STEP: pd.Timedelta(hours=cfg.step_h)})
+        has_truth = np.isfinite(truth.isel({schema.LAT: 0, schema.LON: 0}).values)
+        in_split = ds["split"].values == SPLIT_CODE[split]
+        self.indices = np.flatnonzero(in_split & has_truth)
+        if self.indices.size == 0:
+            msg = f"{cfg.store}: no init date with truth in split {split!r} for {cfg.target}"
+            raise ValueError(msg)
+        self.lat = ds[schema.LAT].values
+        self.lon = ds[schema.LON].values
+        self.level = schema.TARGETS[cfg.target].level
+        self.has_oracle = f"oracle_mean_{cfg.target}" in ds
+        self._norm = self._normalisers(stats)
+        self._static = self._location() if cfg.location_features else np.zeros((0, *self.lat.shape, *self.lon.shape))
+
+    def _sel(self, da: xr.DataArray) -> xr.DataArray:
+        sel: dict[str, Any] = {schema.STEP: pd.Timedelta(hours=self.cfg.step_h)}
+        if schema.LEVEL in da.dims:
+            sel[schema.LEVEL] = self.level if self.level is not None else da[schema.LEVEL].values[0]
+        return da.sel(sel)
+
+    def _normalisers(self, stats: xr.Dataset) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        out = {}
+        for v in self.cfg.input_variables:
+            for kind in ("ens_mean", "ens_std"):
+                f = f"{kind}_{v}"
+                mean = self._sel(stats[f"{f}_point_mean"]).values.astype(np.float32)
+                std = self._sel(stats[f"{f}_point_std"]).values.astype(np.float32)
+                floor = max(float(np.nanmean(std)) * 1e-3, 1e-12)  # constant points: no division by 0
+                out[f] = (np.nan_to_num(mean), np.maximum(np.nan_to_num(std), floor))
+        return out
+
+    def _location(self) -> np.ndarray:
+        lat = np.deg2rad(self.lat)[:, None] * np.ones((1, self.lon.size))
+        lon = np.deg2rad(self.lon)[None, :] * np.ones((self.lat.size, 1))
+        return np.stack([np.sin(lat), np.cos(lat) * np.sin(lon), np.cos(lat) * np.cos(lon)]).astype(np.float32)
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ds, _ = _open(self.cfg.store)
+        t = int(self.indices[i])
+        day = ds.isel({schema.INIT_TIME: t})
+        chans = []
+        for v in self.cfg.input_variables:
+            for kind in ("ens_mean", "ens_std"):
+                f = f"{kind}_{v}"
+                mean, std = self._norm[f]
+                x = self._sel(day[f]).values.astype(np.float32)
+                chans.append(np.nan_to_num((x - mean) / std))  # (H, W); SST over land -> 0
+        parts = [np.stack(chans), self._static]
+        if self.cfg.season_features:
+            doy = pd.Timestamp(day[schema.INIT_TIME].values).day_of_year
+            ang = 2 * np.pi * doy / 365.25
+            parts.append(np.stack([np.full(self.lat.shape + self.lon.shape, np.sin(ang), np.float32),
+                                   np.full(self.lat.shape + self.lon.shape, np.cos(ang), np.float32)]))
+        tg = schema.TARGETS[self.cfg.target]
+        target_da = self._sel(day[f"ens_mean_{tg.variable}"]), self._sel(day[f"ens_std_{tg.variable}"])
+        out = {
+            "x": torch.from_numpy(np.concatenate(parts).astype(np.float32)),  # (C, H, W)
+            "y": torch.from_numpy(self._sel(day[schema.truth_name(self.cfg.target)]).values.astype(np.float32)),
+            "m": torch.from_numpy(target_da[0].values.astype(np.float32)),  # (H, W) raw units
+            "s": torch.from_numpy(target_da[1].values.astype(np.float32)),
+        }
+        if self.has_oracle:
+            for k in ("mean", "std"):
+                out[f"oracle_{k}"] = torch.from_numpy(
+                    self._sel(day[f"oracle_{k}_{self.cfg.target}"]).values.astype(np.float32))
+        return out
+
+
+class StoreDataModule(L.LightningDataModule):
+    """LightningDataModule over a postcast store (train/val/test splits from the store)."""
+
+    def __init__(self, cfg: DataConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:
+        return DataLoader(StoreDataset(self.cfg, split), batch_size=self.cfg.batch_size, shuffle=shuffle,
+                          num_workers=self.cfg.num_workers, persistent_workers=self.cfg.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
+        return self._loader("train", True)
+
+    def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
+        return self._loader("val", False)
+
+    def test_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
+        return self._loader("test", False)
