@@ -111,6 +111,12 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
                 out[f] = (np.nan_to_num(mean), np.maximum(np.nan_to_num(std), floor))
         return out
 
+    def normalisation(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std), each (2 * n_variables, H, W): what the ens mean/std channels are scaled with,
+        in channel order (for checkpoints)."""
+        keys = [f"{k}_{v}" for v in self.cfg.input_variables for k in ("ens_mean", "ens_std")]
+        return np.stack([self._norm[k][0] for k in keys]), np.stack([self._norm[k][1] for k in keys])
+
     def _location(self) -> np.ndarray:
         lat = np.deg2rad(self.lat)[:, None] * np.ones((1, self.lon.size))
         lon = np.deg2rad(self.lon)[None, :] * np.ones((self.lat.size, 1))
