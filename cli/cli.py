@@ -176,6 +176,16 @@ def _run_config_validate(a: argparse.Namespace) -> int:
 
     worst = 0
     for f in a.files:
+        if config.is_lightning_preset(f):
+            from postcast.train import validate_preset
+
+            problem = validate_preset(f)
+            if problem is None:
+                print(f"{f}: ok (Lightning CLI training preset)")
+            else:
+                print(f"{f}: INVALID: {problem}", file=sys.stderr)
+                worst = max(worst, 2)
+            continue
         try:
             cfg = config.load(f)
             print(f"{f}: ok ({type(cfg).__name__})")
@@ -185,8 +195,26 @@ def _run_config_validate(a: argparse.Namespace) -> int:
     return worst
 
 
+# --- train ---------------------------------------------------------------------------------------
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train", help="train a post-processor with the Lightning CLI (fit, validate, test, predict)",
+        description="The Lightning CLI over a postcast store: `postcast train fit -c configs/train/mlp_t850.yaml`. "
+                    "Everything after `train` goes to Lightning; `postcast train fit --help` lists all options.",
+        add_help=False)
+    p.add_argument("lightning_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(a: argparse.Namespace) -> int:
+    from postcast.train import run
+
+    return run(a.lightning_args or ["--help"])
+
+
 # --- main ----------------------------------------------------------------------------------------
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_synth, _add_ingest, _add_inspect, _add_config]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,6 +128,15 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
         raise ConfigError(msg) from err
 
 
+def is_lightning_preset(path: str | Path) -> bool:
+    """A Lightning CLI preset (``trainer``/``model``/``data`` sections, no ``kind``)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "kind" not in data and bool({"trainer", "model", "data"} & set(data))
+
+
 def load(path: str | Path, expect_kind: str | None = None, **overrides: Any) -> Any:
     """Load a YAML preset into its typed config; ``overrides`` (non-None values) win over the file."""
     p = Path(path)

@@ -164,6 +164,25 @@ class StoreDataModule(L.LightningDataModule):
         super().__init__()
         self.cfg = cfg
 
+    @property
+    def grid(self) -> tuple[int, int]:
+        ds, _ = _open(self.cfg.store)
+        return (ds.sizes[schema.LAT], ds.sizes[schema.LON])
+
+    @property
+    def target_channels(self) -> tuple[int, int]:
+        """Channels of the target variable's normalised ensemble mean and std (for local EMOS)."""
+        tg = schema.TARGETS[self.cfg.target]
+        names = list(self.cfg.input_variables)
+        if tg.variable not in names:
+            msg = f"the target variable {tg.variable!r} is not among the inputs {names}"
+            raise ValueError(msg)
+        i = names.index(tg.variable)
+        return (2 * i, 2 * i + 1)
+
+    def normalisation(self) -> tuple[np.ndarray, np.ndarray]:
+        return StoreDataset(self.cfg, "train").normalisation()
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:
         return DataLoader(StoreDataset(self.cfg, split), batch_size=self.cfg.batch_size, shuffle=shuffle,
                           num_workers=self.cfg.num_workers, persistent_workers=self.cfg.num_workers > 0)

@@ -47,6 +47,12 @@ class PostProcessor(L.LightningModule):
             self.norm_mean[: mean.shape[0]].copy_(mean)
             self.norm_std[: std.shape[0]].copy_(std)
 
+    def on_fit_start(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and hasattr(dm, "normalisation"):
+            mean, std = dm.normalisation()
+            self.set_normalisation(torch.from_numpy(mean), torch.from_numpy(std))
+
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(mu, sigma) in physical units, each (B, H, W)."""
         return postprocessors.predict(self.net, batch)

@@ -84,3 +84,31 @@ def test_console_script_installed():
 def test_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "postcast", "--version"], capture_output=True, text=True, check=True)
     assert proc.stdout.startswith("postcast ")
+
+
+def test_train_cli_fit_test_and_checkpoint(cli, store, tmp_path):
+    """`postcast train fit -c preset` on the store, then `test` from the saved checkpoint."""
+    import torch
+
+    preset = ROOT / "configs/train/tiny_emos_t2m.yaml"
+    common = ["-c", str(preset), "--data.cfg.store", str(store), "--trainer.default_root_dir", str(tmp_path),
+              "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    cli("train", "fit", *common, check=True)
+    ckpts = sorted(tmp_path.rglob("*.ckpt"))
+    assert ckpts, "no checkpoint written"
+    ck = torch.load(ckpts[-1], weights_only=False)
+    assert ck["postcast"]["format_version"] == 1 and ck["postcast"]["data"]["target"] == "t2m"
+    assert ck["hyper_parameters"]["model"] == "emos" and ck["hyper_parameters"]["grid"] == (19, 36)
+    assert float(ck["state_dict"]["norm_std"].abs().sum()) > 0  # statistics travel with the weights
+    out = cli("train", "test", *common, "--ckpt_path", str(ckpts[-1]), check=True)
+    assert "test_crps" in out.stdout + out.stderr
+
+
+def test_train_presets_validate(cli, tmp_path):
+    presets = sorted(str(p) for p in (ROOT / "configs/train").glob("*.yaml"))
+    proc = cli("config", "validate", *presets, check=True)
+    assert proc.stdout.count("Lightning CLI training preset") == len(presets)
+    bad = tmp_path / "bad_train.yaml"
+    bad.write_text("trainer: {max_epochs: many}\nmodel: {model: mlp}\ndata: {cfg: {store: x}}\n")
+    proc = cli("config", "validate", str(bad))
+    assert proc.returncode == 2 and "INVALID" in proc.stderr

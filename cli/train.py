@@ -1,0 +1,58 @@
+"""``postcast train {fit,validate,test,predict}``: the Lightning CLI over postcast's store and models.
+
+Presets live in ``configs/train/`` (LightningCLI YAML: ``trainer``, ``model``, ``data``). The model's
+input channels, grid and data config are linked from the instantiated DataModule, and the
+normalisation statistics are copied into the model at fit start, so checkpoints are self-describing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+
+from postcast.datasets.datamodule import StoreDataModule
+from postcast.models.module import PostProcessor
+
+
+class PostcastCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.link_arguments("data", "model.in_channels", compute_fn=lambda dm: dm.cfg.n_channels,
+                              apply_on="instantiate")
+        parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
+        parser.link_arguments("data", "model.data", compute_fn=lambda dm: dataclasses.asdict(dm.cfg),
+                              apply_on="instantiate")
+        parser.link_arguments("data", "model.target_channels", compute_fn=lambda dm: dm.target_channels,
+                              apply_on="instantiate")
+
+
+def validate_preset(path: str) -> str | None:
+    """Parse a training preset without instantiating anything; None if valid, else the error."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            run(["fit", "--config", path, "--print_config"])
+    except SystemExit as stop:
+        if stop.code in (0, None):
+            return None
+        lines = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else f"invalid (exit {stop.code})"
+    return None
+
+
+def run(args: Sequence[str]) -> int:
+    """Run the Lightning CLI on ``args`` (LightningCLI reads sys.argv, so it is swapped meanwhile)."""
+    saved = sys.argv
+    sys.argv = ["postcast train", *args]
+    try:
+        PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
+                    parser_kwargs={"prog": "postcast train"})
+    finally:
+        sys.argv = saved
+    return 0
