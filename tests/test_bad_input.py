@@ -29,7 +29,7 @@ def src(good_grib, tmp_path):
     return d
 
 
-def _fails(cli, src, tmp_path, code, *needles, extra=()):
+def assert_fails(cli, src, tmp_path, code, *needles, extra=()):
     out = tmp_path / "out.zarr"
     proc = cli("ingest", str(src), "--out", str(out), "--threads", *extra)
     err = proc.stderr.strip().splitlines()
@@ -50,7 +50,7 @@ def test_good_input_passes(cli, src, tmp_path):
 def test_truncated_grib(cli, src, tmp_path):
     data = (src / PL).read_bytes()
     (src / PL).write_bytes(data[: len(data) // 2 + 17])
-    _fails(cli, src, tmp_path, 65, PL, "truncated")
+    assert_fails(cli, src, tmp_path, 65, PL, "truncated")
 
 
 def test_corrupt_grib_header_loses_a_message(cli, src, tmp_path):
@@ -58,7 +58,7 @@ def test_corrupt_grib_header_loses_a_message(cli, src, tmp_path):
     second = data.find(b"GRIB", 10)
     data[second:second + 4] = b"XXXX"  # the reader cannot find this message any more
     (src / SFC).write_bytes(bytes(data))
-    msg = _fails(cli, src, tmp_path, 66, "missing", SFC)
+    msg = assert_fails(cli, src, tmp_path, 66, "missing", SFC)
     report = json.loads((tmp_path / "out.zarr.missing.json").read_text())
     assert len(report["missing"]) == 1 and SFC in report["missing"][0]
     assert msg
@@ -68,7 +68,7 @@ def test_corrupt_grib_parameter(cli, src, tmp_path):
     data = bytearray((src / SFC).read_bytes())
     data[8 + 8] = 250  # section 1 octet 9: indicatorOfParameter of the first message
     (src / SFC).write_bytes(bytes(data))
-    _fails(cli, src, tmp_path, 65, SFC, "not an ENS-10 variable")
+    assert_fails(cli, src, tmp_path, 65, SFC, "not an ENS-10 variable")
 
 
 @pytest.mark.parametrize(("what", "keep", "needle"), [
@@ -81,7 +81,7 @@ def test_missing_fields_are_reported(cli, src, tmp_path, what, keep, needle):
     for name in (PL, SFC):
         grib.copy_messages(src / name, src / f"{name}.tmp", keep=keep)
         (src / f"{name}.tmp").replace(src / name)
-    msg = _fails(cli, src, tmp_path, 66, "missing", needle)
+    msg = assert_fails(cli, src, tmp_path, 66, "missing", needle)
     report = json.loads((tmp_path / "out.zarr.missing.json").read_text())
     assert all(needle in m for m in report["missing"]), what
     assert msg
@@ -89,18 +89,18 @@ def test_missing_fields_are_reported(cli, src, tmp_path, what, keep, needle):
 
 def test_missing_file(cli, src, tmp_path):
     (src / SFC).unlink()
-    _fails(cli, src, tmp_path, 66, "missing", SFC)
+    assert_fails(cli, src, tmp_path, 66, "missing", SFC)
 
 
 def test_wrong_grid(cli, src, tmp_path):
     other = SynthConfig(**{**SMALL.to_dict(), "resolution": 5.0, "years": SMALL.years, "levels": SMALL.levels})
     rawforms.write_synthetic(other, tmp_path / "coarse", progress=False)
     shutil.copy(tmp_path / "coarse" / SFC, src / SFC)
-    _fails(cli, src, tmp_path, 65, "different grids")
+    assert_fails(cli, src, tmp_path, 65, "different grids")
 
 
 def test_nonexistent_source(cli, tmp_path):
-    _fails(cli, tmp_path / "nope", tmp_path, 66, "no such file")
+    assert_fails(cli, tmp_path / "nope", tmp_path, 66, "no such file")
 
 
 def _netcdf(tmp_path, mutate):
@@ -120,17 +120,17 @@ def test_nans_where_none_belong(cli, tmp_path):
         return ds
 
     path = _netcdf(tmp_path, poke)
-    _fails(cli, path, tmp_path, 65, "forecast.nc", "NaN", "'t'", extra=("--variables", "t,t2m"))
+    assert_fails(cli, path, tmp_path, 65, "forecast.nc", "NaN", "'t'", extra=("--variables", "t,t2m"))
 
 
 def test_unknown_units(cli, tmp_path):
     path = _netcdf(tmp_path, lambda ds: ds.assign(t=ds["t"].assign_attrs(units="furlongs")))
-    _fails(cli, path, tmp_path, 65, "forecast.nc", "units 'furlongs'", extra=("--variables", "t,t2m"))
+    assert_fails(cli, path, tmp_path, 65, "forecast.nc", "units 'furlongs'", extra=("--variables", "t,t2m"))
 
 
 def test_mislabelled_units(cli, tmp_path):
     path = _netcdf(tmp_path, lambda ds: ds.assign(t2m=(ds["t2m"] - 273.15).assign_attrs(units="K")))
-    _fails(cli, path, tmp_path, 65, "'t2m'", "outside the plausible", extra=("--variables", "t,t2m"))
+    assert_fails(cli, path, tmp_path, 65, "'t2m'", "outside the plausible", extra=("--variables", "t,t2m"))
 
 
 def test_converted_units_are_accepted(cli, tmp_path):
