@@ -209,7 +209,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _run_train(a: argparse.Namespace) -> int:
     from postcast.train import run
 
-    return run(a.lightning_args or ["--help"])
+    run(a.lightning_args or ["--help"])
+    return 0
 
 
 # --- main ----------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from postcast.datasets.datamodule import StoreDataModule
@@ -20,12 +21,20 @@ from postcast.models.module import PostProcessor
 
 class PostcastCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
+        # model selection on the validation split (never test); "last.ckpt" for resuming
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val_crps", "checkpoint.mode": "min",
+                             "checkpoint.save_last": True, "checkpoint.filename": "best-{epoch}-{val_crps:.4f}",
+                             "seed_everything": 0})
         parser.link_arguments("data", "model.in_channels", compute_fn=lambda dm: dm.cfg.n_channels,
                               apply_on="instantiate")
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
         parser.link_arguments("data", "model.data", compute_fn=lambda dm: dataclasses.asdict(dm.cfg),
                               apply_on="instantiate")
         parser.link_arguments("data", "model.target_channels", compute_fn=lambda dm: dm.target_channels,
+                              apply_on="instantiate")
+        parser.link_arguments("data", "model.n_members", compute_fn=lambda dm: dm.n_members, apply_on="instantiate")
+        parser.link_arguments("data", "model.n_variables", compute_fn=lambda dm: len(dm.cfg.input_variables),
                               apply_on="instantiate")
 
 
@@ -46,13 +55,13 @@ def validate_preset(path: str) -> str | None:
     return None
 
 
-def run(args: Sequence[str]) -> int:
-    """Run the Lightning CLI on ``args`` (LightningCLI reads sys.argv, so it is swapped meanwhile)."""
+def run(args: Sequence[str]) -> PostcastCLI:
+    """Run the Lightning CLI on ``args`` (LightningCLI reads sys.argv, so it is swapped meanwhile);
+    returns the CLI (``cli.trainer.checkpoint_callback.best_model_path`` after ``fit``)."""
     saved = sys.argv
     sys.argv = ["postcast train", *args]
     try:
-        PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
-                    parser_kwargs={"prog": "postcast train"})
+        return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
+                           parser_kwargs={"prog": "postcast train"})
     finally:
         sys.argv = saved
-    return 0

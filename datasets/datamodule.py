@@ -8,7 +8,11 @@ One sample = one init date at the target lead (48 h), on the whole grid:
   and season features sin/cos(2 pi doy / 365.25);
 * ``y`` (H, W): the truth of the target (NaN where missing);
 * ``m``, ``s`` (H, W): the raw ensemble mean and population std of the target (for the head);
-* ``oracle_mean``/``oracle_std`` (H, W) when the store has them (synthetic data).
+* ``oracle_mean``/``oracle_std`` (H, W) when the store has them (synthetic data);
+* ``members`` (M, V, H, W) float32 when ``members=True``: every member of every input variable,
+  normalised like the ensemble-mean channel (per-grid-point training mean and std).
+
+Input variables are names (``t``: at the target's level) or ``name@level`` (``u@850``).
 
 The split comes from the store's ``split`` coordinate; dates without truth at the target lead are
 skipped. Works with numpy- or dask-backed stores and with several DataLoader workers (each worker
@@ -39,22 +43,27 @@ class DataConfig:
 
     store: str
     target: str = "t850"  # z500 | t850 | t2m
-    variables: tuple[str, ...] | None = None  # None: all pressure (z500/t850) or surface (t2m) variables
+    variables: tuple[str, ...] | None = None  # None: all pressure (z500/t850) or surface (t2m) variables;
+    # entries "name" (pressure variables at the target level) or "name@level" ("u@850")
     step_h: int = schema.TARGET_STEP_H
     location_features: bool = True
     season_features: bool = True
     batch_size: int = 1  # init dates per batch
     num_workers: int = 0
+    members: bool = False  # also yield the normalised raw members (Transformer, global EMOS)
+    cache: bool = False  # keep decoded samples in memory (small stores: every epoch after the first is free)
 
     def __post_init__(self) -> None:
         if self.target not in schema.TARGETS:
             msg = f"target {self.target!r}: use one of {list(schema.TARGETS)}"
             raise ValueError(msg)
         if self.variables is not None:
-            bad = [v for v in self.variables if v not in schema.VARIABLES]
+            bad = [v for v in self.variables if parse_variable(v)[0] not in schema.VARIABLES]
             if bad:
-                msg = f"unknown input variables {bad}; known: {list(schema.VARIABLES)}"
+                msg = f"unknown input variables {bad}; known: {list(schema.VARIABLES)} (optionally name@level)"
                 raise ValueError(msg)
+            for v in self.variables:
+                parse_variable(v)
 
     @property
     def input_variables(self) -> tuple[str, ...]:
@@ -69,15 +78,35 @@ class DataConfig:
         return 2 * len(self.input_variables) + 3 * self.location_features + 2 * self.season_features
 
 
+def parse_variable(spec: str) -> tuple[str, int | None]:
+    """``"u@850"`` -> ("u", 850); ``"t"`` -> ("t", None)."""
+    name, _, level = spec.partition("@")
+    if not level:
+        return name, None
+    if not level.isdigit() or int(level) not in schema.LEVELS:
+        msg = f"input variable {spec!r}: level {level!r} is not one of {list(schema.LEVELS)} hPa"
+        raise ValueError(msg)
+    return name, int(level)
+
+
 @functools.lru_cache(maxsize=4)
-def _open(store: str) -> tuple[xr.Dataset, xr.Dataset]:
-    return io.open_zarr(store), io.open_zarr(store, group="statistics")
+def _open(store: str) -> tuple[xr.Dataset, xr.Dataset | None]:
+    """The store and its statistics group (None when it has none, e.g. no training years)."""
+    ds = io.open_zarr(store)
+    try:
+        stats = io.open_zarr(store, group="statistics")
+    except (FileNotFoundError, KeyError, ValueError):
+        stats = None
+    return ds, stats
 
 
 class StoreDataset(Dataset[dict[str, torch.Tensor]]):
     """Samples of one split; see the module docstring for the fields and shapes."""
 
-    def __init__(self, cfg: DataConfig, split: str):
+    def __init__(self, cfg: DataConfig, split: str,
+                 normalisation: tuple[np.ndarray, np.ndarray] | None = None):
+        """``normalisation``: (mean, std), each (2 * n_variables, H, W), e.g. from a checkpoint;
+        default: the store's own training statistics."""
         self.cfg, self.split = cfg, split
         ds, stats = _open(cfg.store)
         truth = ds[schema.truth_name(cfg.target)].sel({schema.STEP: pd.Timedelta(hours=cfg.step_h)})
@@ -91,30 +120,54 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         self.lon = ds[schema.LON].values
         self.level = schema.TARGETS[cfg.target].level
         self.has_oracle = f"oracle_mean_{cfg.target}" in ds
-        self._norm = self._normalisers(stats)
+        if normalisation is not None:
+            self._norm = self._given(*normalisation)
+        elif stats is not None:
+            self._norm = self._normalisers(stats)
+        else:
+            msg = f"{cfg.store} has no statistics group: pass the normalisation (e.g. from a checkpoint)"
+            raise ValueError(msg)
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
         self._static = self._location() if cfg.location_features else np.zeros((0, *self.lat.shape, *self.lon.shape))
 
-    def _sel(self, da: xr.DataArray) -> xr.DataArray:
+    def _sel(self, da: xr.DataArray, level: int | None = None) -> xr.DataArray:
+        """The target lead and level (``level``, else the target's, else the first) of ``da``."""
         sel: dict[str, Any] = {schema.STEP: pd.Timedelta(hours=self.cfg.step_h)}
         if schema.LEVEL in da.dims:
-            sel[schema.LEVEL] = self.level if self.level is not None else da[schema.LEVEL].values[0]
+            lv = level if level is not None else self.level
+            levels = da[schema.LEVEL].values
+            if lv is not None and lv not in levels:
+                msg = f"{da.name}: level {lv} hPa is not in the store (it has {levels.tolist()})"
+                raise ValueError(msg)
+            sel[schema.LEVEL] = lv if lv is not None else levels[0]
         return da.sel(sel)
 
     def _normalisers(self, stats: xr.Dataset) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         out = {}
-        for v in self.cfg.input_variables:
+        for spec in self.cfg.input_variables:
+            v, level = parse_variable(spec)
             for kind in ("ens_mean", "ens_std"):
-                f = f"{kind}_{v}"
-                mean = self._sel(stats[f"{f}_point_mean"]).values.astype(np.float32)
-                std = self._sel(stats[f"{f}_point_std"]).values.astype(np.float32)
+                mean = self._sel(stats[f"{kind}_{v}_point_mean"], level).values.astype(np.float32)
+                std = self._sel(stats[f"{kind}_{v}_point_std"], level).values.astype(np.float32)
                 floor = max(float(np.nanmean(std)) * 1e-3, 1e-12)  # constant points: no division by 0
-                out[f] = (np.nan_to_num(mean), np.maximum(np.nan_to_num(std), floor))
+                out[f"{kind}_{spec}"] = (np.nan_to_num(mean), np.maximum(np.nan_to_num(std), floor))
         return out
+
+    def _channel_keys(self) -> list[str]:
+        return [f"{k}_{v}" for v in self.cfg.input_variables for k in ("ens_mean", "ens_std")]
+
+    def _given(self, mean: np.ndarray, std: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        keys = self._channel_keys()
+        want = (len(keys), self.lat.size, self.lon.size)
+        if mean.shape != want or std.shape != want:
+            msg = f"normalisation statistics have shape {mean.shape}, the data needs {want} (channels, lat, lon)"
+            raise ValueError(msg)
+        return {k: (mean[i].astype(np.float32), std[i].astype(np.float32)) for i, k in enumerate(keys)}
 
     def normalisation(self) -> tuple[np.ndarray, np.ndarray]:
         """(mean, std), each (2 * n_variables, H, W): what the ens mean/std channels are scaled with,
         in channel order (for checkpoints)."""
-        keys = [f"{k}_{v}" for v in self.cfg.input_variables for k in ("ens_mean", "ens_std")]
+        keys = self._channel_keys()
         return np.stack([self._norm[k][0] for k in keys]), np.stack([self._norm[k][1] for k in keys])
 
     def _location(self) -> np.ndarray:
@@ -126,16 +179,27 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         return int(self.indices.size)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if self.cfg.cache:
+            if i not in self._cache:
+                self._cache[i] = self._read(i)
+            return self._cache[i]
+        return self._read(i)
+
+    def _read(self, i: int) -> dict[str, torch.Tensor]:
         ds, _ = _open(self.cfg.store)
         t = int(self.indices[i])
         day = ds.isel({schema.INIT_TIME: t})
-        chans = []
-        for v in self.cfg.input_variables:
+        chans, members = [], []
+        for spec in self.cfg.input_variables:
+            v, level = parse_variable(spec)
             for kind in ("ens_mean", "ens_std"):
-                f = f"{kind}_{v}"
-                mean, std = self._norm[f]
-                x = self._sel(day[f]).values.astype(np.float32)
+                mean, std = self._norm[f"{kind}_{spec}"]
+                x = self._sel(day[f"{kind}_{v}"], level).values.astype(np.float32)
                 chans.append(np.nan_to_num((x - mean) / std))  # (H, W); SST over land -> 0
+            if self.cfg.members:
+                mean, std = self._norm[f"ens_mean_{spec}"]
+                x = self._sel(day[v], level).values.astype(np.float32)  # (M, H, W)
+                members.append(np.nan_to_num((x - mean) / std))
         parts = [np.stack(chans), self._static]
         if self.cfg.season_features:
             doy = pd.Timestamp(day[schema.INIT_TIME].values).day_of_year
@@ -150,6 +214,8 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
             "m": torch.from_numpy(target_da[0].values.astype(np.float32)),  # (H, W) raw units
             "s": torch.from_numpy(target_da[1].values.astype(np.float32)),
         }
+        if members:
+            out["members"] = torch.from_numpy(np.stack(members, axis=1))  # (M, V, H, W)
         if self.has_oracle:
             for k in ("mean", "std"):
                 out[f"oracle_{k}"] = torch.from_numpy(
@@ -172,13 +238,24 @@ class StoreDataModule(L.LightningDataModule):
     @property
     def target_channels(self) -> tuple[int, int]:
         """Channels of the target variable's normalised ensemble mean and std (for local EMOS)."""
-        tg = schema.TARGETS[self.cfg.target]
-        names = list(self.cfg.input_variables)
-        if tg.variable not in names:
-            msg = f"the target variable {tg.variable!r} is not among the inputs {names}"
-            raise ValueError(msg)
-        i = names.index(tg.variable)
+        i = self.target_variable_index
         return (2 * i, 2 * i + 1)
+
+    @property
+    def target_variable_index(self) -> int:
+        """Position of the target variable (at the target level) among the input variables."""
+        tg = schema.TARGETS[self.cfg.target]
+        names = [parse_variable(v) for v in self.cfg.input_variables]
+        for i, (name, level) in enumerate(names):
+            if name == tg.variable and level in (None, tg.level):
+                return i
+        msg = f"the target variable {tg.variable!r} is not among the inputs {list(self.cfg.input_variables)}"
+        raise ValueError(msg)
+
+    @property
+    def n_members(self) -> int:
+        ds, _ = _open(self.cfg.store)
+        return int(ds.sizes[schema.MEMBER])
 
     def normalisation(self) -> tuple[np.ndarray, np.ndarray]:
         return StoreDataset(self.cfg, "train").normalisation()
@@ -194,4 +271,7 @@ class StoreDataModule(L.LightningDataModule):
         return self._loader("val", False)
 
     def test_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
+        return self._loader("test", False)
+
+    def predict_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         return self._loader("test", False)

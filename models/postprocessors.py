@@ -1,8 +1,13 @@
-"""Post-processors: networks mapping inputs (B, C, H, W) to head outputs (a, b), each (B, H, W).
+"""Pointwise post-processors and the model interface.
 
-All share the spread-relative Gaussian head of :mod:`postcast.models.losses`; a zero output
-reproduces the raw ensemble. This module holds the pointwise models (MLP, local EMOS); grid
-models (LeNet, U-Net, Transformer, SMoE) come with issue 3.
+Every post-processor is an ``nn.Module`` whose ``forward(batch)`` maps a batch of
+:class:`~postcast.datasets.datamodule.StoreDataset` samples to head outputs ``(a, b)``, each
+(B, H, W), for the spread-relative Gaussian head of :mod:`postcast.models.losses`. The last layer
+of each is zero-initialised, so an untrained model reproduces the raw ensemble (a = b = 0).
+
+Pointwise models (this module): the ENS-10 MLP, a local (per-grid-point) EMOS and the 13-parameter
+global EMOS of the ENS-10 reference. Grid models live in :mod:`.convnets`, :mod:`.smoe` and
+:mod:`.transformer`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,15 @@ from torch import nn
 
 from postcast.models.losses import CRPSGaussianLoss, gaussian_head
 
+Batch = dict[str, torch.Tensor]
+
+
+def zero_init(layer: nn.Module) -> nn.Module:
+    """Zero a layer's weight and bias (the head then starts at the raw ensemble)."""
+    for p in layer.parameters():
+        nn.init.zeros_(p)
+    return layer
+
 
 class PointwiseMLP(nn.Module):
     """ENS-10 MLP baseline: per grid point, inputs -> hidden (ReLU) -> (a, b); shared weights.
@@ -19,13 +33,10 @@ class PointwiseMLP(nn.Module):
 
     def __init__(self, in_channels: int, hidden: int = 128):
         super().__init__()
-        out = nn.Conv2d(hidden, 2, 1)
-        nn.init.zeros_(out.weight)  # start at the raw ensemble (a = b = 0)
-        nn.init.zeros_(out.bias)  # type: ignore[arg-type]  # Conv2d(bias=True) has a bias
-        self.net = nn.Sequential(nn.Conv2d(in_channels, hidden, 1), nn.ReLU(), out)
+        self.net = nn.Sequential(nn.Conv2d(in_channels, hidden, 1), nn.ReLU(), zero_init(nn.Conv2d(hidden, 2, 1)))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.net(x)  # (B, 2, H, W)
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.net(batch["x"])  # (B, 2, H, W)
         return out[:, 0], out[:, 1]
 
 
@@ -38,18 +49,49 @@ class LocalEMOS(nn.Module):
         self.mean_channel, self.std_channel = mean_channel, std_channel
         self.coef = nn.Parameter(torch.zeros(4, *grid))  # (a0, a1, b0, b1) per point
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x = batch["x"]
         a = self.coef[0] + self.coef[1] * x[:, self.mean_channel]
         b = self.coef[2] + self.coef[3] * x[:, self.std_channel]
         return a, b
 
 
-def predict(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mu, sigma) in physical units for a batch from :class:`StoreDataset`."""
-    a, b = model(batch["x"])
+def require_members(batch: Batch, model: str) -> torch.Tensor:
+    if "members" not in batch:
+        msg = f"the {model} model reads the raw members: set data.cfg.members: true in the training config"
+        raise ValueError(msg)
+    return batch["members"]  # (B, M, V, H, W)
+
+
+class GlobalEMOS(nn.Module):
+    """The ENS-10 reference EMOS: one set of 13 parameters (10 members) for the whole globe.
+
+    a = sum_j w_j z_j + c  (z_j: member j of the target variable, normalised; M + 1 parameters);
+    b = w_s x_std + c_s    (x_std: the normalised ensemble-std channel; 2 parameters).
+    """
+
+    def __init__(self, n_members: int, variable_index: int, std_channel: int):
+        super().__init__()
+        self.variable_index, self.std_channel = variable_index, std_channel
+        self.mean = zero_init(nn.Linear(n_members, 1))
+        self.spread = zero_init(nn.Linear(1, 1))
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        z = require_members(batch, "emos_global")[:, :, self.variable_index]  # (B, M, H, W)
+        if z.shape[1] != self.mean.in_features:
+            msg = f"emos_global was built for {self.mean.in_features} members, the batch has {z.shape[1]}"
+            raise ValueError(msg)
+        a = self.mean(z.movedim(1, -1)).squeeze(-1)  # (B, H, W)
+        b = self.spread(batch["x"][:, self.std_channel].unsqueeze(-1)).squeeze(-1)
+        return a, b
+
+
+def predict(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mu, sigma) in physical units, each (B, H, W), for a batch from :class:`StoreDataset`."""
+    a, b = model(batch)
     return gaussian_head(a, b, batch["m"], batch["s"])
 
 
-def crps_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def crps_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     mu, sigma = predict(model, batch)
     return CRPSGaussianLoss()(mu, sigma, batch["y"])
