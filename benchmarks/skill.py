@@ -108,7 +108,8 @@ def main() -> None:
                     continue
                 done[key] = train_one(model, target, seed, a.store, a.out, a.epochs)
                 io.write_json(done_path, done)
-                print(f"trained {key}: val_crps={done[key]['val_crps']:.4g} in {done[key]['train_s']:.0f} s", flush=True)
+                r = done[key]
+                print(f"trained {key}: val_crps={r['val_crps']:.4g} in {r['train_s']:.0f} s", flush=True)
     evals = {}
     for seed in a.seeds:
         ckpts = [r["checkpoint"] for k, r in done.items() if r["seed"] == seed and r["model"] in a.models

@@ -24,6 +24,8 @@ quickstart (synthetic ENS-10, coarse grid):
   postcast synth --out data/synth
   postcast ingest data/synth --out data/store.zarr
   postcast inspect data/store.zarr
+  postcast train fit -c configs/train/unet_t850.yaml
+  postcast evaluate data/store.zarr --checkpoints runs/unet_t850/lightning_logs/version_0/checkpoints/best*.ckpt
 
 exit codes: 0 ok or already done | 1 internal error | 2 bad usage or config |
             65 invalid input data | 66 missing input (retryable) | 130 interrupted
@@ -213,9 +215,65 @@ def _run_train(a: argparse.Namespace) -> int:
     return 0
 
 
+# --- evaluate ------------------------------------------------------------------------------------
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate", help="score checkpoints against the raw ensemble and the oracle; write metrics + report",
+        description="Score trained post-processors, the raw ensemble (as a Gaussian and as members, fair and "
+                    "standard CRPS) and, on synthetic data, the oracle on one split: CRPS and EECRPS (unweighted, "
+                    "ENS-10; area-weighted, WeatherBench 2), skill and gap closed, spread/skill, rank and PIT "
+                    "histograms, bias, per region, with paired bootstrap CIs against the raw ensemble. Writes "
+                    "OUT/metrics.json, OUT/report.html and OUT/report.md with PNG figures.",
+        epilog="examples:\n  postcast evaluate data/store.zarr --checkpoints runs/*/lightning_logs/version_0/"
+               "checkpoints/best*.ckpt\n"
+               "  postcast evaluate data/store.zarr --targets t2m --split val --out reports/val",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("store", help="training store written by `postcast ingest`")
+    p.add_argument("--checkpoints", nargs="*", default=[], help="checkpoints from `postcast train fit`")
+    p.add_argument("--targets", type=_str_tuple, help="comma-separated (default: the checkpoints' targets)")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"], help="default test")
+    p.add_argument("--out", default="reports/eval", help="output directory (default reports/eval)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.set_defaults(func=_run_evaluate)
+
+
+def _run_evaluate(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from postcast.datasets.errors import BadInputError, MissingInputError
+    from postcast.pipeline.evaluate import EvalConfig, evaluate
+
+    missing = [c for c in [a.store, *a.checkpoints] if not Path(c).exists()]
+    if missing:
+        msg = f"not found: {', '.join(missing)}"
+        raise MissingInputError(msg)
+    try:
+        cfg = EvalConfig(store=a.store, checkpoints=tuple(a.checkpoints), targets=a.targets, split=a.split,
+                         out=a.out, bootstrap=a.bootstrap)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    try:
+        res = evaluate(cfg, progress=_progress(a.progress, "checkpoints"))
+    except ValueError as err:
+        raise BadInputError(str(err)) from err
+    for target, r in res["targets"].items():
+        for f, regions in r["forecasts"].items():
+            g = regions["global"]
+            print(f"{target:5} {f:14} CRPS {g['crps']:.4g}  skill {100 * g['skill_vs_raw']:+.1f}%  "
+                  f"gap closed {100 * g.get('gap_closed', float('nan')):.0f}%")
+    print(f"report: {Path(a.out) / 'report.html'}")
+    return 0
+
+
+def _progress(enabled: bool, unit: str) -> Callable[[Any], Any]:
+    from tqdm.auto import tqdm
+
+    return lambda it: tqdm(it, unit=unit, disable=not enabled)
+
+
 # --- main ----------------------------------------------------------------------------------------
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train]
+    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,6 @@ normalisation statistics are copied into the model at fit start, so checkpoints 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,12 +55,8 @@ def validate_preset(path: str) -> str | None:
 
 
 def run(args: Sequence[str]) -> PostcastCLI:
-    """Run the Lightning CLI on ``args`` (LightningCLI reads sys.argv, so it is swapped meanwhile);
-    returns the CLI (``cli.trainer.checkpoint_callback.best_model_path`` after ``fit``)."""
-    saved = sys.argv
-    sys.argv = ["postcast train", *args]
-    try:
-        return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
-                           parser_kwargs={"prog": "postcast train"})
-    finally:
-        sys.argv = saved
+    """Run the Lightning CLI on ``args``; returns the CLI (``cli.trainer.checkpoint_callback
+    .best_model_path`` after ``fit``). ``sys.argv`` is left alone: DDP's launcher re-runs it for the
+    other ranks."""
+    return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
+                       parser_kwargs={"prog": "postcast train"}, args=list(args))

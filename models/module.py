@@ -17,8 +17,8 @@ import torch
 
 from postcast.models import convnets, postprocessors, transformer
 from postcast.models import smoe as smoe_mod
-from postcast.models.smoe import SMoEConfig
 from postcast.models.losses import crps_gaussian
+from postcast.models.smoe import SMoEConfig
 
 CHECKPOINT_FORMAT_VERSION = 1
 MODELS = ("emos", "emos_global", "mlp", "lenet", "unet", "unet_smoe", "smoe", "transformer")
@@ -64,8 +64,8 @@ class PostProcessor(L.LightningModule):
     def __init__(self, model: str = "mlp", in_channels: int = 19, grid: tuple[int, int] = (37, 72),
                  hidden: int = 128, lr: float = 1e-3, target_channels: tuple[int, int] = (0, 1),
                  data: dict[str, Any] | None = None, n_members: int = 10, n_variables: int = 7,
-                 base_filters: int = 32, smoe: SMoEConfig | dict[str, Any] | None = None, width: int = 16, heads: int = 4,
-                 weight_decay: float = 0.0, cosine: bool = True):
+                 base_filters: int = 32, smoe: SMoEConfig | dict[str, Any] | None = None, width: int = 16,
+                 heads: int = 4, weight_decay: float = 0.0, cosine: bool = True):
         super().__init__()
         smoe_cfg = SMoEConfig(**smoe) if isinstance(smoe, dict) else smoe or SMoEConfig()
         smoe = dataclasses.asdict(smoe_cfg)  # plain types in the checkpoint
@@ -146,10 +146,11 @@ class PostProcessor(L.LightningModule):
 def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
     """A trained post-processor (eval mode, CPU) and its ``postcast`` metadata from a checkpoint alone."""
     import inspect
+    import pickle
 
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as err:
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
         msg = f"{path}: not a readable checkpoint ({err})"
         raise ValueError(msg) from err
     meta = ckpt.get("postcast") if isinstance(ckpt, dict) else None

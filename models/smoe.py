@@ -14,8 +14,8 @@ Training techniques, both in the custom backward of :class:`TopKRouting`:
 * **expert-error damping**: expert gradients at incorrectly routed locations are multiplied by
   ``damping`` (0: not updated there).
 
-:class:`SMoEHead` is the SMoE as the final layer (k = 2 outputs: a, b) of any trunk; the model
-kinds ``smoe`` (on the inputs directly) and ``unet_smoe`` (on U-Net features) use it.
+:class:`SMoEHead` is the SMoE as the final layer of any trunk, one top-1 SMoE per head output
+(a, b); the model kinds ``smoe`` (on the inputs directly) and ``unet_smoe`` (on U-Net features) use it.
 """
 
 from __future__ import annotations
@@ -36,22 +36,24 @@ GATES = ("latent", "conv")
 
 @dataclass(frozen=True)
 class SMoEConfig:
-    """SMoE options (defaults: the reference heat-diffusion run, the suggested ENS-10 start)."""
+    """SMoE options. Defaults follow the reference code's defaults: RC loss on, quantile 0.7, expert-error
+    damping off (factor 1; the reference's ``--dampen-expert-error`` uses 0). On the synthetic data
+    damping 0 with quantile 0.3 (the heat-diffusion run) trained clearly worse than the plain U-Net."""
 
     experts: int = 3
     gate: str = "latent"  # latent | conv
     weighted: bool = False  # multiply selected expert values by their routing weight
     rc_loss: bool = True  # routing-classification loss (blocks the gate's task gradient)
     rc_weight: float = 1.0
-    quantile: float = 0.3  # |e| quantile below which a selection counts as correct
-    damping: float = 0.0  # expert-gradient factor where routing was wrong (1: no damping)
+    quantile: float = 0.7  # |e| quantile below which a selection counts as correct
+    damping: float = 1.0  # expert-gradient factor where routing was wrong (1: no damping, 0: no update)
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             msg = f"smoe.gate {self.gate!r}: use one of {GATES}"
             raise ValueError(msg)
         if self.experts < 2:
-            msg = f"smoe.experts={self.experts}: need at least 2 (k = 2 outputs are selected)"
+            msg = f"smoe.experts={self.experts}: need at least 2 experts to route between"
             raise ValueError(msg)
         if not 0.0 <= self.quantile <= 1.0 or self.damping < 0.0:
             msg = f"smoe.quantile={self.quantile} must be in [0, 1] and smoe.damping={self.damping} >= 0"
@@ -111,39 +113,48 @@ class TopKRouting(torch.autograd.Function):
 
 
 class SMoEHead(nn.Module):
-    """SMoE layer emitting k = 2 channels (a, b) from features (B, C, H, W) on a fixed grid."""
+    """SMoE final layer emitting the two head channels (a, b) from features (B, C, H, W).
 
-    k = 2
+    Each output channel is its own SMoE with ``experts`` experts and top-k = 1 routing (so an
+    expert always produces the same quantity, a or b): experts ``Conv2d(C, 2E, 3)`` without bias,
+    routing weights (B, 2, E, H, W). The two are routed as one batch of 2B samples, so the RC-loss
+    quantile is taken per sample and per output channel (a and b errors have different scales)."""
 
-    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig):
+    outputs = 2
+
+    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, k: int = 1):
         super().__init__()
-        self.cfg = cfg
-        self.experts = nn.Conv2d(in_channels, cfg.experts, 3, padding=1, bias=False)
+        self.cfg, self.k = cfg, k
+        self.experts = nn.Conv2d(in_channels, self.outputs * cfg.experts, 3, padding=1, bias=False)
         nn.init.zeros_(self.experts.weight)  # start at the raw ensemble
         self.gate: nn.Module | None = None
         if cfg.gate == "latent":
-            bound = math.sqrt(3.0 / (self.k / cfg.experts))
-            self.latent = nn.Parameter(torch.empty(cfg.experts, *grid).uniform_(-bound, bound))
+            bound = math.sqrt(3.0 / (k / cfg.experts))
+            self.latent = nn.Parameter(torch.empty(self.outputs, cfg.experts, *grid).uniform_(-bound, bound))
         else:
-            self.gate = nn.Conv2d(in_channels, cfg.experts, 3, padding=1)
+            self.gate = nn.Conv2d(in_channels, self.outputs * cfg.experts, 3, padding=1)
         self.last: dict[str, torch.Tensor] = {}  # y, weights, idx of the latest forward (for the RC loss)
 
     def routing_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """(B * 2, E, H, W) routing weights (output channel folded into the batch)."""
+        b, _, h, w = x.shape
         if self.gate is not None:
-            return self.gate(x)  # (B, E, H, W)
-        if x.shape[-2:] != self.latent.shape[-2:]:
+            return self.gate(x).view(b * self.outputs, self.cfg.experts, h, w)
+        if (h, w) != tuple(self.latent.shape[-2:]):
             msg = (f"latent SMoE gate was trained on a {tuple(self.latent.shape[-2:])} grid, "
-                   f"the input is {tuple(x.shape[-2:])}; use gate: conv for other grids")
+                   f"the input is {(h, w)}; use gate: conv for other grids")
             raise ValueError(msg)
-        return self.latent.unsqueeze(0).expand(x.shape[0], -1, -1, -1)
+        return self.latent.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(b * self.outputs, self.cfg.experts, h, w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
         weights = self.routing_weights(x)
+        values = self.experts(x).view(b * self.outputs, self.cfg.experts, h, w)
         block = self.cfg.rc_loss and self.training
-        y = TopKRouting.apply(self.experts(x), weights, self.k, self.cfg.weighted, block,
+        y = TopKRouting.apply(values, weights, self.k, self.cfg.weighted, block,
                               self.cfg.damping if self.training else 1.0, self.cfg.quantile)
         self.last = {"y": y, "weights": weights, "idx": weights.topk(self.k, dim=1).indices}
-        return y  # (B, 2, H, W)
+        return y.view(b, self.outputs * self.k, h, w)  # (B, 2, H, W) for k = 1
 
     def rc_loss(self, task_loss: torch.Tensor) -> torch.Tensor:
         """The routing-classification loss of the latest forward (call before ``backward``)."""

@@ -90,6 +90,7 @@ def verification_dataset(store: xr.Dataset, target: str, split: str, step_h: int
         "mu": xr.concat(mu, dim="forecast"),
         "sigma": xr.concat(sigma, dim="forecast"),
     }).drop_vars(drop, errors="ignore").assign_coords(forecast=names).astype(np.float64).compute()
+    out = out.transpose("forecast", schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)
     out["sigma"] = out["sigma"].clip(min=1e-6)
     out.attrs.update(target=target, step_h=step_h, split=split, units=tg.units)
     return out
@@ -103,6 +104,7 @@ def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) 
     new = xr.Dataset({"mu": (ver["truth"].dims, mu), "sigma": (ver["truth"].dims, sigma)}).expand_dims(
         forecast=[name])
     merged = xr.concat([ver[["mu", "sigma"]], new.assign_coords(ver["truth"].coords)], dim="forecast")
+    merged = merged.transpose("forecast", *ver["truth"].dims)
     return ver.drop_vars(["mu", "sigma", "forecast"]).assign(mu=merged["mu"], sigma=merged["sigma"])
 
 
@@ -225,11 +227,19 @@ def _add_relative(out: dict[str, Any], crps_all: dict[str, np.ndarray], bootstra
 
 
 # --- driver ----------------------------------------------------------------------------------
-def _checkpoint_name(path: str, names: dict[str, str]) -> str:
-    if path in names:
-        return names[path]
-    p = Path(path)
-    return p.parent.parent.name if p.parent.name == "checkpoints" else p.stem
+def _checkpoint_name(path: str, names: dict[str, str], taken: set[str]) -> str:
+    """Display name: given, else the run directory (the one above ``lightning_logs``), else the file
+    stem; made unique with a suffix."""
+    p = Path(path).resolve()
+    name = names.get(path)
+    if name is None:
+        parts = p.parts
+        name = parts[parts.index("lightning_logs") - 1] if "lightning_logs" in parts[1:] else p.stem
+    unique, i = name, 2
+    while unique in taken or unique in (RAW, ORACLE):
+        unique, i = f"{name}_{i}", i + 1
+    taken.add(unique)
+    return unique
 
 
 def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> dict[str, Any]:
@@ -238,9 +248,10 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
 
     store = io.open_zarr(cfg.store)
     preds: dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]] = {}
+    taken: set[str] = set()
     for path in progress(cfg.checkpoints):
         target, times, mu, sigma = predict_checkpoint(path, cfg.store, cfg.split)
-        preds.setdefault(target, []).append((_checkpoint_name(path, cfg.names), times, mu, sigma))
+        preds.setdefault(target, []).append((_checkpoint_name(path, cfg.names, taken), times, mu, sigma))
     targets = cfg.targets or (tuple(preds) if preds else tuple(schema.TARGETS))
     results: dict[str, Any] = {"store": cfg.store, "split": cfg.split, "targets": {}}
     for target in targets:

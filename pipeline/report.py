@@ -95,7 +95,7 @@ def calibration(target: str, res: dict[str, Any], out: Path) -> str:
     a3.axhline(1.0, color="k", lw=1)
     a3.set_title("PIT density (1 = calibrated)")
     a3.legend(fontsize=7)
-    fig.suptitle(target)
+    fig.suptitle(target, y=1.04)
     return _save(fig, out / f"calibration_{target}.png")
 
 

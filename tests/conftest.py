@@ -55,7 +55,7 @@ def store(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cli():
     """``cli("ingest", ...)`` runs the real ``postcast`` command in a subprocess."""
     return run_cli

@@ -91,8 +91,7 @@ def test_train_cli_fit_test_and_checkpoint(cli, store, tmp_path):
     import torch
 
     preset = ROOT / "configs/train/tiny_emos_t2m.yaml"
-    common = ["-c", str(preset), "--data.cfg.store", str(store), "--trainer.default_root_dir", str(tmp_path),
-              "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    common = ["-c", str(preset), "--data.cfg.store", str(store), "--trainer.default_root_dir", str(tmp_path)]
     cli("train", "fit", *common, check=True)
     ckpts = sorted(tmp_path.rglob("*.ckpt"))
     assert ckpts, "no checkpoint written"

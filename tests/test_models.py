@@ -1,0 +1,183 @@
+"""The post-processor networks and the SMoE layer, on small random tensors (no store needed)."""
+
+import pytest
+import torch
+
+from postcast.models import convnets, smoe, transformer
+from postcast.models.losses import crps_gaussian
+from postcast.models.module import MODELS, PostProcessor
+from postcast.models.smoe import SMoEConfig, SMoEHead, TopKRouting, rc_labels, routing_correct
+
+H, W, C, M, V = 13, 20, 9, 6, 3  # odd grid on purpose
+
+
+def batch(b: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    members = torch.randn(b, M, V, H, W, generator=g)
+    x = torch.randn(b, C, H, W, generator=g)
+    m = torch.randn(b, H, W, generator=g)
+    return {"x": x, "members": members, "m": m, "s": torch.rand(b, H, W, generator=g) + 0.5,
+            "y": m + torch.randn(b, H, W, generator=g)}
+
+
+def build(kind: str, **kw) -> PostProcessor:
+    return PostProcessor(kind, in_channels=C, grid=(H, W), target_channels=(2, 3), n_members=M, n_variables=V,
+                         base_filters=8, **kw)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_every_model_starts_at_the_raw_ensemble_and_learns(kind):
+    torch.manual_seed(0)
+    model = build(kind)
+    b = batch()
+    mu, sigma = model(b)
+    assert mu.shape == sigma.shape == (2, H, W)
+    torch.testing.assert_close(mu, b["m"])
+    torch.testing.assert_close(sigma, b["s"], rtol=1e-4, atol=1e-5)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    losses = []
+    for _ in range(8):
+        opt.zero_grad()
+        mu, sigma = model(b)
+        loss = crps_gaussian(mu, sigma, b["y"]).mean()
+        losses.append(float(loss.detach()))
+        if model.smoe_layer is not None:
+            loss = loss + model.smoe_layer.rc_loss(loss)
+        loss.backward()
+        opt.step()
+    assert losses[-1] < losses[0]
+
+
+def test_global_emos_has_13_parameters_for_10_members():
+    model = PostProcessor("emos_global", in_channels=C, grid=(H, W), target_channels=(0, 1), n_members=10)
+    assert sum(p.numel() for p in model.parameters()) == 13
+
+
+@pytest.mark.parametrize("shape", [(361 // 19, 720 // 20), (37, 72), (5, 7)])
+def test_unet_handles_odd_grids(shape):
+    net = convnets.UNet(4, base=4)
+    x = torch.randn(1, 4, *shape)
+    a, b = net({"x": x})
+    assert a.shape == b.shape == (1, *shape)
+
+
+def test_earth_padding_is_periodic_in_longitude():
+    x = torch.arange(2 * 5, dtype=torch.float32).view(1, 1, 2, 5)
+    p = convnets.earth_pad(x, 1)
+    assert p.shape == (1, 1, 4, 7)
+    torch.testing.assert_close(p[0, 0, 1, 0], x[0, 0, 0, -1])  # wraps around the date line
+    torch.testing.assert_close(p[0, 0, 0, 1:-1], x[0, 0, 0])  # replicated at the pole
+
+
+def test_transformer_is_equivariant_to_member_order():
+    torch.manual_seed(0)
+    net = transformer.EnsembleTransformer(C, V, 1, width=8, heads=2)
+    torch.nn.init.normal_(net.correct.weight, std=0.1)  # leave the zero start
+    b = batch()
+    a1, b1 = net(b)
+    perm = dict(b, members=b["members"][:, torch.randperm(M)])
+    a2, b2 = net(perm)
+    torch.testing.assert_close(a1, a2, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(b1, b2, rtol=1e-4, atol=1e-5)
+
+
+def test_member_models_ask_for_members():
+    b = batch()
+    del b["members"]
+    with pytest.raises(ValueError, match="members: true"):
+        build("transformer")(b)
+
+
+# --- SMoE ----------------------------------------------------------------------------------------
+def routed(values, weights, k=1, weighted=False, block=False, damping=1.0, q=0.5):
+    return TopKRouting.apply(values, weights, k, weighted, block, damping, q)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_routing_forward_is_a_gather_of_the_top_k(weighted):
+    g = torch.Generator().manual_seed(1)
+    values, weights = torch.randn(2, 4, 3, 5, generator=g), torch.randn(2, 4, 3, 5, generator=g)
+    y = routed(values, weights, k=2, weighted=weighted)
+    idx = weights.topk(2, dim=1).indices
+    want = values.gather(1, idx) * (weights.gather(1, idx) if weighted else 1)
+    torch.testing.assert_close(y, want)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_routing_backward_gradcheck(weighted):
+    g = torch.Generator().manual_seed(2)
+    values = torch.randn(2, 3, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(2, 3, 2, 3, generator=g, dtype=torch.float64)
+    weights = weights.requires_grad_(weighted)  # unweighted: the gate gradient is straight-through, not exact
+    assert torch.autograd.gradcheck(lambda v, w: routed(v, w, k=2, weighted=weighted), (values, weights))
+
+
+def test_unselected_experts_get_no_gradient_and_rc_blocks_the_gate():
+    values = torch.randn(1, 3, 4, 4, requires_grad=True)
+    weights = torch.randn(1, 3, 4, 4, requires_grad=True)
+    y = routed(values, weights, k=1, block=True)
+    y.sum().backward()
+    chosen = torch.zeros(1, 3, 4, 4, dtype=torch.bool).scatter(1, weights.topk(1, dim=1).indices, True)
+    assert (values.grad[~chosen] == 0).all() and (values.grad[chosen] == 1).all()
+    assert weights.grad is None
+
+
+def test_damping_zeroes_expert_gradient_where_routing_was_wrong():
+    values = torch.randn(1, 3, 4, 4, requires_grad=True)
+    weights = torch.randn(1, 3, 4, 4)
+    e = torch.randn(1, 1, 4, 4)
+    y = routed(values, weights, damping=0.0, q=0.5)
+    (y * e).sum().backward()
+    correct = routing_correct(e, 0.5)
+    got = values.grad.gather(1, weights.topk(1, dim=1).indices)
+    assert (got[~correct] == 0).all() and torch.equal(got[correct], e[correct])
+    values.grad = None
+    (routed(values, weights, damping=1.0) * e).sum().backward()
+    torch.testing.assert_close(values.grad.gather(1, weights.topk(1, dim=1).indices), e)  # factor 1 = no damping
+
+
+def test_rc_labels_sum_to_k_and_handle_edge_quantiles():
+    g = torch.Generator().manual_seed(3)
+    weights, e = torch.randn(2, 5, 3, 4, generator=g), torch.randn(2, 2, 3, 4, generator=g)
+    idx = weights.topk(2, dim=1).indices
+    labels = rc_labels(idx, routing_correct(e, 0.3), 5)
+    assert ((labels >= 0) & (labels <= 1)).all()
+    torch.testing.assert_close(labels.sum(dim=1), torch.full((2, 3, 4), 2.0))
+    everything = rc_labels(idx, routing_correct(e, 1.0), 5)
+    torch.testing.assert_close(everything, torch.zeros_like(everything).scatter(1, idx, 1.0))
+    nothing = rc_labels(idx, routing_correct(e * 0 + torch.arange(24.0).view(2, 1, 3, 4) + 1, 0.0), 5)
+    assert nothing.gather(1, idx)[:, :, 0, 0].eq(torch.tensor([[1.0, 1.0], [1.0, 1.0]])).all()  # the minimum
+    idx2 = torch.randn(2, 2, 3, 4, generator=g).topk(2, dim=1).indices
+    assert torch.isfinite(rc_labels(idx2, routing_correct(e, 0.5), 2)).all()  # E = k: no division by zero
+
+
+def test_latent_gate_ignores_the_input_and_conv_gate_does_not():
+    torch.manual_seed(0)
+    x1, x2 = torch.randn(1, 4, 6, 8), torch.randn(1, 4, 6, 8)
+    latent = SMoEHead(4, (6, 8), SMoEConfig(gate="latent"))
+    assert torch.equal(latent.routing_weights(x1), latent.routing_weights(x2))
+    conv = SMoEHead(4, (6, 8), SMoEConfig(gate="conv"))
+    assert not torch.equal(conv.routing_weights(x1), conv.routing_weights(x2))
+    with pytest.raises(ValueError, match="gate: conv"):
+        latent.routing_weights(torch.randn(1, 4, 5, 8))
+
+
+def test_gate_learns_only_from_the_rc_loss():
+    torch.manual_seed(0)
+    layer = smoe.SMoE(C, (H, W), SMoEConfig(rc_loss=True))
+    torch.nn.init.normal_(layer.smoe.experts.weight)
+    b = batch()
+    a, _ = layer(b)
+    task = ((a - b["y"]) ** 2).mean()
+    task.backward(retain_graph=True)
+    assert layer.smoe.latent.grad is None or (layer.smoe.latent.grad == 0).all()
+    layer.smoe.rc_loss(task).backward()
+    assert layer.smoe.latent.grad.abs().sum() > 0
+
+
+def test_smoe_config_is_validated():
+    with pytest.raises(ValueError, match="gate"):
+        SMoEConfig(gate="lcn")
+    with pytest.raises(ValueError, match="experts"):
+        SMoEConfig(experts=1)
