@@ -20,11 +20,15 @@ from postcast.models.module import PostProcessor
 
 class PostcastCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
-        # model selection on the validation split (never test); "last.ckpt" for resuming
+        # model selection on the validation split (never test) ...
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val_crps", "checkpoint.mode": "min",
-                             "checkpoint.save_last": True, "checkpoint.filename": "best-{epoch}-{val_crps:.4f}",
-                             "seed_everything": 0})
+                             "checkpoint.filename": "best-{epoch}-{val_crps:.4f}", "seed_everything": 0})
+        # ... and "last.ckpt" after every epoch for resuming (ModelCheckpoint's own save_last only
+        # refreshes it when the best checkpoint changes)
+        parser.add_lightning_class_args(ModelCheckpoint, "latest")
+        parser.set_defaults({"latest.filename": "last", "latest.monitor": None, "latest.save_top_k": 1,
+                             "latest.enable_version_counter": False})
         parser.link_arguments("data", "model.in_channels", compute_fn=lambda dm: dm.cfg.n_channels,
                               apply_on="instantiate")
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")

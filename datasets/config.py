@@ -36,8 +36,6 @@ def kinds() -> dict[str, type]:
 
 
 def _load_builtin_kinds() -> None:
-    if _KINDS:
-        return
     from postcast.datasets import ingest, synthetic
 
     _KINDS.setdefault("synth", synthetic.SynthConfig)

@@ -1,0 +1,250 @@
+"""The staged pipeline behind ``postcast run configs/quickstart.yaml``.
+
+Stages, in data order: ``synth`` (or raw forecasts given as ``source``) -> ``ingest`` (store and
+training statistics) -> ``train:<preset>`` per training preset -> ``evaluate`` (metrics + report).
+Each stage calls the same library function as its CLI verb.
+
+Bookkeeping lives in ``WORKDIR/manifest.json``: per stage the hash of its config and of its inputs
+(upstream outputs, identified by path, size and modification time), its outputs and timings. A
+stage whose hash matches and whose outputs exist is skipped, so a rerun does nothing; ``force``
+reruns named stages (and, through the input hashes, whatever their new outputs feed). A killed
+run resumes: synth and ingest resume themselves, training continues from its ``last.ckpt``.
+Each run appends to ``WORKDIR/logs/pipeline.log`` and writes ``WORKDIR/summary.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from postcast.datasets import config, io, schema
+from postcast.datasets.errors import ConfigError, PostcastError
+from postcast.datasets.synthetic import SynthConfig
+
+log = logging.getLogger(__name__)
+
+MANIFEST_VERSION = 1
+
+
+@config.register("pipeline")
+@dataclass(frozen=True)
+class PipelineConfig:
+    """A whole run (YAML ``kind: pipeline``; see configs/quickstart.yaml)."""
+
+    workdir: str = "runs/quickstart"
+    synth: SynthConfig | None = None  # synthesise the input ...
+    source: str | None = None  # ... or ingest raw forecasts from here (GRIB / netCDF / zarr)
+    truth: str | None = None  # truth next to ``source`` when None
+    splits: schema.Splits = field(default_factory=schema.Splits)
+    workers: int = 2  # dask LocalCluster workers for ingest
+    processes: bool = True  # LocalCluster of processes (False: threads, for small runs and tests)
+    train: tuple[str, ...] = ()  # Lightning training presets, e.g. configs/train/unet_t850.yaml
+    train_args: tuple[str, ...] = ()  # extra Lightning CLI arguments for every training run
+    evaluate: bool = True
+    split: str = "test"  # evaluation split
+    bootstrap: int = 1000
+
+    def __post_init__(self) -> None:
+        if (self.synth is None) == (self.source is None):
+            msg = "pipeline: give exactly one of 'synth' (a synth config mapping) or 'source' (raw forecasts)"
+            raise ConfigError(msg)
+        missing = [p for p in self.train if not Path(p).exists()]
+        if missing:
+            msg = f"pipeline.train: preset files not found: {missing} (paths are relative to the working directory)"
+            raise ConfigError(msg)
+        if self.split not in ("train", "val", "test"):
+            msg = f"pipeline.split {self.split!r}: use train, val or test"
+            raise ConfigError(msg)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.workdir)
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store.zarr"
+
+
+@dataclass
+class Stage:
+    name: str
+    settings: dict[str, Any]  # what the stage's result depends on (hashed)
+    inputs: list[str]  # names of upstream stages
+    action: Callable[[bool], list[str]]  # runs the stage (argument: fresh, i.e. forced), returns outputs
+
+
+def _identity(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        return f"{path}:missing"
+    st = p.stat()
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
+class Manifest:
+    def __init__(self, path: Path):
+        self.path = path
+        data = json.loads(path.read_text()) if path.exists() else {}
+        self.stages: dict[str, Any] = data.get("stages", {})
+
+    def stage_hash(self, stage: Stage) -> str:
+        upstream = {n: [_identity(o) for o in self.stages.get(n, {}).get("outputs", [])] for n in stage.inputs}
+        blob = json.dumps({"settings": stage.settings, "upstream": upstream}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def is_done(self, stage: Stage) -> bool:
+        rec = self.stages.get(stage.name)
+        return bool(rec) and rec["hash"] == self.stage_hash(stage) and all(Path(o).exists() for o in rec["outputs"])
+
+    def record(self, stage: Stage, outputs: list[str], seconds: float) -> None:
+        self.stages[stage.name] = {"hash": "", "outputs": outputs, "seconds": round(seconds, 2),
+                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": stage.settings}
+        self.stages[stage.name]["hash"] = self.stage_hash(stage)  # inputs are upstream outputs: stable now
+        self.save()
+
+    def forget(self, name: str) -> None:
+        self.stages.pop(name, None)
+
+    def save(self) -> None:
+        io.write_json(self.path, {"format_version": MANIFEST_VERSION, "stages": self.stages})
+
+
+# --- stage actions -----------------------------------------------------------------------------
+def _synth(cfg: PipelineConfig, progress: bool) -> list[str]:
+    from postcast.datasets import rawforms
+
+    assert cfg.synth is not None
+    rawforms.write_synthetic(cfg.synth, cfg.root / "synth", progress=progress)
+    return [str(cfg.root / "synth" / "synth.json")]
+
+
+def _ingest(cfg: PipelineConfig, progress: bool) -> list[str]:
+    from postcast.datasets.ingest import IngestConfig, ingest
+
+    source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
+    ingest(IngestConfig(source=source, out=str(cfg.store), truth=cfg.truth, splits=cfg.splits, workers=cfg.workers,
+                        processes=cfg.processes, progress=progress))
+    return [str(cfg.store / "zarr.json")]
+
+
+def _best_checkpoint(root: Path) -> str | None:
+    found = sorted(root.glob("lightning_logs/version_*/checkpoints/best*.ckpt"), key=lambda p: p.stat().st_mtime)
+    return str(found[-1]) if found else None
+
+
+def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> list[str]:
+    """Fit one preset; an unfinished earlier attempt is resumed from its last.ckpt unless ``fresh``."""
+    from postcast.train import run as lightning
+
+    root = cfg.root / "runs" / Path(preset).stem
+    args = ["fit", "-c", preset, "--data.cfg.store", str(cfg.store), "--trainer.default_root_dir", str(root),
+            "--trainer.enable_progress_bar", str(progress).lower(), *cfg.train_args]
+    lasts = sorted(root.glob("lightning_logs/version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    if lasts and not fresh:
+        log.info("%s: resuming from %s", preset, lasts[-1])
+        args += ["--ckpt_path", str(lasts[-1])]
+    cli = lightning(args)
+    best = cli.trainer.checkpoint_callback.best_model_path if cli.trainer.checkpoint_callback else ""  # type: ignore[attr-defined]
+    best = best or _best_checkpoint(root)
+    if not best:
+        msg = f"{preset}: training finished without a checkpoint under {root}"
+        raise PostcastError(msg)
+    return [best]
+
+
+def _evaluate(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
+    from postcast.pipeline.evaluate import EvalConfig, evaluate
+
+    out = cfg.root / "report"
+    names = {c: Path(p).stem for c, p in zip(checkpoints, cfg.train, strict=True)}
+    evaluate(EvalConfig(store=str(cfg.store), checkpoints=tuple(checkpoints), split=cfg.split, out=str(out),
+                        bootstrap=cfg.bootstrap, names=names))
+    return [str(out / "metrics.json"), str(out / "report.html")]
+
+
+def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stage]:
+    """The stages of a run, in order (evaluate reads the checkpoints the train stages recorded)."""
+    out: list[Stage] = []
+    first = "ingest"
+    if cfg.synth is not None:
+        out.append(Stage("synth", {"synth": asdict(cfg.synth)}, [], lambda fresh: _synth(cfg, progress)))
+    ingest_settings = {"source": cfg.source, "truth": cfg.truth, "splits": asdict(cfg.splits)}
+    out.append(Stage(first, ingest_settings, ["synth"] if cfg.synth is not None else [],
+                     lambda fresh: _ingest(cfg, progress)))
+    train_names = []
+    for preset in cfg.train:
+        name = f"train:{Path(preset).stem}"
+        train_names.append(name)
+        text = Path(preset).read_text()
+        out.append(Stage(name, {"preset": preset, "preset_text": text, "args": list(cfg.train_args)}, [first],
+                         lambda fresh, p=preset: _train(cfg, p, progress, fresh)))  # type: ignore[misc]
+    if cfg.evaluate:
+        def run_eval(fresh: bool) -> list[str]:
+            ckpts = [manifest.stages[n]["outputs"][0] for n in train_names]
+            return _evaluate(cfg, ckpts)
+
+        out.append(Stage("evaluate", {"split": cfg.split, "bootstrap": cfg.bootstrap}, [first, *train_names],
+                         run_eval))
+    return out
+
+
+def run(cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = True, dry_run: bool = False
+        ) -> dict[str, Any]:
+    """Run (or, with ``dry_run``, list) the stages; returns the summary also written to summary.json."""
+    cfg.root.mkdir(parents=True, exist_ok=True)
+    handler = _log_file(cfg.root)
+    manifest = Manifest(cfg.root / "manifest.json")
+    plan = stages(cfg, manifest, progress)
+    unknown = sorted(set(force) - {s.name for s in plan} - {"all"})
+    if unknown:
+        msg = f"--force {unknown}: no such stage; stages are {[s.name for s in plan]}"
+        raise ConfigError(msg)
+    summary: dict[str, Any] = {"workdir": str(cfg.root), "stages": {}, "status": "ok"}
+    start = time.perf_counter()
+    try:
+        for stage in plan:
+            forced = stage.name in force or "all" in force
+            if forced:
+                manifest.forget(stage.name)
+            if manifest.is_done(stage):
+                log.info("stage %s: done before (hash %s), skipped", stage.name, manifest.stages[stage.name]["hash"])
+                summary["stages"][stage.name] = {"status": "skipped", **manifest.stages[stage.name]}
+                continue
+            if dry_run:
+                summary["stages"][stage.name] = {"status": "would run"}
+                continue
+            log.info("stage %s: running", stage.name)
+            t0 = time.perf_counter()
+            try:
+                outputs = stage.action(forced)
+            except BaseException:
+                summary["stages"][stage.name] = {"status": "failed", "seconds": round(time.perf_counter() - t0, 2)}
+                summary["status"] = "failed"
+                raise
+            manifest.record(stage, outputs, time.perf_counter() - t0)
+            summary["stages"][stage.name] = {"status": "ran", **manifest.stages[stage.name]}
+            log.info("stage %s: finished in %.1f s", stage.name, time.perf_counter() - t0)
+    finally:
+        summary["seconds"] = round(time.perf_counter() - start, 2)
+        if "evaluate" in manifest.stages:
+            summary["report"] = manifest.stages["evaluate"]["outputs"][-1]
+        if not dry_run:
+            io.write_json(cfg.root / "summary.json", summary)
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    return summary
+
+
+def _log_file(root: Path) -> logging.Handler:
+    (root / "logs").mkdir(exist_ok=True)
+    handler = logging.FileHandler(root / "logs" / "pipeline.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    logging.getLogger().addHandler(handler)
+    return handler

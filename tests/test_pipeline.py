@@ -1,0 +1,76 @@
+"""`postcast run`: stages, manifest, skipping, --force, and a killed run that resumes."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pipeline_yaml(tmp: Path, presets: list[str], train_args: list[str]) -> Path:
+    cfg = {"kind": "pipeline", "workdir": str(tmp / "work"), "workers": 1, "processes": False,
+           "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [500, 850]},
+           "train": [str(ROOT / "configs/train" / f"{p}.yaml") for p in presets],
+           "train_args": ["--data.cfg.batch_size", "2", *train_args], "bootstrap": 50}
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def statuses(work: Path) -> dict[str, str]:
+    return {k: v["status"] for k, v in json.loads((work / "summary.json").read_text())["stages"].items()}
+
+
+def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
+    cfg = pipeline_yaml(tmp_path, ["emos_t850"], ["--trainer.max_epochs", "2"])
+    out = cli("run", str(cfg), check=True)
+    work = tmp_path / "work"
+    assert set(statuses(work).values()) == {"ran"} and "report:" in out.stdout
+    res = json.loads((work / "report/metrics.json").read_text())
+    assert {"raw", "oracle", "emos_t850"} <= set(res["targets"]["t850"]["forecasts"])
+    assert (work / "logs/pipeline.log").read_text().count("stage evaluate: finished") == 1
+    cli("run", str(cfg), check=True)
+    assert set(statuses(work).values()) == {"skipped"}
+    cli("run", str(cfg), "--force", "train:emos_t850", check=True)
+    assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran", "evaluate": "ran"}
+    bad = cli("run", str(cfg), "--force", "train:nope")
+    assert bad.returncode == 2 and "no such stage" in bad.stderr
+
+
+def test_killed_run_resumes_training(tmp_path):
+    cfg = pipeline_yaml(tmp_path, ["mlp_t850"], ["--trainer.max_epochs", "40"])
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "postcast", "--no-progress", "run", str(cfg)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not list(work.glob("runs/mlp_t850/lightning_logs/version_*/checkpoints/last.ckpt")):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before training checkpointed"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    manifest = json.loads((work / "manifest.json").read_text())["stages"]
+    assert "ingest" in manifest and "train:mlp_t850" not in manifest
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert statuses(work)["ingest"] == "skipped" and statuses(work)["train:mlp_t850"] == "ran"
+    assert "resuming from" in (work / "logs/pipeline.log").read_text()
+    last = max(work.glob("runs/mlp_t850/lightning_logs/version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
+    assert torch.load(last, weights_only=False)["epoch"] == 39  # finished the planned epochs, not restarted
+    assert (work / "report/report.html").exists()
+
+
+def test_bad_pipeline_configs(cli, tmp_path):
+    both = tmp_path / "both.yaml"
+    both.write_text("kind: pipeline\nsynth: {seed: 1}\nsource: /data/ens10\n")
+    proc = cli("run", str(both))
+    assert proc.returncode == 2 and "exactly one of" in proc.stderr
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("kind: pipeline\nsynth: {seed: 1}\ntrain: [configs/train/nope.yaml]\n")
+    proc = cli("config", "validate", str(missing))
+    assert proc.returncode == 2 and "not found" in proc.stderr
