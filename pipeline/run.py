@@ -100,7 +100,9 @@ class Manifest:
 
     def is_done(self, stage: Stage) -> bool:
         rec = self.stages.get(stage.name)
-        return bool(rec) and rec["hash"] == self.stage_hash(stage) and all(Path(o).exists() for o in rec["outputs"])
+        if not rec:
+            return False
+        return rec["hash"] == self.stage_hash(stage) and all(Path(o).exists() for o in rec["outputs"])
 
     def record(self, stage: Stage, outputs: list[str], seconds: float) -> None:
         self.stages[stage.name] = {"hash": "", "outputs": outputs, "seconds": round(seconds, 2),
@@ -150,8 +152,8 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
         log.info("%s: resuming from %s", preset, lasts[-1])
         args += ["--ckpt_path", str(lasts[-1])]
     cli = lightning(args)
-    best = cli.trainer.checkpoint_callback.best_model_path if cli.trainer.checkpoint_callback else ""  # type: ignore[attr-defined]
-    best = best or _best_checkpoint(root)
+    callback = cli.trainer.checkpoint_callback  # the first ModelCheckpoint: val_crps (see postcast.train)
+    best = (callback.best_model_path if callback is not None else "") or _best_checkpoint(root)
     if not best:
         msg = f"{preset}: training finished without a checkpoint under {root}"
         raise PostcastError(msg)

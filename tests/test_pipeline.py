@@ -60,7 +60,8 @@ def test_killed_run_resumes_training(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert statuses(work)["ingest"] == "skipped" and statuses(work)["train:mlp_t850"] == "ran"
     assert "resuming from" in (work / "logs/pipeline.log").read_text()
-    last = max(work.glob("runs/mlp_t850/lightning_logs/version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
+    last = max(work.glob("runs/mlp_t850/lightning_logs/version_*/checkpoints/last*.ckpt"),
+               key=lambda p: p.stat().st_mtime)
     assert torch.load(last, weights_only=False)["epoch"] == 39  # finished the planned epochs, not restarted
     assert (work / "report/report.html").exists()
 
