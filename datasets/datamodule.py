@@ -100,35 +100,32 @@ def _open(store: str) -> tuple[xr.Dataset, xr.Dataset | None]:
     return ds, stats
 
 
-class StoreDataset(Dataset[dict[str, torch.Tensor]]):
-    """Samples of one split; see the module docstring for the fields and shapes."""
+class SampleMaker:
+    """Turns one init date of canonical data (``day``: member fields, ``ens_mean_*``/``ens_std_*``,
+    optionally truth and oracle; a store row or freshly read raw forecasts) into a sample."""
 
-    def __init__(self, cfg: DataConfig, split: str,
-                 normalisation: tuple[np.ndarray, np.ndarray] | None = None):
-        """``normalisation``: (mean, std), each (2 * n_variables, H, W), e.g. from a checkpoint;
-        default: the store's own training statistics."""
-        self.cfg, self.split = cfg, split
-        ds, stats = _open(cfg.store)
-        truth = ds[schema.truth_name(cfg.target)].sel({schema.STEP: pd.Timedelta(hours=cfg.step_h)})
-        has_truth = np.isfinite(truth.isel({schema.LAT: 0, schema.LON: 0}).values)
-        in_split = ds["split"].values == SPLIT_CODE[split]
-        self.indices = np.flatnonzero(in_split & has_truth)
-        if self.indices.size == 0:
-            msg = f"{cfg.store}: no init date with truth in split {split!r} for {cfg.target}"
-            raise ValueError(msg)
-        self.lat = ds[schema.LAT].values
-        self.lon = ds[schema.LON].values
+    cfg: DataConfig
+    lat: np.ndarray
+    lon: np.ndarray
+    level: int | None
+    has_oracle: bool
+    _norm: dict[str, tuple[np.ndarray, np.ndarray]]
+    _static: np.ndarray
+
+    def setup_maker(self, cfg: DataConfig, lat: np.ndarray, lon: np.ndarray) -> None:
+        self.cfg, self.lat, self.lon = cfg, lat, lon
         self.level = schema.TARGETS[cfg.target].level
-        self.has_oracle = f"oracle_mean_{cfg.target}" in ds
-        if normalisation is not None:
-            self._norm = self._given(*normalisation)
-        elif stats is not None:
-            self._norm = self._normalisers(stats)
-        else:
-            msg = f"{cfg.store} has no statistics group: pass the normalisation (e.g. from a checkpoint)"
-            raise ValueError(msg)
-        self._cache: dict[int, dict[str, torch.Tensor]] = {}
-        self._static = self._location() if cfg.location_features else np.zeros((0, *self.lat.shape, *self.lon.shape))
+        self.has_oracle = False
+        self._static = self._location() if cfg.location_features else np.zeros((0, lat.size, lon.size), np.float32)
+
+    @classmethod
+    def from_normalisation(cls, cfg: DataConfig, lat: np.ndarray, lon: np.ndarray,
+                           normalisation: tuple[np.ndarray, np.ndarray]) -> SampleMaker:
+        """A sample maker for new data, normalised with given statistics (e.g. a checkpoint's)."""
+        maker = cls()
+        maker.setup_maker(cfg, lat, lon)
+        maker._norm = maker._given(*normalisation)
+        return maker
 
     def _sel(self, da: xr.DataArray, level: int | None = None) -> xr.DataArray:
         """The target lead and level (``level``, else the target's, else the first) of ``da``."""
@@ -141,17 +138,6 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
                 raise ValueError(msg)
             sel[schema.LEVEL] = lv if lv is not None else levels[0]
         return da.sel(sel)
-
-    def _normalisers(self, stats: xr.Dataset) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        out = {}
-        for spec in self.cfg.input_variables:
-            v, level = parse_variable(spec)
-            for kind in ("ens_mean", "ens_std"):
-                mean = self._sel(stats[f"{kind}_{v}_point_mean"], level).values.astype(np.float32)
-                std = self._sel(stats[f"{kind}_{v}_point_std"], level).values.astype(np.float32)
-                floor = max(float(np.nanmean(std)) * 1e-3, 1e-12)  # constant points: no division by 0
-                out[f"{kind}_{spec}"] = (np.nan_to_num(mean), np.maximum(np.nan_to_num(std), floor))
-        return out
 
     def _channel_keys(self) -> list[str]:
         return [f"{k}_{v}" for v in self.cfg.input_variables for k in ("ens_mean", "ens_std")]
@@ -175,20 +161,8 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         lon = np.deg2rad(self.lon)[None, :] * np.ones((self.lat.size, 1))
         return np.stack([np.sin(lat), np.cos(lat) * np.sin(lon), np.cos(lat) * np.cos(lon)]).astype(np.float32)
 
-    def __len__(self) -> int:
-        return int(self.indices.size)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        if self.cfg.cache:
-            if i not in self._cache:
-                self._cache[i] = self._read(i)
-            return self._cache[i]
-        return self._read(i)
-
-    def _read(self, i: int) -> dict[str, torch.Tensor]:
-        ds, _ = _open(self.cfg.store)
-        t = int(self.indices[i])
-        day = ds.isel({schema.INIT_TIME: t})
+    def sample(self, day: xr.Dataset) -> dict[str, torch.Tensor]:
+        """The sample of one init date (see the module docstring); ``y`` is NaN without truth."""
         chans, members = [], []
         for spec in self.cfg.input_variables:
             v, level = parse_variable(spec)
@@ -208,9 +182,11 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
                                    np.full(self.lat.shape + self.lon.shape, np.cos(ang), np.float32)]))
         tg = schema.TARGETS[self.cfg.target]
         target_da = self._sel(day[f"ens_mean_{tg.variable}"]), self._sel(day[f"ens_std_{tg.variable}"])
+        truth = schema.truth_name(self.cfg.target)
+        y = self._sel(day[truth]).values if truth in day else np.full(target_da[0].shape, np.nan)
         out = {
             "x": torch.from_numpy(np.concatenate(parts).astype(np.float32)),  # (C, H, W)
-            "y": torch.from_numpy(self._sel(day[schema.truth_name(self.cfg.target)]).values.astype(np.float32)),
+            "y": torch.from_numpy(y.astype(np.float32)),
             "m": torch.from_numpy(target_da[0].values.astype(np.float32)),  # (H, W) raw units
             "s": torch.from_numpy(target_da[1].values.astype(np.float32)),
         }
@@ -221,6 +197,59 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
                 out[f"oracle_{k}"] = torch.from_numpy(
                     self._sel(day[f"oracle_{k}_{self.cfg.target}"]).values.astype(np.float32))
         return out
+
+
+class StoreDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
+    """Samples of one split of a store; see the module docstring for the fields and shapes."""
+
+    def __init__(self, cfg: DataConfig, split: str,
+                 normalisation: tuple[np.ndarray, np.ndarray] | None = None):
+        """``normalisation``: (mean, std), each (2 * n_variables, H, W), e.g. from a checkpoint;
+        default: the store's own training statistics."""
+        self.cfg, self.split = cfg, split
+        ds, stats = _open(cfg.store)
+        truth = ds[schema.truth_name(cfg.target)].sel({schema.STEP: pd.Timedelta(hours=cfg.step_h)})
+        has_truth = np.isfinite(truth.isel({schema.LAT: 0, schema.LON: 0}).values)
+        in_split = ds["split"].values == SPLIT_CODE[split]
+        self.indices = np.flatnonzero(in_split & has_truth)
+        if self.indices.size == 0:
+            msg = f"{cfg.store}: no init date with truth in split {split!r} for {cfg.target}"
+            raise ValueError(msg)
+        self.setup_maker(cfg, ds[schema.LAT].values, ds[schema.LON].values)
+        self.has_oracle = f"oracle_mean_{cfg.target}" in ds
+        if normalisation is not None:
+            self._norm = self._given(*normalisation)
+        elif stats is not None:
+            self._norm = self._normalisers(stats)
+        else:
+            msg = f"{cfg.store} has no statistics group: pass the normalisation (e.g. from a checkpoint)"
+            raise ValueError(msg)
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
+
+    def _normalisers(self, stats: xr.Dataset) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        out = {}
+        for spec in self.cfg.input_variables:
+            v, level = parse_variable(spec)
+            for kind in ("ens_mean", "ens_std"):
+                mean = self._sel(stats[f"{kind}_{v}_point_mean"], level).values.astype(np.float32)
+                std = self._sel(stats[f"{kind}_{v}_point_std"], level).values.astype(np.float32)
+                floor = max(float(np.nanmean(std)) * 1e-3, 1e-12)  # constant points: no division by 0
+                out[f"{kind}_{spec}"] = (np.nan_to_num(mean), np.maximum(np.nan_to_num(std), floor))
+        return out
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if self.cfg.cache:
+            if i not in self._cache:
+                self._cache[i] = self._read(i)
+            return self._cache[i]
+        return self._read(i)
+
+    def _read(self, i: int) -> dict[str, torch.Tensor]:
+        ds, _ = _open(self.cfg.store)
+        return self.sample(ds.isel({schema.INIT_TIME: int(self.indices[i])}))
 
 
 class StoreDataModule(L.LightningDataModule):
