@@ -306,9 +306,66 @@ def _run_run(a: argparse.Namespace) -> int:
     return 0
 
 
+# --- forecast ------------------------------------------------------------------------------------
+def _float_tuple(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as err:
+        msg = f"expected comma-separated numbers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from err
+
+
+def _add_forecast(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "forecast", help="apply a checkpoint to new raw ensembles; write CF-compliant calibrated forecasts",
+        description="Read the raw ensemble (GRIB, netCDF or zarr) for one init time or a range, apply a trained "
+                    "post-processor and write, per init time, OUT/<product>/<target>/<target>_<YYYYmmddTHH>.nc "
+                    "with mean, std, quantiles and exceedance probabilities (CF-1.8 metadata, provenance). "
+                    "product is 'postprocessed', or 'fallback_raw' (the raw-ensemble Gaussian, flagged) when the "
+                    "model's inputs are missing. Existing outputs are kept: reruns are idempotent.",
+        epilog="examples:\n  postcast forecast --checkpoint runs/unet_t850/.../best.ckpt --input /data/ens/20170102 "
+               "--init-time 2017-01-02 --out /data/forecasts\n"
+               "  postcast forecast --checkpoint C --input data/synth --init-time 2017-01-01 --end 2017-12-31 "
+               "--thresholds 273.15 --format netcdf,zarr --out forecasts",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="checkpoint from `postcast train fit`")
+    p.add_argument("--input", required=True, help="raw forecasts: ENS-10 GRIB directory, netCDF or zarr")
+    p.add_argument("--init-time", required=True, help="first init time, e.g. 2017-01-02 or 2017-01-02T00")
+    p.add_argument("--end", help="last init time (inclusive); default: only --init-time")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--quantiles", type=_float_tuple, help="comma-separated probability levels (default 0.05..0.95)")
+    p.add_argument("--thresholds", type=_float_tuple, default=(), help="exceedance thresholds in the target's units")
+    p.add_argument("--format", type=_str_tuple, default=("netcdf",), help="netcdf and/or zarr (default netcdf)")
+    p.add_argument("--overwrite", action="store_true", help="rewrite outputs that exist")
+    p.set_defaults(func=_run_forecast)
+
+
+def _run_forecast(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from postcast.datasets.errors import BadInputError, MissingInputError
+    from postcast.pipeline.forecast import DEFAULT_QUANTILES, ForecastConfig, forecast
+
+    if not Path(a.checkpoint).exists():
+        msg = f"checkpoint {a.checkpoint}: no such file"
+        raise MissingInputError(msg)
+    cfg = ForecastConfig(checkpoint=a.checkpoint, input=a.input, out=a.out, init_time=a.init_time, end=a.end,
+                         quantiles=a.quantiles or DEFAULT_QUANTILES, thresholds=a.thresholds, formats=a.format,
+                         overwrite=a.overwrite)
+    try:
+        res = forecast(cfg)
+    except (ValueError, OSError) as err:
+        if isinstance(err, PostcastError):
+            raise
+        msg = f"{a.input}: {err}"
+        raise BadInputError(msg) from err
+    print(f"written {len(res.written)} ({len(res.fallback)} fallback), kept {len(res.skipped)} existing")
+    return 0
+
+
 # --- main ----------------------------------------------------------------------------------------
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate, _add_run]
+    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate, _add_run, _add_forecast]
 
 
 def build_parser() -> argparse.ArgumentParser:
