@@ -99,7 +99,7 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
     tg = schema.TARGETS[target]
     q = np.asarray(quantiles, dtype=np.float64)
     thr = np.asarray(thresholds, dtype=np.float64)
-    quant = mu[None] + sigma[None] * ndtri(q)[:, None, None]  # (Q, lat, lon)
+    quant = mu[None] + sigma[None] * ndtri(q)[:, None, None]  # (Q, lat, lon), target units
     exceed = 1.0 - ndtr((thr[:, None, None] - mu[None]) / sigma[None])  # (T, lat, lon)
     dims = ("forecast_reference_time", schema.LAT, schema.LON)
     std_name = STANDARD_NAMES[target]
@@ -107,17 +107,17 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
         {
             f"{target}_mean": (dims, mu[None].astype(np.float32),
                                {"standard_name": std_name, "long_name": f"{target} predictive mean",
-                                "units": tg.units, "cell_methods": "realization: mean"}),
+                                "units": tg.units}),
             f"{target}_std": (dims, sigma[None].astype(np.float32),
                               {"long_name": f"{target} predictive standard deviation", "units": tg.units}),
-            f"{target}_quantile": (("forecast_reference_time", "quantile", schema.LAT, schema.LON),
-                                   quant[None].astype(np.float32),
+            f"{target}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
+                                   quant[:, None].astype(np.float32),
                                    {"standard_name": std_name, "long_name": f"{target} predictive quantiles",
                                     "units": tg.units}),
             f"{target}_exceedance_probability": (
-                ("forecast_reference_time", "threshold", schema.LAT, schema.LON), exceed[None].astype(np.float32),
+                ("threshold", "forecast_reference_time", schema.LAT, schema.LON), exceed[:, None].astype(np.float32),
                 {"long_name": f"probability that {target} exceeds the threshold", "units": "1",
-                 "valid_min": 0.0, "valid_max": 1.0}),
+                 "valid_min": np.float32(0.0), "valid_max": np.float32(1.0)}),
         },
         coords={
             "forecast_reference_time": ("forecast_reference_time", [init.to_datetime64()],
@@ -142,6 +142,8 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
     else:
         for name in ds.data_vars:
             ds[name].attrs["coordinates"] = "time forecast_period"
+    for name in ds.coords:
+        ds[name].encoding["_FillValue"] = None  # CF 2.5.1: no fill values on coordinates
     for name in ("forecast_reference_time", "time"):
         ds[name].encoding.update(units="hours since 1970-01-01 00:00:00", calendar="proleptic_gregorian",
                                  dtype="float64")

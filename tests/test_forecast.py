@@ -1,0 +1,84 @@
+"""`postcast forecast`: calibrated CF outputs from raw forecasts, idempotent reruns, fallback, bad input."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from postcast.pipeline import evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(cli, store, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fc_runs")
+    cli("train", "fit", "-c", str(ROOT / "configs/train/mlp_t850.yaml"), "--data.cfg.store", str(store),
+        "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
+        "--trainer.max_epochs", "2", "--data.cfg.batch_size", "2", check=True)
+    return sorted(root.rglob("best*.ckpt"))[-1]
+
+
+def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, synth_zarr, store, tmp_path):
+    out = tmp_path / "fc"
+    args = ["forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2016-01-01",
+            "--end", "2017-12-31", "--thresholds", "270,280", "--format", "netcdf,zarr", "--out", str(out)]
+    proc = cli(*args, check=True)
+    files = sorted((out / "postprocessed/t850").glob("*.nc"))
+    assert len(files) == 6 and "written 12 (0 fallback)" in proc.stdout
+    ds = xr.open_mfdataset(files)
+    assert ds.sizes == {"forecast_reference_time": 6, "latitude": 19, "longitude": 36, "quantile": 7, "threshold": 2}
+    assert ds.attrs["Conventions"] == "CF-1.8" and ds.attrs["product"] == "postprocessed"
+    assert len(ds.attrs["checkpoint_sha256"]) == 64 and ds["t850_mean"].attrs["units"] == "K"
+    assert ((ds["time"] - ds["forecast_reference_time"]).values == np.timedelta64(48, "h")).all()
+    q = ds["t850_quantile"].values
+    assert (np.diff(q, axis=0) > 0).all()  # quantiles increase with the level
+    p = ds["t850_exceedance_probability"].values
+    assert ((p >= 0) & (p <= 1)).all() and (p[1] <= p[0]).all()
+    # the same model through the evaluation path on the store gives the same mean and std
+    _, times, mu, sigma = evaluate.predict_checkpoint(str(checkpoint), str(store), "test")
+    np.testing.assert_allclose(ds["t850_mean"].sel(forecast_reference_time=times).values, mu, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(ds["t850_std"].sel(forecast_reference_time=times).values, sigma, rtol=1e-4, atol=1e-5)
+    z = xr.open_zarr(out / "postprocessed/t850" / files[0].name.replace(".nc", ".zarr"), consolidated=False)
+    np.testing.assert_array_equal(z["t850_mean"].values, xr.open_dataset(files[0])["t850_mean"].values)
+    checker = shutil.which("compliance-checker")
+    assert checker, "compliance-checker is not installed: run scripts/setup.sh"
+    cf = subprocess.run([checker, "--test", "cf:1.8", "--criteria", "normal", str(files[0])], capture_output=True,
+                        text=True, check=False)
+    assert cf.returncode == 0 and "All tests passed" in cf.stdout, cf.stdout[-2000:]
+    again = cli(*args, check=True)  # idempotent: nothing rewritten
+    assert "written 0 (0 fallback), kept 12 existing" in again.stdout
+
+
+def test_fallback_when_model_inputs_are_missing(cli, checkpoint, synth_zarr, tmp_path):
+    raw = xr.open_zarr(synth_zarr / "forecast.zarr", consolidated=False)  # ENS-10/cfgrib names: time = init
+    only_t = raw[["t"]].isel(time=[-2, -1])  # the target variable only: the model's other inputs are missing
+    src = tmp_path / "raw_t_only.zarr"
+    only_t.to_zarr(src, zarr_format=3, consolidated=False)
+    out = tmp_path / "fc"
+    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(src), "--init-time", "2016-01-01",
+               "--end", "2017-12-31", "--out", str(out), check=True)
+    files = sorted((out / "fallback_raw/t850").glob("*.nc"))
+    assert len(files) == 2 and "(2 fallback)" in proc.stdout
+    ds = xr.open_dataset(files[0])
+    assert ds.attrs["postcast_fallback"] == 1 and "missing" in ds.attrs["comment"]
+    raw_mean = only_t["t"].isel(time=0).sel(step=np.timedelta64(48, "h"), isobaricInhPa=850).mean("number").sortby("latitude")
+    np.testing.assert_allclose(ds["t850_mean"].values[0], raw_mean.values, rtol=1e-6)  # the raw ensemble mean
+
+
+def test_bad_input_gives_clean_errors(cli, checkpoint, tmp_path):
+    corrupt = tmp_path / "raw"
+    corrupt.mkdir()
+    (corrupt / "output.pl.20180102").write_bytes(b"GRIB" + b"\0" * 100)
+    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(corrupt), "--init-time", "2017-01-02",
+               "--out", str(tmp_path / "o"))
+    assert proc.returncode in (65, 66) and "Traceback" not in proc.stderr
+    proc = cli("forecast", "--checkpoint", str(tmp_path / "nope.ckpt"), "--input", str(corrupt), "--init-time",
+               "2017-01-02", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 66 and "no such file" in proc.stderr
+    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(corrupt), "--init-time", "tomorrow-ish",
+               "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2
