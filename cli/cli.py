@@ -363,9 +363,46 @@ def _run_forecast(a: argparse.Namespace) -> int:
     return 0
 
 
+# --- serve ---------------------------------------------------------------------------------------
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="HTTP service (FastAPI + uvicorn) over the outputs of `postcast forecast`",
+        description="Serve point and bounding-box queries (mean, std, quantiles, exceedance probabilities), a "
+                    "listing, /health, /metrics (Prometheus), OpenAPI docs at /docs and a map page at /. "
+                    "With --token (or POSTCAST_TOKEN) the forecast endpoints need 'Authorization: Bearer TOKEN'.",
+        epilog="examples:\n  postcast serve forecasts/ --port 8000\n"
+               "  curl 'http://127.0.0.1:8000/forecast/point?target=t850&lat=47.5&lon=8.5'",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("forecasts", help="directory written by `postcast forecast`")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token", help="bearer token (default: $POSTCAST_TOKEN; none: no auth)")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(a: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    import uvicorn
+
+    from postcast.datasets.errors import MissingInputError
+
+    if not Path(a.forecasts).is_dir():
+        msg = f"{a.forecasts}: not a directory of forecasts (write one with `postcast forecast`)"
+        raise MissingInputError(msg)
+    os.environ["POSTCAST_FORECASTS"] = str(a.forecasts)
+    if a.token:
+        os.environ["POSTCAST_TOKEN"] = a.token
+    uvicorn.run("postcast.serve.app:app_from_env", factory=True, host=a.host, port=a.port, workers=a.workers,
+                log_level="warning", access_log=False)
+    return 0
+
+
 # --- main ----------------------------------------------------------------------------------------
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate, _add_run, _add_forecast]
+    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate, _add_run, _add_forecast, _add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

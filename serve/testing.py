@@ -1,0 +1,82 @@
+"""Helpers to run the real service in a subprocess and to write a small forecast directory
+(used by the tests and ``benchmarks/serve_load.py``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from postcast.datasets import io, schema
+from postcast.pipeline.forecast import DEFAULT_QUANTILES, POSTPROCESSED, output_path, products
+
+
+def write_forecasts(out: Path, target: str = "t850", n: int = 3, resolution: float = 5.0, seed: int = 0) -> list[Path]:
+    """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does."""
+    grid = schema.Grid(resolution)
+    lat, lon = grid.latitudes(), grid.longitudes()
+    rng = np.random.default_rng(seed)
+    paths = []
+    for k in range(n):
+        init = pd.Timestamp("2017-01-02") + pd.Timedelta(days=k)
+        mu = 280.0 - 30.0 * np.abs(np.sin(np.deg2rad(lat)))[:, None] + rng.normal(0, 1, grid.shape)
+        sigma = 1.0 + rng.random(grid.shape)
+        ds = products(mu, sigma, target=target, init=init, step_h=schema.TARGET_STEP_H, lat=lat, lon=lon,
+                      quantiles=DEFAULT_QUANTILES, thresholds=(273.15,), attrs={"product": POSTPROCESSED})
+        path = output_path(out, POSTPROCESSED, target, init, "nc")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        io.write_netcdf(ds, path)
+        paths.append(path)
+    return paths
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_server(forecasts: Path, *, token: str | None = None, workers: int = 1,
+                   timeout: float = 60.0) -> Iterator[str]:
+    """Start ``postcast serve`` on a free loopback port; yield its base URL; stop it afterwards."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", str(port), "--workers", str(workers)]
+    if token:
+        cmd += ["--token", token]
+    env = {k: v for k, v in os.environ.items() if k != "POSTCAST_TOKEN"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while True:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                msg = f"postcast serve exited with {proc.returncode}: {err[-2000:]}"
+                raise RuntimeError(msg)
+            try:
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline:
+                msg = "postcast serve did not answer /health in time"
+                raise TimeoutError(msg)
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,79 @@
+"""The forecast service over real HTTP on loopback: queries, bad requests, auth, metrics, map."""
+
+import httpx
+import numpy as np
+import pytest
+import xarray as xr
+
+from postcast.serve.testing import running_server, write_forecasts
+
+
+@pytest.fixture(scope="module")
+def forecasts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("forecasts")
+    write_forecasts(out, n=3)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(forecasts):
+    with running_server(forecasts) as url:
+        yield url
+
+
+def test_point_query_returns_the_stored_values(server, forecasts):
+    r = httpx.get(f"{server}/forecast/point", params={"target": "t850", "lat": 47.4, "lon": 8.6,
+                                                       "time": "2017-01-05T00:00", "threshold": 280})
+    assert r.status_code == 200
+    body = r.json()
+    ds = xr.open_dataset(next(forecasts.rglob("t850_20170103T00.nc"))).isel(forecast_reference_time=0)
+    point = ds.sel(latitude=45.0, longitude=10.0)
+    assert body["init_time"] == "2017-01-03T00:00:00" and (body["latitude"], body["longitude"]) == (45.0, 10.0)
+    assert body["mean"] == pytest.approx(float(point["t850_mean"])) and body["units"] == "K"
+    assert body["quantiles"]["0.5"] == pytest.approx(body["mean"], rel=1e-6)
+    assert body["exceedance"]["273.15"] == pytest.approx(float(point["t850_exceedance_probability"][0]))
+    from scipy.stats import norm
+    assert body["exceedance"]["280"] == pytest.approx(norm.sf(280, body["mean"], body["std"]), rel=1e-5)
+    latest = httpx.get(f"{server}/forecast/point", params={"target": "t850", "lat": 0, "lon": -170}).json()
+    assert latest["init_time"] == "2017-01-04T00:00:00" and latest["longitude"] == 190.0
+
+
+def test_bbox_listing_health_metrics_and_map(server):
+    r = httpx.get(f"{server}/forecast/bbox", params={"target": "t850", "lat_min": 40, "lat_max": 50,
+                                                      "lon_min": -10, "lon_max": 10})
+    body = r.json()
+    assert r.status_code == 200 and body["latitude"] == [40.0, 45.0, 50.0]
+    assert body["longitude"] == [0.0, 5.0, 10.0, 350.0, 355.0] and np.asarray(body["mean"]).shape == (3, 5)
+    listing = httpx.get(f"{server}/forecasts").json()
+    assert [f["init_time"][:10] for f in listing] == ["2017-01-02", "2017-01-03", "2017-01-04"]
+    assert httpx.get(f"{server}/health").json()["forecasts"] == 3
+    png = httpx.get(f"{server}/map.png", params={"target": "t850"})
+    assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
+    assert "<img" in httpx.get(f"{server}/").text
+    assert "/forecast/point" in httpx.get(f"{server}/openapi.json").json()["paths"]
+    metrics = httpx.get(f"{server}/metrics").text
+    assert 'postcast_requests_total{path="/forecast/bbox"}' in metrics and "postcast_forecasts 3" in metrics
+
+
+@pytest.mark.parametrize(("params", "status"), [
+    ({"target": "q700", "lat": 0, "lon": 0}, 422),  # unknown target
+    ({"target": "t850", "lat": 95, "lon": 0}, 422),  # latitude out of range
+    ({"target": "t850", "lon": 0}, 422),  # missing latitude
+    ({"target": "t850", "lat": 0, "lon": 0, "time": "yesterday-ish"}, 422),
+    ({"target": "t850", "lat": 0, "lon": 0, "time": "2030-01-01"}, 404),  # no such forecast
+    ({"target": "z500", "lat": 0, "lon": 0}, 404),  # no forecast for that target
+])
+def test_bad_requests_get_4xx(server, params, status):
+    r = httpx.get(f"{server}/forecast/point", params=params)
+    assert r.status_code == status and "detail" in r.json()
+
+
+def test_bearer_token(forecasts):
+    with running_server(forecasts, token="s3cret") as url:
+        q = {"target": "t850", "lat": 0, "lon": 0}
+        assert httpx.get(f"{url}/forecast/point", params=q).status_code == 401
+        bad = httpx.get(f"{url}/forecast/point", params=q, headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401
+        ok = httpx.get(f"{url}/forecast/point", params=q, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["target"] == "t850"
+        assert httpx.get(f"{url}/health").status_code == 200  # health stays open for probes
