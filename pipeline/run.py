@@ -1,7 +1,9 @@
 """The staged pipeline behind ``postcast run configs/quickstart.yaml``.
 
 Stages, in data order: ``synth`` (or raw forecasts given as ``source``) -> ``ingest`` (store and
-training statistics) -> ``train:<preset>`` per training preset -> ``evaluate`` (metrics + report).
+training statistics) -> ``train:<preset>`` per training preset -> ``evaluate`` (metrics + report)
+-> ``forecast`` (CF files for ``forecast_from``..``forecast_to``, optional). Compression joins
+with its issue.
 Each stage calls the same library function as its CLI verb.
 
 Bookkeeping lives in ``WORKDIR/manifest.json``: per stage the hash of its config and of its inputs
@@ -49,6 +51,8 @@ class PipelineConfig:
     evaluate: bool = True
     split: str = "test"  # evaluation split
     bootstrap: int = 1000
+    forecast_from: str | None = None  # batch forecast of every trained model for these init times
+    forecast_to: str | None = None  # (inclusive; default: forecast_from) -> WORKDIR/forecasts
 
     def __post_init__(self) -> None:
         if (self.synth is None) == (self.source is None):
@@ -170,6 +174,19 @@ def _evaluate(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
     return [str(out / "metrics.json"), str(out / "report.html")]
 
 
+def _forecast(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
+    from postcast.pipeline.forecast import ForecastConfig, forecast
+
+    assert cfg.forecast_from is not None
+    source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
+    written: list[str] = []
+    for ckpt in checkpoints:
+        res = forecast(ForecastConfig(checkpoint=ckpt, input=source, out=str(cfg.root / "forecasts"),
+                                      init_time=cfg.forecast_from, end=cfg.forecast_to, overwrite=True))
+        written += res.written
+    return written
+
+
 def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stage]:
     """The stages of a run, in order (evaluate reads the checkpoints the train stages recorded)."""
     out: list[Stage] = []
@@ -193,6 +210,11 @@ def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stag
 
         out.append(Stage("evaluate", {"split": cfg.split, "bootstrap": cfg.bootstrap}, [first, *train_names],
                          run_eval))
+    if cfg.forecast_from is not None and train_names:
+        def run_forecast(fresh: bool) -> list[str]:
+            return _forecast(cfg, [manifest.stages[n]["outputs"][0] for n in train_names])
+
+        out.append(Stage("forecast", {"from": cfg.forecast_from, "to": cfg.forecast_to}, train_names, run_forecast))
     return out
 
 

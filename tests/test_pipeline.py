@@ -17,7 +17,8 @@ def pipeline_yaml(tmp: Path, presets: list[str], train_args: list[str]) -> Path:
     cfg = {"kind": "pipeline", "workdir": str(tmp / "work"), "workers": 1, "processes": False,
            "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [500, 850]},
            "train": [str(ROOT / "configs/train" / f"{p}.yaml") for p in presets],
-           "train_args": ["--data.cfg.batch_size", "2", *train_args], "bootstrap": 50}
+           "train_args": ["--data.cfg.batch_size", "2", *train_args], "bootstrap": 50,
+           "forecast_from": "2017-06-01", "forecast_to": "2017-12-31"}
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -35,10 +36,12 @@ def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
     res = json.loads((work / "report/metrics.json").read_text())
     assert {"raw", "oracle", "emos_t850"} <= set(res["targets"]["t850"]["forecasts"])
     assert (work / "logs/pipeline.log").read_text().count("stage evaluate: finished") == 1
+    assert len(list((work / "forecasts/postprocessed/t850").glob("*.nc"))) == 2  # 2017's last 2 tiny dates
     cli("run", str(cfg), check=True)
     assert set(statuses(work).values()) == {"skipped"}
     cli("run", str(cfg), "--force", "train:emos_t850", check=True)
-    assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran", "evaluate": "ran"}
+    assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran", "evaluate": "ran",
+                              "forecast": "ran"}
     bad = cli("run", str(cfg), "--force", "train:nope")
     assert bad.returncode == 2 and "no such stage" in bad.stderr
 
