@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -46,6 +47,7 @@ def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
     assert bad.returncode == 2 and "no such stage" in bad.stderr
 
 
+@pytest.mark.slow  # ~1 min; resuming from last.ckpt is also covered by test_evaluate's resume test
 def test_killed_run_resumes_training(tmp_path):
     cfg = pipeline_yaml(tmp_path, ["mlp_t850"], ["--trainer.max_epochs", "40"])
     work = tmp_path / "work"
