@@ -62,5 +62,8 @@ def run(args: Sequence[str]) -> PostcastCLI:
     """Run the Lightning CLI on ``args``; returns the CLI (``cli.trainer.checkpoint_callback
     .best_model_path`` after ``fit``). ``sys.argv`` is left alone: DDP's launcher re-runs it for the
     other ranks."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # by design, see above
     return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
                        parser_kwargs={"prog": "postcast train"}, args=list(args))
