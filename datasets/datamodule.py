@@ -21,6 +21,7 @@ opens the store itself).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +33,11 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader, Dataset
 
-from postcast.datasets import io, schema
+from postcast.datasets import io, prefetch, schema
 
 SPLIT_CODE = {"train": 0, "val": 1, "test": 2}
+LOADERS = ("auto", "plain", "clairvoyant", "fixed")
+PLAN_EPOCHS_MAX = 100  # the clairvoyant plan looks at most this many epochs ahead
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,30 @@ class DataConfig:
     num_workers: int = 0
     members: bool = False  # also yield the normalised raw members (Transformer, global EMOS)
     cache: bool = False  # keep decoded samples in memory (small stores: every epoch after the first is free)
+    # training loader: "clairvoyant" replays the seeded shuffle, caches samples in RAM (then disk) under
+    # the byte budgets and prefetches with threads (datasets/prefetch.py); "plain" is a DataLoader over
+    # the store; "fixed" serves the first batch every step (is training loader-bound?); "auto" is
+    # clairvoyant when num_workers == 0 (its threads replace worker processes, and the cache lives in
+    # this process), else plain. Validation and test always use the plain loader (read in order).
+    loader: str = "auto"
+    cache_bytes: int = 2 * 2**30  # RAM tier budget of the clairvoyant loader (bytes)
+    disk_cache_dir: str | None = None  # local-disk tier of the clairvoyant loader (e.g. node-local SSD)
+    disk_cache_bytes: int = 0  # its budget (bytes; needs disk_cache_dir)
+    prefetch_threads: int = 4  # clairvoyant loader's reader threads
 
     def __post_init__(self) -> None:
         if self.target not in schema.TARGETS:
             msg = f"target {self.target!r}: use one of {list(schema.TARGETS)}"
+            raise ValueError(msg)
+        if self.loader not in LOADERS:
+            msg = f"loader {self.loader!r}: use one of {list(LOADERS)}"
+            raise ValueError(msg)
+        if min(self.cache_bytes, self.disk_cache_bytes, self.prefetch_threads) < 0:
+            msg = (f"cache_bytes ({self.cache_bytes}), disk_cache_bytes ({self.disk_cache_bytes}) and "
+                   f"prefetch_threads ({self.prefetch_threads}) must be >= 0")
+            raise ValueError(msg)
+        if self.disk_cache_bytes and not self.disk_cache_dir:
+            msg = f"disk_cache_bytes={self.disk_cache_bytes} needs disk_cache_dir (a local directory)"
             raise ValueError(msg)
         if self.variables is not None:
             bad = [v for v in self.variables if parse_variable(v)[0] not in schema.VARIABLES]
@@ -203,10 +226,13 @@ class StoreDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
     """Samples of one split of a store; see the module docstring for the fields and shapes."""
 
     def __init__(self, cfg: DataConfig, split: str,
-                 normalisation: tuple[np.ndarray, np.ndarray] | None = None):
+                 normalisation: tuple[np.ndarray, np.ndarray] | None = None, *, source: Any = None):
         """``normalisation``: (mean, std), each (2 * n_variables, H, W), e.g. from a checkpoint;
-        default: the store's own training statistics."""
+        default: the store's own training statistics. ``source``: a zarr store (object) holding the
+        same data as ``cfg.store`` to read samples through, e.g. a wrapper that counts reads or adds
+        latency; default: ``cfg.store`` itself."""
         self.cfg, self.split = cfg, split
+        self._source = io.open_zarr(source) if source is not None else None
         ds, stats = _open(cfg.store)
         truth = ds[schema.truth_name(cfg.target)].sel({schema.STEP: pd.Timedelta(hours=cfg.step_h)})
         has_truth = np.isfinite(truth.isel({schema.LAT: 0, schema.LON: 0}).values)
@@ -240,6 +266,14 @@ class StoreDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return int(self.indices.size)
 
+    def sample_nbytes(self) -> int:
+        """Bytes of one sample (all fields are float32 of fixed shape)."""
+        h, w = self.lat.size, self.lon.size
+        planes = self.cfg.n_channels + 3 + 2 * self.has_oracle  # x (C, H, W); y, m, s; oracle mean/std
+        if self.cfg.members:
+            planes += _open(self.cfg.store)[0].sizes[schema.MEMBER] * len(self.cfg.input_variables)
+        return 4 * planes * h * w
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if self.cfg.cache:
             if i not in self._cache:
@@ -248,7 +282,7 @@ class StoreDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
         return self._read(i)
 
     def _read(self, i: int) -> dict[str, torch.Tensor]:
-        ds, _ = _open(self.cfg.store)
+        ds = self._source if self._source is not None else _open(self.cfg.store)[0]
         return self.sample(ds.isel({schema.INIT_TIME: int(self.indices[i])}))
 
 
@@ -258,6 +292,7 @@ class StoreDataModule(L.LightningDataModule):
     def __init__(self, cfg: DataConfig):
         super().__init__()
         self.cfg = cfg
+        self.clairvoyant: prefetch.ClairvoyantDataset | None = None  # the training loader's, when used
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -293,8 +328,47 @@ class StoreDataModule(L.LightningDataModule):
         return DataLoader(StoreDataset(self.cfg, split), batch_size=self.cfg.batch_size, shuffle=shuffle,
                           num_workers=self.cfg.num_workers, persistent_workers=self.cfg.num_workers > 0)
 
-    def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
-        return self._loader("train", True)
+    @property
+    def train_loader_kind(self) -> str:
+        """The training loader "auto" resolves to (see DataConfig.loader)."""
+        if self.cfg.loader != "auto":
+            return self.cfg.loader
+        return "clairvoyant" if self.cfg.num_workers == 0 else "plain"
+
+    def train_dataloader(self) -> Any:
+        kind = self.train_loader_kind
+        if kind == "fixed":
+            return prefetch.FixedBatchLoader(self._loader("train", True))
+        if kind == "plain":
+            return self._loader("train", True)
+        return self._clairvoyant_loader()
+
+    def _clairvoyant_loader(self) -> DataLoader[dict[str, torch.Tensor]]:
+        """The training split through the clairvoyant loader, planned for this rank and the epochs
+        the trainer will run; the stream is what Lightning's DistributedSampler would yield."""
+        trainer = self.trainer
+        rank, world, start, stop = 0, 1, 0, 1
+        if trainer is not None:
+            rank, world, start = trainer.global_rank, trainer.world_size, trainer.current_epoch
+            stop = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else start + PLAN_EPOCHS_MAX
+            callbacks: list[Any] = getattr(trainer, "callbacks", [])
+            if not any(isinstance(c, prefetch.PrefetchStats) for c in callbacks):
+                callbacks.append(prefetch.PrefetchStats())  # logs hit rates, stall time, bytes read
+        base = StoreDataset(dataclasses.replace(self.cfg, cache=False), "train")
+        spec = prefetch.StreamSpec(len(base), seed=prefetch.lightning_seed(), rank=rank, world=world)
+        disk_dir = f"{self.cfg.disk_cache_dir}/rank{rank}" if self.cfg.disk_cache_dir else None
+        if self.clairvoyant is not None:
+            self.clairvoyant.close()
+        loader = prefetch.clairvoyant_loader(
+            base, spec, batch_size=self.cfg.batch_size, sample_bytes=base.sample_nbytes(),
+            ram_bytes=self.cfg.cache_bytes, disk_bytes=self.cfg.disk_cache_bytes, disk_dir=disk_dir,
+            epochs=min(max(stop - start, 1), PLAN_EPOCHS_MAX), start_epoch=start, threads=self.cfg.prefetch_threads)
+        self.clairvoyant = loader.dataset
+        return loader
+
+    def teardown(self, stage: str) -> None:
+        if self.clairvoyant is not None:
+            self.clairvoyant.close()
 
     def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         return self._loader("val", False)
