@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from postcast.models import kernels
 from postcast.models.convnets import UNetTrunk
+from postcast.models.kernels.eager import TopKRouting, routing_correct
 from postcast.models.postprocessors import Batch
+
+__all__ = ["SMoE", "SMoEConfig", "SMoEHead", "TopKRouting", "UNetSMoE", "rc_labels", "routing_correct"]
 
 GATES = ("latent", "conv")
 
@@ -60,14 +63,6 @@ class SMoEConfig:
             raise ValueError(msg)
 
 
-def routing_correct(e: torch.Tensor, quantile: float, eps: float = 1e-12) -> torch.Tensor:
-    """Which selected outputs count as correctly routed: |e| <= per-sample quantile of |e|.
-    e: (B, k, H, W) gradient of the task loss w.r.t. the SMoE output -> bool (B, k, H, W)."""
-    mag = e.abs().flatten(1)
-    q = torch.quantile(mag.float(), quantile, dim=1).to(e.dtype)  # (B,)
-    return e.abs() <= q.view(-1, 1, 1, 1) + eps
-
-
 def rc_labels(idx: torch.Tensor, correct: torch.Tensor, experts: int) -> torch.Tensor:
     """RC-loss targets (B, E, H, W) from top-k indices and correctness, both (B, k, H, W):
     1 for correct selections, 0 for incorrect ones, and each unselected expert gets
@@ -79,37 +74,6 @@ def rc_labels(idx: torch.Tensor, correct: torch.Tensor, experts: int) -> torch.T
         wrong = (~correct).sum(dim=1, keepdim=True).float()  # (B, 1, H, W)
         labels += wrong / n_unselected
     return labels.scatter(1, idx, correct.float())
-
-
-class TopKRouting(torch.autograd.Function):
-    """y = top-k selection of expert values by routing weight, with the SMoE backward."""
-
-    @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool,
-                block_gate: bool, damping: float, quantile: float) -> torch.Tensor:
-        # values, weights: (B, E, H, W) -> y (B, k, H, W)
-        idx = weights.topk(k, dim=1).indices  # (B, k, H, W)
-        sel_v = values.gather(1, idx)
-        sel_w = weights.gather(1, idx)
-        ctx.save_for_backward(idx, sel_v, sel_w)
-        ctx.cfg = (values.shape[1], weighted, block_gate, damping, quantile)
-        ctx.mark_non_differentiable(idx)
-        return sel_v * sel_w if weighted else sel_v
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        e = grads[0]  # (B, k, H, W)
-        idx, sel_v, sel_w = ctx.saved_tensors
-        experts, weighted, block_gate, damping, quantile = ctx.cfg
-        shape = (e.shape[0], experts, *e.shape[2:])
-        g_v = e * sel_w if weighted else e
-        if damping != 1.0:
-            g_v = torch.where(routing_correct(e, quantile), g_v, g_v * damping)
-        grad_values = e.new_zeros(shape).scatter(1, idx, g_v)
-        grad_weights = None
-        if not block_gate:
-            grad_weights = e.new_zeros(shape).scatter(1, idx, e * sel_v if weighted else e)
-        return grad_values, grad_weights, None, None, None, None, None
 
 
 class SMoEHead(nn.Module):
@@ -151,7 +115,7 @@ class SMoEHead(nn.Module):
         weights = self.routing_weights(x)
         values = self.experts(x).view(b * self.outputs, self.cfg.experts, h, w)
         block = self.cfg.rc_loss and self.training
-        y = TopKRouting.apply(values, weights, self.k, self.cfg.weighted, block,
+        y = kernels.topk_route(values, weights, self.k, self.cfg.weighted, block,
                               self.cfg.damping if self.training else 1.0, self.cfg.quantile)
         self.last = {"y": y, "weights": weights, "idx": weights.topk(self.k, dim=1).indices}
         return y.view(b, self.outputs * self.k, h, w)  # (B, 2, H, W) for k = 1

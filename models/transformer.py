@@ -20,6 +20,7 @@ import math
 import torch
 from torch import nn
 
+from postcast.models import kernels
 from postcast.models.convnets import earth_pad
 from postcast.models.postprocessors import Batch, require_members, zero_init
 
@@ -70,8 +71,7 @@ class EnsembleTransformer(nn.Module):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         members = require_members(batch, "transformer")  # (B, M, V, H, W), normalised
         b, m = members.shape[:2]
-        std = members.std(dim=1, unbiased=False, keepdim=True)
-        z = (members - members.mean(dim=1, keepdim=True)) / std.clamp_min(1e-6)  # standardised perturbations
+        _, _, z = kernels.ensemble_standardise(members)  # standardised perturbations, one fused pass
         x = batch["x"].unsqueeze(1).expand(-1, m, -1, -1, -1)  # (B, M, C, H, W)
         h = self.embed(torch.cat([z, x], dim=2).flatten(0, 1))  # (B*M, width, H, W)
         h = h.view(b, m, *h.shape[1:])

@@ -21,7 +21,10 @@ import math
 from typing import Literal
 
 import numpy as np
+import torch
 from scipy import special
+
+from postcast.models import kernels
 
 Estimator = Literal["fair", "standard"]
 _INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
@@ -98,11 +101,12 @@ def _numba_kernel() -> object | None:
 
 
 def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Estimator = "fair",
-                  engine: Literal["auto", "numba", "numpy"] = "auto") -> np.ndarray:
+                  engine: Literal["auto", "numba", "numpy", "torch"] = "auto") -> np.ndarray:
     """Ensemble CRPS of members ``x`` (member axis ``axis``) at outcomes ``y`` (x's shape without
     that axis), float64, O(M log M) per point. ``estimator``: "fair" (default) or "standard".
-    ``engine``: "auto" uses a parallel numba kernel when numba is installed and M <= 24, else the
-    vectorised numpy kernel; "numba" / "numpy" force one."""
+    ``engine``: "auto" uses the fused kernel on a CUDA GPU (:func:`postcast.models.kernels.crps_ensemble`,
+    Triton), else a parallel numba kernel when numba is installed and M <= 24, else the vectorised
+    numpy kernel; "numba" / "numpy" / "torch" (the kernel dispatch, on the GPU when there is one) force one."""
     if estimator not in ("fair", "standard"):
         msg = f"estimator {estimator!r}: use 'fair' or 'standard'"
         raise ValueError(msg)
@@ -116,6 +120,11 @@ def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Es
         msg = "the fair CRPS needs at least 2 members"
         raise ValueError(msg)
     fair = estimator == "fair"
+    if engine == "torch" or (engine == "auto" and torch.cuda.is_available()):
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        xt = torch.as_tensor(np.ascontiguousarray(xm.reshape(-1, m), dtype=np.float64), device=dev)
+        yt = torch.as_tensor(np.ascontiguousarray(y.reshape(-1)), device=dev)
+        return kernels.crps_ensemble(xt, yt, fair).cpu().numpy().reshape(y.shape)
     kernel = _numba_kernel() if engine in ("auto", "numba") else None
     if engine == "numba" and kernel is None:
         msg = "engine='numba' needs numba installed (pip install numba), or use engine='numpy'"

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Triton kernels run on the CPU through the interpreter; the variable is read when a kernel is
+# decorated, so it is set before anything imports postcast.models.kernels.triton_impl.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 
 from postcast.datasets import rawforms

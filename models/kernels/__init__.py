@@ -1,0 +1,156 @@
+"""Fused kernels for the hot paths, behind one dispatch: Triton on CUDA devices, PyTorch elsewhere.
+
+=====================  ===========================================================  ==================
+kernel                 shapes                                                       used by
+=====================  ===========================================================  ==================
+ensemble_standardise   members (B, M, *F) -> mean, std (B, *F), z (B, M, *F)         Transformer
+crps_gaussian          mu, sigma, y (any, broadcast) -> CRPS (same), units of y      training loss
+crps_ensemble          members (N, M), outcomes (N,) -> CRPS (N,) fair or standard   evaluation
+topk_route             values, weights (B, E, H, W) -> (B, k, H, W), SMoE backward   SMoE layer
+fourier_layer          coords (N, D), B (D, F), W (H, 2F), b (H) -> GELU(...) (N, H)  neural fields
+=====================  ===========================================================  ==================
+
+Backend (``POSTCAST_KERNELS`` environment variable, :func:`set_backend` or :func:`use_backend`):
+
+- ``auto`` (default): Triton when every tensor is on a CUDA device and triton imports, else PyTorch;
+- ``triton``: always Triton (on CPU tensors this needs ``TRITON_INTERPRET=1``, for tests);
+- ``torch``: the eager PyTorch implementations in :mod:`postcast.models.kernels.eager`;
+- ``compile``: the same functions through ``torch.compile`` (fuses on CPU with a C++ compiler).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from postcast.models.kernels import eager
+
+BACKENDS = ("auto", "triton", "torch", "compile")
+_state = {"backend": os.environ.get("POSTCAST_KERNELS", "auto")}
+
+
+def _check(name: str) -> str:
+    if name not in BACKENDS:
+        msg = f"kernel backend {name!r}: use one of {BACKENDS} (POSTCAST_KERNELS or set_backend)"
+        raise ValueError(msg)
+    return name
+
+
+def set_backend(name: str) -> None:
+    """Choose the kernel backend for the whole process (see the module docstring)."""
+    _state["backend"] = _check(name)
+
+
+def get_backend() -> str:
+    return _check(_state["backend"])
+
+
+@contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Temporarily choose the kernel backend: ``with use_backend("torch"): ...``."""
+    old = _state["backend"]
+    _state["backend"] = _check(name)
+    try:
+        yield
+    finally:
+        _state["backend"] = old
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _triton() -> ModuleType:
+    from postcast.models.kernels import triton_impl  # triton is optional: imported on first use
+
+    return triton_impl
+
+
+@functools.cache
+def _compiled(name: str) -> Callable[..., Any]:
+    fn: Callable[..., Any] = torch.compile(getattr(eager, name), dynamic=True)
+    return fn
+
+
+def resolve(*tensors: torch.Tensor) -> str:
+    """The backend that will run for these tensors: "triton", "torch" or "compile"."""
+    name = get_backend()
+    on_gpu = all(t.is_cuda for t in tensors)
+    if name == "auto":
+        return "triton" if on_gpu and triton_available() else "torch"
+    if name == "triton":
+        if not triton_available():
+            msg = "POSTCAST_KERNELS=triton but triton is not installed: pip install triton, or use 'torch'"
+            raise RuntimeError(msg)
+        if not on_gpu and not interpreting():
+            msg = "the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 to run on the CPU (slow, for tests)"
+            raise RuntimeError(msg)
+    return name
+
+
+def _impl(name: str, *tensors: torch.Tensor) -> Callable[..., Any]:
+    backend = resolve(*tensors)
+    if backend == "triton":
+        fn: Callable[..., Any] = getattr(_triton(), name)
+        return fn
+    if backend == "compile":
+        return _compiled(name)
+    fn = getattr(eager, name)
+    return fn
+
+
+def ensemble_standardise(members: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ensemble mean, population std and standardised members z = (x - mean) / max(std, eps) in one
+    pass over the members: members (B, M, *F) -> (B, *F), (B, *F), (B, M, *F). Inputs are data (no
+    gradient flows through this kernel)."""
+    with torch.no_grad():
+        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = _impl("ensemble_standardise", members)(members, eps)
+    return out
+
+
+def crps_gaussian(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Closed-form CRPS of N(mu, sigma^2) at y, elementwise (units of y); differentiable in all three.
+    The Triton path computes the CRPS and its gradients in one pass."""
+    out: torch.Tensor = _impl("crps_gaussian", mu, sigma, y)(mu, sigma, y)
+    return out
+
+
+def crps_ensemble(x: torch.Tensor, y: torch.Tensor, fair: bool = True) -> torch.Tensor:
+    """Ensemble CRPS of members x (N, M) at outcomes y (N,), sorted O(M log M) form; ``fair`` divides
+    the spread term by M (M - 1) instead of M^2."""
+    if x.dim() != 2 or y.shape != x.shape[:1]:
+        msg = f"crps_ensemble: members must be (N, M) and outcomes (N,), got {tuple(x.shape)} and {tuple(y.shape)}"
+        raise ValueError(msg)
+    if fair and x.shape[1] < 2:
+        msg = "the fair CRPS needs at least 2 members"
+        raise ValueError(msg)
+    out: torch.Tensor = _impl("crps_ensemble", x, y)(x, y, fair)
+    return out
+
+
+def topk_route(values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool = False,
+               block_gate: bool = False, damping: float = 1.0, quantile: float = 0.7) -> torch.Tensor:
+    """SMoE top-k routing: values, weights (B, E, H, W) -> selected (optionally weight-scaled) values
+    (B, k, H, W), with the SMoE backward (see :class:`postcast.models.kernels.eager.TopKRouting`)."""
+    fn = _impl("topk_route", values, weights)
+    out: torch.Tensor = fn(values, weights, k, weighted, block_gate, damping, quantile)
+    return out
+
+
+def fourier_layer(coords: torch.Tensor, bmat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Neural-field decoder head: GELU(W [sin 2 pi x B, cos 2 pi x B] + b); coords (N, D), B (D, F),
+    W (H, 2F), b (H) -> (N, H)."""
+    out: torch.Tensor = _impl("fourier_layer", coords, bmat, weight, bias)(coords, bmat, weight, bias)
+    return out

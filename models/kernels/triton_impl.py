@@ -1,0 +1,301 @@
+"""Triton kernels (imported only when the Triton path is chosen: on CUDA devices, or on the CPU under
+``TRITON_INTERPRET=1`` for tests). Each kernel is one pass over its inputs; the ones with gradients
+sit in a ``torch.autograd.Function``. Math runs in the inputs' dtype (fp32 in training, fp64 in
+gradcheck). Output buffers come from :func:`_out`, which fills them with NaN when ``POISON`` is set
+so that an element a kernel forgets to write fails the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from postcast.models.kernels import eager
+
+POISON = False  # tests: NaN-fill every output buffer before the launch
+
+
+def _out(shape: tuple[int, ...] | torch.Size, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    dt = dtype or like.dtype
+    if POISON:
+        fill = -1 if not dt.is_floating_point else float("nan")
+        return torch.full(tuple(shape), fill, dtype=dt, device=like.device)
+    return torch.empty(tuple(shape), dtype=dt, device=like.device)
+
+
+def _pow2(n: int, floor: int = 1) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+# --- 1. ensemble statistics + standardisation ---------------------------------------------------------
+@triton.jit
+def _ens_standardise_kernel(x_ptr, mean_ptr, std_ptr, z_ptr, M, N, eps,
+                            MP: tl.constexpr, BLOCK: tl.constexpr):
+    # one program: all M members of BLOCK feature positions of sample b, held in registers (one read)
+    b = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.arange(0, MP)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = b * M * N + rows[:, None] * N + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)  # (MP, BLOCK)
+    mean = tl.sum(x, 0) / M
+    d = tl.where(mask, x - mean[None, :], 0.0)
+    std = tl.sqrt(tl.sum(d * d, 0) / M)
+    z = d / tl.maximum(std, eps)[None, :]
+    cm = cols < N
+    tl.store(mean_ptr + b * N + cols, mean, mask=cm)
+    tl.store(std_ptr + b * N + cols, std, mask=cm)
+    tl.store(z_ptr + offs, z, mask=mask)
+
+
+def ensemble_standardise(members: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = members.contiguous()
+    b, m = x.shape[:2]
+    n = x[0, 0].numel()
+    mean, std, z = _out((b, *x.shape[2:]), x), _out((b, *x.shape[2:]), x), _out(x.shape, x)
+    block = min(256, _pow2(n, 16))
+    _ens_standardise_kernel[(triton.cdiv(n, block), b)](x, mean, std, z, m, n, eps, MP=_pow2(m), BLOCK=block)
+    return mean, std, z
+
+
+# --- 2. Gaussian CRPS, forward and gradient in one pass ----------------------------------------------
+@triton.jit
+def _crps_gaussian_kernel(mu_ptr, sg_ptr, y_ptr, out_ptr, dmu_ptr, dsg_ptr, n,
+                          GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    mu = tl.load(mu_ptr + offs, mask=m, other=0.0)
+    sg = tl.load(sg_ptr + offs, mask=m, other=1.0)
+    y = tl.load(y_ptr + offs, mask=m, other=0.0)
+    z = (y - mu) / sg
+    pdf = 0.3989422804014327 * tl.exp(-0.5 * z * z)  # 1 / sqrt(2 pi)
+    cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
+    tl.store(out_ptr + offs, sg * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - 0.5641895835477563), mask=m)
+    if GRAD:
+        tl.store(dmu_ptr + offs, 1.0 - 2.0 * cdf, mask=m)  # d crps / d mu (= -d crps / d y)
+        tl.store(dsg_ptr + offs, 2.0 * pdf - 0.5641895835477563, mask=m)  # d crps / d sigma
+
+
+class CRPSGaussian(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        mu, sigma, y = torch.broadcast_tensors(mu, sigma, y)
+        mu, sigma, y = mu.contiguous(), sigma.contiguous(), y.contiguous()
+        grad = any(ctx.needs_input_grad)
+        out = _out(mu.shape, mu)
+        dmu = _out(mu.shape, mu) if grad else out
+        dsg = _out(mu.shape, mu) if grad else out
+        n = mu.numel()
+        block = 1024
+        _crps_gaussian_kernel[(triton.cdiv(n, block),)](mu, sigma, y, out, dmu, dsg, n, GRAD=grad, BLOCK=block)
+        if grad:
+            ctx.save_for_backward(dmu, dsg)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        g = grads[0]
+        dmu, dsg = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        return (g * dmu if need[0] else None, g * dsg if need[1] else None, -g * dmu if need[2] else None)
+
+
+def crps_gaussian(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = CRPSGaussian.apply(mu, sigma, y)
+    return out
+
+
+# --- 3. sorted ensemble CRPS --------------------------------------------------------------------------
+@triton.jit
+def _crps_ensemble_kernel(x_ptr, y_ptr, out_ptr, n, M, denom, MP: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, MP)
+    rm = rows < n
+    cm = cols < M
+    mask = rm[:, None] & cm[None, :]
+    x = tl.load(x_ptr + rows[:, None] * M + cols[None, :], mask=mask, other=0.0)  # (BLOCK, MP)
+    y = tl.load(y_ptr + rows, mask=rm, other=0.0)
+    skill = tl.sum(tl.where(mask, tl.abs(x - y[:, None]), 0.0), 1) / M
+    s = tl.sort(tl.where(cm[None, :], x, float("inf")), 1)  # padding sorts last
+    w = tl.where(cm, 2.0 * cols - M + 1.0, 0.0)  # 2i - M - 1 for 1-based rank i
+    spread = tl.sum(tl.where(cm[None, :], s, 0.0) * w[None, :], 1) / denom
+    tl.store(out_ptr + rows, skill - spread, mask=rm)
+
+
+def crps_ensemble(x: torch.Tensor, y: torch.Tensor, fair: bool = True) -> torch.Tensor:
+    x, y = x.contiguous(), y.contiguous()
+    n, m = x.shape
+    out = _out((n,), x)
+    block = 64 if m <= 16 else 16
+    denom = float(m * (m - 1) if fair else m * m)
+    _crps_ensemble_kernel[(triton.cdiv(n, block),)](x, y, out, n, m, denom, MP=_pow2(m), BLOCK=block)
+    return out
+
+
+# --- 4. SMoE top-k routing ----------------------------------------------------------------------------
+@triton.jit
+def _topk_fwd_kernel(v_ptr, w_ptr, y_ptr, idx_ptr, sv_ptr, sw_ptr, E, P,
+                     K: tl.constexpr, WEIGHTED: tl.constexpr, EP: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.arange(0, EP)
+    cm = cols < P
+    mask = (rows[:, None] < E) & cm[None, :]
+    offs = b * E * P + rows[:, None] * P + cols[None, :]
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0)  # (EP, BLOCK) expert values
+    w = tl.load(w_ptr + offs, mask=mask, other=float("-inf"))  # routing weights
+    for j in tl.static_range(K):
+        i = tl.argmax(w, 0)  # (BLOCK,) best remaining expert
+        hit = rows[:, None] == i[None, :]
+        sv = tl.sum(tl.where(hit, v, 0.0), 0)
+        sw = tl.sum(tl.where(hit, w, 0.0), 0)
+        o = b * K * P + j * P + cols
+        tl.store(idx_ptr + o, i.to(tl.int64), mask=cm)
+        tl.store(sv_ptr + o, sv, mask=cm)
+        tl.store(sw_ptr + o, sw, mask=cm)
+        if WEIGHTED:
+            tl.store(y_ptr + o, sv * sw, mask=cm)
+        else:
+            tl.store(y_ptr + o, sv, mask=cm)
+        w = tl.where(hit, float("-inf"), w)
+
+
+@triton.jit
+def _topk_bwd_kernel(e_ptr, idx_ptr, sv_ptr, sw_ptr, scale_ptr, gv_ptr, gw_ptr, E, P,
+                     K: tl.constexpr, WEIGHTED: tl.constexpr, DAMP: tl.constexpr, GATE: tl.constexpr,
+                     EP: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.arange(0, EP)
+    cm = cols < P
+    gv = tl.zeros((EP, BLOCK), dtype=gv_ptr.dtype.element_ty)
+    gw = tl.zeros((EP, BLOCK), dtype=gv_ptr.dtype.element_ty)
+    for j in tl.static_range(K):
+        o = b * K * P + j * P + cols
+        e = tl.load(e_ptr + o, mask=cm, other=0.0)
+        i = tl.load(idx_ptr + o, mask=cm, other=-1)
+        hit = rows[:, None] == i[None, :]
+        g = e
+        if WEIGHTED:
+            g = e * tl.load(sw_ptr + o, mask=cm, other=0.0)
+        if DAMP:
+            g = g * tl.load(scale_ptr + o, mask=cm, other=1.0)
+        gv = tl.where(hit, g[None, :], gv)
+        if GATE:
+            h = e
+            if WEIGHTED:
+                h = e * tl.load(sv_ptr + o, mask=cm, other=0.0)
+            gw = tl.where(hit, h[None, :], gw)
+    mask = (rows[:, None] < E) & cm[None, :]
+    offs = b * E * P + rows[:, None] * P + cols[None, :]
+    tl.store(gv_ptr + offs, gv, mask=mask)
+    if GATE:
+        tl.store(gw_ptr + offs, gw, mask=mask)
+
+
+class TopKRouting(torch.autograd.Function):
+    """Same semantics as :class:`postcast.models.kernels.eager.TopKRouting`; both passes in Triton."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool,
+                block_gate: bool, damping: float, quantile: float) -> torch.Tensor:
+        v, w = values.contiguous(), weights.contiguous()  # (B, E, H, W)
+        b, e = v.shape[:2]
+        p = v[0, 0].numel()
+        shape = (b, k, *v.shape[2:])
+        y, sv, sw = _out(shape, v), _out(shape, v), _out(shape, v)
+        idx = _out(shape, v, torch.int64)
+        block = min(256, _pow2(p, 16))
+        _topk_fwd_kernel[(triton.cdiv(p, block), b)](v, w, y, idx, sv, sw, e, p, K=k, WEIGHTED=weighted,
+                                                      EP=_pow2(e), BLOCK=block)
+        ctx.save_for_backward(idx, sv, sw)
+        ctx.cfg = (e, weighted, block_gate, damping, quantile)
+        ctx.mark_non_differentiable(idx)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        g = grads[0].contiguous()  # (B, k, H, W)
+        idx, sv, sw = ctx.saved_tensors
+        experts, weighted, block_gate, damping, quantile = ctx.cfg
+        b, k = g.shape[:2]
+        p = g[0, 0].numel()
+        damp = damping != 1.0
+        # the quantile is a per-sample reduction over the whole field: computed before the launch
+        scale = torch.full_like(g, damping).masked_fill(eager.routing_correct(g, quantile), 1.0) if damp else g
+        shape = (b, experts, *g.shape[2:])
+        gv = _out(shape, g)
+        gw = _out(shape, g) if not block_gate else gv
+        block = min(256, _pow2(p, 16))
+        _topk_bwd_kernel[(triton.cdiv(p, block), b)](g, idx, sv, sw, scale, gv, gw, experts, p, K=k,
+                                                      WEIGHTED=weighted, DAMP=damp, GATE=not block_gate,
+                                                      EP=_pow2(experts), BLOCK=block)
+        return gv, None if block_gate else gw, None, None, None, None, None
+
+
+def topk_route(values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool, block_gate: bool,
+               damping: float, quantile: float) -> torch.Tensor:
+    out: torch.Tensor = TopKRouting.apply(values, weights, k, weighted, block_gate, damping, quantile)
+    return out
+
+
+# --- 5. neural-field decoder: Fourier features + first layer ------------------------------------------
+@triton.jit
+def _fourier_kernel(x_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, N, F, H,
+                    D: tl.constexpr, FP: tl.constexpr, HP: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rm = rows < N
+    fc = tl.arange(0, FP)
+    hc = tl.arange(0, HP)
+    fm = fc < F
+    hm = hc < H
+    proj = tl.zeros((BLOCK, FP), dtype=x_ptr.dtype.element_ty)
+    for d in tl.static_range(D):
+        xd = tl.load(x_ptr + rows * D + d, mask=rm, other=0.0)
+        bd = tl.load(b_ptr + d * F + fc, mask=fm, other=0.0)
+        proj += xd[:, None] * bd[None, :]
+    ang = 6.283185307179586 * proj
+    wmask = fm[:, None] & hm[None, :]
+    ws = tl.load(w_ptr + hc[None, :] * 2 * F + fc[:, None], mask=wmask, other=0.0)  # (FP, HP) = W[:, :F]^T
+    wc = tl.load(w_ptr + hc[None, :] * 2 * F + F + fc[:, None], mask=wmask, other=0.0)
+    s = tl.where(fm[None, :], tl.sin(ang), 0.0)
+    c = tl.where(fm[None, :], tl.cos(ang), 0.0)
+    acc = tl.dot(s, ws, input_precision="ieee") + tl.dot(c, wc, input_precision="ieee")
+    acc += tl.load(bias_ptr + hc, mask=hm, other=0.0)[None, :]
+    out = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))  # exact GELU
+    tl.store(out_ptr + rows[:, None] * H + hc[None, :], out, mask=rm[:, None] & hm[None, :])
+
+
+class FourierLayer(torch.autograd.Function):
+    """Forward fused in Triton; backward recomputes the features in PyTorch (the decoder's training
+    step is dominated by the later layers; inference, the hot path, never runs it)."""
+
+    @staticmethod
+    def forward(ctx: Any, coords: torch.Tensor, bmat: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor) -> torch.Tensor:
+        x, bm, w, bias_c = coords.contiguous(), bmat.contiguous(), weight.contiguous(), bias.contiguous()
+        n, d = x.shape
+        f, h = bm.shape[1], w.shape[0]
+        out = _out((n, h), x)
+        block = 32
+        _fourier_kernel[(triton.cdiv(n, block),)](x, bm, w, bias_c, out, n, f, h, D=d, FP=_pow2(f, 16),
+                                                  HP=_pow2(h, 16), BLOCK=block)
+        ctx.save_for_backward(coords, bmat, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        pairs = zip(ctx.saved_tensors, ctx.needs_input_grad, strict=True)
+        inputs = [t.detach().requires_grad_(need) for t, need in pairs]
+        with torch.enable_grad():
+            out = eager.fourier_layer(*inputs)
+        wanted = [t for t in inputs if t.requires_grad]
+        got = iter(torch.autograd.grad(out, wanted, grads[0]))
+        return tuple(next(got) if t.requires_grad else None for t in inputs)
+
+
+def fourier_layer(coords: torch.Tensor, bmat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = FourierLayer.apply(coords, bmat, weight, bias)
+    return out
