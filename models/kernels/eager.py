@@ -61,7 +61,6 @@ class TopKRouting(torch.autograd.Function):
         sel_w = weights.gather(1, idx)
         ctx.save_for_backward(idx, sel_v, sel_w)
         ctx.cfg = (values.shape[1], weighted, block_gate, damping, quantile)
-        ctx.mark_non_differentiable(idx)
         return sel_v * sel_w if weighted else sel_v
 
     @staticmethod

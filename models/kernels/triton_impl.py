@@ -212,7 +212,6 @@ class TopKRouting(torch.autograd.Function):
                                                       EP=_pow2(e), BLOCK=block)
         ctx.save_for_backward(idx, sv, sw)
         ctx.cfg = (e, weighted, block_gate, damping, quantile)
-        ctx.mark_non_differentiable(idx)
         return y
 
     @staticmethod
