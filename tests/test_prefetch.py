@@ -156,3 +156,19 @@ def test_trainer_uses_the_clairvoyant_loader_and_logs_its_stats(cfg, tmp_path):
     assert first["backing_reads"] == 6 and second["backing_reads"] == 0
     assert second["hit_rate_ram"] == 1.0 and second["stall_s"] == 0.0
     assert trainer.callback_metrics["loader/hit_rate_ram"] == 1.0
+
+
+def test_concurrent_read_path_equals_xarray_selection(store):
+    """StoreDataset reads a sample's variables in one concurrent zarr call: same bits as building
+    the sample from xarray's own selection of the date (members and an explicit level included)."""
+    from postcast.datasets import io, schema
+
+    cfg = DataConfig(store=str(store), target="t850", variables=("t", "u@500"), members=True)
+    data = StoreDataset(cfg, "val")
+    ds = io.open_zarr(store)
+    for i in range(len(data)):
+        want = data.sample(ds.isel({schema.INIT_TIME: int(data.indices[i])}).load())
+        got = data[i]
+        assert got.keys() == want.keys()
+        for k in got:
+            assert torch.equal(bits(got[k]), bits(want[k])), k
