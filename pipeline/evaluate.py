@@ -248,10 +248,11 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
 
     store = io.open_zarr(cfg.store)
     preds: dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]] = {}
-    taken: set[str] = set()
+    taken: dict[str, set[str]] = {}  # display names are unique per target
     for path in progress(cfg.checkpoints):
         target, times, mu, sigma = predict_checkpoint(path, cfg.store, cfg.split)
-        preds.setdefault(target, []).append((_checkpoint_name(path, cfg.names, taken), times, mu, sigma))
+        name = _checkpoint_name(path, cfg.names, taken.setdefault(target, set()))
+        preds.setdefault(target, []).append((name, times, mu, sigma))
     targets = cfg.targets or (tuple(preds) if preds else tuple(schema.TARGETS))
     results: dict[str, Any] = {"store": cfg.store, "split": cfg.split, "targets": {}}
     for target in targets:
