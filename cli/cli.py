@@ -400,9 +400,146 @@ def _run_serve(a: argparse.Namespace) -> int:
     return 0
 
 
+# --- compress / decompress / compress-report -----------------------------------------------------
+def _add_compress(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compress", help="fit a neural field (coordinate network) to fields of a store or file",
+        description="Fit a coordinate network (Fourier features + residual GELU MLP) to one or more variables "
+                    "and write one self-describing artefact (weights, Fourier matrices, normalisation, grid, "
+                    "format version, measured errors). With --error-bound an SZ3 residual layer guarantees "
+                    "the maximum absolute error.",
+        epilog="examples:\n  postcast compress data/store.zarr --var truth_t850 --out t850.pcnf\n"
+               "  postcast compress data/store.zarr --var ens_mean_t --level 850 --width 64 --out t850m.pcnf\n"
+               "  postcast compress data/store.zarr --var truth_z500 --error-bound 5 --out z500.pcnf",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="zarr store or netCDF file")
+    p.add_argument("--var", dest="variables", action="append", required=True, help="variable (repeatable)")
+    p.add_argument("--level", dest="levels", action="append", type=int, default=[], help="hPa (repeatable)")
+    p.add_argument("--step-hours", type=int, default=48, help="lead time when the source has one (default 48)")
+    p.add_argument("--member", default="mean", help="'mean' (ensemble mean) or a member index, for member fields")
+    p.add_argument("--out", required=True, help="artefact path (.pcnf)")
+    p.add_argument("--width", type=int, default=48)
+    p.add_argument("--depth", type=int, default=3, help="residual blocks")
+    p.add_argument("--steps", type=int, default=2000, help="optimiser steps")
+    p.add_argument("--sigma", type=float, default=1.6, help="std of the Fourier matrices")
+    p.add_argument("--weights", default="fp16", choices=["fp16", "int8", "fp32"])
+    p.add_argument("--error-bound", type=float, help="guaranteed max absolute error (data units), via SZ3")
+    p.set_defaults(func=_run_compress)
+
+
+def _run_compress(a: argparse.Namespace) -> int:
+    from postcast.compression.artefact import Artefact
+    from postcast.compression.field import FieldConfig, to_fields
+    from postcast.compression.report import Selection, select
+    from postcast.datasets.errors import BadInputError, MissingInputError
+
+    try:
+        cfg = FieldConfig(width=a.width, depth=a.depth, steps=a.steps, sigma=a.sigma, weights=a.weights,
+                          error_bound=a.error_bound)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    sel = Selection(a.source, tuple(a.variables), tuple(a.levels), a.step_hours, a.member)
+    try:
+        fields = to_fields(select(sel))
+    except FileNotFoundError as err:
+        raise MissingInputError(str(err)) from err
+    except (ValueError, KeyError) as err:
+        msg = f"{a.source}: {err}"
+        raise BadInputError(msg) from err
+    art = Artefact.build(fields, cfg, progress=a.progress)
+    art.header["selection"] = sel.to_dict()
+    size = art.save(a.out)
+    errs = art.header["errors"]
+    print(f"{a.out}: {size} bytes, ratio {art.ratio:.1f}x; " + "; ".join(
+        f"{v}: wRMSE {e['wrmse']:.4g}, max {e['max_abs']:.4g}" for v, e in zip(art.header["variables"], errs.values(),
+                                                                                 strict=True)))
+    return 0
+
+
+def _add_decompress(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "decompress", help="decode an artefact to netCDF or zarr (optionally on another grid)",
+        description="Decode every (time, level) slice of an artefact on its own grid, or with --resolution on "
+                    "a regular latitude/longitude grid of that spacing (the network is continuous: regridding "
+                    "is free; the error-bounded layer applies on the stored grid only).",
+        epilog="example:\n  postcast decompress t850.pcnf --out t850.nc --resolution 1.0",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artefact")
+    p.add_argument("--out", required=True, help=".nc or .zarr")
+    p.add_argument("--resolution", type=float, help="degrees of a regular output grid")
+    p.set_defaults(func=_run_decompress)
+
+
+def _run_decompress(a: argparse.Namespace) -> int:
+    from postcast.compression.artefact import Artefact, ArtefactError
+    from postcast.datasets import io
+    from postcast.datasets.errors import BadInputError, MissingInputError
+
+    try:
+        art = Artefact.load(a.artefact)
+    except FileNotFoundError as err:
+        raise MissingInputError(str(err)) from err
+    except ArtefactError as err:
+        raise BadInputError(str(err)) from err
+    ds = art.decode() if a.resolution is None else art.regrid(a.resolution)
+    if str(a.out).endswith(".zarr"):
+        io.write_zarr(ds, a.out)
+    else:
+        io.write_netcdf(ds, a.out)
+    print(f"{a.out}: {', '.join(map(str, ds.data_vars))} on {ds.sizes['latitude']} x {ds.sizes['longitude']}")
+    return 0
+
+
+def _add_compress_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compress-report", help="compare artefacts with SZ3 and ZFP on the same fields",
+        description="Decode each artefact, reopen its source fields (recorded in the artefact) and print ratio, "
+                    "cos-latitude weighted RMSE, MAE, max abs error, PSNR and throughput next to SZ3 (absolute "
+                    "bounds) and ZFP (tolerance and rate) on the same arrays.",
+        epilog="example:\n  postcast compress-report t850_w32.pcnf t850_w64.pcnf --sz3 0.05,0.2,1 --zfp-rate 2,4 "
+               "--plot ratio_vs_rmse.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artefacts", nargs="+")
+    p.add_argument("--sz3", type=_float_list, default=[0.1, 0.5, 2.0], help="absolute bounds (comma-separated)")
+    p.add_argument("--zfp-tolerance", type=_float_list, default=[0.5, 2.0])
+    p.add_argument("--zfp-rate", type=_float_list, default=[1.0, 4.0], help="bits per value")
+    p.add_argument("--plot", help="write the ratio-vs-wRMSE plot here (PNG)")
+    p.add_argument("--json", help="write the rows as JSON here")
+    p.set_defaults(func=_run_compress_report)
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        msg = f"expected comma-separated numbers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from err
+
+
+def _run_compress_report(a: argparse.Namespace) -> int:
+    from postcast.compression import report
+    from postcast.compression.artefact import ArtefactError
+    from postcast.datasets import io
+    from postcast.datasets.errors import BadInputError, MissingInputError
+
+    try:
+        rows = report.compare(a.artefacts, a.sz3, a.zfp_tolerance, a.zfp_rate)
+    except FileNotFoundError as err:
+        raise MissingInputError(str(err)) from err
+    except (ArtefactError, ValueError) as err:
+        raise BadInputError(str(err)) from err
+    print(report.format_table(rows))
+    if a.plot:
+        report.plot(rows, a.plot)
+    if a.json:
+        io.write_json(a.json, rows)
+    return 0
+
+
 # --- main ----------------------------------------------------------------------------------------
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate, _add_run, _add_forecast, _add_serve]
+    _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate, _add_run, _add_forecast, _add_serve,
+    _add_compress, _add_decompress, _add_compress_report]
 
 
 def build_parser() -> argparse.ArgumentParser:

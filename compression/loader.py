@@ -1,0 +1,131 @@
+"""Train post-processors straight from a neural-field artefact (the compressed dataloader).
+
+:func:`compress_split` fits one network to every field a post-processor's samples read (the
+ensemble mean and std of each input variable at the target lead, and the truth) over one split of a
+training store. :class:`CompressedDataset` decodes those fields on the fly, one init date per item,
+and turns them into samples with the very code the store loader uses (``SampleMaker.sample``), so
+batches have the same keys, shapes and order. :class:`CompressedDataModule` trains from the
+artefact and validates and tests on the original store, the protocol of the neural-compression
+paper's dataloader experiment (train on decoded data, score on the original).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+from torch.utils.data import DataLoader, Dataset
+
+from postcast.compression.artefact import Artefact
+from postcast.compression.field import FieldConfig, to_fields
+from postcast.datasets import io, schema
+from postcast.datasets.datamodule import DataConfig, SampleMaker, StoreDataModule, StoreDataset, parse_variable
+
+
+def _channels(cfg: DataConfig) -> list[tuple[str, str, int | None]]:
+    """(artefact name, store variable, level) of every field a sample reads."""
+    tg = schema.TARGETS[cfg.target]
+    out = []
+    for spec in cfg.input_variables:
+        name, level = parse_variable(spec)
+        lv = (level or tg.level) if name in {v.name for v in schema.PL_VARIABLES} else None
+        for kind in ("ens_mean", "ens_std"):
+            out.append((f"{kind}_{spec}", f"{kind}_{name}", lv))
+    out.append((schema.truth_name(cfg.target), schema.truth_name(cfg.target), None))
+    return out
+
+
+def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
+    """The fields of ``split`` that samples read, as (init_time, lat, lon) variables."""
+    if cfg.members:
+        msg = "compressed training reads ensemble statistics only: set data.cfg.members: false"
+        raise ValueError(msg)
+    src = StoreDataset(cfg, split)
+    ds = io.open_zarr(cfg.store)
+    rows = ds.isel({schema.INIT_TIME: src.indices}).sel({schema.STEP: pd.Timedelta(hours=cfg.step_h)})
+    out = xr.Dataset()
+    for art_name, var, lv in _channels(cfg):
+        da = rows[var]
+        if lv is not None:
+            da = da.sel({schema.LEVEL: lv})
+        out[art_name] = da.drop_vars([c for c in da.coords if c not in da.dims]).load()
+    return out
+
+
+def compress_split(cfg: DataConfig, field_cfg: FieldConfig, split: str = "train", progress: bool = True) -> Artefact:
+    """Fit one neural field to every field the samples of ``split`` read."""
+    art = Artefact.build(to_fields(split_fields(cfg, split)), field_cfg, progress)
+    art.header["source"] = {"store": cfg.store, "split": split, "target": cfg.target,
+                            "variables": list(cfg.input_variables), "step_h": cfg.step_h}
+    return art
+
+
+class CompressedDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
+    """Samples decoded from an artefact: one init date per item, same fields as ``StoreDataset``.
+
+    ``normalisation``: (mean, std), each (2 * n_variables, H, W): the statistics the inputs are
+    normalised with (the training store's, which the checkpoint then carries)."""
+
+    def __init__(self, cfg: DataConfig, artefact: Artefact | str, normalisation: tuple[np.ndarray, np.ndarray]):
+        self.cfg = cfg
+        self.art = artefact if isinstance(artefact, Artefact) else Artefact.load(artefact)
+        names = self.art.header["variables"]
+        missing = [n for n, _, _ in _channels(cfg) if n not in names]
+        if missing:
+            msg = (f"artefact {self.art.path or ''} lacks fields {missing} needed by target {cfg.target!r} with inputs "
+                   f"{list(cfg.input_variables)}: compress with the same data config")
+            raise ValueError(msg)
+        lat, lon = self.art.lat_lon()
+        self.setup_maker(cfg, lat, lon)
+        self._norm = self._given(*normalisation)
+        self.times = np.array(self.art.header["times"], dtype="datetime64[ns]")
+        self._net = self.art.network()
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return int(self.times.size)
+
+    def day(self, i: int) -> xr.Dataset:
+        """Init date ``i`` decoded into the store's layout (step and level dims of length one)."""
+        arr = self.art.decode_array(times=[i])[:, 0, 0]  # (V, H, W)
+        index = {n: k for k, n in enumerate(self.art.header["variables"])}
+        coords: dict[str, Any] = {schema.INIT_TIME: self.times[i], schema.STEP: [pd.Timedelta(hours=self.cfg.step_h)],
+                                  schema.LAT: self.lat, schema.LON: self.lon}
+        ds = xr.Dataset(coords=coords)
+        per_level: dict[str, dict[int, np.ndarray]] = {}
+        for art_name, var, lv in _channels(self.cfg):
+            field = arr[index[art_name]][None]  # (1, H, W): one step
+            if lv is None:
+                ds[var] = ((schema.STEP, schema.LAT, schema.LON), field)
+            else:
+                per_level.setdefault(var, {})[lv] = field
+        levels = sorted({lv for fields in per_level.values() for lv in fields})  # one shared level axis
+        ds = ds.assign_coords({schema.LEVEL: levels})
+        for var, fields in per_level.items():
+            nan = np.full_like(next(iter(fields.values())), np.nan)  # (var, level) pairs no sample reads
+            block = np.stack([fields.get(lv, nan) for lv in levels], axis=1)  # (1, L, H, W)
+            ds[var] = ((schema.STEP, schema.LEVEL, schema.LAT, schema.LON), block)
+        return ds
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i in self._cache:
+            return self._cache[i]
+        sample = self.sample(self.day(i))
+        if self.cfg.cache:
+            self._cache[i] = sample
+        return sample
+
+
+class CompressedDataModule(StoreDataModule):
+    """Trains from the artefact, validates and tests on ``cfg.store`` (normalised with its statistics)."""
+
+    def __init__(self, cfg: DataConfig, artefact: str):
+        super().__init__(cfg)
+        self.artefact = artefact
+
+    def train_dataloader(self) -> Any:
+        ds = CompressedDataset(self.cfg, self.artefact, self.normalisation())
+        return DataLoader(ds, batch_size=self.cfg.batch_size, shuffle=True, num_workers=self.cfg.num_workers)

@@ -1,0 +1,156 @@
+"""Selecting fields to compress, and the comparison table of neural artefacts against SZ3 and ZFP on
+the same arrays (used by ``postcast compress-report`` and ``benchmarks/compression.py``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from postcast.compression import baselines
+from postcast.compression.artefact import Artefact
+from postcast.compression.field import Fields, to_fields
+from postcast.compression.metrics import field_errors
+from postcast.datasets import io, schema
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which fields of a source file to compress (recorded in the artefact, so reports can reopen it)."""
+
+    source: str
+    variables: tuple[str, ...]
+    levels: tuple[int, ...] = ()
+    step_h: int | None = 48  # lead time to take when the source has a step dim
+    member: str = "mean"  # "mean" (ensemble mean) or a member index, when the source has a member dim
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "variables": list(self.variables), "levels": list(self.levels),
+                "step_h": self.step_h, "member": self.member}
+
+
+def open_source(path: str | os.PathLike[str]) -> xr.Dataset:
+    p = Path(path)
+    if not p.exists():
+        msg = f"{p}: no such file or store"
+        raise FileNotFoundError(msg)
+    return io.open_zarr(p) if p.is_dir() or p.suffix == ".zarr" else xr.open_dataset(p)
+
+
+def select(sel: Selection) -> xr.Dataset:
+    """The selected fields as (time, [level], lat, lon) variables, loaded."""
+    ds = open_source(sel.source)
+    missing = [v for v in sel.variables if v not in ds]
+    if missing:
+        msg = f"{sel.source}: no variables {missing}; it has {sorted(map(str, ds.data_vars))}"
+        raise ValueError(msg)
+    out = ds[list(sel.variables)]
+    if schema.STEP in out.dims:
+        if sel.step_h is None:
+            msg = "the source has lead times: pass --step-hours"
+            raise ValueError(msg)
+        out = out.sel({schema.STEP: pd.Timedelta(hours=sel.step_h)})
+    if schema.MEMBER in out.dims:
+        out = out.mean(schema.MEMBER) if sel.member == "mean" else out.isel({schema.MEMBER: int(sel.member)})
+    if sel.levels:
+        if schema.LEVEL not in out.dims:
+            msg = f"--level {list(sel.levels)}: the variables {list(sel.variables)} have no pressure levels"
+            raise ValueError(msg)
+        out = out.sel({schema.LEVEL: list(sel.levels)})
+        if len(sel.levels) == 1:
+            out = out.squeeze(schema.LEVEL, drop=True)
+    keep = {d for v in out.data_vars for d in out[v].dims}
+    return out.drop_vars([c for c in out.coords if c not in keep]).load()
+
+
+def selection_of(art: Artefact) -> Selection:
+    src = art.header.get("selection")
+    if not src:
+        msg = "this artefact records no source selection: pass the fields explicitly"
+        raise ValueError(msg)
+    return Selection(src["source"], tuple(src["variables"]), tuple(src["levels"]), src["step_h"], src["member"])
+
+
+def neural_row(fields: Fields, art: Artefact, label: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    decoded = art.decode_array()
+    dt = time.perf_counter() - t0
+    err = field_errors(fields.data, decoded, fields.lat)
+    mb = fields.data.nbytes / 1e6
+    return {"codec": "neural", "setting": label, "ratio": fields.data.nbytes / art.nbytes, "bytes": art.nbytes,
+            **err, "encode_MBps": mb / art.header.get("fit_seconds", float("nan")), "decode_MBps": mb / dt}
+
+
+def baseline_rows(fields: Fields, sz3: list[float], zfp_tol: list[float],
+                  zfp_rate: list[float]) -> list[dict[str, Any]]:
+    """SZ3 and ZFP on the same (V, T, L, H, W) array (one call per variable, sizes summed)."""
+    runs = ([lambda x, b=b: baselines.sz3(x, b) for b in sz3] + [lambda x, t=t: baselines.zfp(x, tolerance=t)
+            for t in zfp_tol] + [lambda x, r=r: baselines.zfp(x, rate=r) for r in zfp_rate])
+    rows = []
+    for run in runs:
+        parts = [run(fields.data[v]) for v in range(fields.data.shape[0])]
+        decoded = np.stack([p.decoded for p in parts])
+        nbytes = sum(p.nbytes for p in parts)
+        mb = fields.data.nbytes / 1e6
+        rows.append({"codec": parts[0].codec, "setting": parts[0].setting, "ratio": fields.data.nbytes / nbytes,
+                     "bytes": nbytes, **field_errors(fields.data, decoded, fields.lat),
+                     "encode_MBps": mb / sum(p.encode_s for p in parts),
+                     "decode_MBps": mb / sum(p.decode_s for p in parts)})
+    return rows
+
+
+def compare(artefacts: list[str], sz3: list[float], zfp_tol: list[float],
+            zfp_rate: list[float]) -> list[dict[str, Any]]:
+    """Rows for every artefact and baseline setting, on the fields of the first artefact's source."""
+    arts = [Artefact.load(p) for p in artefacts]
+    fields = to_fields(select(selection_of(arts[0])))
+    rows = [neural_row(fields, a, f"{Path(a.path or '').name} w={a.config.width}") for a in arts]
+    return rows + baseline_rows(fields, sz3, zfp_tol, zfp_rate)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'codec':7} {'setting':28} {'ratio':>8} {'wRMSE':>10} {'MAE':>10} {'max abs':>10} {'PSNR dB':>8} "
+            f"{'enc MB/s':>9} {'dec MB/s':>9}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['codec']:7} {r['setting'][:28]:28} {r['ratio']:>8.1f} {r['wrmse']:>10.4g} {r['mae']:>10.4g} "
+                     f"{r['max_abs']:>10.4g} {r['psnr_db']:>8.1f} {r['encode_MBps']:>9.3g} {r['decode_MBps']:>9.3g}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: str | os.PathLike[str], title: str = "") -> None:
+    """Compression ratio against weighted RMSE, one line per codec (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for codec, marker in (("neural", "o"), ("sz3", "s"), ("zfp", "^")):
+        pts = sorted((r["wrmse"], r["ratio"]) for r in rows if r["codec"] == codec or
+                     (codec == "zfp" and r["codec"] == "zfp"))
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=marker, label=codec)
+    ax.set(xscale="log", yscale="log", xlabel="cos-latitude weighted RMSE", ylabel="compression ratio", title=title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with io.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def ratio_at_equal_error(rows: list[dict[str, Any]], codec: str, wrmse: float) -> float:
+    """The ``codec``'s compression ratio at a given weighted RMSE, interpolated log-log between its
+    settings (NaN outside their range)."""
+    pts = sorted((r["wrmse"], r["ratio"]) for r in rows if r["codec"] == codec)
+    if len(pts) < 2 or not pts[0][0] <= wrmse <= pts[-1][0]:
+        return float("nan")
+    e, c = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    return float(np.exp(np.interp(np.log(wrmse), e, c)))
