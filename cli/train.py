@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from postcast.datasets.datamodule import StoreDataModule
+from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor
 
 
