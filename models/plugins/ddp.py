@@ -118,11 +118,14 @@ class CommDDPStrategy(DDPStrategy):
         timeout_s: timeout of every collective on the process group (seconds).
         process_group_backend: ``gloo`` or ``nccl``; default: nccl on GPU, gloo on CPU.
         find_unused_parameters: passed to ``DistributedDataParallel``.
+        broadcast_buffers: DDP's broadcast of buffers (BatchNorm statistics) from rank 0 before every
+            forward; default: off for ``noop`` (that broadcast would make every rank wait for the
+            slowest each step, defeating eager-SGD; WAGMA averages buffers itself), on otherwise.
     """
 
     def __init__(self, comm: str = "allreduce", density: float = 0.01, powersgd_rank: int = 1, start_iter: int = 2,
                  timeout_s: float = DEFAULT_TIMEOUT_S, process_group_backend: str | None = None,
-                 find_unused_parameters: bool = False) -> None:
+                 find_unused_parameters: bool = False, broadcast_buffers: bool | None = None) -> None:
         if comm not in COMMS:
             msg = f"comm={comm!r}: choose one of {COMMS}"
             raise ValueError(msg)
@@ -130,7 +133,8 @@ class CommDDPStrategy(DDPStrategy):
             msg = f"density={density}: the fraction of gradient entries sent must be in (0, 1]"
             raise ValueError(msg)
         super().__init__(process_group_backend=process_group_backend, timeout=timeout(timeout_s),
-                         find_unused_parameters=find_unused_parameters)
+                         find_unused_parameters=find_unused_parameters,
+                         broadcast_buffers=comm != "noop" if broadcast_buffers is None else broadcast_buffers)
         self.comm = comm
         self.density = density
         self.powersgd_rank = powersgd_rank

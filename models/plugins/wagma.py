@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from postcast.models.plugins.comm import DEFAULT_TIMEOUT_S, ByteCounter, timeout, world_of
 
@@ -98,7 +99,8 @@ class WAGMA(L.Callback):
     Args:
         group_size: ranks per averaging group S (power of two; log2 S divides log2 P).
         global_every: steps between synchronous global averages (tau + 1 in the paper).
-        average_buffers: also average floating buffers (BatchNorm running statistics).
+        average_buffers: also average the BatchNorm running statistics (other buffers, such as the
+            normalisation statistics, are constants and are left alone).
         timeout_s: timeout of the group collectives (seconds).
     """
 
@@ -120,7 +122,8 @@ class WAGMA(L.Callback):
             return
         tensors = [p.data for p in pl_module.parameters()]
         if self.average_buffers:
-            tensors += [b for b in pl_module.buffers() if b.is_floating_point()]
+            tensors += [b for m in pl_module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                        for b in m.buffers() if b.is_floating_point()]
         self.averager.step(tensors)
 
     @property
