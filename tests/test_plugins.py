@@ -56,8 +56,16 @@ def test_oktopk_kept_entries_stay_in_band_and_match_what_ranks_sent(world, two, 
 def test_lightning_registers_the_hook_on_cpu(two):
     """Guards against Lightning's silent CPU skip: the hook runs once per step (one bucket)."""
     for r in two:
-        assert r["lightning"]["steps"] == 4 and r["lightning"]["hook_calls"] == 4
-        assert r["lightning"]["replicas_equal"]
+        dense = r["lightning"]["allreduce"]
+        assert dense["steps"] == 12 and dense["hook_calls"] == 12 and dense["replicas_equal"]
+
+
+def test_powersgd_under_lightning_stays_near_dense_ddp(two):
+    for r in two:
+        dense, psgd = r["lightning"]["allreduce"], r["lightning"]["powersgd"]
+        assert psgd["hook_calls"] == 12 and psgd["replicas_equal"]
+        assert psgd["bytes"] < 0.8 * dense["bytes"]  # the 16 x 8 weight went as rank-2 factors
+        assert psgd["loss"] == pytest.approx(dense["loss"], rel=0.1)
 
 
 # ---- Lion Cub ---------------------------------------------------------------------------------------

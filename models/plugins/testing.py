@@ -212,21 +212,37 @@ class TinyRegression(L.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
 
 
-def prog_lightning_hook(rank: int, world: int, comm: str = "allreduce") -> dict[str, Any]:
-    """A real Lightning Trainer on the already initialised group: the strategy's hook runs on CPU."""
+def _fit_tiny(rank: int, world: int, strategy: CommDDPStrategy) -> tuple[TinyRegression, L.Trainer]:
     os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "NODE_RANK": "0", "WORLD_SIZE": str(world),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})  # group exists: no rendezvous
     L.seed_everything(0, verbose=False)
     model = TinyRegression()
-    strategy = CommDDPStrategy(comm=comm, timeout_s=COLLECTIVE_TIMEOUT_S)
-    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=1, logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=3, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    counter = strategy.counter
-    assert counter is not None
-    return {"hook_calls": counter.calls, "steps": trainer.global_step,
-            "replicas_equal": all(torch.equal(flat, o) for o in _gathered(flat))}
+    return model, trainer
+
+
+def _loss(model: TinyRegression) -> float:
+    x, y = next(iter(torch.utils.data.DataLoader(model.train_dataloader().dataset, batch_size=64)))
+    with torch.no_grad():
+        return float((model.net(x) - y).pow(2).mean())
+
+
+def prog_lightning_hook(rank: int, world: int) -> dict[str, Any]:
+    """Real Lightning Trainers on the already initialised group: the strategy's hook runs on CPU (a
+    counting all-reduce), and PowerSGD (rank 2, compressing the 16 x 8 weight from step 2) lands
+    near it."""
+    out: dict[str, Any] = {}
+    for comm in ("allreduce", "powersgd"):
+        strategy = CommDDPStrategy(comm=comm, powersgd_rank=2, start_iter=2, timeout_s=COLLECTIVE_TIMEOUT_S)
+        model, trainer = _fit_tiny(rank, world, strategy)
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        counter = strategy.counter
+        assert counter is not None
+        out[comm] = {"hook_calls": counter.calls, "steps": trainer.global_step, "loss": _loss(model),
+                     "bytes": counter.bytes_sent, "replicas_equal": all(torch.equal(flat, o) for o in _gathered(flat))}
+    return out
 
 
 def prog_wagma(rank: int, world: int) -> dict[str, Any]:
