@@ -2,9 +2,9 @@
 
 Stages, in data order: ``synth`` (or raw forecasts given as ``source``) -> ``ingest`` (store and
 training statistics) -> ``train:<preset>`` per training preset -> ``evaluate`` (metrics + report)
--> ``forecast`` (CF files for ``forecast_from``..``forecast_to``, optional). Compression joins
-with its issue.
-Each stage calls the same library function as its CLI verb.
+-> ``forecast`` (CF files for ``forecast_from``..``forecast_to``, optional) and ``compress:<name>``
+(neural-field artefacts of the fields a training preset reads, optional; train from them with
+:class:`postcast.compression.loader.CompressedDataModule`). Each stage calls the same library function as its CLI verb.
 
 Bookkeeping lives in ``WORKDIR/manifest.json``: per stage the hash of its config and of its inputs
 (upstream outputs, identified by path, size and modification time), its outputs and timings. A
@@ -34,6 +34,45 @@ log = logging.getLogger(__name__)
 MANIFEST_VERSION = 1
 
 
+@dataclass(frozen=True)
+class CompressJob:
+    """One artefact of the compress stage: every field that ``preset`` reads on ``split`` of the store
+    -> ``WORKDIR/compressed/<preset stem>_<split>.pcnf``."""
+
+    preset: str  # a Lightning training preset (its data.cfg names the fields), e.g. configs/train/unet_t850.yaml
+    split: str = "train"
+    field: dict[str, Any] = field(default_factory=dict)  # FieldConfig keys: width, depth, steps, weights, ...
+
+    def __post_init__(self) -> None:
+        if not Path(self.preset).exists():
+            msg = f"compress.preset {self.preset!r}: file not found (paths are relative to the working directory)"
+            raise ConfigError(msg)
+        if self.split not in ("train", "val", "test"):
+            msg = f"compress.split {self.split!r}: use train, val or test"
+            raise ConfigError(msg)
+        self.field_config()  # validate on load
+
+    @property
+    def name(self) -> str:
+        return f"{Path(self.preset).stem}_{self.split}"
+
+    def field_config(self) -> Any:
+        from postcast.compression.field import FieldConfig
+
+        return config.from_dict(FieldConfig, dict(self.field), where=f"compress[{self.preset}].field")
+
+    def data_config(self, store: Path) -> Any:
+        """The preset's ``data.cfg`` pointed at ``store``."""
+        import yaml
+
+        from postcast.datasets.datamodule import DataConfig
+
+        preset = yaml.safe_load(Path(self.preset).read_text()) or {}
+        data = dict((preset.get("data") or {}).get("cfg") or {})
+        data.update(store=str(store), members=False)
+        return config.from_dict(DataConfig, data, where=f"{self.preset}: data.cfg")
+
+
 @config.register("pipeline")
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -53,6 +92,7 @@ class PipelineConfig:
     bootstrap: int = 1000
     forecast_from: str | None = None  # batch forecast of every trained model for these init times
     forecast_to: str | None = None  # (inclusive; default: forecast_from) -> WORKDIR/forecasts
+    compress: tuple[CompressJob, ...] = ()  # neural-field artefacts of training fields -> WORKDIR/compressed
 
     def __post_init__(self) -> None:
         if (self.synth is None) == (self.source is None):
@@ -187,6 +227,18 @@ def _forecast(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
     return written
 
 
+def _compress(cfg: PipelineConfig, job: CompressJob, progress: bool) -> list[str]:
+    from postcast.compression.loader import compress_split
+
+    art = compress_split(job.data_config(cfg.store), job.field_config(), job.split, progress)
+    out = cfg.root / "compressed" / f"{job.name}.pcnf"
+    size = art.save(out)
+    psnr = min(e["psnr_db"] for e in art.header["errors"].values())
+    log.info("compress %s: %d fields, %d bytes, ratio %.0fx, lowest PSNR %.1f dB", job.name,
+             len(art.header["variables"]), size, art.ratio, psnr)
+    return [str(out)]
+
+
 def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stage]:
     """The stages of a run, in order (evaluate reads the checkpoints the train stages recorded)."""
     out: list[Stage] = []
@@ -215,6 +267,10 @@ def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stag
             return _forecast(cfg, [manifest.stages[n]["outputs"][0] for n in train_names])
 
         out.append(Stage("forecast", {"from": cfg.forecast_from, "to": cfg.forecast_to}, train_names, run_forecast))
+    for job in cfg.compress:
+        settings = {"preset_text": Path(job.preset).read_text(), "split": job.split, "field": dict(job.field)}
+        out.append(Stage(f"compress:{job.name}", settings, [first],
+                         lambda fresh, j=job: _compress(cfg, j, progress)))  # type: ignore[misc]
     return out
 
 

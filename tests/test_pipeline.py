@@ -11,6 +11,8 @@ import pytest
 import torch
 import yaml
 
+from postcast.compression.artefact import Artefact
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,7 +21,9 @@ def pipeline_yaml(tmp: Path, presets: list[str], train_args: list[str]) -> Path:
            "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [500, 850]},
            "train": [str(ROOT / "configs/train" / f"{p}.yaml") for p in presets],
            "train_args": ["--data.cfg.batch_size", "2", *train_args], "bootstrap": 50,
-           "forecast_from": "2017-06-01", "forecast_to": "2017-12-31"}
+           "forecast_from": "2017-06-01", "forecast_to": "2017-12-31",
+           "compress": [{"preset": str(ROOT / "configs/train/emos_t850.yaml"),
+                         "field": {"width": 8, "depth": 1, "steps": 20, "batch_points": 512}}]}
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -38,11 +42,14 @@ def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
     assert {"raw", "oracle", "emos_t850"} <= set(res["targets"]["t850"]["forecasts"])
     assert (work / "logs/pipeline.log").read_text().count("stage evaluate: finished") == 1
     assert len(list((work / "forecasts/postprocessed/t850").glob("*.nc"))) == 2  # 2017's last 2 tiny dates
+    art = Artefact.load(work / "compressed/emos_t850_train.pcnf")  # the fields EMOS reads, train dates only
+    assert art.header["source"]["split"] == "train" and art.ratio > 1
+    assert "truth_t850" in art.header["variables"] and art.decode_array().shape[1] == 6  # train: 2012-13 x 3
     cli("run", str(cfg), check=True)
     assert set(statuses(work).values()) == {"skipped"}
     cli("run", str(cfg), "--force", "train:emos_t850", check=True)
     assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran", "evaluate": "ran",
-                              "forecast": "ran"}
+                              "forecast": "ran", "compress:emos_t850_train": "skipped"}
     bad = cli("run", str(cfg), "--force", "train:nope")
     assert bad.returncode == 2 and "no such stage" in bad.stderr
 
@@ -80,3 +87,8 @@ def test_bad_pipeline_configs(cli, tmp_path):
     missing.write_text("kind: pipeline\nsynth: {seed: 1}\ntrain: [configs/train/nope.yaml]\n")
     proc = cli("config", "validate", str(missing))
     assert proc.returncode == 2 and "not found" in proc.stderr
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text("kind: pipeline\nsynth: {seed: 1}\ncompress: [{preset: configs/train/emos_t850.yaml, "
+                      "field: {width: 0}}]\n")
+    proc = cli("config", "validate", str(narrow))
+    assert proc.returncode == 2 and "width=0 must be >= 1" in proc.stderr
