@@ -22,13 +22,14 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from fastapi.responses import HTMLResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from scipy.special import ndtr
@@ -79,14 +80,18 @@ class Catalog:
                 continue
             init = pd.to_datetime(path.stem.rsplit("_", 1)[-1], format="%Y%m%dT%H")
             entries.append(Entry(target, init, init + pd.Timedelta(hours=schema.TARGET_STEP_H), product, path))
-        self.entries = entries
+        best: dict[tuple[str, pd.Timestamp | None], Entry] = {}  # (target, valid or None=latest) -> entry
+        for e in sorted(entries, key=lambda e: (e.init, e.product == "postprocessed")):  # later/better wins
+            best[(e.target, e.valid)] = best[(e.target, None)] = e
+        self.entries, self._best = entries, best
 
     def find(self, target: str, valid: pd.Timestamp | None) -> Entry:
-        cands = [e for e in self.entries if e.target == target and (valid is None or e.valid == valid)]
-        if not cands:
+        """The latest init time covering ``valid`` (postprocessed over fallback); None: the latest."""
+        entry = self._best.get((target, valid))
+        if entry is None:
             what = f"valid time {valid}" if valid is not None else "any time"
             raise HTTPException(404, f"no {target} forecast for {what}; see /forecasts")
-        return max(cands, key=lambda e: (e.init, e.product == "postprocessed"))
+        return entry
 
     def field(self, entry: Entry) -> Field:
         with self._lock:
@@ -106,6 +111,8 @@ def _load(entry: Entry) -> Field:
 
 
 class Stats:
+    """Requests, seconds and errors per path (served at /metrics)."""
+
     def __init__(self) -> None:
         self.count: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)
@@ -122,11 +129,41 @@ class Stats:
         return "\n".join(lines) + "\n"
 
 
+@lru_cache(maxsize=4096)  # clients ask for the same few valid times over and over
+class StatsMiddleware:
+    """Plain ASGI middleware feeding :class:`Stats` (far cheaper per request than ``@app.middleware``)."""
+
+    def __init__(self, app: Any, stats: Stats) -> None:
+        self.app, self.stats = app, stats
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0, status = time.perf_counter(), 500
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = scope["path"]
+            self.stats.count[path] += 1
+            self.stats.seconds[path] += time.perf_counter() - t0
+            if status >= 400:
+                self.stats.errors[path] += 1
+
+
 def _parse_time(text: str | None) -> pd.Timestamp | None:
     if text is None:
         return None
     try:
-        return pd.Timestamp(text).tz_localize(None) if pd.Timestamp(text).tzinfo else pd.Timestamp(text)
+        stamp = pd.Timestamp(text)
+        return stamp.tz_convert("UTC").tz_localize(None) if stamp.tzinfo else stamp
     except ValueError as err:
         raise HTTPException(422, f"time {text!r}: not a date-time (e.g. 2017-01-04T00:00)") from err
 
@@ -164,17 +201,7 @@ def create_app(forecasts: str | Path, token: str | None = None) -> FastAPI:
 
 
 def _info_routes(app: FastAPI, catalog: Catalog, stats: Stats, token: str | None) -> None:
-
-    @app.middleware("http")
-    async def count(request: Request, call_next: Any) -> Response:
-        t0 = time.perf_counter()
-        response: Response = await call_next(request)
-        path = request.url.path
-        stats.count[path] += 1
-        stats.seconds[path] += time.perf_counter() - t0
-        if response.status_code >= 400:
-            stats.errors[path] += 1
-        return response
+    app.add_middleware(StatsMiddleware, stats=stats)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
