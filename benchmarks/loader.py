@@ -2,7 +2,7 @@
 DataLoader, xbatcher, postcast's direct loader, postcast's clairvoyant loader, and the raw-read
 limit (the same chunks read with zarr into numpy).
 
-Every case reads the training split of the same store (default ``data/store.zarr``, the quickstart
+Every case reads the training split of the same store (default ``runs/quickstart/store.zarr``, the quickstart
 store: 5 deg grid) for ``--epochs`` shuffled epochs in batches of ``--batch-size`` through the same
 zarr 3 store wrapper adding ``--latency-ms`` per read (``zarr.testing.store.LatencyStore``: an async
 sleep before each ``get``, as on a network or parallel filesystem, so concurrent reads overlap).
@@ -51,6 +51,7 @@ import torch
 import xarray as xr
 import xbatcher
 import zarr
+from common import DEFAULT_STORE, require_store
 from torch.utils.data import DataLoader, Dataset
 from xbatcher.loaders.torch import MapDataset
 from zarr.storage import LocalStore
@@ -195,7 +196,7 @@ CASES = {"xarray_dataloader": case_xarray, "xbatcher": case_xbatcher, "postcast_
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--store", default=str(ROOT / "data" / "store.zarr"))
+    p.add_argument("--store", default=str(DEFAULT_STORE))
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--latency-ms", type=float, default=2.0)
@@ -204,6 +205,7 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loader.json"))
     args = p.parse_args()
+    args.store = require_store(args.store)
     torch.set_num_threads(1)
     rows = train_rows(args.store)
     mb = sample_mb(args.store)

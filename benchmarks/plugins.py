@@ -2,7 +2,7 @@
 
 Every plugin trains the same small U-Net (``configs/train/unet_t850.yaml`` with ``base_filters`` 8
 instead of 32, ~31k parameters, so the whole script fits in ~10 minutes on 2 shared CPU cores) for
-T850 on ``data/store.zarr`` (37 x 72, 128 training dates), with 2 gloo ranks, batch 4 per rank,
+T850 on ``runs/quickstart/store.zarr`` (37 x 72, 128 training dates), with 2 gloo ranks, batch 4 per rank,
 ``--steps`` optimizer steps (default 48 = 3 epochs) from the same seed. The configuration is exactly
 ``postcast train fit -c configs/train/unet_t850.yaml -c configs/plugins/<plugin>.yaml`` (the Lightning
 CLI, built in-process with ``run=False``; the two ranks are spawned once and run every plugin in
@@ -20,7 +20,7 @@ gradual cubic pruning over steps 0-40 to 50/75/90 %, 2:4 N:M masks from step 0),
 On 2 CPU cores this shows convergence and communication volume, not speed; step times are
 recorded but dominated by compute and process sharing.
 
-    python benchmarks/plugins.py [--steps 48] [--base-filters 8] [--store data/store.zarr]
+    python benchmarks/plugins.py [--steps 48] [--base-filters 8] [--store runs/quickstart/store.zarr]
 
 Last line: ``RESULT plugins_within_5pct_of_ddp=<n>/<total>``.
 """
@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from common import DEFAULT_STORE, require_store
 
 from postcast.datasets.io import write_json
 
@@ -139,12 +140,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--base-filters", type=int, default=8)
-    ap.add_argument("--store", default=str(ROOT / "data/store.zarr"))
+    ap.add_argument("--store", default=str(DEFAULT_STORE))
     ap.add_argument("--only", nargs="*", help="run only these plugins (ddp is always run)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/plugins.json"))
     a = ap.parse_args()
-    if not Path(a.store).exists():
-        raise SystemExit(f"{a.store}: no store; run `postcast run configs/quickstart.yaml` first (exit 66)")
+    a.store = require_store(a.store)
     preset = str(ROOT / "configs/train/unet_t850.yaml")
     steps_per_epoch = 128 // (4 * WORLD)
     extra = ["--data.cfg.store", a.store, "--model.base_filters", str(a.base_filters),

@@ -2,7 +2,7 @@
 several seeds through ``postcast train fit``, evaluate on the test split with ``postcast evaluate``'s
 code, and report CRPS and the fraction of the raw-to-oracle gap closed as mean +- std over seeds.
 
-    python benchmarks/skill.py                       # all presets, seeds 0 1 2, data/store.zarr
+    python benchmarks/skill.py                       # all presets, seeds 0 1 2, runs/quickstart/store.zarr
     python benchmarks/skill.py --models unet smoe --targets t850 --seeds 0
 
 Finished runs are recorded in OUT/runs.json and skipped on a rerun (a killed benchmark resumes).
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import DEFAULT_STORE, require_store
 
 from postcast.datasets import io
 from postcast.models.module import MODELS
@@ -86,13 +87,14 @@ def print_table(agg: dict[str, dict[str, dict[str, float]]]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--store", default="data/store.zarr")
+    p.add_argument("--store", default=str(DEFAULT_STORE))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, help="override every preset's max_epochs")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/skill"))
     a = p.parse_args()
+    a.store = require_store(a.store)
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
     a.out.mkdir(parents=True, exist_ok=True)
