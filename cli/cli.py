@@ -410,7 +410,9 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
                     "the maximum absolute error.",
         epilog="examples:\n  postcast compress data/store.zarr --var truth_t850 --out t850.pcnf\n"
                "  postcast compress data/store.zarr --var ens_mean_t --level 850 --width 64 --out t850m.pcnf\n"
-               "  postcast compress data/store.zarr --var truth_z500 --error-bound 5 --out z500.pcnf",
+               "  postcast compress data/store.zarr --var truth_z500 --error-bound 5 --out z500.pcnf\n"
+               "  postcast compress data/store.zarr --var truth_t850 --var ens_mean_t --level 850 "
+               "--error-bound-var truth_t850=0.1 --out t850.pcnf",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="zarr store or netCDF file")
     p.add_argument("--var", dest="variables", action="append", required=True, help="variable (repeatable)")
@@ -424,7 +426,20 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sigma", type=float, default=1.6, help="std of the Fourier matrices")
     p.add_argument("--weights", default="fp16", choices=["fp16", "int8", "fp32"])
     p.add_argument("--error-bound", type=float, help="guaranteed max absolute error (data units), via SZ3")
+    p.add_argument("--error-bound-var", action="append", default=[], metavar="VAR=BOUND",
+                   help="a bound for one variable (repeatable; overrides --error-bound for it)")
     p.set_defaults(func=_run_compress)
+
+
+def _var_bound(item: str) -> tuple[str, float]:
+    name, sep, value = item.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError(item)
+        return name, float(value)
+    except ValueError as err:
+        msg = f"--error-bound-var {item!r}: give VAR=BOUND in the variable's units, e.g. truth_t850=0.1"
+        raise ValueError(msg) from err
 
 
 def _run_compress(a: argparse.Namespace) -> int:
@@ -434,8 +449,9 @@ def _run_compress(a: argparse.Namespace) -> int:
     from postcast.datasets.errors import BadInputError, MissingInputError
 
     try:
+        per_var = dict(_var_bound(item) for item in a.error_bound_var)
         cfg = FieldConfig(width=a.width, depth=a.depth, steps=a.steps, sigma=a.sigma, weights=a.weights,
-                          error_bound=a.error_bound)
+                          error_bound=a.error_bound, error_bounds=per_var)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     sel = Selection(a.source, tuple(a.variables), tuple(a.levels), a.step_hours, a.member)
@@ -446,6 +462,11 @@ def _run_compress(a: argparse.Namespace) -> int:
     except (ValueError, KeyError) as err:
         msg = f"{a.source}: {err}"
         raise BadInputError(msg) from err
+    try:
+        cfg.bounds_for(fields.variables)  # before the fit: a misspelt variable costs nothing
+    except ValueError as err:
+        msg = f"--error-bound-var: {err}"
+        raise ConfigError(msg) from err
     art = Artefact.build(fields, cfg, progress=a.progress)
     art.header["selection"] = sel.to_dict()
     size = art.save(a.out)

@@ -17,6 +17,7 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from postcast.compression.field import FieldConfig, FieldNet, Fields
 from postcast.datasets import io, schema
 
 MAGIC = b"PCNF"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the residual layer is one SZ3 stream per variable, each with its own bound
+READABLE_VERSIONS = (1, 2)
 SUFFIX = ".pcnf"
 _PREFIX = struct.Struct("<4sHII")  # magic, version, header bytes, crc32
 DECODE_POINTS = 65536  # points per decoder batch (fixed: the error-bounded layer relies on a repeatable decode)
@@ -44,6 +46,7 @@ class Artefact:
     header: dict[str, Any]
     arrays: dict[str, np.ndarray]
     path: str | None = None
+    _residual_cache: list[np.ndarray] = dc_field(default_factory=list, repr=False, compare=False)
 
     # --- construction ------------------------------------------------------------------------------
     @classmethod
@@ -80,29 +83,50 @@ class Artefact:
         }
         art = cls(header, arrays)
         decoded = art.decode_array()
-        if cfg.error_bound is not None:
-            art.add_residual_layer(fields.data, decoded, cfg.error_bound)
+        bounds = cfg.bounds_for(fields.variables)
+        if any(b is not None for b in bounds):
+            art.add_residual_layer(fields.data, decoded, bounds)
             decoded = art.decode_array()
         art.header["errors"] = error_summary(fields.data, decoded, fields.lat)
         return art
 
-    def add_residual_layer(self, data: np.ndarray, decoded: np.ndarray, bound: float) -> None:
-        """SZ3 on the network's residual at 0.99 x ``bound``, then exact fix-ups wherever the sum still
-        misses the bound, so that max |decoded - data| <= bound holds at every point."""
+    def with_error_bounds(self, fields: Fields, bounds: dict[str, float]) -> Artefact:
+        """A copy of this network-only artefact with a residual layer guaranteeing ``bounds`` (per
+        variable, data units) on ``fields`` (the data it was fitted to): no refit."""
+        if "residual.fix_index" in self.arrays:
+            msg = "this artefact already has a residual layer: start from the network-only artefact"
+            raise ValueError(msg)
+        cfg = FieldConfig(**{**self.header["config"], "error_bounds": dict(bounds)})
+        art = Artefact({**self.header, "config": cfg.to_dict()}, dict(self.arrays))
+        art.add_residual_layer(fields.data, self.decode_array(), cfg.bounds_for(fields.variables))
+        art.header["errors"] = error_summary(fields.data, art.decode_array(), fields.lat)
+        return art
+
+    def add_residual_layer(self, data: np.ndarray, decoded: np.ndarray, bounds: list[float | None]) -> None:
+        """Per variable with a bound: SZ3 on the network's residual at 0.99 x the bound, then exact
+        fix-ups wherever the sum still misses it, so that max |decoded - data| <= bound holds at every
+        point of that variable. Variables without a bound keep the network's decode."""
         from pysz import sz, szConfig, szErrorBoundMode  # optional dependency: postcast[compress]
 
-        resid = (data - decoded).astype(np.float32)
-        conf = szConfig()
-        conf.errorBoundMode = szErrorBoundMode.ABS
-        conf.absErrorBound = 0.99 * bound
-        blob, _ = sz.compress(np.ascontiguousarray(resid), conf)
-        back, _ = sz.decompress(blob, np.float32, resid.shape)
-        bad = np.flatnonzero(np.abs((decoded + back) - data).ravel() > 0.99 * bound)
-        self.arrays["residual.sz3"] = np.asarray(blob, dtype=np.uint8)
+        resid = (data - decoded).astype(np.float32)  # (V, T, L, H, W)
+        miss = np.zeros(data.shape, bool)
+        for v, bound in enumerate(bounds):
+            if bound is None:
+                continue
+            conf = szConfig()
+            conf.errorBoundMode = szErrorBoundMode.ABS
+            conf.absErrorBound = 0.99 * bound
+            blob, _ = sz.compress(np.ascontiguousarray(resid[v]), conf)
+            back, _ = sz.decompress(blob, np.float32, resid[v].shape)
+            self.arrays[f"residual.sz3.{v}"] = np.asarray(blob, dtype=np.uint8)
+            miss[v] = np.abs((decoded[v] + np.asarray(back).reshape(resid[v].shape)) - data[v]) > 0.99 * bound
+        bad = np.flatnonzero(miss.ravel())
         self.arrays["residual.fix_index"] = bad.astype(np.int64)
         self.arrays["residual.fix_value"] = data.ravel()[bad].astype(np.float32)
-        self.header["residual"] = {"bound": bound, "codec": "sz3-abs", "sz3_bound": 0.99 * bound,
-                                   "fixups": int(bad.size)}
+        shared = set(bounds)
+        self.header["residual"] = {"bound": shared.pop() if len(shared) == 1 else None, "bounds": bounds,
+                                   "codec": "sz3-abs", "sz3_factor": 0.99, "fixups": int(bad.size)}
+        self._residual_cache.clear()
 
     # --- file i/o ----------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -140,8 +164,8 @@ class Artefact:
             msg = f"{name}: not a postcast neural-field artefact (bad magic; expected a {SUFFIX} file)"
             raise ArtefactError(msg)
         _, version, head_len, crc = _PREFIX.unpack_from(data)
-        if version != FORMAT_VERSION:
-            msg = f"{name}: artefact format version {version}; this postcast reads version {FORMAT_VERSION}"
+        if version not in READABLE_VERSIONS:
+            msg = f"{name}: artefact format version {version}; this postcast reads versions {READABLE_VERSIONS}"
             raise ArtefactError(msg)
         body = data[_PREFIX.size:]
         if len(body) < head_len or zlib.crc32(body) != crc:
@@ -236,7 +260,7 @@ class Artefact:
             for b, lv in enumerate(li):
                 vals = self.decode_points(np.full(la.size, t), np.full(la.size, lv), la.ravel(), lo.ravel(), net)
                 out[:, a, b] = vals.reshape(n_v, n_h, n_w)
-        if "residual.sz3" in self.arrays:
+        if "residual.fix_index" in self.arrays:
             out += self._residual()[:, ti][:, :, li]
             flat = np.zeros((n_v, n_t, n_l, n_h, n_w), bool).ravel()
             flat[self.arrays["residual.fix_index"]] = True
@@ -247,11 +271,23 @@ class Artefact:
         return out
 
     def _residual(self) -> np.ndarray:
+        """The SZ3 residual layer, (V, T, L, H, W); decompressed once per artefact object."""
         from pysz import sz
 
+        if self._residual_cache:
+            return self._residual_cache[0]
         shape = tuple(self.header["shape"])
-        back, _ = sz.decompress(np.asarray(self.arrays["residual.sz3"]), np.float32, shape)
-        return np.asarray(back, np.float32).reshape(shape)
+        if "residual.sz3" in self.arrays:  # format 1: one stream for all variables
+            back, _ = sz.decompress(np.asarray(self.arrays["residual.sz3"]), np.float32, shape)
+            out = np.asarray(back, np.float32).reshape(shape)
+        else:
+            out = np.zeros(shape, np.float32)
+            for v in range(shape[0]):
+                if f"residual.sz3.{v}" in self.arrays:
+                    back, _ = sz.decompress(np.asarray(self.arrays[f"residual.sz3.{v}"]), np.float32, shape[1:])
+                    out[v] = np.asarray(back, np.float32).reshape(shape[1:])
+        self._residual_cache.append(out)
+        return out
 
     def regrid(self, resolution: float) -> xr.Dataset:
         """Every (time, level) slice decoded on a regular ``resolution``-degree grid (network only)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ class FieldConfig:
     seed: int = 0
     weights: str = "fp16"  # fp16 | int8 | fp32: storage of the trained weights
     error_bound: float | None = None  # absolute max error (data units) guaranteed by an SZ3 residual layer
+    error_bounds: dict[str, float] = field(default_factory=dict)  # per variable, overriding error_bound
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_FORMATS:
@@ -65,6 +66,18 @@ class FieldConfig:
         if self.error_bound is not None and not self.error_bound > 0:
             msg = f"error_bound={self.error_bound}: give a positive absolute bound in data units, or none"
             raise ValueError(msg)
+        bad = {k: v for k, v in self.error_bounds.items() if not (isinstance(v, int | float) and v > 0)}
+        if bad:
+            msg = f"error_bounds {bad}: give positive absolute bounds in each variable's units"
+            raise ValueError(msg)
+
+    def bounds_for(self, variables: list[str]) -> list[float | None]:
+        """The guaranteed max abs error of each variable (None: the network alone)."""
+        unknown = sorted(set(self.error_bounds) - set(variables))
+        if unknown:
+            msg = f"error_bounds names {unknown}, which are not among the compressed variables {variables}"
+            raise ValueError(msg)
+        return [float(self.error_bounds[v]) if v in self.error_bounds else self.error_bound for v in variables]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

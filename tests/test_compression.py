@@ -102,6 +102,24 @@ def test_error_bounded_mode_never_exceeds_its_bound(bound, tmp_path):
     assert max(e["max_abs"] for e in art.header["errors"].values()) <= bound
 
 
+def test_per_variable_bounds_leave_unbounded_variables_to_the_network(tmp_path):
+    ds = smooth_fields(noise=0.3, seed=2)
+    fields = to_fields(ds)
+    plain = Artefact.build(fields, FieldConfig(**{**FAST.to_dict(), "steps": 80}), progress=False)
+    bounded = plain.with_error_bounds(fields, {"t": 0.05})  # same network, residual layer on t only
+    bounded.save(tmp_path / "t.pcnf")
+    back = Artefact.load(tmp_path / "t.pcnf")
+    assert back.config.error_bounds == {"t": 0.05} and back.header["residual"]["bounds"] == [0.05, None]
+    got, net_only = back.decode_array(), plain.decode_array()
+    assert float(np.abs(got[0] - fields.data[0]).max()) <= 0.05 < float(np.abs(net_only[0] - fields.data[0]).max())
+    np.testing.assert_array_equal(got[1], net_only[1])  # z: the network's decode, untouched
+    assert plain.nbytes < bounded.nbytes
+    with pytest.raises(ValueError, match=r"not among the compressed variables \['t', 'z'\]"):
+        plain.with_error_bounds(fields, {"q": 1.0})
+    with pytest.raises(ValueError, match="positive absolute bounds"):
+        FieldConfig(error_bounds={"t": -1.0})
+
+
 def test_bad_artefacts_give_clean_errors(fitted, tmp_path, cli):
     _, art = fitted
     good = art.to_bytes()
@@ -200,6 +218,10 @@ def test_cli_compress_decompress_report(store, tmp_path, cli):
     assert (tmp_path / "p.png").stat().st_size > 1000
     bad = cli("compress", str(store), "--var", "nope", "--out", str(tmp_path / "n.pcnf"))
     assert bad.returncode == 65 and "nope" in bad.stderr
+    for spec, says in (("truth_t850", "give VAR=BOUND"), ("t850=0.1", "not among the compressed variables")):
+        bad = cli("compress", str(store), "--var", "truth_t850", "--error-bound-var", spec,
+                  "--out", str(tmp_path / "n"))
+        assert bad.returncode == 2 and says in bad.stderr and not (tmp_path / "n").exists()
 
 
 def test_baselines_meet_their_bounds_and_refuse_two_modes():
