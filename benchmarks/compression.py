@@ -13,7 +13,10 @@ two fields (NaN when no neural point reaches 100x inside SZ3's range).
 Part 2 (downstream): the U-Net T850 preset trained for ``--epochs`` from the original store and
 from one artefact of its training split (:class:`postcast.compression.loader.CompressedDataModule`;
 validation and test on the original store), same seed; ``downstream_crps_penalty_pct`` is the
-relative test-CRPS increase.
+relative test-CRPS increase with the network-only artefact. Two error-bounded variants of the same
+network (no refit: :meth:`Artefact.with_error_bounds`) show the other end of the trade-off:
+``bounded_head`` bounds the target and the Gaussian head's fields (``--head-bounds``), ``bounded_all``
+bounds every field at ``--relative-bound`` times its std; their ratios and penalties are extra keys.
 
     python benchmarks/compression.py                  # ~20 min on 2 CPU cores
     python benchmarks/compression.py --skip-downstream
@@ -87,22 +90,33 @@ def downstream(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     import lightning as L
     import yaml
 
-    from postcast.compression.loader import CompressedDataModule, compress_split
+    from postcast.compression.loader import CompressedDataModule, compress_split, split_fields
     from postcast.datasets.datamodule import DataConfig, StoreDataModule
     from postcast.models.module import PostProcessor
 
     preset = yaml.safe_load(Path("configs/train/unet_t850.yaml").read_text())
     data = {**preset["data"]["cfg"], "store": a.store, "variables": tuple(preset["data"]["cfg"]["variables"])}
     cfg = DataConfig(**data)
-    t0 = time.perf_counter()
-    art = compress_split(cfg, FieldConfig(width=a.downstream_width, depth=a.depth, steps=a.downstream_steps,
-                                          sigma=a.sigma))
-    fit_s = time.perf_counter() - t0
+    fields = to_fields(split_fields(cfg, "train"))
+    fcfg = FieldConfig(width=a.downstream_width, depth=a.depth, steps=a.downstream_steps, sigma=a.sigma)
     path = out / "unet_t850_train.pcnf"
-    art.save(path)
-    res: dict[str, Any] = {"ratio": art.ratio, "artefact_bytes": art.nbytes, "fit_s": fit_s,
-                           "fields": len(art.header["variables"]), "errors": art.header["errors"]}
-    for name, dm in (("original", StoreDataModule(cfg)), ("compressed", CompressedDataModule(cfg, str(path)))):
+    art = fitted(path, fields, fcfg)
+    if art is None:
+        art = compress_split(cfg, fcfg)
+        art.save(path)
+    res: dict[str, Any] = {"ratio": art.ratio, "artefact_bytes": art.nbytes, "fit_s": art.header["fit_seconds"],
+                           "fields": len(art.header["variables"]), "errors": art.header["errors"], "variants": {}}
+    variants = {"original": ("store", None), "compressed": ("network only", path)}
+    std = {v: float(fields.data[i].std()) for i, v in enumerate(fields.variables)}
+    bounds = {"bounded_head": {v: b for v, b in a.head_bounds.items()},  # the head's fields and the target
+              "bounded_all": {v: a.relative_bound * s for v, s in std.items()}}  # every field, rel. to its std
+    for name, spec in bounds.items():
+        bounded = art.with_error_bounds(fields, spec)
+        bounded.save(out / f"unet_t850_train_{name}.pcnf")
+        variants[name] = (", ".join(f"{v}<={b:.3g}" for v, b in spec.items()), out / f"unet_t850_train_{name}.pcnf")
+        res["variants"][name] = {"ratio": bounded.ratio, "bytes": bounded.nbytes, "bounds": spec}
+    for name, (what, src) in variants.items():
+        dm = StoreDataModule(cfg) if src is None else CompressedDataModule(cfg, str(src))
         L.seed_everything(0)
         model = PostProcessor(**preset["model"], in_channels=cfg.n_channels, grid=dm.grid,
                               target_channels=dm.target_channels, n_variables=len(cfg.input_variables))
@@ -112,6 +126,9 @@ def downstream(a: argparse.Namespace, out: Path) -> dict[str, Any]:
         trainer.fit(model, dm)
         res[f"{name}_train_s"] = time.perf_counter() - t0
         res[f"{name}_test_crps"] = trainer.test(model, dm, verbose=False)[0]["test_crps"]
+        res["variants"].setdefault(name, {"ratio": art.ratio if src else 1.0, "bytes": art.nbytes if src else None})
+        res["variants"][name].update(what=what, test_crps=res[f"{name}_test_crps"],
+                                     penalty_pct=100 * (res[f"{name}_test_crps"] / res["original_test_crps"] - 1))
     res["penalty_pct"] = 100 * (res["compressed_test_crps"] / res["original_test_crps"] - 1)
     return res
 
@@ -128,10 +145,15 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=12, help="U-Net epochs (the preset's)")
     p.add_argument("--downstream-width", type=int, default=64)
     p.add_argument("--downstream-steps", type=int, default=3000)
+    p.add_argument("--head-bounds", nargs="*", default=["truth_t850=0.25", "ens_mean_t=0.1", "ens_std_t=0.05"],
+                   metavar="VAR=BOUND", help="downstream 'bounded_head' variant: SZ3 bounds (K) on these fields")
+    p.add_argument("--relative-bound", type=float, default=0.01,
+                   help="downstream 'bounded_all' variant: every field bounded at this fraction of its std")
     p.add_argument("--skip-downstream", action="store_true")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/compression"))
     a = p.parse_args()
     a.store = require_store(a.store)
+    a.head_bounds = {k: float(v) for k, v in (b.split("=", 1) for b in a.head_bounds)}
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning").setLevel(logging.WARNING)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -143,14 +165,17 @@ def main() -> None:
     gain = min(gains.values())
     down = {} if a.skip_downstream else downstream(a, a.out)
     if down:
-        print(f"\ndownstream (U-Net T850, {a.epochs} epochs): artefact {down['artefact_bytes']} bytes for "
-              f"{down['fields']} fields, ratio {down['ratio']:.0f}x, fit {down['fit_s']:.0f} s; test CRPS original "
-              f"{down['original_test_crps']:.4f} vs compressed {down['compressed_test_crps']:.4f} "
-              f"({down['penalty_pct']:+.2f}%)")
+        print(f"\ndownstream (U-Net T850, {a.epochs} epochs, {down['fields']} training fields; network fit "
+              f"{down['fit_s']:.0f} s)\n{'variant':<14}{'ratio':>8}{'test CRPS':>11}{'penalty %':>11}  bounds")
+        for name, v in down["variants"].items():
+            print(f"{name:<14}{v['ratio']:>8.1f}{v['test_crps']:>11.4f}{v['penalty_pct']:>11.2f}  {v['what']}")
     write_json(a.out / "compression.json", {"rows": rows, "ratio_vs_sz3": gains, "downstream": down,
                                             "args": {k: str(v) for k, v in vars(a).items()}})
-    penalty = down.get("penalty_pct", float("nan"))
-    print(f"RESULT ratio_vs_sz3_at_equal_wrmse={gain:.3f} downstream_crps_penalty_pct={penalty:.2f}")
+    var = down.get("variants", {})
+    extra = "".join(f" {n}_ratio={v['ratio']:.1f} {n}_penalty_pct={v['penalty_pct']:.2f}"
+                    for n, v in var.items() if n.startswith("bounded"))
+    penalty = var.get("compressed", {}).get("penalty_pct", float("nan"))
+    print(f"RESULT ratio_vs_sz3_at_equal_wrmse={gain:.3f} downstream_crps_penalty_pct={penalty:.2f}{extra}")
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ class Artefact:
             msg = "this artefact already has a residual layer: start from the network-only artefact"
             raise ValueError(msg)
         cfg = FieldConfig(**{**self.header["config"], "error_bounds": dict(bounds)})
-        art = Artefact({**self.header, "config": cfg.to_dict()}, dict(self.arrays))
+        art = Artefact({**self.header, "config": cfg.to_dict(), "format_version": FORMAT_VERSION}, dict(self.arrays))
         art.add_residual_layer(fields.data, self.decode_array(), cfg.bounds_for(fields.variables))
         art.header["errors"] = error_summary(fields.data, art.decode_array(), fields.lat)
         return art
