@@ -21,6 +21,7 @@ it raises. Convolutions (the U-Net) keep dense kernels with zeros.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import lightning as L
@@ -89,7 +90,7 @@ def cubic_sparsity(step: int, final: float, start_step: int, end_step: int, init
     return final + (initial - final) * (1.0 - frac) ** 3
 
 
-class _MaskedTraining(L.Callback):
+class _MaskedTraining(L.Callback, ABC):
     """Keeps masks (by parameter name) applied across optimizer steps; checkpoints them."""
 
     def __init__(self, min_numel: int = 64, exclude: list[str] | None = None, semi_structured: bool = False) -> None:
@@ -102,11 +103,13 @@ class _MaskedTraining(L.Callback):
     def targets(self, pl_module: nn.Module) -> dict[str, nn.Parameter]:
         return prunable(pl_module, self.min_numel, self.exclude)
 
-    def update_masks(self, pl_module: nn.Module) -> None:  # overridden
-        raise NotImplementedError
+    @abstractmethod
+    def update_masks(self, pl_module: nn.Module) -> None:
+        """Recompute ``self.masks`` from the current weights."""
 
-    def due(self) -> bool:  # overridden: recompute the masks at this step?
-        raise NotImplementedError
+    @abstractmethod
+    def due(self) -> bool:
+        """Recompute the masks at this step?"""
 
     def apply(self, pl_module: nn.Module) -> None:
         params = dict(pl_module.named_parameters())
