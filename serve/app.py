@@ -129,7 +129,6 @@ class Stats:
         return "\n".join(lines) + "\n"
 
 
-@lru_cache(maxsize=4096)  # clients ask for the same few valid times over and over
 class StatsMiddleware:
     """Plain ASGI middleware feeding :class:`Stats` (far cheaper per request than ``@app.middleware``)."""
 
@@ -158,6 +157,7 @@ class StatsMiddleware:
                 self.stats.errors[path] += 1
 
 
+@lru_cache(maxsize=4096)  # clients ask for the same few valid times over and over
 def _parse_time(text: str | None) -> pd.Timestamp | None:
     if text is None:
         return None
