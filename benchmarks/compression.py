@@ -91,7 +91,7 @@ def downstream(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     import yaml
 
     from postcast.compression.loader import CompressedDataModule, compress_split, split_fields
-    from postcast.datasets.datamodule import DataConfig, StoreDataModule
+    from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
     from postcast.models.module import PostProcessor
 
     preset = yaml.safe_load(Path("configs/train/unet_t850.yaml").read_text())

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import eccodes
 
-from postcast.datasets import rawforms
+from postcast.datasets import synthfiles
 from postcast.datasets.ingest import IngestConfig, ingest
 from postcast.datasets.synthetic import SynthConfig
 
@@ -55,9 +55,9 @@ def timed_ingest(src: Path, out: Path, workers: int) -> float:
 
 def run_case(name: str, cfg: SynthConfig, work: Path, workers: int) -> dict[str, float | int | str]:
     grib_dir, zarr_dir = work / f"{name}_grib", work / f"{name}_zarr"
-    rawforms.write_synthetic(SynthConfig(**{**cfg.to_dict(), "format": "grib", "years": cfg.years,
+    synthfiles.write_synthetic(SynthConfig(**{**cfg.to_dict(), "format": "grib", "years": cfg.years,
                                             "levels": cfg.levels}), grib_dir, progress=False)
-    rawforms.write_synthetic(cfg, zarr_dir, progress=False)
+    synthfiles.write_synthetic(cfg, zarr_dir, progress=False)
     files = sorted(p for p in grib_dir.iterdir() if p.name.startswith("output."))
     t_decode, n_msg, n_bytes = decode_all(files)
     t_grib = timed_ingest(grib_dir, work / f"{name}_from_grib.zarr", workers)

@@ -57,9 +57,9 @@ from xbatcher.loaders.torch import MapDataset
 from zarr.storage import LocalStore
 from zarr.testing.store import LatencyStore
 
-from postcast.datasets import prefetch, schema
-from postcast.datasets.datamodule import SPLIT_CODE, DataConfig, StoreDataset
 from postcast.datasets.io import write_json
+from postcast.datasets.loaders import prefetch, schema
+from postcast.datasets.loaders.datamodule import SPLIT_CODE, DataConfig, StoreDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIABLES = ("t", "z", "q", "w", "d", "u", "v")

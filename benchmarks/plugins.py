@@ -76,11 +76,11 @@ def val_crps(model: Any, dm: Any) -> float:
 
 
 def run_one(rank: int, configs: list[str], extra: list[str], out: Path) -> dict[str, Any]:
-    from postcast.datasets.datamodule import StoreDataModule
+    from postcast.datasets.loaders.datamodule import StoreDataModule
     from postcast.models.module import PostProcessor
     from postcast.models.plugins import CommReport
     from postcast.models.plugins.sparsity import _MaskedTraining
-    from postcast.train import PostcastCLI
+    from postcast.pipeline.train import PostcastCLI
 
     args = [a for c in configs for a in ("-c", c)] + extra
     args += ["--trainer.callbacks+=postcast.models.plugins.CommReport", "--trainer.logger", "false",

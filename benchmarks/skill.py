@@ -27,7 +27,7 @@ from common import DEFAULT_STORE, require_store
 from postcast.datasets import io
 from postcast.models.module import MODELS
 from postcast.pipeline.evaluate import EvalConfig, evaluate
-from postcast.train import run as train
+from postcast.pipeline.train import run as train
 
 TARGETS = ("z500", "t850", "t2m")
 

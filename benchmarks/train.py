@@ -27,8 +27,8 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, Dataset
 
-from postcast.datasets.datamodule import DataConfig
 from postcast.datasets.io import write_json
+from postcast.datasets.loaders.datamodule import DataConfig
 from postcast.models.module import MODELS, PostProcessor
 
 GRIDS = {"5": (37, 72), "0.5": (361, 720)}

@@ -77,7 +77,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_synth(a: argparse.Namespace) -> int:
-    from postcast.datasets import config, rawforms
+    from postcast.datasets import config, synthfiles
     from postcast.datasets.synthetic import SynthConfig
 
     over = {"seed": a.seed, "resolution": a.resolution, "years": a.years, "dates_per_year": a.dates_per_year,
@@ -86,7 +86,7 @@ def _run_synth(a: argparse.Namespace) -> int:
         SynthConfig, {k: v for k, v in over.items() if v is not None}, where="synth options")
     log.info("synthesising %d init dates on a %dx%d grid -> %s (%s)", len(cfg.init_times), *cfg.grid.shape,
              a.out, cfg.format)
-    manifest = rawforms.write_synthetic(cfg, a.out, progress=a.progress)
+    manifest = synthfiles.write_synthetic(cfg, a.out, progress=a.progress)
     log.info("done in %.1f s: %s", manifest["seconds"], ", ".join(manifest["files"][:6]))
     return 0
 
@@ -182,7 +182,7 @@ def _run_config_validate(a: argparse.Namespace) -> int:
     worst = 0
     for f in a.files:
         if config.is_lightning_preset(f):
-            from postcast.train import validate_preset
+            from postcast.pipeline.train import validate_preset
 
             problem = validate_preset(f)
             if problem is None:
@@ -212,7 +212,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(a: argparse.Namespace) -> int:
-    from postcast.train import run
+    from postcast.pipeline.train import run
 
     run(a.lightning_args or ["--help"])
     return 0

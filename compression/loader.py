@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from postcast.compression.artefact import Artefact
 from postcast.compression.field import FieldConfig, to_fields
 from postcast.datasets import io, schema
-from postcast.datasets.datamodule import DataConfig, SampleMaker, StoreDataModule, StoreDataset, parse_variable
+from postcast.datasets.loaders.datamodule import DataConfig, SampleMaker, StoreDataModule, StoreDataset, parse_variable
 
 
 def _channels(cfg: DataConfig) -> list[tuple[str, str, int | None]]:

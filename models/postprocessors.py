@@ -1,7 +1,7 @@
 """Pointwise post-processors and the model interface.
 
 Every post-processor is an ``nn.Module`` whose ``forward(batch)`` maps a batch of
-:class:`~postcast.datasets.datamodule.StoreDataset` samples to head outputs ``(a, b)``, each
+:class:`~postcast.datasets.loaders.datamodule.StoreDataset` samples to head outputs ``(a, b)``, each
 (B, H, W), for the spread-relative Gaussian head of :mod:`postcast.models.losses`. The last layer
 of each is zero-initialised, so an untrained model reproduces the raw ensemble (a = b = 0).
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from postcast.models import kernels
 from postcast.models.convnets import UNetTrunk
-from postcast.models.kernels.eager import TopKRouting, routing_correct
+from postcast.models.kernels.reference import TopKRouting, routing_correct
 from postcast.models.postprocessors import Batch
 
 __all__ = ["SMoE", "SMoEConfig", "SMoEHead", "TopKRouting", "UNetSMoE", "rc_labels", "routing_correct"]

@@ -25,7 +25,7 @@ import torch
 import xarray as xr
 
 from postcast.datasets import io, schema
-from postcast.datasets.datamodule import SPLIT_CODE, DataConfig, StoreDataset
+from postcast.datasets.loaders.datamodule import SPLIT_CODE, DataConfig, StoreDataset
 from postcast.models.module import load_checkpoint
 from postcast.pipeline import metrics
 

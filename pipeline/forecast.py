@@ -32,9 +32,9 @@ from scipy.special import ndtr, ndtri
 
 import postcast
 from postcast.datasets import io, schema, sources
-from postcast.datasets.datamodule import DataConfig, SampleMaker, parse_variable
 from postcast.datasets.errors import ConfigError, MissingInputError
 from postcast.datasets.ingest import ensemble_statistics
+from postcast.datasets.loaders.datamodule import DataConfig, SampleMaker, parse_variable
 from postcast.models.module import load_checkpoint
 
 log = logging.getLogger(__name__)

@@ -65,7 +65,7 @@ class CompressJob:
         """The preset's ``data.cfg`` pointed at ``store``."""
         import yaml
 
-        from postcast.datasets.datamodule import DataConfig
+        from postcast.datasets.loaders.datamodule import DataConfig
 
         preset = yaml.safe_load(Path(self.preset).read_text()) or {}
         data = dict((preset.get("data") or {}).get("cfg") or {})
@@ -163,10 +163,10 @@ class Manifest:
 
 # --- stage actions -----------------------------------------------------------------------------
 def _synth(cfg: PipelineConfig, progress: bool) -> list[str]:
-    from postcast.datasets import rawforms
+    from postcast.datasets import synthfiles
 
     assert cfg.synth is not None
-    rawforms.write_synthetic(cfg.synth, cfg.root / "synth", progress=progress)
+    synthfiles.write_synthetic(cfg.synth, cfg.root / "synth", progress=progress)
     return [str(cfg.root / "synth" / "synth.json")]
 
 
@@ -186,7 +186,7 @@ def _best_checkpoint(root: Path) -> str | None:
 
 def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> list[str]:
     """Fit one preset; an unfinished earlier attempt is resumed from its last.ckpt unless ``fresh``."""
-    from postcast.train import run as lightning
+    from postcast.pipeline.train import run as lightning
 
     root = cfg.root / "runs" / Path(preset).stem
     args = ["fit", "-c", preset, "--data.cfg.store", str(cfg.store), "--trainer.default_root_dir", str(root),
@@ -196,7 +196,7 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
         log.info("%s: resuming from %s", preset, lasts[-1])
         args += ["--ckpt_path", str(lasts[-1])]
     cli = lightning(args)
-    callback = cli.trainer.checkpoint_callback  # the first ModelCheckpoint: val_crps (see postcast.train)
+    callback = cli.trainer.checkpoint_callback  # the first ModelCheckpoint: val_crps (see postcast.pipeline.train)
     best = (callback.best_model_path if callback is not None else "") or _best_checkpoint(root)
     if not best:
         msg = f"{preset}: training finished without a checkpoint under {root}"

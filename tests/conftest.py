@@ -13,7 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
-from postcast.datasets import rawforms
+from postcast.datasets import synthfiles
 from postcast.datasets.ingest import IngestConfig, ingest
 from postcast.datasets.synthetic import SynthConfig
 
@@ -40,14 +40,14 @@ def tiny_cfg() -> SynthConfig:
 @pytest.fixture(scope="session")
 def synth_zarr(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "zarr"
-    rawforms.write_synthetic(TINY, out, progress=False)
+    synthfiles.write_synthetic(TINY, out, progress=False)
     return out
 
 
 @pytest.fixture(scope="session")
 def synth_grib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "grib"
-    rawforms.write_synthetic(SynthConfig(**{**TINY.to_dict(), "format": "grib", "years": tuple(TINY.years),
+    synthfiles.write_synthetic(SynthConfig(**{**TINY.to_dict(), "format": "grib", "years": tuple(TINY.years),
                                             "levels": tuple(TINY.levels)}), out, progress=False)
     return out
 

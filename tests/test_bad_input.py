@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from postcast.datasets import conventions, grib, rawforms, synthetic
+from postcast.datasets import conventions, grib, synthetic, synthfiles
 from postcast.datasets.synthetic import SynthConfig
 
 SMALL = SynthConfig(seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=1, levels=(500, 850), format="grib")
@@ -17,7 +17,7 @@ PL, SFC = grib.file_name("pl", 7, 2), grib.file_name("sfc", 7, 2)
 @pytest.fixture(scope="module")
 def good_grib(tmp_path_factory):
     out = tmp_path_factory.mktemp("bad") / "good"
-    rawforms.write_synthetic(SMALL, out, progress=False)
+    synthfiles.write_synthetic(SMALL, out, progress=False)
     assert (out / PL).exists() and (out / SFC).exists()
     return out
 
@@ -94,7 +94,7 @@ def test_missing_file(cli, src, tmp_path):
 
 def test_wrong_grid(cli, src, tmp_path):
     other = SynthConfig(**{**SMALL.to_dict(), "resolution": 5.0, "years": SMALL.years, "levels": SMALL.levels})
-    rawforms.write_synthetic(other, tmp_path / "coarse", progress=False)
+    synthfiles.write_synthetic(other, tmp_path / "coarse", progress=False)
     shutil.copy(tmp_path / "coarse" / SFC, src / SFC)
     assert_fails(cli, src, tmp_path, 65, "different grids")
 

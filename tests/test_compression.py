@@ -15,7 +15,7 @@ from postcast.compression import baselines, report
 from postcast.compression.artefact import Artefact, ArtefactError
 from postcast.compression.field import FieldConfig, to_fields
 from postcast.compression.loader import CompressedDataModule, CompressedDataset, compress_split, split_fields
-from postcast.datasets.datamodule import DataConfig, StoreDataset
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 
 pytest.importorskip("pysz")
 pytest.importorskip("zfpy")

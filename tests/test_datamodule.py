@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from postcast.datasets import ingest, schema
-from postcast.datasets.datamodule import DataConfig, StoreDataModule, StoreDataset
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 from postcast.models import postprocessors
 from postcast.pipeline import metrics
 

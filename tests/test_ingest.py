@@ -129,11 +129,11 @@ def test_grib_source_matches_zarr_source(synth_grib, store, tmp_path):
 
 
 def test_netcdf_source(tmp_path, tiny_cfg):
-    from postcast.datasets import rawforms
+    from postcast.datasets import synthfiles
 
     cfg = synthetic.SynthConfig(**{**tiny_cfg.to_dict(), "format": "netcdf", "years": (2012, 2013),
                                    "levels": (850,), "dates_per_year": 1})
-    rawforms.write_synthetic(cfg, tmp_path / "nc", progress=False)
+    synthfiles.write_synthetic(cfg, tmp_path / "nc", progress=False)
     out = tmp_path / "nc.zarr"
     ingest.ingest(IngestConfig(source=str(tmp_path / "nc"), out=str(out), processes=False, progress=False))
     ds = ingest.open_store(out)

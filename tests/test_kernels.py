@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from postcast.models import kernels
-from postcast.models.kernels import eager
+from postcast.models.kernels import reference
 
 triton_impl = pytest.importorskip("postcast.models.kernels.triton_impl")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -45,7 +45,7 @@ def test_ensemble_standardise(shape, gen):
     x[0, :, 0] = 2.5  # identical members: std 0, z 0 (the eps floor)
     mean, std, z = kernels.ensemble_standardise(x)
     _finite(mean, std, z)
-    ref = eager.ensemble_standardise(x.to(F64))
+    ref = reference.ensemble_standardise(x.to(F64))
     for got, want in zip((mean, std, z), ref, strict=True):
         assert got.shape == want.shape
         torch.testing.assert_close(got.to(F64), want, atol=2e-5, rtol=1e-5)
@@ -59,10 +59,10 @@ def test_crps_gaussian_matches_reference(n, gen):
     y = torch.randn(n, generator=gen) * 2
     got = kernels.crps_gaussian(mu, sigma, y)
     _finite(got)
-    torch.testing.assert_close(got.to(F64), eager.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64)),
+    torch.testing.assert_close(got.to(F64), reference.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64)),
                                atol=1e-6, rtol=1e-5)
     got64 = kernels.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64))
-    torch.testing.assert_close(got64, eager.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64)), atol=1e-14, rtol=0)
+    torch.testing.assert_close(got64, reference.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64)), atol=1e-14, rtol=0)
 
 
 def test_crps_gaussian_gradcheck_and_gradients(gen):
@@ -71,7 +71,7 @@ def test_crps_gaussian_gradcheck_and_gradients(gen):
     y = torch.randn(64, generator=gen, dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(kernels.crps_gaussian, (mu, sigma, y))
     grads = torch.autograd.grad(kernels.crps_gaussian(mu, sigma, y).sum(), (mu, sigma, y))
-    want = torch.autograd.grad(eager.crps_gaussian(mu, sigma, y).sum(), (mu, sigma, y))
+    want = torch.autograd.grad(reference.crps_gaussian(mu, sigma, y).sum(), (mu, sigma, y))
     for g, w in zip(grads, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-13, rtol=0)
 
@@ -107,7 +107,7 @@ def test_topk_route_equals_reference_semantics(k, cfg, gen):
     out = kernels.topk_route(v, w, k, *cfg)
     _finite(out)
     got = torch.autograd.grad(out, (v, w), g, allow_unused=True)
-    ref = eager.topk_route(v, w, k, *cfg)
+    ref = reference.topk_route(v, w, k, *cfg)
     want = torch.autograd.grad(ref, (v, w), g, allow_unused=True)
     assert torch.equal(out, ref)
     for a, b in zip(got, want, strict=True):
@@ -132,9 +132,9 @@ def test_fourier_layer(n, d, f, h, gen):
     bias = torch.randn(h, generator=gen, dtype=F64)
     got = kernels.fourier_layer(x, bmat, weight, bias)
     _finite(got)
-    torch.testing.assert_close(got, eager.fourier_layer(x, bmat, weight, bias), atol=1e-12, rtol=0)
+    torch.testing.assert_close(got, reference.fourier_layer(x, bmat, weight, bias), atol=1e-12, rtol=0)
     got32 = kernels.fourier_layer(x.float(), bmat.float(), weight.float(), bias.float())
-    torch.testing.assert_close(got32.to(F64), eager.fourier_layer(x, bmat, weight, bias), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got32.to(F64), reference.fourier_layer(x, bmat, weight, bias), atol=1e-4, rtol=1e-4)
 
 
 def test_fourier_layer_gradcheck(gen):
@@ -147,7 +147,7 @@ def test_fourier_layer_gradcheck(gen):
     # ... and the weight gradient against autograd through the reference
     g = torch.randn(3, 16, generator=gen, dtype=F64)
     got = torch.autograd.grad(kernels.fourier_layer(x, bmat, weight, bias), weight, g)[0]
-    want = torch.autograd.grad(eager.fourier_layer(x, bmat, weight, bias), weight, g)[0]
+    want = torch.autograd.grad(reference.fourier_layer(x, bmat, weight, bias), weight, g)[0]
     torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
 
 
@@ -196,4 +196,4 @@ def test_compile_path_equals_eager(gen):
     sigma = torch.rand(500, generator=gen) + 0.2
     with kernels.use_backend("compile"):
         got = kernels.crps_gaussian(mu, sigma, y)
-    torch.testing.assert_close(got, eager.crps_gaussian(mu, sigma, y), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, reference.crps_gaussian(mu, sigma, y), atol=1e-5, rtol=1e-5)

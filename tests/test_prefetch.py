@@ -13,8 +13,8 @@ from lightning.pytorch.trainer.connectors.data_connector import _get_distributed
 from torch.utils.data import DataLoader, DistributedSampler
 from zarr.storage import LocalStore
 
-from postcast.datasets import prefetch
-from postcast.datasets.datamodule import DataConfig, StoreDataModule, StoreDataset
+from postcast.datasets.loaders import prefetch
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 
 EPOCHS, WORLD = 3, 2
 

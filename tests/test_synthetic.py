@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from postcast.datasets import io, rawforms, schema, synthetic
+from postcast.datasets import io, schema, synthetic, synthfiles
 from postcast.datasets.synthetic import SynthConfig
 
 
@@ -159,12 +159,12 @@ def test_gaussian_waves_are_unit_normal_pointwise():
 def test_same_seed_same_bytes_other_seed_differs(tmp_path, tiny_cfg):
     cfg = SynthConfig(**{**tiny_cfg.to_dict(), "years": (2016, 2017), "levels": (500,), "dates_per_year": 1})
     a, b = tmp_path / "a", tmp_path / "b"
-    rawforms.write_synthetic(cfg, a, progress=False)
-    rawforms.write_synthetic(cfg, b, progress=False)
+    synthfiles.write_synthetic(cfg, a, progress=False)
+    synthfiles.write_synthetic(cfg, b, progress=False)
     for name in ("forecast.zarr", "era5.zarr", "oracle.zarr"):
         assert io.sha256_tree(a / name) == io.sha256_tree(b / name), name
     other = SynthConfig(**{**cfg.to_dict(), "seed": cfg.seed + 1, "years": cfg.years, "levels": cfg.levels})
-    rawforms.write_synthetic(other, tmp_path / "c", progress=False)
+    synthfiles.write_synthetic(other, tmp_path / "c", progress=False)
     assert io.sha256_tree(a / "forecast.zarr") != io.sha256_tree(tmp_path / "c" / "forecast.zarr")
 
 

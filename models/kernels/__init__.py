@@ -14,7 +14,7 @@ Backend (``POSTCAST_KERNELS`` environment variable, :func:`set_backend` or :func
 
 - ``auto`` (default): Triton when every tensor is on a CUDA device and triton imports, else PyTorch;
 - ``triton``: always Triton (on CPU tensors this needs ``TRITON_INTERPRET=1``, for tests);
-- ``torch``: the eager PyTorch implementations in :mod:`postcast.models.kernels.eager`;
+- ``torch``: the eager PyTorch implementations in :mod:`postcast.models.kernels.reference`;
 - ``compile``: the same functions through ``torch.compile`` (fuses on CPU with a C++ compiler).
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from postcast.models.kernels import eager
+from postcast.models.kernels import reference
 
 BACKENDS = ("auto", "triton", "torch", "compile")
 _state = {"backend": os.environ.get("POSTCAST_KERNELS", "auto")}
@@ -80,7 +80,7 @@ def _triton() -> ModuleType:
 
 @functools.cache
 def _compiled(name: str) -> Callable[..., Any]:
-    fn: Callable[..., Any] = torch.compile(getattr(eager, name), dynamic=True)
+    fn: Callable[..., Any] = torch.compile(getattr(reference, name), dynamic=True)
     return fn
 
 
@@ -107,7 +107,7 @@ def _impl(name: str, *tensors: torch.Tensor) -> Callable[..., Any]:
         return fn
     if backend == "compile":
         return _compiled(name)
-    fn = getattr(eager, name)
+    fn = getattr(reference, name)
     return fn
 
 
@@ -143,7 +143,7 @@ def crps_ensemble(x: torch.Tensor, y: torch.Tensor, fair: bool = True) -> torch.
 def topk_route(values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool = False,
                block_gate: bool = False, damping: float = 1.0, quantile: float = 0.7) -> torch.Tensor:
     """SMoE top-k routing: values, weights (B, E, H, W) -> selected (optionally weight-scaled) values
-    (B, k, H, W), with the SMoE backward (see :class:`postcast.models.kernels.eager.TopKRouting`)."""
+    (B, k, H, W), with the SMoE backward (see :class:`postcast.models.kernels.reference.TopKRouting`)."""
     fn = _impl("topk_route", values, weights)
     out: torch.Tensor = fn(values, weights, k, weighted, block_gate, damping, quantile)
     return out

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from postcast.models.kernels import eager
+from postcast.models.kernels import reference
 
 POISON = False  # tests: NaN-fill every output buffer before the launch
 
@@ -196,7 +196,7 @@ def _topk_bwd_kernel(e_ptr, idx_ptr, sv_ptr, sw_ptr, scale_ptr, gv_ptr, gw_ptr, 
 
 
 class TopKRouting(torch.autograd.Function):
-    """Same semantics as :class:`postcast.models.kernels.eager.TopKRouting`; both passes in Triton."""
+    """Same semantics as :class:`postcast.models.kernels.reference.TopKRouting`; both passes in Triton."""
 
     @staticmethod
     def forward(ctx: Any, values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool,
@@ -223,7 +223,7 @@ class TopKRouting(torch.autograd.Function):
         p = g[0, 0].numel()
         damp = damping != 1.0
         # the quantile is a per-sample reduction over the whole field: computed before the launch
-        scale = torch.full_like(g, damping).masked_fill(eager.routing_correct(g, quantile), 1.0) if damp else g
+        scale = torch.full_like(g, damping).masked_fill(reference.routing_correct(g, quantile), 1.0) if damp else g
         shape = (b, experts, *g.shape[2:])
         gv = _out(shape, g)
         gw = _out(shape, g) if not block_gate else gv
@@ -289,7 +289,7 @@ class FourierLayer(torch.autograd.Function):
         pairs = zip(ctx.saved_tensors, ctx.needs_input_grad, strict=True)
         inputs = [t.detach().requires_grad_(need) for t, need in pairs]
         with torch.enable_grad():
-            out = eager.fourier_layer(*inputs)
+            out = reference.fourier_layer(*inputs)
         wanted = [t for t in inputs if t.requires_grad]
         got = iter(torch.autograd.grad(out, wanted, grads[0]))
         return tuple(next(got) if t.requires_grad else None for t in inputs)

@@ -13,7 +13,7 @@ Each is switched on from a training YAML (fragments in ``configs/plugins/``):
 """
 
 from postcast.models.plugins.ddp import COMMS, CommDDPStrategy
-from postcast.models.plugins.eager import EagerSGD, PartialAllreduce
+from postcast.models.plugins.eager_sgd import EagerSGD, PartialAllreduce
 from postcast.models.plugins.lion import LionCub
 from postcast.models.plugins.report import CommReport
 from postcast.models.plugins.sparsity import MagnitudePruning, NMSparsity

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from postcast.models.plugins import eager, lion, topk, wagma
+from postcast.models.plugins import eager_sgd, lion, topk, wagma
 from postcast.models.plugins.ddp import CommDDPStrategy
 
 COLLECTIVE_TIMEOUT_S = 60.0
@@ -166,7 +166,7 @@ def prog_eager(rank: int, world: int, delay_s: float = 0.05, steps: int = 8) -> 
     for label, mode, tau in (("solo", "solo", 1000), ("sync", "sync", 1000), ("bounded", "solo", 3),
                              ("majority", "majority", 1000)):
         gen = torch.Generator().manual_seed(rank)
-        comm = eager.PartialAllreduce(n, store=store, name=f"test/{label}", mode=mode, staleness_bound=tau,
+        comm = eager_sgd.PartialAllreduce(n, store=store, name=f"test/{label}", mode=mode, staleness_bound=tau,
                                       seed=5, timeout_s=COLLECTIVE_TIMEOUT_S)
         raw = torch.zeros(n)
         for t in range(steps):
@@ -186,7 +186,7 @@ def prog_eager(rank: int, world: int, delay_s: float = 0.05, steps: int = 8) -> 
         out[label] = {"blocked_mean_s": sum(log.blocked_s) / len(log.blocked_s), "max_staleness": max(log.staleness),
                       "contributors": log.contributors,
                       "conservation_err": float((log.sent_sum + pending - raw).abs().max()),
-                      "initiators": [eager.initiator(5, t, world) for t in range(steps)]}
+                      "initiators": [eager_sgd.initiator(5, t, world) for t in range(steps)]}
     return out
 
 

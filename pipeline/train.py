@@ -14,7 +14,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from postcast.datasets.datamodule import StoreDataModule
+from postcast.datasets.loaders.datamodule import StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor
 

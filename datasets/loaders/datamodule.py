@@ -34,7 +34,8 @@ import xarray as xr
 import zarr
 from torch.utils.data import DataLoader, Dataset
 
-from postcast.datasets import io, prefetch, schema
+from postcast.datasets import io, schema
+from postcast.datasets.loaders import prefetch
 
 SPLIT_CODE = {"train": 0, "val": 1, "test": 2}
 LOADERS = ("auto", "plain", "clairvoyant", "fixed")
@@ -57,7 +58,7 @@ class DataConfig:
     members: bool = False  # also yield the normalised raw members (Transformer, global EMOS)
     cache: bool = False  # keep decoded samples in memory (small stores: every epoch after the first is free)
     # training loader: "clairvoyant" replays the seeded shuffle, caches samples in RAM (then disk) under
-    # the byte budgets and prefetches with threads (datasets/prefetch.py); "plain" is a DataLoader over
+    # the byte budgets and prefetches with threads (datasets/loaders/prefetch); "plain" is a DataLoader over
     # the store; "fixed" serves the first batch every step (is training loader-bound?); "auto" is
     # clairvoyant when num_workers == 0 (its threads replace worker processes, and the cache lives in
     # this process), else plain. Validation and test always use the plain loader (read in order).
