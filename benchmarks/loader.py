@@ -57,8 +57,9 @@ from xbatcher.loaders.torch import MapDataset
 from zarr.storage import LocalStore
 from zarr.testing.store import LatencyStore
 
+from postcast.datasets import schema
 from postcast.datasets.io import write_json
-from postcast.datasets.loaders import prefetch, schema
+from postcast.datasets.loaders import prefetch
 from postcast.datasets.loaders.datamodule import SPLIT_CODE, DataConfig, StoreDataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,8 +3,9 @@
 :func:`compress_split` fits one network to every field a post-processor's samples read (the
 ensemble mean and std of each input variable at the target lead, and the truth) over one split of a
 training store. :class:`CompressedDataset` decodes those fields on the fly, one init date per item,
-and turns them into samples with the very code the store loader uses (``SampleMaker.sample``), so
-batches have the same keys, shapes and order. :class:`CompressedDataModule` trains from the
+and turns them into samples with the very code the store loader uses (``Sampler.sample`` of the
+same :class:`~postcast.datasets.sample.SampleSpec`), so batches have the same keys, shapes and order.
+:class:`CompressedDataModule` trains from the
 artefact and validates and tests on the original store, the protocol of the neural-compression
 paper's dataloader experiment (train on decoded data, score on the original).
 """
@@ -21,33 +22,33 @@ from torch.utils.data import DataLoader, Dataset
 
 from postcast.compression.artefact import Artefact
 from postcast.compression.field import FieldConfig, to_fields
-from postcast.datasets import io, schema
-from postcast.datasets.loaders.datamodule import DataConfig, SampleMaker, StoreDataModule, StoreDataset, parse_variable
+from postcast.datasets import schema
+from postcast.datasets import store as contract
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset, to_tensors
+from postcast.datasets.sample import Sampler, SampleSpec
 
 
-def _channels(cfg: DataConfig) -> list[tuple[str, str, int | None]]:
+def _channels(spec: SampleSpec) -> list[tuple[str, str, int | None]]:
     """(artefact name, store variable, level) of every field a sample reads."""
-    tg = schema.TARGETS[cfg.target]
     out = []
-    for spec in cfg.input_variables:
-        name, level = parse_variable(spec)
-        lv = (level or tg.level) if name in {v.name for v in schema.PL_VARIABLES} else None
-        for kind in ("ens_mean", "ens_std"):
-            out.append((f"{kind}_{spec}", f"{kind}_{name}", lv))
-    out.append((schema.truth_name(cfg.target), schema.truth_name(cfg.target), None))
+    for i in spec.inputs():
+        out += [(contract.ens_mean(i.spec), contract.ens_mean(i.variable), i.level),
+                (contract.ens_std(i.spec), contract.ens_std(i.variable), i.level)]
+    truth = contract.truth_name(spec.target)
+    out.append((truth, truth, None))
     return out
 
 
 def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
     """The fields of ``split`` that samples read, as (init_time, lat, lon) variables."""
-    if cfg.members:
-        msg = "compressed training reads ensemble statistics only: set data.cfg.members: false"
+    if cfg.sample.members:
+        msg = "compressed training reads ensemble statistics only: set data.cfg.sample.members: false"
         raise ValueError(msg)
     src = StoreDataset(cfg, split)
-    ds = io.open_zarr(cfg.store)
-    rows = ds.isel({schema.INIT_TIME: src.indices}).sel({schema.STEP: pd.Timedelta(hours=cfg.step_h)})
+    ds = contract.open_store(cfg.store)
+    rows = ds.isel({schema.INIT_TIME: src.indices}).sel({schema.STEP: pd.Timedelta(hours=cfg.sample.step_h)})
     out = xr.Dataset()
-    for art_name, var, lv in _channels(cfg):
+    for art_name, var, lv in _channels(cfg.sample):
         da = rows[var]
         if lv is not None:
             da = da.sel({schema.LEVEL: lv})
@@ -58,29 +59,27 @@ def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
 def compress_split(cfg: DataConfig, field_cfg: FieldConfig, split: str = "train", progress: bool = True) -> Artefact:
     """Fit one neural field to every field the samples of ``split`` read."""
     art = Artefact.build(to_fields(split_fields(cfg, split)), field_cfg, progress)
-    art.header["source"] = {"store": cfg.store, "split": split, "target": cfg.target,
-                            "variables": list(cfg.input_variables), "step_h": cfg.step_h}
+    art.header["source"] = {"store": cfg.store, "split": split, "target": cfg.sample.target,
+                            "variables": list(cfg.sample.input_variables), "step_h": cfg.sample.step_h}
     return art
 
 
-class CompressedDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
-    """Samples decoded from an artefact: one init date per item, same fields as ``StoreDataset``.
+class CompressedDataset(Dataset[dict[str, torch.Tensor]]):
+    """Samples decoded from an artefact: one init date per item, same fields as ``StoreDataset``
+    (physical units; the model normalises them)."""
 
-    ``normalisation``: (mean, std), each (2 * n_variables, H, W): the statistics the inputs are
-    normalised with (the training store's, which the checkpoint then carries)."""
-
-    def __init__(self, cfg: DataConfig, artefact: Artefact | str, normalisation: tuple[np.ndarray, np.ndarray]):
-        self.cfg = cfg
+    def __init__(self, cfg: DataConfig, artefact: Artefact | str):
+        self.cfg, self.spec = cfg, cfg.sample
         self.art = artefact if isinstance(artefact, Artefact) else Artefact.load(artefact)
         names = self.art.header["variables"]
-        missing = [n for n, _, _ in _channels(cfg) if n not in names]
+        missing = [n for n, _, _ in _channels(self.spec) if n not in names]
         if missing:
-            msg = (f"artefact {self.art.path or ''} lacks fields {missing} needed by target {cfg.target!r} with inputs "
-                   f"{list(cfg.input_variables)}: compress with the same data config")
+            msg = (f"artefact {self.art.path or ''} lacks fields {missing} needed by target {self.spec.target!r} "
+                   f"with inputs {list(self.spec.input_variables)}: compress with the same data config")
             raise ValueError(msg)
         lat, lon = self.art.lat_lon()
-        self.setup_maker(cfg, lat, lon)
-        self._norm = self._given(*normalisation)
+        self.sampler = Sampler(self.spec, lat, lon)
+        self.lat, self.lon = self.sampler.lat, self.sampler.lon
         self.times = np.array(self.art.header["times"], dtype="datetime64[ns]")
         self._net = self.art.network()
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
@@ -92,11 +91,11 @@ class CompressedDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
         """Init date ``i`` decoded into the store's layout (step and level dims of length one)."""
         arr = self.art.decode_array(times=[i])[:, 0, 0]  # (V, H, W)
         index = {n: k for k, n in enumerate(self.art.header["variables"])}
-        coords: dict[str, Any] = {schema.INIT_TIME: self.times[i], schema.STEP: [pd.Timedelta(hours=self.cfg.step_h)],
+        coords: dict[str, Any] = {schema.INIT_TIME: self.times[i], schema.STEP: [pd.Timedelta(hours=self.spec.step_h)],
                                   schema.LAT: self.lat, schema.LON: self.lon}
         ds = xr.Dataset(coords=coords)
         per_level: dict[str, dict[int, np.ndarray]] = {}
-        for art_name, var, lv in _channels(self.cfg):
+        for art_name, var, lv in _channels(self.spec):
             field = arr[index[art_name]][None]  # (1, H, W): one step
             if lv is None:
                 ds[var] = ((schema.STEP, schema.LAT, schema.LON), field)
@@ -113,19 +112,20 @@ class CompressedDataset(SampleMaker, Dataset[dict[str, torch.Tensor]]):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if i in self._cache:
             return self._cache[i]
-        sample = self.sample(self.day(i))
+        sample = to_tensors(self.sampler.sample(self.day(i)))
         if self.cfg.cache:
             self._cache[i] = sample
         return sample
 
 
 class CompressedDataModule(StoreDataModule):
-    """Trains from the artefact, validates and tests on ``cfg.store`` (normalised with its statistics)."""
+    """Trains from the artefact, validates and tests on ``cfg.store`` (the model normalises with the
+    store's statistics, copied at fit start)."""
 
     def __init__(self, cfg: DataConfig, artefact: str):
         super().__init__(cfg)
         self.artefact = artefact
 
     def train_dataloader(self) -> Any:
-        ds = CompressedDataset(self.cfg, self.artefact, self.normalisation())
+        ds = CompressedDataset(self.cfg, self.artefact)
         return DataLoader(ds, batch_size=self.cfg.batch_size, shuffle=True, num_workers=self.cfg.num_workers)

@@ -6,13 +6,14 @@ from typing import Any
 
 import numpy as np
 
+from postcast.datasets.geo import latitude_weights
+
 
 def field_errors(data: np.ndarray, decoded: np.ndarray, lat: np.ndarray) -> dict[str, Any]:
     """Errors of ``decoded`` against ``data`` (..., H, W) with latitudes ``lat`` (H,): cos-latitude
     weighted RMSE (WeatherBench weights, mean 1), RMSE, MAE, max absolute error, PSNR over the data range."""
     err = decoded.astype(np.float64) - data.astype(np.float64)
-    w = np.cos(np.deg2rad(lat))
-    w = w / w.mean()
+    w = latitude_weights(lat, "cos")
     wmse = float((err**2 * w[:, None]).mean())
     mse = float((err**2).mean())
     rng = float(data.max() - data.min())

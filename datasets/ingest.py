@@ -26,7 +26,6 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -42,11 +41,10 @@ import xarray as xr
 
 import postcast
 from postcast.datasets import grib, io, schema, sources, statistics
+from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError, MissingInputError
 
 log = logging.getLogger(__name__)
-STORE_FORMAT_VERSION = 1
-SPLIT_CODES = {None: -1, "train": 0, "val": 1, "test": 2}
 
 
 @dataclass(frozen=True)
@@ -113,18 +111,16 @@ def _chunks(plan: sources.Plan) -> dict[str, tuple[int, ...]]:
         out[v] = io.chunk_shape(dims, shape, whole=(schema.MEMBER, schema.LAT, schema.LON), grow=grow)
         edims = tuple(d for d in dims if d != schema.MEMBER)
         eshape = tuple(n for d, n in zip(dims, shape, strict=True) if d != schema.MEMBER)
-        out[f"ens_mean_{v}"] = out[f"ens_std_{v}"] = io.chunk_shape(
+        out[contract.ens_mean(v)] = out[contract.ens_std(v)] = io.chunk_shape(
             edims, eshape, whole=(schema.LAT, schema.LON), grow=grow)
     for t in schema.TARGETS:
-        for name in (schema.truth_name(t), f"oracle_mean_{t}", f"oracle_std_{t}"):
+        for name in (contract.truth_name(t), contract.oracle_mean(t), contract.oracle_std(t)):
             out[name] = (1, ns, ny, nx)
     return out
 
 
 def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits: schema.Splits) -> xr.Dataset:
     """The empty store: every variable as lazy NaNs with the store's chunking (metadata only)."""
-    from postcast.datasets.synthetic import variable_attrs
-
     n_t, nm, ns, nl = len(plan.init_times), len(plan.members), len(plan.steps_h), len(plan.levels)
     ny, nx = plan.grid.shape
     chunks = _chunks(plan)
@@ -136,9 +132,11 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
         schema.LAT: (schema.LAT, plan.grid.latitudes(), {"units": "degrees_north", "standard_name": "latitude"}),
         schema.LON: (schema.LON, plan.grid.longitudes(), {"units": "degrees_east", "standard_name": "longitude"}),
         schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP), times.values[:, None] + steps.values[None, :]),
-        "split": (schema.INIT_TIME, np.array([SPLIT_CODES[splits.split_of(t.year)] for t in times], dtype=np.int8),
-                  {"long_name": "data split of the init time", "flag_values": [-1, 0, 1, 2],
-                   "flag_meanings": "none train val test"}),
+        contract.SPLIT: (schema.INIT_TIME, np.array([contract.split_code(splits.split_of(t.year)) for t in times],
+                                                    dtype=np.int8),
+                         {"long_name": "data split of the init time",
+                          "flag_values": sorted(contract.SPLIT_CODES.values()),
+                          "flag_meanings": contract.SPLIT_FLAG_MEANINGS}),
     }
     data: dict[str, xr.Variable] = {}
 
@@ -147,7 +145,7 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
 
     for v in plan.variables:
         var = schema.VARIABLES[v]
-        attrs = variable_attrs(var)
+        attrs = schema.cf_attrs(var)
         shape: tuple[int, ...]
         if var.level_type is schema.LevelType.PRESSURE:
             dims, shape = schema.PL_DIMS, (n_t, nm, ns, nl, ny, nx)
@@ -156,9 +154,9 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
         edims = tuple(d for d in dims if d != schema.MEMBER)
         eshape = tuple(s for d, s in zip(dims, shape, strict=True) if d != schema.MEMBER)
         data[v] = xr.Variable(dims, empty(shape, v), attrs)
-        data[f"ens_mean_{v}"] = xr.Variable(edims, empty(eshape, f"ens_mean_{v}"),
+        data[contract.ens_mean(v)] = xr.Variable(edims, empty(eshape, contract.ens_mean(v)),
                                             {**attrs, "long_name": f"ensemble mean of {var.long_name}"})
-        data[f"ens_std_{v}"] = xr.Variable(edims, empty(eshape, f"ens_std_{v}"),
+        data[contract.ens_std(v)] = xr.Variable(edims, empty(eshape, contract.ens_std(v)),
                                            {**attrs, "long_name": f"ensemble std (ddof=0) of {var.long_name}"})
     tdims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
     for name in [*truth, *oracle]:
@@ -174,8 +172,8 @@ def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
     out = {}
     for name, x in ds.data_vars.items():
         # skipna=False: missing SST is missing in every member, and NaN-aware reductions are slow
-        out[f"ens_mean_{name}"] = x.mean(schema.MEMBER, skipna=False).astype(np.float32)
-        out[f"ens_std_{name}"] = x.std(schema.MEMBER, ddof=0, skipna=False).astype(np.float32)
+        out[contract.ens_mean(str(name))] = x.mean(schema.MEMBER, skipna=False).astype(np.float32)
+        out[contract.ens_std(str(name))] = x.std(schema.MEMBER, ddof=0, skipna=False).astype(np.float32)
     return xr.Dataset(out)
 
 
@@ -279,20 +277,13 @@ def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[st
     return {schema.INIT_TIME: int(max(1, min(len(plan.init_times), target_bytes // per_date)))}
 
 
-def _existing_complete(out: Path) -> bool:
-    if not (out / "zarr.json").exists():
-        return False
-    meta = json.loads((out / "zarr.json").read_text())
-    return bool(meta.get("attributes", {}).get("postcast_complete"))
-
-
 def ingest(cfg: IngestConfig) -> IngestResult:
     """Run the whole ingestion (see the module docstring); idempotent and resumable."""
     start = time.perf_counter()
     out = Path(cfg.out)
-    partial = out.with_name(out.name + ".partial")
+    partial = contract.partial_path(out)
     if out.exists() and not cfg.overwrite:
-        if _existing_complete(out):
+        if contract.is_complete(out):
             log.info("%s is already complete: nothing to do (use --overwrite to rebuild)", out)
             io.remove(partial)
             return IngestResult(out, True, 0, 0, time.perf_counter() - start)
@@ -306,7 +297,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         try:
             plan = found.forecast.plan(cfg.expectation)
         except MissingInputError as err:
-            report = out.with_name(out.name + ".missing.json")
+            report = contract.missing_report_path(out)
             io.write_json(report, {"source": cfg.source, "missing": getattr(err, "missing", [str(err)])})
             log.error("completeness report written to %s", report)
             raise
@@ -326,7 +317,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         if cfg.splits.mask(pd.DatetimeIndex(plan.init_times), "train").any():
             log.info("computing statistics over the training years %s", cfg.splits.train)
             stats = statistics.compute_statistics(io.open_zarr(store, chunks=_stats_chunks(plan)), cfg.splits)
-            io.write_zarr(stats, store, group="statistics", mode="w")
+            io.write_zarr(stats, store, group=contract.STATISTICS_GROUP, mode="w")
         else:  # e.g. an operational store of new forecasts: models carry their own statistics
             log.warning("no init date in the training years %s: the store gets no statistics", cfg.splits.train)
         _finalise(cfg, plan, store, found, truth_vars)
@@ -354,7 +345,7 @@ def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: l
     partial.mkdir(parents=True)
     tmpl = template(plan, truth=truth_vars, oracle=oracle_vars, splits=cfg.splits)
     io.write_zarr(tmpl, store, chunks=_chunks(plan), compute=False)
-    io.update_zarr_attrs(store, {"postcast_complete": False, "postcast_store_version": STORE_FORMAT_VERSION})
+    io.update_zarr_attrs(store, {contract.COMPLETE_ATTR: False, contract.VERSION_ATTR: contract.FORMAT_VERSION})
     done_dir.mkdir()
     io.write_json(meta, fingerprint)
     return store, done_dir
@@ -368,8 +359,8 @@ def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources
     if found.oracle is not None:
         files += list(found.oracle.paths)
     attrs = {
-        "postcast_store_version": STORE_FORMAT_VERSION,
-        "postcast_complete": True,
+        contract.VERSION_ATTR: contract.FORMAT_VERSION,
+        contract.COMPLETE_ATTR: True,
         "title": "postcast training store (ENS-10 schema)",
         "Conventions": "CF-1.10",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -387,25 +378,3 @@ def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources
         attrs["has_oracle"] = True
     io.update_zarr_attrs(store, json.loads(json.dumps(attrs, default=str)))
     io.consolidate(store)
-
-
-def open_store(path: str | os.PathLike[str], *, require_complete: bool = True) -> xr.Dataset:
-    """Open a training store (lazy) with its statistics in ``ds.attrs['statistics']`` access via
-    :func:`open_statistics`; refuses an incomplete store unless ``require_complete=False``."""
-    p = Path(path)
-    if not (p / "zarr.json").exists():
-        partial = p.with_name(p.name + ".partial")
-        hint = ""
-        if partial.exists():
-            hint = f" (an interrupted ingest is in {partial}: rerun `postcast ingest` to finish it)"
-        msg = f"{p}: not a postcast store{hint}"
-        raise MissingInputError(msg)
-    ds = io.open_zarr(p)
-    if require_complete and not ds.attrs.get("postcast_complete"):
-        msg = f"{p}: the store is incomplete; rerun `postcast ingest` to finish it"
-        raise MissingInputError(msg)
-    return ds
-
-
-def open_statistics(path: str | os.PathLike[str]) -> xr.Dataset:
-    return io.open_zarr(path, group="statistics")

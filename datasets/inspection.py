@@ -11,27 +11,23 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import io, schema
+from postcast.datasets import schema
+from postcast.datasets import store as contract
 
 
 def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A JSON-able description of a training store (complete or interrupted)."""
     p = Path(path)
-    partial = p.with_name(p.name + ".partial")
-    if not (p / "zarr.json").exists() and (partial / "store.zarr").exists():
+    partial = contract.partial_path(p)
+    if contract.attributes(p) is None and (partial / "store.zarr").exists():
         return _partial_summary(partial)
-    if not (p / "zarr.json").exists():
-        from postcast.datasets.errors import MissingInputError
-
-        msg = f"{p}: not a postcast store (no zarr.json)"
-        raise MissingInputError(msg)
-    ds = io.open_zarr(p)
+    ds = contract.open_store(p, require_complete=False)
     times = pd.DatetimeIndex(ds[schema.INIT_TIME].values)
-    codes = ds["split"].values if "split" in ds.coords else np.full(len(times), -9)
+    codes = ds[contract.SPLIT].values if contract.SPLIT in ds.coords else np.full(len(times), -9)
     out: dict[str, Any] = {
         "store": str(p),
-        "complete": bool(ds.attrs.get("postcast_complete")),
-        "format_version": ds.attrs.get("postcast_store_version"),
+        "complete": bool(ds.attrs.get(contract.COMPLETE_ATTR)),
+        "format_version": ds.attrs.get(contract.VERSION_ATTR),
         "dims": {str(k): int(v) for k, v in ds.sizes.items()},
         "grid": f"{ds.sizes[schema.LAT]} x {ds.sizes[schema.LON]} "
                 f"({float(ds[schema.LAT][1] - ds[schema.LAT][0]):g} deg)",
@@ -47,10 +43,8 @@ def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
         "created": ds.attrs.get("created"),
         "size_on_disk_MB": round(sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20, 1),
     }
-    try:
-        out["statistics"] = _stats_table(io.open_zarr(p, group="statistics"))
-    except (FileNotFoundError, KeyError, OSError, ValueError):
-        out["statistics"] = "missing"
+    stats = contract.open_statistics(p)
+    out["statistics"] = _stats_table(stats) if stats is not None else "missing"
     return out
 
 

@@ -7,11 +7,14 @@ pads any grid (361 rows included) up to a multiple of its down-sampling factor a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from postcast.models.postprocessors import Batch, zero_init
+from postcast.models.registry import NetIO, family
 
 
 def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right: int = -1) -> torch.Tensor:
@@ -96,3 +99,24 @@ class UNet(nn.Module):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.head(self.trunk(batch["x"]))  # (B, 2, H, W)
         return out[:, 0], out[:, 1]
+
+
+# --- families -----------------------------------------------------------------------------------
+@family("lenet")
+@dataclass(frozen=True)
+class LeNetFamily:
+    """The ENS-10 LeNet-style patch model."""
+
+    def build(self, io: NetIO) -> nn.Module:
+        return LeNet(io.in_channels)
+
+
+@family("unet")
+@dataclass(frozen=True)
+class UNetFamily:
+    """U-Net: ``base_filters`` channels at full resolution, doubling at each of 2 down levels."""
+
+    base_filters: int = 32
+
+    def build(self, io: NetIO) -> nn.Module:
+        return UNet(io.in_channels, self.base_filters)

@@ -1,89 +1,80 @@
-"""The LightningModule every post-processor trains in: CRPS loss, metrics, self-describing checkpoints.
+"""The LightningModule every post-processor trains in: physical fields in, Gaussian parameters out.
 
-A checkpoint carries everything inference needs: the hyperparameters (model kind and size, data
-config, input variables), the normalisation statistics as buffers (``norm_mean``, ``norm_std``:
-(C_stats, H, W), the per-grid-point statistics the inputs were scaled with) and
-``checkpoint["postcast"]`` with the format version.
+:class:`PostProcessor` owns its normalisation (as anemoi builds its pre/post-processors into the
+model): ``forward`` takes a batch of samples in physical units (see :mod:`postcast.datasets.sample`),
+scales the ``fields`` and ``members`` with the per-grid-point statistics it carries as buffers
+(``norm_mean``, ``norm_std``: (n_fields, H, W), copied from the training store at fit start), runs
+its network and returns (mu, sigma) in the target's units. ``forecast`` and ``evaluate`` therefore
+call the model and rebuild no scaling.
+
+The network is a model family (:mod:`postcast.models.registry`): ``family`` names it and ``net``
+holds that family's own options. A checkpoint carries everything inference needs: the
+hyperparameters (family, its options, the sample spec, grid, members), the statistics buffers and
+``checkpoint["postcast"]`` with the format version. Format 1 checkpoints (flat hyperparameters,
+normalisation outside the model) load through :func:`migrate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import inspect
+import pickle
 from typing import Any
 
 import lightning as L
 import torch
 
-from postcast.models import convnets, postprocessors, transformer
-from postcast.models import smoe as smoe_mod
+from postcast.datasets.sample import SampleSpec
+from postcast.models import postprocessors, registry
 from postcast.models.losses import crps_gaussian
-from postcast.models.smoe import SMoEConfig
+from postcast.models.smoe import SMoEHead
 
-CHECKPOINT_FORMAT_VERSION = 1
-MODELS = ("emos", "emos_global", "mlp", "lenet", "unet", "unet_smoe", "smoe", "transformer")
-MEMBER_MODELS = ("emos_global", "transformer")  # need data.cfg.members: true
-
-
-def build_net(model: str, *, in_channels: int, grid: tuple[int, int], target_channels: tuple[int, int],
-              n_members: int, n_variables: int, hidden: int, base_filters: int, smoe: SMoEConfig,
-              width: int, heads: int) -> torch.nn.Module:
-    """The network of a model kind (see :data:`MODELS`)."""
-    var = target_channels[0] // 2  # the target variable's index among the input variables
-    nets: dict[str, Callable[[], torch.nn.Module]] = {
-        "emos": lambda: postprocessors.LocalEMOS(grid, *target_channels),
-        "emos_global": lambda: postprocessors.GlobalEMOS(n_members, var, target_channels[1]),
-        "mlp": lambda: postprocessors.PointwiseMLP(in_channels, hidden),
-        "lenet": lambda: convnets.LeNet(in_channels),
-        "unet": lambda: convnets.UNet(in_channels, base_filters),
-        "unet_smoe": lambda: smoe_mod.UNetSMoE(in_channels, grid, smoe, base_filters),
-        "smoe": lambda: smoe_mod.SMoE(in_channels, grid, smoe),
-        "transformer": lambda: transformer.EnsembleTransformer(in_channels, n_variables, var, width, heads),
-    }
-    if model not in nets:
-        msg = f"model {model!r}: choose one of {MODELS}"
-        raise ValueError(msg)
-    return nets[model]()
+CHECKPOINT_FORMAT_VERSION = 2
+Batch = dict[str, torch.Tensor]
 
 
 class PostProcessor(L.LightningModule):
-    """Trains one post-processor (``model``, one of :data:`MODELS`) with the closed-form Gaussian CRPS.
+    """Trains one post-processor with the closed-form Gaussian CRPS.
 
     Args:
-        model: emos (local, per grid point), emos_global (13 parameters), mlp, lenet, unet,
-            unet_smoe (U-Net with an SMoE final layer), smoe (the SMoE layer alone), transformer.
-        in_channels, grid, target_channels, n_members, n_variables, data: linked from the data
-            module by ``postcast train``; set them only when building a model by hand.
-        hidden: MLP hidden units. base_filters: U-Net channels at full resolution (32/64/128).
-        smoe: SMoE options (experts, gate, weighted, rc_loss, quantile, damping).
-        width, heads: Transformer embedding channels and attention heads.
+        family: the model family (``postcast.models.registry.families()``: emos, emos_global, mlp,
+            lenet, unet, unet_smoe, smoe, transformer).
+        net: the family's options, e.g. ``{base_filters: 32}`` for unet, ``{hidden: 128}`` for mlp,
+            ``{smoe: {experts: 3, gate: latent}}`` for smoe/unet_smoe, ``{width: 16, heads: 4}`` for
+            the transformer.
+        sample, grid, n_members: linked from the data module by ``postcast train`` (the sample spec
+            as a mapping, the grid (H, W), the ensemble size); set them only when building a model by hand.
         lr, weight_decay: AdamW; the learning rate follows a cosine schedule over ``max_epochs``
             when ``cosine`` is true.
     """
 
-    def __init__(self, model: str = "mlp", in_channels: int = 19, grid: tuple[int, int] = (37, 72),
-                 hidden: int = 128, lr: float = 1e-3, target_channels: tuple[int, int] = (0, 1),
-                 data: dict[str, Any] | None = None, n_members: int = 10, n_variables: int = 7,
-                 base_filters: int = 32, smoe: SMoEConfig | dict[str, Any] | None = None, width: int = 16,
-                 heads: int = 4, weight_decay: float = 0.0, cosine: bool = True):
+    def __init__(self, family: str = "mlp", net: dict[str, Any] | None = None, sample: dict[str, Any] | None = None,
+                 grid: tuple[int, int] = (37, 72), n_members: int = 10, lr: float = 1e-3, weight_decay: float = 0.0,
+                 cosine: bool = True):
         super().__init__()
-        smoe_cfg = SMoEConfig(**smoe) if isinstance(smoe, dict) else smoe or SMoEConfig()
-        smoe = dataclasses.asdict(smoe_cfg)  # plain types in the checkpoint
+        spec = SampleSpec.from_dict(sample or {})
+        fam = registry.make(family, net)
+        if fam.needs_members and not spec.members:
+            msg = f"the {family} model reads the raw members: set data.cfg.sample.members: true in the training config"
+            raise ValueError(msg)
+        net = _plain(dataclasses.asdict(fam))
+        sample = spec.to_dict()
+        grid = (int(grid[0]), int(grid[1]))
         self.save_hyperparameters()
-        self.net = build_net(model, in_channels=in_channels, grid=(grid[0], grid[1]),
-                             target_channels=(target_channels[0], target_channels[1]), n_members=n_members,
-                             n_variables=n_variables, hidden=hidden, base_filters=base_filters, smoe=smoe_cfg,
-                             width=width, heads=heads)
-        self.smoe_layer: smoe_mod.SMoEHead | None = getattr(self.net, "smoe", None)
+        self.spec = spec
+        io = registry.NetIO(in_channels=spec.n_channels, grid=grid, n_members=n_members,
+                            n_variables=len(spec.input_variables), target_variable=spec.target_variable_index)
+        self.net = fam.build(io)
+        self.smoe_layer: SMoEHead | None = getattr(self.net, "smoe", None)
         self.norm_mean: torch.Tensor
         self.norm_std: torch.Tensor
-        self.register_buffer("norm_mean", torch.zeros(2 * n_variables, *grid))
-        self.register_buffer("norm_std", torch.ones(2 * n_variables, *grid))
+        self.register_buffer("norm_mean", torch.zeros(spec.n_fields, *grid))
+        self.register_buffer("norm_std", torch.ones(spec.n_fields, *grid))
 
     def set_normalisation(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        """Record the statistics the inputs are normalised with (travel in the checkpoint)."""
+        """Record the statistics the inputs are normalised with (they travel in the checkpoint)."""
         with torch.no_grad():
-            self.norm_mean.copy_(mean)  # (2 * n_variables, H, W)
+            self.norm_mean.copy_(mean)  # (n_fields, H, W)
             self.norm_std.copy_(std)
 
     def on_fit_start(self) -> None:
@@ -92,11 +83,22 @@ class PostProcessor(L.LightningModule):
             mean, std = dm.normalisation()
             self.set_normalisation(torch.from_numpy(mean), torch.from_numpy(std))
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mu, sigma) in physical units, each (B, H, W)."""
-        return postprocessors.predict(self.net, batch)
+    def normalise(self, batch: Batch) -> Batch:
+        """The network's view of a physical batch: ``x`` (B, C, H, W) = normalised fields (NaN, e.g.
+        SST over land, -> 0) then features; ``members`` (B, M, V, H, W) normalised with the
+        ensemble-mean statistics of each variable; ``m``, ``s`` passed through for the head."""
+        x = torch.nan_to_num((batch["fields"] - self.norm_mean) / self.norm_std)  # (B, 2V, H, W)
+        out = {"x": torch.cat([x, batch["features"]], dim=1), "m": batch["m"], "s": batch["s"]}
+        if "members" in batch:
+            mean, std = self.norm_mean[0::2], self.norm_std[0::2]  # (V, H, W): the ens_mean channels
+            out["members"] = torch.nan_to_num((batch["members"] - mean) / std)
+        return out
 
-    def _step(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mu, sigma) in physical units, each (B, H, W), from a batch of physical samples."""
+        return postprocessors.predict(self.net, self.normalise(batch))
+
+    def _step(self, batch: Batch, split: str) -> torch.Tensor:
         mu, sigma = self(batch)
         ok = torch.isfinite(batch["y"])
         loss = crps_gaussian(mu[ok], sigma[ok], batch["y"][ok]).mean()
@@ -109,7 +111,7 @@ class PostProcessor(L.LightningModule):
                 self.log(f"{split}_oracle_crps", orc, batch_size=batch["y"].shape[0])
         return loss
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss = self._step(batch, "train")
         layer = self.smoe_layer
         if layer is not None and layer.cfg.rc_loss:
@@ -121,13 +123,13 @@ class PostProcessor(L.LightningModule):
             return loss + layer.cfg.rc_weight * rc
         return loss
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "val")
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def test_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "test")
 
-    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+    def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor]:
         mu, sigma = self(batch)
         return {"mu": mu, "sigma": sigma}
 
@@ -139,15 +141,51 @@ class PostProcessor(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["postcast"] = {"format_version": CHECKPOINT_FORMAT_VERSION, "model": self.hparams["model"],
-                                  "data": self.hparams["data"]}
+        checkpoint["postcast"] = {"format_version": CHECKPOINT_FORMAT_VERSION, "family": self.hparams["family"],
+                                  "sample": self.spec.to_dict()}
+
+
+def _plain(value: Any) -> Any:
+    """Tuples -> lists, recursively (plain YAML/JSON types in the checkpoint)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- format 1 -> 2 ---------------------------------------------------------------------------------
+_V1_NET_KEYS = {"mlp": ("hidden",), "unet": ("base_filters",), "unet_smoe": ("smoe", "base_filters"),
+                "smoe": ("smoe",), "transformer": ("width", "heads")}
+_V1_SAMPLE_KEYS = ("target", "variables", "step_h", "location_features", "season_features", "members")
+
+
+def migrate(ckpt: dict[str, Any], path: str) -> dict[str, Any]:
+    """Bring a checkpoint's hyperparameters and metadata to the current format (1 -> 2: the flat
+    constructor becomes family + net options + sample spec; the state dict is unchanged, since format 1
+    also stored the statistics as buffers)."""
+    meta = ckpt["postcast"]
+    version = meta.get("format_version", 0)
+    if version == CHECKPOINT_FORMAT_VERSION:
+        return ckpt
+    if version != 1:
+        msg = (f"{path}: checkpoint format {version} cannot be read by this postcast (it reads formats 1 and "
+               f"{CHECKPOINT_FORMAT_VERSION}); retrain it with `postcast train fit`")
+        raise ValueError(msg)
+    hp = ckpt["hyper_parameters"]
+    family = hp["model"]
+    data = hp.get("data") or meta.get("data") or {}
+    new_hp = {"family": family, "net": {k: hp[k] for k in _V1_NET_KEYS.get(family, ()) if k in hp},
+              "sample": {k: data[k] for k in _V1_SAMPLE_KEYS if k in data}, "grid": tuple(hp["grid"]),
+              "n_members": hp.get("n_members", 10), "lr": hp.get("lr", 1e-3),
+              "weight_decay": hp.get("weight_decay", 0.0), "cosine": hp.get("cosine", True)}
+    return {**ckpt, "hyper_parameters": new_hp,
+            "postcast": {"format_version": CHECKPOINT_FORMAT_VERSION, "family": family, "sample": new_hp["sample"],
+                         "migrated_from": 1}}
 
 
 def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
     """A trained post-processor (eval mode, CPU) and its ``postcast`` metadata from a checkpoint alone."""
-    import inspect
-    import pickle
-
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
@@ -161,7 +199,8 @@ def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
         msg = (f"{path}: checkpoint format {meta['format_version']} is newer than this postcast "
                f"({CHECKPOINT_FORMAT_VERSION}); upgrade postcast")
         raise ValueError(msg)
+    ckpt = migrate(ckpt, path)
     known = set(inspect.signature(PostProcessor.__init__).parameters) - {"self"}
     model = PostProcessor(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in known})
     model.load_state_dict(ckpt["state_dict"])
-    return model.eval(), meta
+    return model.eval(), ckpt["postcast"]

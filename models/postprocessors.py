@@ -12,10 +12,13 @@ global EMOS of the ENS-10 reference. Grid models live in :mod:`.convnets`, :mod:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from postcast.models.losses import CRPSGaussianLoss, gaussian_head
+from postcast.models.registry import NetIO, family
 
 Batch = dict[str, torch.Tensor]
 
@@ -95,3 +98,33 @@ def predict(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]
 def crps_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     mu, sigma = predict(model, batch)
     return CRPSGaussianLoss()(mu, sigma, batch["y"])
+
+
+# --- families -----------------------------------------------------------------------------------
+@family("emos")
+@dataclass(frozen=True)
+class LocalEMOSFamily:
+    """Local EMOS: 4 coefficients per grid point on the target's normalised ensemble mean and std."""
+
+    def build(self, io: NetIO) -> nn.Module:
+        return LocalEMOS(io.grid, *io.target_channels)
+
+
+@family("emos_global", needs_members=True)
+@dataclass(frozen=True)
+class GlobalEMOSFamily:
+    """The ENS-10 reference EMOS: M + 3 parameters for the whole globe (reads the members)."""
+
+    def build(self, io: NetIO) -> nn.Module:
+        return GlobalEMOS(io.n_members, io.target_variable, io.target_channels[1])
+
+
+@family("mlp")
+@dataclass(frozen=True)
+class MLPFamily:
+    """The ENS-10 pointwise MLP."""
+
+    hidden: int = 128  # hidden units
+
+    def build(self, io: NetIO) -> nn.Module:
+        return PointwiseMLP(io.in_channels, self.hidden)

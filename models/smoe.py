@@ -21,7 +21,7 @@ Training techniques, both in the custom backward of :class:`TopKRouting`:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from postcast.models import kernels
 from postcast.models.convnets import UNetTrunk
 from postcast.models.kernels.reference import TopKRouting, routing_correct
 from postcast.models.postprocessors import Batch
+from postcast.models.registry import NetIO, family
 
 __all__ = ["SMoE", "SMoEConfig", "SMoEHead", "TopKRouting", "UNetSMoE", "rc_labels", "routing_correct"]
 
@@ -156,3 +157,27 @@ class UNetSMoE(nn.Module):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.smoe(self.trunk(batch["x"]))
         return out[:, 0], out[:, 1]
+
+
+# --- families -----------------------------------------------------------------------------------
+@family("smoe")
+@dataclass(frozen=True)
+class SMoEFamily:
+    """The SMoE layer alone, on the inputs."""
+
+    smoe: SMoEConfig = field(default_factory=SMoEConfig)
+
+    def build(self, io: NetIO) -> nn.Module:
+        return SMoE(io.in_channels, io.grid, self.smoe)
+
+
+@family("unet_smoe")
+@dataclass(frozen=True)
+class UNetSMoEFamily:
+    """U-Net whose final layer is an SMoE."""
+
+    smoe: SMoEConfig = field(default_factory=SMoEConfig)
+    base_filters: int = 32
+
+    def build(self, io: NetIO) -> nn.Module:
+        return UNetSMoE(io.in_channels, io.grid, self.smoe, self.base_filters)

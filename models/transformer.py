@@ -16,6 +16,7 @@ so the zero-initialised output layer reproduces the raw ensemble (a = 0, b = log
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from torch import nn
 from postcast.models import kernels
 from postcast.models.convnets import earth_pad
 from postcast.models.postprocessors import Batch, require_members, zero_init
+from postcast.models.registry import NetIO, family
 
 
 class _Embed(nn.Module):
@@ -80,3 +82,16 @@ class EnsembleTransformer(nn.Module):
         d = self.correct(h.flatten(0, 1)).view(b, m, *h.shape[-2:])  # (B, M, H, W), units of the raw std
         zt = z[:, :, self.variable_index] + d
         return d.mean(dim=1), torch.log(zt.std(dim=1, unbiased=False).clamp_min(1e-3))
+
+
+# --- families -----------------------------------------------------------------------------------
+@family("transformer", needs_members=True)
+@dataclass(frozen=True)
+class TransformerFamily:
+    """Ensemble Transformer: attention across members (reads the members)."""
+
+    width: int = 16  # embedding channels
+    heads: int = 4  # attention heads
+
+    def build(self, io: NetIO) -> nn.Module:
+        return EnsembleTransformer(io.in_channels, io.n_variables, io.target_variable, self.width, self.heads)

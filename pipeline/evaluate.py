@@ -25,7 +25,9 @@ import torch
 import xarray as xr
 
 from postcast.datasets import io, schema
-from postcast.datasets.loaders.datamodule import SPLIT_CODE, DataConfig, StoreDataset
+from postcast.datasets import store as contract
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
+from postcast.datasets.sample import SampleSpec
 from postcast.models.module import load_checkpoint
 from postcast.pipeline import metrics
 
@@ -48,8 +50,8 @@ class EvalConfig:
     names: dict[str, str] = field(default_factory=dict)  # checkpoint path -> display name
 
     def __post_init__(self) -> None:
-        if self.split not in SPLIT_CODE:
-            msg = f"split {self.split!r}: use one of {list(SPLIT_CODE)}"
+        if self.split not in contract.SPLITS:
+            msg = f"split {self.split!r}: use one of {list(contract.SPLITS)}"
             raise ValueError(msg)
         for t in self.targets or ():
             if t not in schema.TARGETS:
@@ -69,23 +71,23 @@ def verification_dataset(store: xr.Dataset, target: str, split: str, step_h: int
                          ) -> xr.Dataset:
     """Truth, raw members, and the raw-ensemble and oracle Gaussians of ``target`` on one split."""
     tg = schema.TARGETS[target]
-    truth = _step(store, schema.truth_name(target), step_h, tg.level)
-    keep = (store["split"].values == SPLIT_CODE[split]) & np.isfinite(truth.isel(latitude=0, longitude=0).values)
-    if not keep.any():
+    truth = _step(store, contract.truth_name(target), step_h, tg.level)
+    rows = contract.split_rows(store, split, target=target, step_h=step_h)
+    if not rows.size:
         msg = f"no init date with truth for {target} at +{step_h} h in split {split!r}"
         raise ValueError(msg)
-    sub = store.isel({schema.INIT_TIME: np.flatnonzero(keep)})
+    sub = store.isel({schema.INIT_TIME: rows})
     members = _step(sub, tg.variable, step_h, tg.level)
-    mu = [_step(sub, f"ens_mean_{tg.variable}", step_h, tg.level)]
-    sigma = [_step(sub, f"ens_std_{tg.variable}", step_h, tg.level)]
+    mu = [_step(sub, contract.ens_mean(tg.variable), step_h, tg.level)]
+    sigma = [_step(sub, contract.ens_std(tg.variable), step_h, tg.level)]
     names = [RAW]
-    if f"oracle_mean_{target}" in sub:
-        mu.append(_step(sub, f"oracle_mean_{target}", step_h, tg.level))
-        sigma.append(_step(sub, f"oracle_std_{target}", step_h, tg.level))
+    if contract.oracle_mean(target) in sub:
+        mu.append(_step(sub, contract.oracle_mean(target), step_h, tg.level))
+        sigma.append(_step(sub, contract.oracle_std(target), step_h, tg.level))
         names.append(ORACLE)
-    drop = [c for c in (schema.STEP, schema.LEVEL, "split") if c in sub.coords]
+    drop = [c for c in (schema.STEP, schema.LEVEL, contract.SPLIT) if c in sub.coords]
     out = xr.Dataset({
-        "truth": truth.isel({schema.INIT_TIME: np.flatnonzero(keep)}),
+        "truth": truth.isel({schema.INIT_TIME: rows}),
         "members": members,
         "mu": xr.concat(mu, dim="forecast"),
         "sigma": xr.concat(sigma, dim="forecast"),
@@ -111,11 +113,11 @@ def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) 
 @torch.no_grad()
 def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
                        ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(target, init_times, mu, sigma) of a checkpoint on one split; the inputs are normalised with
-    the checkpoint's own statistics."""
+    """(target, init_times, mu, sigma) of a checkpoint on one split: samples as its sample spec declares,
+    in physical units (the model normalises them with the statistics it carries)."""
     model, meta = load_checkpoint(path)
-    cfg = DataConfig(**{**meta["data"], "store": store, "num_workers": 0})
-    data = StoreDataset(cfg, split, normalisation=(model.norm_mean.numpy(), model.norm_std.numpy()))
+    cfg = DataConfig(store=store, sample=SampleSpec.from_dict(meta["sample"]))
+    data = StoreDataset(cfg, split)
     mus, sigmas = [], []
     for start in range(0, len(data), batch_size):
         items = [data[i] for i in range(start, min(start + batch_size, len(data)))]
@@ -123,8 +125,8 @@ def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
         mu, sigma = model(batch)
         mus.append(mu.double().numpy())
         sigmas.append(sigma.double().numpy())
-    times = io.open_zarr(store)[schema.INIT_TIME].values[data.indices]
-    return cfg.target, times, np.concatenate(mus), np.concatenate(sigmas)
+    times = contract.open_store(store)[schema.INIT_TIME].values[data.indices]
+    return cfg.sample.target, times, np.concatenate(mus), np.concatenate(sigmas)
 
 
 # --- scoring ---------------------------------------------------------------------------------
@@ -246,7 +248,7 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
     """Score every checkpoint plus raw ensemble and oracle; writes ``metrics.json`` and the report."""
     from postcast.pipeline import report
 
-    store = io.open_zarr(cfg.store)
+    store = contract.open_store(cfg.store)
     preds: dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]] = {}
     taken: dict[str, set[str]] = {}  # display names are unique per target
     for path in progress(cfg.checkpoints):

@@ -2,10 +2,13 @@
 
 ``postcast forecast --checkpoint C --input RAW --init-time T [--end T2] --out DIR`` reads the raw
 ensemble for each init time with the ingestion code (GRIB, netCDF or zarr; conventions normalised,
-values checked), applies the post-processor with the checkpoint's own normalisation and writes,
-per target and init time, one file
+values checked), builds the samples the checkpoint's sample spec declares (in physical units: the model normalises
+them itself) and writes, per model, target and init time, one file
 
-    DIR/<product>/<target>/<target>_<YYYYmmddTHH>.nc      (and/or .zarr)
+    DIR/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.nc      (and/or .zarr)
+
+``model`` is the forecast's name (``--name``; default: the checkpoint's model family), so the
+products of two models never share a path.
 
 holding the Gaussian mean and std, quantiles and probabilities of exceeding thresholds, with CF
 metadata (forecast_reference_time, time, forecast_period, units, standard_name) and provenance
@@ -32,10 +35,12 @@ from scipy.special import ndtr, ndtri
 
 import postcast
 from postcast.datasets import io, schema, sources
+from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError, MissingInputError
 from postcast.datasets.ingest import ensemble_statistics
-from postcast.datasets.loaders.datamodule import DataConfig, SampleMaker, parse_variable
-from postcast.models.module import load_checkpoint
+from postcast.datasets.loaders.datamodule import to_tensors
+from postcast.datasets.sample import Sampler, SampleSpec
+from postcast.models.module import PostProcessor, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +60,12 @@ class ForecastConfig:
     thresholds: tuple[float, ...] = ()  # in the target's units; none: none written
     formats: tuple[str, ...] = ("netcdf",)  # netcdf and/or zarr
     overwrite: bool = False
+    name: str | None = None  # the model's name in the output paths (None: the checkpoint's model family)
 
     def __post_init__(self) -> None:
+        if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
+            msg = f"name {self.name!r}: give a plain file-name part, e.g. unet_t850"
+            raise ConfigError(msg)
         bad = [q for q in self.quantiles if not 0.0 < q < 1.0]
         if bad:
             msg = f"quantiles {bad}: each must be strictly between 0 and 1"
@@ -87,8 +96,10 @@ class ForecastResult:
     fallback: list[str] = field(default_factory=list)
 
 
-def output_path(out: str | Path, product: str, target: str, init: pd.Timestamp, ext: str) -> Path:
-    return Path(out) / product / target / f"{target}_{init:%Y%m%dT%H}.{ext}"
+def output_path(out: str | Path, product: str, model: str, target: str, init: pd.Timestamp, ext: str) -> Path:
+    """``OUT/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.<ext>``: one file per product, model,
+    target and init time."""
+    return Path(out) / product / model / target / f"{target}_{init:%Y%m%dT%H}.{ext}"
 
 
 # --- pure core ---------------------------------------------------------------------------------
@@ -151,18 +162,6 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
 
 
 # --- drivers -----------------------------------------------------------------------------------
-def _needed(data: DataConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """Raw variables and pressure levels the model reads (the target's included)."""
-    tg = schema.TARGETS[data.target]
-    variables, levels = {tg.variable}, {tg.level} if tg.level is not None else set()
-    for spec in data.input_variables:
-        name, level = parse_variable(spec)
-        variables.add(name)
-        if schema.VARIABLES[name].level_type is schema.LevelType.PRESSURE:
-            levels.add(level if level is not None else (tg.level or schema.LEVELS[0]))
-    return tuple(sorted(variables)), tuple(sorted(levels))
-
-
 def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timestamp) -> xr.Dataset:
     ds = source.load(init, plan)
     sources.check_values(ds, str(init))
@@ -170,74 +169,84 @@ def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timest
     return day.isel({schema.INIT_TIME: 0}) if schema.INIT_TIME in day.dims else day
 
 
-def _target_only_plan(plan: sources.Plan, data: DataConfig) -> sources.Plan:
-    tg = schema.TARGETS[data.target]
+def _target_only_plan(plan: sources.Plan, spec: SampleSpec) -> sources.Plan:
+    tg = schema.TARGETS[spec.target]
     return sources.Plan(plan.init_times, (tg.variable,), plan.levels, plan.members, plan.steps_h, plan.grid, plan.files)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every init time of one ``forecast`` call shares."""
+
+    cfg: ForecastConfig
+    model: PostProcessor
+    sampler: Sampler
+    source: sources.ForecastSource
+    plan: sources.Plan
+    name: str
+    ckpt_hash: str
+    reason: str  # why the model cannot run ("" when it can)
 
 
 def forecast(cfg: ForecastConfig) -> ForecastResult:
     """Write the calibrated forecast for every init time of the window (see the module docstring)."""
     start, end = cfg.window
     model, meta = load_checkpoint(cfg.checkpoint)
-    data = DataConfig(**{**meta["data"], "store": cfg.input, "num_workers": 0, "cache": False})
-    ckpt_hash = io.sha256_file(cfg.checkpoint)
+    spec = SampleSpec.from_dict(meta["sample"])
     found = sources.discover(cfg.input)
-    variables, levels = _needed(data)
-    tg = schema.TARGETS[data.target]
+    variables, levels = spec.raw_needs()
+    tg = schema.TARGETS[spec.target]
+    reason = ""
     try:
         plan = found.forecast.plan(sources.Expectation(variables=variables, levels=levels or None))
-        full_inputs = True
     except MissingInputError as err:  # the model cannot run: fall back to the raw ensemble of the target
         log.warning("inputs for the model are missing (%s); writing the raw-ensemble fallback", err)
         plan = found.forecast.plan(sources.Expectation(variables=(tg.variable,),
                                                        levels=(tg.level,) if tg.level else None))
-        full_inputs, reason = False, str(err)
+        reason = str(err)
     inits = [t for t in plan.init_times if start <= t <= end]
     if not inits:
         msg = f"{cfg.input}: no init time between {start} and {end} (it has {len(plan.init_times)} dates)"
         raise MissingInputError(msg)
+    run = _Run(cfg, model, Sampler(spec, plan.grid.latitudes(), plan.grid.longitudes()), found.forecast, plan,
+               cfg.name or str(model.hparams["family"]), io.sha256_file(cfg.checkpoint), reason)
     result = ForecastResult()
-    lat, lon = plan.grid.latitudes(), plan.grid.longitudes()
-    maker = SampleMaker.from_normalisation(data, lat, lon, (model.norm_mean.numpy(), model.norm_std.numpy()))
     for init in inits:
-        _one(cfg, model, maker, found.forecast, plan, init, data, ckpt_hash, full_inputs,
-             reason if not full_inputs else "", result)
+        _one(run, init, result)
     return result
 
 
-def _one(cfg: ForecastConfig, model: Any, maker: SampleMaker, source: sources.ForecastSource, plan: sources.Plan,
-         init: pd.Timestamp, data: DataConfig, ckpt_hash: str, full_inputs: bool, reason: str,
-         result: ForecastResult) -> None:
+def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
+    cfg, spec = run.cfg, run.sampler.spec
     exts = [{"netcdf": "nc", "zarr": "zarr"}[f] for f in cfg.formats]
-    done = [output_path(cfg.out, p, data.target, init, e) for p in (POSTPROCESSED, FALLBACK) for e in exts]
-    if not cfg.overwrite and any(all(output_path(cfg.out, p, data.target, init, e).exists() for e in exts)
-                                 for p in (POSTPROCESSED, FALLBACK)):
-        result.skipped += [str(d) for d in done if d.exists()]
+    paths = {p: [output_path(cfg.out, p, run.name, spec.target, init, e) for e in exts]
+             for p in (POSTPROCESSED, FALLBACK)}
+    if not cfg.overwrite and any(all(q.exists() for q in qs) for qs in paths.values()):
+        result.skipped += [str(q) for qs in paths.values() for q in qs if q.exists()]
         return
     t0 = time.perf_counter()
-    day = _raw_day(source, plan if full_inputs else _target_only_plan(plan, data), init)
-    product = POSTPROCESSED
-    sample = maker.sample(day) if full_inputs else None
-    if sample is not None:
+    day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init)
+    product, reason = (FALLBACK, run.reason) if run.reason else (POSTPROCESSED, "")
+    if not run.reason:
         with torch.no_grad():
-            mu_t, sigma_t = model({k: v[None] for k, v in sample.items()})
+            batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
+            mu_t, sigma_t = run.model(batch)  # physical inputs in, (mu, sigma) out: the model normalises
         mu, sigma = mu_t[0].double().numpy(), sigma_t[0].double().numpy()
         if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
             product, reason = FALLBACK, "the model produced non-finite values"
-    else:
-        product = FALLBACK
     if product == FALLBACK:
-        mu = maker._sel(day[f"ens_mean_{schema.TARGETS[data.target].variable}"]).values.astype(np.float64)
-        sigma = np.maximum(maker._sel(day[f"ens_std_{schema.TARGETS[data.target].variable}"]).values, 1e-6)
-    attrs = {"product": product, "postcast_fallback": int(product == FALLBACK),
-             "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": ckpt_hash, "model": model.hparams["model"],
-             "inputs": str(cfg.input), "comment": reason or "post-processed with the checkpoint's model"}
-    ds = products(mu, np.asarray(sigma, dtype=np.float64), target=data.target, init=init, step_h=data.step_h,
-                  lat=maker.lat, lon=maker.lon, quantiles=cfg.quantiles, thresholds=cfg.thresholds, attrs=attrs)
-    for ext in exts:
-        path = output_path(cfg.out, product, data.target, init, ext)
+        variable = schema.TARGETS[spec.target].variable
+        mu = spec.select(day[contract.ens_mean(variable)]).astype(np.float64)
+        sigma = np.maximum(spec.select(day[contract.ens_std(variable)]).astype(np.float64), 1e-6)
+    attrs = {"product": product, "postcast_fallback": int(product == FALLBACK), "model_name": run.name,
+             "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": run.ckpt_hash,
+             "model": str(run.model.hparams["family"]), "inputs": str(cfg.input),
+             "comment": reason or "post-processed with the checkpoint's model"}
+    ds = products(mu, sigma, target=spec.target, init=init, step_h=spec.step_h, lat=run.sampler.lat,
+                  lon=run.sampler.lon, quantiles=cfg.quantiles, thresholds=cfg.thresholds, attrs=attrs)
+    for path in paths[product]:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if ext == "nc":
+        if path.suffix == ".nc":
             io.write_netcdf(ds, path)
         else:
             with io.atomic_path(path) as tmp:
@@ -245,6 +254,4 @@ def _one(cfg: ForecastConfig, model: Any, maker: SampleMaker, source: sources.Fo
         result.written.append(str(path))
         if product == FALLBACK:
             result.fallback.append(str(path))
-    log.info("%s %s: %s in %.2f s", data.target, init, product, time.perf_counter() - t0)
-
-
+    log.info("%s %s %s: %s in %.2f s", run.name, spec.target, init, product, time.perf_counter() - t0)

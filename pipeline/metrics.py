@@ -1,6 +1,6 @@
 """Probabilistic scores on numpy arrays (float64): Gaussian CRPS and ensemble CRPS estimators.
 
-Definitions (../shared/reference/ens10-task.md 2.3-2.4), for members x_1..x_M and outcome y:
+Definitions (docs/ens10.md: the Gaussian and ensemble CRPS), for members x_1..x_M and outcome y:
 
 * **standard** (empirical CDF, "ecdf"/"NRG", what properscoring computes):
   ``mean_i |x_i - y| - 1/(2 M^2) sum_ij |x_i - x_j|``
@@ -13,6 +13,10 @@ The ensemble kernel is O(M log M) per point: with sorted members x_(1) <= .. <= 
 ``sum_ij |x_i - x_j| = 2 sum_i (2 i - M - 1) x_(i)``, a sort plus one matrix-vector product, all
 vectorised over points. Always state the estimator: the two differ by a factor M/(M-1) on the
 spread term, which matters when comparing 10- and 50-member ensembles.
+
+numpy/scipy only at import: torch (and :mod:`postcast.models.kernels`) is imported only when
+:func:`crps_ensemble` takes the torch engine (``engine="torch"``, or ``"auto"`` with a CUDA GPU).
+Latitude weights are :func:`postcast.datasets.geo.latitude_weights`, re-exported here.
 """
 
 from __future__ import annotations
@@ -21,10 +25,9 @@ import math
 from typing import Literal
 
 import numpy as np
-import torch
 from scipy import special
 
-from postcast.models import kernels
+from postcast.datasets.geo import latitude_weights as latitude_weights  # re-exported: one implementation
 
 Estimator = Literal["fair", "standard"]
 _INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
@@ -100,6 +103,28 @@ def _numba_kernel() -> object | None:
     return _NUMBA_KERNEL
 
 
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU (imports torch; False when torch is not installed)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _crps_rows_torch(xs: np.ndarray, y: np.ndarray, fair: bool) -> np.ndarray:
+    """The kernel dispatch (:func:`postcast.models.kernels.crps_ensemble`) on (N, M) members and (N,)
+    outcomes, float64, on the GPU when there is one; torch is imported here, not at module import."""
+    import torch
+
+    from postcast.models import kernels
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    xt = torch.as_tensor(np.ascontiguousarray(xs, dtype=np.float64), device=dev)
+    yt = torch.as_tensor(np.ascontiguousarray(y), device=dev)
+    return np.asarray(kernels.crps_ensemble(xt, yt, fair).cpu().numpy())
+
+
 def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Estimator = "fair",
                   engine: Literal["auto", "numba", "numpy", "torch"] = "auto") -> np.ndarray:
     """Ensemble CRPS of members ``x`` (member axis ``axis``) at outcomes ``y`` (x's shape without
@@ -120,11 +145,8 @@ def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Es
         msg = "the fair CRPS needs at least 2 members"
         raise ValueError(msg)
     fair = estimator == "fair"
-    if engine == "torch" or (engine == "auto" and torch.cuda.is_available()):
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        xt = torch.as_tensor(np.ascontiguousarray(xm.reshape(-1, m), dtype=np.float64), device=dev)
-        yt = torch.as_tensor(np.ascontiguousarray(y.reshape(-1)), device=dev)
-        return kernels.crps_ensemble(xt, yt, fair).cpu().numpy().reshape(y.shape)
+    if engine == "torch" or (engine == "auto" and _cuda_available()):
+        return _crps_rows_torch(xm.reshape(-1, m), y.reshape(-1), fair).reshape(y.shape)
     kernel = _numba_kernel() if engine in ("auto", "numba") else None
     if engine == "numba" and kernel is None:
         msg = "engine='numba' needs numba installed (pip install numba), or use engine='numpy'"
@@ -149,28 +171,7 @@ def crps_ensemble_reference(x: np.ndarray, y: np.ndarray, *, axis: int = -1,
     return skill - pair / denom
 
 
-# --- weighting, calibration ------------------------------------------------------------------------
-def latitude_weights(lat: np.ndarray, kind: Literal["area", "cos"] = "area") -> np.ndarray:
-    """Latitude weights normalised to mean 1 over the rows (WeatherBench 2 conventions).
-
-    ``area``: cell area sin(upper) - sin(lower) with bounds halfway between rows, clipped at +-90
-    (pole rows get their small cap); ``cos``: cos(lat) (pole rows get exactly 0)."""
-    lat = np.asarray(lat, dtype=np.float64)
-    if kind == "cos":
-        w = np.cos(np.deg2rad(lat))
-    elif kind == "area":
-        order = np.argsort(lat)
-        s = lat[order]
-        edges = np.concatenate([[-90.0], 0.5 * (s[1:] + s[:-1]), [90.0]])
-        area = np.sin(np.deg2rad(edges[1:])) - np.sin(np.deg2rad(edges[:-1]))
-        w = np.empty_like(area)
-        w[order] = area
-    else:
-        msg = f"latitude weights {kind!r}: use 'area' or 'cos'"
-        raise ValueError(msg)
-    return w / w.mean()
-
-
+# --- weighting (latitude_weights: postcast.datasets.geo, re-exported above), calibration ----------
 def spread_skill_ratio(ens_std: np.ndarray, ens_mean: np.ndarray, truth: np.ndarray) -> float:
     """Mean ensemble spread over the RMSE of the ensemble mean (1 for a calibrated ensemble; the
     spread is taken as sqrt(mean variance), as WeatherBench 2 does)."""
@@ -198,7 +199,7 @@ def pit_gaussian(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray
     return np.asarray(special.ndtr((np.asarray(y) - np.asarray(mu)) / np.asarray(sigma)))
 
 
-# --- extreme forecast index and EECRPS (ENS-10, ens10-task.md 2.5-2.6) -----------------------------
+# --- extreme forecast index and EECRPS (ENS-10, docs/ens10.md) ------------------------------------
 EFI_LEVELS = np.linspace(0.0, 1.0, 21)  # p = 0, 0.05, ..., 1
 
 

@@ -62,15 +62,15 @@ class CompressJob:
         return config.from_dict(FieldConfig, dict(self.field), where=f"compress[{self.preset}].field")
 
     def data_config(self, store: Path) -> Any:
-        """The preset's ``data.cfg`` pointed at ``store``."""
-        import yaml
+        """The preset's data config as training resolves it, pointed at ``store`` (members off)."""
+        from postcast.pipeline.train import data_config
 
-        from postcast.datasets.loaders.datamodule import DataConfig
-
-        preset = yaml.safe_load(Path(self.preset).read_text()) or {}
-        data = dict((preset.get("data") or {}).get("cfg") or {})
-        data.update(store=str(store), members=False)
-        return config.from_dict(DataConfig, data, where=f"{self.preset}: data.cfg")
+        try:
+            return data_config(["-c", self.preset, "--data.cfg.store", str(store),
+                                "--data.cfg.sample.members", "false"])
+        except ValueError as err:
+            msg = f"compress.preset {self.preset}: {err}"
+            raise ConfigError(msg) from err
 
 
 @config.register("pipeline")
@@ -220,9 +220,10 @@ def _forecast(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
     assert cfg.forecast_from is not None
     source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
     written: list[str] = []
-    for ckpt in checkpoints:
+    for ckpt, preset in zip(checkpoints, cfg.train, strict=True):  # one product folder per trained model
         res = forecast(ForecastConfig(checkpoint=ckpt, input=source, out=str(cfg.root / "forecasts"),
-                                      init_time=cfg.forecast_from, end=cfg.forecast_to, overwrite=True))
+                                      init_time=cfg.forecast_from, end=cfg.forecast_to, overwrite=True,
+                                      name=Path(preset).stem))
         written += res.written
     return written
 

@@ -1,26 +1,32 @@
 """``postcast train {fit,validate,test,predict}``: the Lightning CLI over postcast's store and models.
 
-Presets live in ``configs/train/`` (LightningCLI YAML: ``trainer``, ``model``, ``data``). The model's
-input channels, grid and data config are linked from the instantiated DataModule, and the
-normalisation statistics are copied into the model at fit start, so checkpoints are self-describing.
+Presets live in ``configs/train/`` (LightningCLI YAML: ``trainer``, ``model``, ``data``) and stack
+with ``-c`` (later files and flags win). Every run first reads the paths fragment
+(:func:`paths_file`: ``configs/paths.yaml``, or the file named by ``$POSTCAST_PATHS``), the one home
+of the store path, so presets name none. The model's sample spec, grid and ensemble size are linked
+from the instantiated DataModule, and the normalisation statistics are copied into the model at fit
+start, so checkpoints are self-describing.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from postcast.datasets.loaders.datamodule import StoreDataModule
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor
 
 
 class PostcastCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
+        # what every preset used to repeat (a preset is the diff from these; GPU: --trainer.accelerator gpu)
+        parser.set_defaults({"trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.log_every_n_steps": 10})
         # model selection on the validation split (never test) ...
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val_crps", "checkpoint.mode": "min",
@@ -30,32 +36,68 @@ class PostcastCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "latest")
         parser.set_defaults({"latest.filename": "last", "latest.monitor": None, "latest.save_top_k": 1,
                              "latest.enable_version_counter": False})
-        parser.link_arguments("data", "model.in_channels", compute_fn=lambda dm: dm.cfg.n_channels,
+        parser.link_arguments("data", "model.sample", compute_fn=lambda dm: dm.cfg.sample.to_dict(),
                               apply_on="instantiate")
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
-        parser.link_arguments("data", "model.data", compute_fn=lambda dm: dataclasses.asdict(dm.cfg),
-                              apply_on="instantiate")
-        parser.link_arguments("data", "model.target_channels", compute_fn=lambda dm: dm.target_channels,
-                              apply_on="instantiate")
         parser.link_arguments("data", "model.n_members", compute_fn=lambda dm: dm.n_members, apply_on="instantiate")
-        parser.link_arguments("data", "model.n_variables", compute_fn=lambda dm: len(dm.cfg.input_variables),
-                              apply_on="instantiate")
 
 
-def validate_preset(path: str) -> str | None:
-    """Parse a training preset without instantiating anything; None if valid, else the error."""
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def paths_file() -> Path | None:
+    """The paths fragment every training run reads first: ``$POSTCAST_PATHS``, else
+    ``configs/paths.yaml`` in the working directory (None when neither exists)."""
+    named = os.environ.get("POSTCAST_PATHS")
+    path = Path(named) if named else Path("configs/paths.yaml")
+    return path if path.is_file() else None
+
+
+def resolve(args: Sequence[str]) -> dict[str, Any]:
+    """The configuration ``postcast train fit ARGS`` would run with (paths fragment, presets and flags
+    merged, every default filled in) as plain data, without instantiating anything; raises
+    ``ValueError`` with the parser's last line when the arguments are invalid."""
     import contextlib
     import io
+
+    import yaml
 
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            run(["fit", "--config", path, "--print_config"])
+            run(["fit", *args, "--print_config"])
     except SystemExit as stop:
-        if stop.code in (0, None):
-            return None
-        lines = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else f"invalid (exit {stop.code})"
+        if stop.code not in (0, None):
+            lines = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
+            raise ValueError(lines[-1] if lines else f"invalid (exit {stop.code})") from None
+    resolved = yaml.safe_load(out.getvalue())
+    return resolved if isinstance(resolved, dict) else {}
+
+
+def data_config(args: Sequence[str]) -> DataConfig:
+    """The DataConfig a training run with ``args`` (e.g. ``["-c", preset]``) would read."""
+    from postcast.datasets import config
+
+    cfg = resolve(args)
+    data = (cfg.get("data") or {}).get("cfg") or {}
+    return config.from_dict(DataConfig, data, where="data.cfg")
+
+
+def validate_preset(path: str) -> str | None:
+    """Check a training preset (with the paths fragment) without instantiating anything: the Lightning
+    parser's checks, then the model family's options and the sample spec. None if valid, else the error."""
+    from postcast.datasets.errors import ConfigError
+    from postcast.models import registry
+
+    try:
+        cfg = resolve(["--config", path])
+        model = cfg.get("model") or {}
+        family = registry.make(model.get("family", "mlp"), model.get("net"))
+        spec = data_config(["--config", path]).sample
+    except (ValueError, ConfigError) as err:
+        return str(err)
+    if family.needs_members and not spec.members:
+        return f"model.family {family.name!r} reads the raw members: set data.cfg.sample.members: true"
     return None
 
 
@@ -66,5 +108,7 @@ def run(args: Sequence[str]) -> PostcastCLI:
     import warnings
 
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # by design, see above
+    paths = paths_file()
+    defaults = {sub: {"default_config_files": [str(paths)]} for sub in SUBCOMMANDS} if paths else {}
     return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
-                       parser_kwargs={"prog": "postcast train"}, args=list(args))
+                       parser_kwargs={"prog": "postcast train", **defaults}, args=list(args))

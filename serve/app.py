@@ -45,6 +45,7 @@ class Entry:
     valid: pd.Timestamp
     product: str
     path: Path
+    model: str = ""
 
 
 @dataclass
@@ -63,7 +64,8 @@ class Field:
 
 
 class Catalog:
-    """The forecasts under a directory (``<product>/<target>/<target>_<init>.nc``), loaded on first use."""
+    """The forecasts under a directory (``<product>/<model>/<target>/<target>_<init>.nc``, the layout
+    ``postcast forecast`` writes), loaded on first use."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -74,14 +76,15 @@ class Catalog:
 
     def refresh(self) -> None:
         entries = []
-        for path in sorted(self.root.glob("*/*/*.nc")):
-            product, target = path.parent.parent.name, path.parent.name
+        for path in sorted(self.root.glob("*/*/*/*.nc")):
+            product, model, target = path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
             if target not in schema.TARGETS:
                 continue
             init = pd.to_datetime(path.stem.rsplit("_", 1)[-1], format="%Y%m%dT%H")
-            entries.append(Entry(target, init, init + pd.Timedelta(hours=schema.TARGET_STEP_H), product, path))
+            entries.append(Entry(target, init, init + pd.Timedelta(hours=schema.TARGET_STEP_H), product, path, model))
         best: dict[tuple[str, pd.Timestamp | None], Entry] = {}  # (target, valid or None=latest) -> entry
-        for e in sorted(entries, key=lambda e: (e.init, e.product == "postprocessed")):  # later/better wins
+        # later init wins, then postprocessed over fallback, then the model written last
+        for e in sorted(entries, key=lambda e: (e.init, e.product == "postprocessed", e.path.stat().st_mtime_ns)):
             best[(e.target, e.valid)] = best[(e.target, None)] = e
         self.entries, self._best = entries, best
 
@@ -229,7 +232,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, auth: Any) -> None:
         if refresh:
             catalog.refresh()
         return [{"target": e.target, "init_time": e.init.isoformat(), "valid_time": e.valid.isoformat(),
-                 "product": e.product} for e in catalog.entries]
+                 "product": e.product, "model": e.model} for e in catalog.entries]
 
     @app.get("/forecast/point", dependencies=[Depends(auth)])
     async def point(target: Target, lat: Lat, lon: Lon, time: Time = None,

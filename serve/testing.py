@@ -1,5 +1,18 @@
-"""Helpers to run the real service in a subprocess and to write a small forecast directory
-(used by the tests and ``benchmarks/serve_load.py``)."""
+"""Public testing API of the forecast service: write a small forecast directory and run the real
+``postcast serve`` in a subprocess.
+
+For anyone who tests against the service (postcast's own ``tests/test_serve.py`` and
+``benchmarks/serve_load.py``, or a client of the API):
+
+* :func:`write_forecasts`: a few forecasts on a regular grid, written exactly as ``postcast
+  forecast`` writes them (same products, names and layout);
+* :func:`running_server`: a context manager that starts ``postcast serve`` on a free loopback port,
+  waits for ``/health`` and yields the base URL; the process is stopped on exit;
+* :func:`free_port`: a free TCP port on 127.0.0.1.
+
+Nothing in the service imports this module; :func:`running_server` needs ``httpx`` (extra
+``postcast[serve]``).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +32,8 @@ from postcast.datasets import io, schema
 from postcast.pipeline.forecast import DEFAULT_QUANTILES, POSTPROCESSED, output_path, products
 
 
-def write_forecasts(out: Path, target: str = "t850", n: int = 3, resolution: float = 5.0, seed: int = 0) -> list[Path]:
+def write_forecasts(out: Path, target: str = "t850", n: int = 3, resolution: float = 5.0, seed: int = 0,
+                    model: str = "unet") -> list[Path]:
     """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does."""
     grid = schema.Grid(resolution)
     lat, lon = grid.latitudes(), grid.longitudes()
@@ -31,7 +45,7 @@ def write_forecasts(out: Path, target: str = "t850", n: int = 3, resolution: flo
         sigma = 1.0 + rng.random(grid.shape)
         ds = products(mu, sigma, target=target, init=init, step_h=schema.TARGET_STEP_H, lat=lat, lon=lon,
                       quantiles=DEFAULT_QUANTILES, thresholds=(273.15,), attrs={"product": POSTPROCESSED})
-        path = output_path(out, POSTPROCESSED, target, init, "nc")
+        path = output_path(out, POSTPROCESSED, model, target, init, "nc")
         path.parent.mkdir(parents=True, exist_ok=True)
         io.write_netcdf(ds, path)
         paths.append(path)

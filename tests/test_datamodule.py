@@ -1,47 +1,76 @@
 """Samples from the store, and pointwise post-processors that learn from them."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from postcast.datasets import ingest, schema
+from postcast.datasets import schema
+from postcast.datasets import store as contract
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
-from postcast.models import postprocessors
+from postcast.datasets.sample import SampleSpec
+from postcast.models.losses import crps_gaussian as metrics_torch_crps
+from postcast.models.module import PostProcessor
 from postcast.pipeline import metrics
+
+GRID = (19, 36)
 
 
 @pytest.fixture(scope="module")
 def cfg(store):
-    return DataConfig(store=str(store), target="t850")
+    return DataConfig(store=str(store), sample=SampleSpec(target="t850"))
+
+
+def _model(cfg: DataConfig, family: str, net: dict | None = None, **kw) -> PostProcessor:
+    """A post-processor for ``cfg``'s samples with the store's statistics, as training sets it up."""
+    model = PostProcessor(family, net=net, sample=cfg.sample.to_dict(), grid=GRID, **kw)
+    model.set_normalisation(*(torch.from_numpy(a) for a in StoreDataModule(cfg).normalisation()))
+    return model
 
 
 def test_sample_fields_and_shapes(cfg, store):
     data = StoreDataset(cfg, "train")
-    assert len(data) == 6 and cfg.n_channels == 2 * 7 + 3 + 2
+    spec = cfg.sample
+    assert len(data) == 6 and spec.n_fields == 2 * 7 and spec.n_channels == 2 * 7 + 3 + 2
     s = data[0]
-    assert s["x"].shape == (cfg.n_channels, 19, 36) and s["x"].dtype == torch.float32
-    assert s["y"].shape == s["m"].shape == s["s"].shape == s["oracle_mean"].shape == (19, 36)
-    assert torch.isfinite(s["x"]).all() and torch.isfinite(s["y"]).all()
-    ds = ingest.open_store(store)
+    assert s["fields"].shape == (spec.n_fields, *GRID) and s["fields"].dtype == torch.float32
+    assert s["features"].shape == (spec.n_features, *GRID)
+    assert s["y"].shape == s["m"].shape == s["s"].shape == s["oracle_mean"].shape == GRID
+    assert torch.isfinite(s["fields"]).all() and torch.isfinite(s["y"]).all()
+    # physical units, read independently with xarray: channel 2k/2k+1 = ens mean/std of input k at 850 hPa
+    ds = contract.open_store(store)
     t0 = ds.init_time.values[data.indices[0]]
-    want = ds["ens_std_t"].sel(init_time=t0, level=850, step=pd.Timedelta(hours=48)).values
-    np.testing.assert_array_equal(s["s"].numpy(), want)
-    # normalised channels: about zero mean, unit std over the training dates
-    x = torch.stack([data[i]["x"] for i in range(len(data))])
-    assert abs(float(x[:, :14].mean())) < 0.05 and 0.8 < float(x[:, :14].std()) < 1.1
+    at = {"init_time": t0, "level": 850, "step": pd.Timedelta(hours=48)}
+    for k, v in enumerate(spec.input_variables):
+        np.testing.assert_array_equal(s["fields"][2 * k].numpy(), ds[f"ens_mean_{v}"].sel(at).values)
+        np.testing.assert_array_equal(s["fields"][2 * k + 1].numpy(), ds[f"ens_std_{v}"].sel(at).values)
+    np.testing.assert_array_equal(s["s"].numpy(), ds["ens_std_t"].sel(at).values)
     assert set(StoreDataset(cfg, "test").indices.tolist()).isdisjoint(data.indices.tolist())
 
 
+def test_the_model_normalises_with_the_training_statistics(cfg):
+    """Normalisation lives in the model: its view of the training dates has ~zero mean, unit std."""
+    data = StoreDataset(cfg, "train")
+    batch = {k: torch.stack([data[i][k] for i in range(len(data))]) for k in data[0]}
+    x = _model(cfg, "mlp").normalise(batch)["x"][:, : cfg.sample.n_fields]
+    assert abs(float(x.mean())) < 0.05 and 0.8 < float(x.std()) < 1.1
+    # and it is the written-out formula (x - mean) / std with the store's per-point statistics
+    mean, std = StoreDataModule(cfg).normalisation()
+    want = (batch["fields"].numpy() - mean) / std
+    np.testing.assert_allclose(x.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
 def test_surface_target_uses_surface_variables(store):
-    data = StoreDataset(DataConfig(store=str(store), target="t2m", location_features=False,
-                                   season_features=False), "val")
-    assert data[0]["x"].shape[0] == 2 * len(schema.SFC_VARIABLES)
+    spec = SampleSpec(target="t2m", location_features=False, season_features=False)
+    data = StoreDataset(DataConfig(store=str(store), sample=spec), "val")
+    assert data[0]["fields"].shape[0] == 2 * len(schema.SFC_VARIABLES) and data[0]["features"].shape[0] == 0
 
 
 def test_loader_with_workers_matches_single_process(cfg):
     dm0 = StoreDataModule(cfg)
-    dm2 = StoreDataModule(DataConfig(**{**cfg.__dict__, "num_workers": 2}))
+    dm2 = StoreDataModule(dataclasses.replace(cfg, num_workers=2))
     a = next(iter(dm0.val_dataloader()))
     b = next(iter(dm2.val_dataloader()))
     for k in a:
@@ -50,9 +79,11 @@ def test_loader_with_workers_matches_single_process(cfg):
 
 def test_bad_config():
     with pytest.raises(ValueError, match="target"):
-        DataConfig(store="x", target="q700")
+        SampleSpec(target="q700")
     with pytest.raises(ValueError, match="unknown input variables"):
-        DataConfig(store="x", variables=("t", "nope"))
+        SampleSpec(variables=("t", "nope"))
+    with pytest.raises(ValueError, match="loader"):
+        DataConfig(store="x", loader="fast")
 
 
 @pytest.mark.parametrize("kind", ["mlp", "emos"])
@@ -60,19 +91,20 @@ def test_pointwise_models_learn_to_beat_the_raw_ensemble(cfg, kind):
     torch.manual_seed(0)
     data = StoreDataset(cfg, "train")
     batch = {k: torch.stack([data[i][k] for i in range(len(data))]) for k in data[0]}
-    if kind == "mlp":
-        model: torch.nn.Module = postprocessors.PointwiseMLP(cfg.n_channels, hidden=32)
-    else:
-        idx = list(cfg.input_variables).index("t")
-        model = postprocessors.LocalEMOS((19, 36), 2 * idx, 2 * idx + 1)
+    model = _model(cfg, kind, {"hidden": 32} if kind == "mlp" else None)
+
+    def crps() -> torch.Tensor:
+        mu, sigma = model(batch)
+        return metrics_torch_crps(mu, sigma, batch["y"]).mean()
+
     with torch.no_grad():
-        raw = float(postprocessors.crps_loss(model, batch))  # zero-initialised head = raw ensemble
+        raw = float(crps())  # zero-initialised head = raw ensemble
     ref = metrics.crps_gaussian(batch["m"].numpy(), np.maximum(batch["s"].numpy(), 1e-6), batch["y"].numpy()).mean()
     assert raw == pytest.approx(ref, rel=1e-4)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     for _ in range(150):
         opt.zero_grad()
-        loss = postprocessors.crps_loss(model, batch)
+        loss = crps()
         loss.backward()
         opt.step()
     assert float(loss) < 0.85 * raw  # overfits the training dates: the head corrects bias and spread
@@ -80,18 +112,15 @@ def test_pointwise_models_learn_to_beat_the_raw_ensemble(cfg, kind):
 
 def test_lightning_fit_and_self_describing_checkpoint(cfg, tmp_path):
     """Trainer.fit on the store, then the checkpoint alone rebuilds the model with identical output."""
-    import dataclasses
-
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
-    from postcast.models.module import CHECKPOINT_FORMAT_VERSION, PostProcessor
+    from postcast.models.module import CHECKPOINT_FORMAT_VERSION
 
     L.seed_everything(0, verbose=False)
     dm = StoreDataModule(cfg)
-    mean, std = (torch.from_numpy(a) for a in StoreDataset(cfg, "train").normalisation())
-    module = PostProcessor("mlp", cfg.n_channels, (19, 36), hidden=16, lr=0.02, data=dataclasses.asdict(cfg))
-    module.set_normalisation(mean, std)
+    mean, _ = (torch.from_numpy(a) for a in dm.normalisation())
+    module = PostProcessor("mlp", net={"hidden": 16}, sample=cfg.sample.to_dict(), grid=GRID, lr=0.02)
     trainer = L.Trainer(max_epochs=8, accelerator="cpu", logger=CSVLogger(tmp_path), enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1)
     trainer.fit(module, dm)
@@ -102,12 +131,47 @@ def test_lightning_fit_and_self_describing_checkpoint(cfg, tmp_path):
     trainer.save_checkpoint(ckpt)
     raw = torch.load(ckpt, weights_only=False)
     assert raw["postcast"]["format_version"] == CHECKPOINT_FORMAT_VERSION
-    assert raw["postcast"]["data"]["target"] == "t850"
+    assert raw["postcast"]["sample"]["target"] == "t850"
     back = PostProcessor.load_from_checkpoint(ckpt)
-    torch.testing.assert_close(back.norm_mean[: mean.shape[0]], mean)
+    torch.testing.assert_close(back.norm_mean, mean)  # copied from the store at fit start, saved with the model
     batch = next(iter(dm.test_dataloader()))
     module.eval()
     back.eval()
     with torch.no_grad():
         a, b = module(batch), back(batch)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def _v1_checkpoint(ckpt: dict, cfg: DataConfig) -> dict:
+    """The same trained model as format 1 wrote it: flat constructor arguments, the data config inside."""
+    hp = ckpt["hyper_parameters"]
+    spec = cfg.sample
+    data = {"store": cfg.store, **spec.to_dict(), "batch_size": 1}
+    v1_hp = {"model": "mlp", "in_channels": spec.n_channels, "grid": list(hp["grid"]), "hidden": 16, "lr": 0.02,
+             "target_channels": [2, 3], "data": data, "n_members": 10, "n_variables": len(spec.input_variables),
+             "base_filters": 32, "smoe": {}, "width": 16, "heads": 4, "weight_decay": 0.0, "cosine": True}
+    return {**ckpt, "hyper_parameters": v1_hp, "postcast": {"format_version": 1, "model": "mlp", "data": data}}
+
+
+def test_format1_checkpoints_load_through_the_migration(cfg, tmp_path):
+    """A format-1 checkpoint (normalisation outside the model) gives the same forecasts after migration;
+    an unknown format names its version and the fix."""
+    from postcast.models.module import load_checkpoint
+
+    module = _model(cfg, "mlp", {"hidden": 16}, lr=0.02)
+    torch.nn.init.normal_(module.net.net[2].weight, std=0.1)  # leave the zero start: outputs differ from raw
+    path = tmp_path / "v2.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "postcast": {"format_version": 2, "family": "mlp", "sample": cfg.sample.to_dict()}}, path)
+    v1 = tmp_path / "v1.ckpt"
+    torch.save(_v1_checkpoint(torch.load(path, weights_only=False), cfg), v1)
+    new, meta_new = load_checkpoint(str(path))
+    old, meta_old = load_checkpoint(str(v1))
+    assert meta_old["migrated_from"] == 1 and meta_old["sample"] == meta_new["sample"]
+    batch = next(iter(StoreDataModule(cfg).test_dataloader()))
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(new(batch), old(batch), strict=True))
+    bad = tmp_path / "v0.ckpt"
+    torch.save({**torch.load(path, weights_only=False), "postcast": {"format_version": 0}}, bad)
+    with pytest.raises(ValueError, match=r"format 0 .*retrain"):
+        load_checkpoint(str(bad))

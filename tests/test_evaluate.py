@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from postcast.datasets import ingest
+from postcast.datasets import store as contract
 from postcast.models.module import load_checkpoint
 from postcast.pipeline import evaluate, metrics
 
@@ -32,8 +32,8 @@ def trained(cli, store, tmp_path_factory):
 
 def test_checkpoints_are_self_describing(trained, store):
     model, meta = load_checkpoint(str(trained["transformer_t850"]))
-    assert meta["format_version"] == 1 and meta["model"] == "transformer" and meta["data"]["members"]
-    assert list(meta["data"]["variables"][:2]) == ["t", "z"] and model.hparams["grid"] == (19, 36)
+    assert meta["format_version"] == 2 and meta["family"] == "transformer" and meta["sample"]["members"]
+    assert list(meta["sample"]["variables"][:2]) == ["t", "z"] and model.hparams["grid"] == (19, 36)
     assert float(model.norm_std.abs().sum()) > 0 and model.norm_mean.shape == (2 * 8, 19, 36)
 
 
@@ -53,7 +53,7 @@ def test_resume_continues_from_the_last_checkpoint(cli, store, tmp_path):
 def test_ddp_on_two_cpu_processes(cli, store, tmp_path):
     ckpt = fit(cli, store, tmp_path, "mlp_t850", "--trainer.devices", "2", "--trainer.strategy", "ddp")
     model, _ = load_checkpoint(str(ckpt))
-    assert model.hparams["model"] == "mlp"
+    assert model.hparams["family"] == "mlp"
 
 
 def test_evaluate_cli_writes_metrics_and_report(cli, trained, store, tmp_path):
@@ -91,7 +91,7 @@ def test_evaluate_rejects_bad_checkpoints(cli, store, tmp_path):
 
 @pytest.mark.parametrize("backend", ["numpy", "dask"])
 def test_score_matches_the_metric_definitions(store, backend):
-    ds = ingest.open_store(store)
+    ds = contract.open_store(store)
     ds = ds.load() if backend == "numpy" else ds
     ver = evaluate.verification_dataset(ds, "t2m", "test")
     y = ver["truth"].values

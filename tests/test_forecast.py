@@ -27,7 +27,7 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     args = ["forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2016-01-01",
             "--end", "2017-12-31", "--thresholds", "270,280", "--format", "netcdf,zarr", "--out", str(out)]
     proc = cli(*args, check=True)
-    files = sorted((out / "postprocessed/t850").glob("*.nc"))
+    files = sorted((out / "postprocessed/mlp/t850").glob("*.nc"))
     assert len(files) == 6 and "written 12 (0 fallback)" in proc.stdout
     ds = xr.open_mfdataset(files)
     assert ds.sizes == {"forecast_reference_time": 6, "latitude": 19, "longitude": 36, "quantile": 7, "threshold": 2}
@@ -42,7 +42,7 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     _, times, mu, sigma = evaluate.predict_checkpoint(str(checkpoint), str(store), "test")
     np.testing.assert_allclose(ds["t850_mean"].sel(forecast_reference_time=times).values, mu, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(ds["t850_std"].sel(forecast_reference_time=times).values, sigma, rtol=1e-4, atol=1e-5)
-    z = xr.open_zarr(out / "postprocessed/t850" / files[0].name.replace(".nc", ".zarr"), consolidated=False)
+    z = xr.open_zarr(out / "postprocessed/mlp/t850" / files[0].name.replace(".nc", ".zarr"), consolidated=False)
     np.testing.assert_array_equal(z["t850_mean"].values, xr.open_dataset(files[0])["t850_mean"].values)
     checker = shutil.which("compliance-checker")
     assert checker, "compliance-checker is not installed: run scripts/setup.sh"
@@ -61,7 +61,7 @@ def test_fallback_when_model_inputs_are_missing(cli, checkpoint, synth_zarr, tmp
     out = tmp_path / "fc"
     proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(src), "--init-time", "2016-01-01",
                "--end", "2017-12-31", "--out", str(out), check=True)
-    files = sorted((out / "fallback_raw/t850").glob("*.nc"))
+    files = sorted((out / "fallback_raw/mlp/t850").glob("*.nc"))
     assert len(files) == 2 and "(2 fallback)" in proc.stdout
     ds = xr.open_dataset(files[0])
     assert ds.attrs["postcast_fallback"] == 1 and "missing" in ds.attrs["comment"]
@@ -83,3 +83,18 @@ def test_bad_input_gives_clean_errors(cli, checkpoint, tmp_path):
     proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(corrupt), "--init-time", "tomorrow-ish",
                "--out", str(tmp_path / "o"))
     assert proc.returncode == 2
+
+
+def test_two_models_never_share_a_product_path(cli, checkpoint, synth_zarr, tmp_path):
+    """The products of two models (here: the same checkpoint under two names, and the default name)
+    land in separate files; before, every model's file was <product>/<target>/<target>_<init>.nc."""
+    out = tmp_path / "fc"
+    base = ["forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-06-01",
+            "--end", "2017-12-31", "--out", str(out)]
+    for extra in ([], ["--name", "mlp_a"], ["--name", "mlp_b"]):
+        cli(*base, *extra, check=True)
+    files = sorted(str(f.relative_to(out)) for f in out.rglob("*.nc"))
+    assert len(files) == 3 * 2 == len(set(files))  # 2 dates per model, no file shared
+    assert {Path(f).parts[1] for f in files} == {"mlp", "mlp_a", "mlp_b"}
+    bad = cli(*base, "--name", "../x")
+    assert bad.returncode == 2 and "name" in bad.stderr

@@ -12,14 +12,15 @@ import pytest
 import xarray as xr
 
 from postcast.datasets import conventions, ingest, io, schema, statistics, synthetic
+from postcast.datasets import store as contract
 from postcast.datasets.ingest import IngestConfig
 
 
 def test_store_layout_and_values(store, tiny_cfg):
-    ds = ingest.open_store(store)
+    ds = contract.open_store(store)
     n = len(tiny_cfg.init_times)
     assert dict(ds.sizes) == {"init_time": n, "member": 10, "step": 3, "level": 2, "latitude": 19, "longitude": 36}
-    assert ds.attrs["postcast_complete"] and ds.attrs["postcast_store_version"] == ingest.STORE_FORMAT_VERSION
+    assert ds.attrs["postcast_complete"] and ds.attrs["postcast_store_version"] == contract.FORMAT_VERSION
     assert set(schema.VARIABLES) <= set(ds.data_vars)
     assert ds["latitude"].values[0] == -90  # canonical orientation after the ENS-10 north->south source
     # chunks: one init date per chunk, all members, whole grid
@@ -47,8 +48,8 @@ def test_store_layout_and_values(store, tiny_cfg):
 
 
 def test_statistics_use_training_years_only(store):
-    ds = ingest.open_store(store)
-    st = ingest.open_statistics(store)
+    ds = contract.open_store(store)
+    st = contract.open_statistics(store)
     train = ds.sel(init_time=ds.split == 0)
     x = train["t"].sel(level=850, step=pd.Timedelta(hours=48)).values.astype(np.float64)
     assert st["t_mean"].sel(level=850, step=pd.Timedelta(hours=48)).item() == pytest.approx(x.mean(), rel=1e-9)
@@ -115,7 +116,7 @@ def test_grib_source_matches_zarr_source(synth_grib, store, tmp_path):
     """The GRIB path ends in the same store as the zarr path, within 16-bit packing error."""
     out = tmp_path / "g.zarr"
     ingest.ingest(IngestConfig(source=str(synth_grib), out=str(out), processes=False, progress=False))
-    g, z = ingest.open_store(out), ingest.open_store(store)
+    g, z = contract.open_store(out), contract.open_store(store)
     assert dict(g.sizes) == dict(z.sizes)
     for v in ("z", "t2m", "tp", "q"):
         a, b = g[v].values, z[v].values
@@ -136,7 +137,7 @@ def test_netcdf_source(tmp_path, tiny_cfg):
     synthfiles.write_synthetic(cfg, tmp_path / "nc", progress=False)
     out = tmp_path / "nc.zarr"
     ingest.ingest(IngestConfig(source=str(tmp_path / "nc"), out=str(out), processes=False, progress=False))
-    ds = ingest.open_store(out)
+    ds = contract.open_store(out)
     w = synthetic.world(cfg.seed, cfg.resolution)
     t0 = pd.Timestamp(ds.init_time.values[1])
     np.testing.assert_array_equal(ds["u10"].sel(init_time=t0, step=pd.Timedelta(0)).values,
@@ -150,7 +151,7 @@ def test_forecast_only_input_works(tmp_path, synth_zarr):
     out = tmp_path / "fc.zarr"
     ingest.ingest(IngestConfig(source=str(src), out=str(out), processes=False, progress=False,
                                variables=("t", "z", "t2m")))
-    ds = ingest.open_store(out)
+    ds = contract.open_store(out)
     assert "truth_t850" not in ds and set(ds.data_vars) >= {"t", "z", "t2m", "ens_mean_t"}
     assert "q" not in ds
 
@@ -166,7 +167,7 @@ def test_distributed_two_worker_local_cluster(synth_zarr, tmp_path):
                                          progress=False, variables=("t", "t2m", "tp")))
         assert res.n_written == res.n_dates == 18
         assert len(client.scheduler_info()["workers"]) == 2
-    ds = ingest.open_store(out)
+    ds = contract.open_store(out)
     assert np.isfinite(ds["t"].values).all() and np.isfinite(ds["truth_t2m"].values).all()
 
 
@@ -193,12 +194,12 @@ def test_kill_and_resume(synth_zarr, tmp_path, store, cli):
     shown = cli("inspect", str(out))
     assert shown.returncode == 66 and "INCOMPLETE" in shown.stdout
     with pytest.raises(Exception, match=r"incomplete|not a postcast store"):
-        ingest.open_store(out)
+        contract.open_store(out)
     proc = cli("ingest", str(synth_zarr), "--out", str(out), "--workers", "1", check=True)
     written = int(proc.stdout.split(":")[1].split()[0])
     assert written == 18 - n_done  # only the unfinished dates
     assert not partial.exists()
-    a, b = ingest.open_store(out), ingest.open_store(store)
+    a, b = contract.open_store(out), contract.open_store(store)
     for v in ("t", "ens_std_t2m", "truth_z500", "oracle_mean_t2m"):
         np.testing.assert_array_equal(a[v].values, b[v].values)
 

@@ -157,11 +157,13 @@ def test_models_give_the_same_answer_on_either_path(gen):
 
     torch.manual_seed(0)
     b, h, w = 2, 7, 9
-    batch = {"x": torch.randn(b, 11, h, w, generator=gen), "y": torch.randn(b, h, w, generator=gen),
+    x = torch.randn(b, 11, h, w, generator=gen)  # 3 variables (6 fields) + 5 features, physical = normalised
+    batch = {"fields": x[:, :6], "features": x[:, 6:], "y": torch.randn(b, h, w, generator=gen),
              "m": torch.randn(b, h, w, generator=gen), "s": torch.rand(b, h, w, generator=gen) + 0.5,
              "members": torch.randn(b, 10, 3, h, w, generator=gen)}
     for model in ("unet_smoe", "transformer"):
-        net = PostProcessor(model=model, in_channels=11, grid=(h, w), n_variables=3, base_filters=8)
+        net = PostProcessor(model, net={"base_filters": 8} if model == "unet_smoe" else None, grid=(h, w),
+                            sample={"target": "t850", "variables": ["t", "z", "u"], "members": True})
         for p in net.parameters():  # leave the zero-initialised start so the paths are exercised
             torch.nn.init.normal_(p, std=0.1)
         results = []

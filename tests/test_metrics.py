@@ -1,7 +1,10 @@
 """CRPS kernels against float64 references and the peers (properscoring, scoringrules), with the
-estimator each one computes pinned; the torch Gaussian CRPS loss and its gradients."""
+estimator each one computes pinned; the torch Gaussian CRPS loss and its gradients; latitude
+weights against closed forms; postcast.pipeline.metrics imports without torch."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import properscoring
@@ -9,6 +12,8 @@ import pytest
 import scoringrules
 import torch
 
+from postcast.compression.metrics import field_errors
+from postcast.datasets import geo
 from postcast.models import losses
 from postcast.pipeline import metrics
 
@@ -119,6 +124,55 @@ def test_latitude_weights():
     field = np.full((361, 720), 3.5)  # a constant field scores the constant
     w = metrics.latitude_weights(lat)[:, None]
     assert float((field * w).mean()) == pytest.approx(3.5)
+
+
+@pytest.mark.parametrize("step", [2.5, 10.0, 30.0])
+def test_latitude_weights_equal_the_closed_form_band_areas(step):
+    """Regular grid with pole rows: the area weight of row lat is the exact area of its band,
+    2 cos(lat) sin(step/2) (= sin(lat + step/2) - sin(lat - step/2)), and 1 - cos(step/2) for each
+    pole cap; a cell-centred grid (no pole rows) has area weights = cos weights."""
+    lat = np.arange(-90.0, 90.0 + step / 2, step)
+    h = np.deg2rad(step / 2)
+    band = 2 * np.cos(np.deg2rad(lat)) * np.sin(h)
+    band[[0, -1]] = 1 - np.cos(h)  # the caps 90 - step/2 .. 90
+    assert band.sum() == pytest.approx(2.0)  # the whole sphere, per unit radius and 2 pi
+    np.testing.assert_allclose(geo.latitude_weights(lat, "area"), band / band.mean(), rtol=1e-12)
+    np.testing.assert_allclose(geo.latitude_weights(lat[::-1]), (band / band.mean())[::-1], rtol=1e-12)
+    cos = np.cos(np.deg2rad(lat))
+    np.testing.assert_allclose(geo.latitude_weights(lat, "cos"), cos / cos.mean(), rtol=1e-12, atol=1e-15)
+    centres = lat[:-1] + step / 2
+    np.testing.assert_allclose(geo.latitude_weights(centres, "area"), geo.latitude_weights(centres, "cos"),
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="use 'area' or 'cos'"):
+        geo.latitude_weights(lat, "gauss")  # type: ignore[arg-type]
+
+
+def test_one_latitude_weight_implementation():
+    """pipeline.metrics re-exports the data core's function; compression weights with its cos kind."""
+    assert metrics.latitude_weights is geo.latitude_weights
+    rng = np.random.default_rng(5)
+    lat = np.linspace(90.0, -90.0, 19)
+    data = rng.normal(size=(2, 19, 36)).astype(np.float32)
+    decoded = data + rng.normal(scale=0.1, size=data.shape).astype(np.float32)
+    err = decoded.astype(np.float64) - data.astype(np.float64)
+    w = np.cos(np.deg2rad(lat)) / np.cos(np.deg2rad(lat)).mean()
+    assert field_errors(data, decoded, lat)["wrmse"] == pytest.approx(float((err**2 * w[:, None]).mean()) ** 0.5,
+                                                                      rel=1e-12)
+
+
+def test_metrics_import_without_torch():
+    """numpy-only callers (evaluation on a machine without torch) do not pay for importing torch."""
+    code = "import sys, postcast.pipeline.metrics; assert 'torch' not in sys.modules, 'torch was imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_torch_engine_equals_numpy(ens):
+    """engine="torch" (torch imported lazily, the kernel dispatch on CPU here) matches numpy."""
+    x, y = ens
+    for estimator in ("fair", "standard"):
+        np.testing.assert_allclose(metrics.crps_ensemble(x, y, estimator=estimator, engine="torch"),
+                                   metrics.crps_ensemble(x, y, estimator=estimator, engine="numpy"), rtol=1e-10)
 
 
 def test_calibration_diagnostics_detect_underdispersion():

@@ -3,26 +3,36 @@
 import pytest
 import torch
 
-from postcast.models import convnets, smoe, transformer
+from postcast.models import convnets, registry, smoe, transformer
 from postcast.models.losses import crps_gaussian
-from postcast.models.module import MODELS, PostProcessor
+from postcast.models.module import PostProcessor
 from postcast.models.smoe import SMoEConfig, SMoEHead, TopKRouting, rc_labels, routing_correct
 
 H, W, C, M, V = 13, 20, 9, 6, 3  # odd grid on purpose
+# 3 input variables (the target's is the second: channels 2, 3) + 3 location features = C channels
+SPEC = {"target": "t850", "variables": ["z", "t", "u"], "season_features": False, "members": True}
+MODELS = list(registry.families())
+
+
+def net_batch(b: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+    """What a network (not the PostProcessor) sees: ``x`` = normalised fields + features."""
+    out = batch(b, seed)
+    return {**out, "x": torch.cat([out["fields"], out["features"]], dim=1)}
 
 
 def batch(b: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     members = torch.randn(b, M, V, H, W, generator=g)
-    x = torch.randn(b, C, H, W, generator=g)
+    x = torch.randn(b, C, H, W, generator=g)  # the model's statistics are 0/1: physical = normalised
     m = torch.randn(b, H, W, generator=g)
-    return {"x": x, "members": members, "m": m, "s": torch.rand(b, H, W, generator=g) + 0.5,
+    return {"fields": x[:, : 2 * V], "features": x[:, 2 * V:], "members": members, "m": m,
+            "s": torch.rand(b, H, W, generator=g) + 0.5,
             "y": m + torch.randn(b, H, W, generator=g)}
 
 
 def build(kind: str, **kw) -> PostProcessor:
-    return PostProcessor(kind, in_channels=C, grid=(H, W), target_channels=(2, 3), n_members=M, n_variables=V,
-                         base_filters=8, **kw)
+    net = {"base_filters": 8} if "base_filters" in registry.get(kind).__dataclass_fields__ else {}
+    return PostProcessor(kind, net=net, sample=SPEC, grid=(H, W), n_members=M, **kw)
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -50,7 +60,7 @@ def test_every_model_starts_at_the_raw_ensemble_and_learns(kind):
 
 
 def test_global_emos_has_13_parameters_for_10_members():
-    model = PostProcessor("emos_global", in_channels=C, grid=(H, W), target_channels=(0, 1), n_members=10)
+    model = PostProcessor("emos_global", sample={**SPEC, "variables": ["t"]}, grid=(H, W), n_members=10)
     assert sum(p.numel() for p in model.parameters()) == 13
 
 
@@ -74,7 +84,7 @@ def test_transformer_is_equivariant_to_member_order():
     torch.manual_seed(0)
     net = transformer.EnsembleTransformer(C, V, 1, width=8, heads=2)
     torch.nn.init.normal_(net.correct.weight, std=0.1)  # leave the zero start
-    b = batch()
+    b = net_batch()
     a1, b1 = net(b)
     perm = dict(b, members=b["members"][:, torch.randperm(M)])
     a2, b2 = net(perm)
@@ -82,11 +92,20 @@ def test_transformer_is_equivariant_to_member_order():
     torch.testing.assert_close(b1, b2, rtol=1e-4, atol=1e-5)
 
 
-def test_member_models_ask_for_members():
-    b = batch()
-    del b["members"]
+@pytest.mark.parametrize("kind", [k for k in MODELS if registry.get(k).needs_members])
+def test_member_models_ask_for_members(kind):
+    """A family that reads the members refuses a sample spec without them, naming the setting."""
     with pytest.raises(ValueError, match="members: true"):
-        build("transformer")(b)
+        PostProcessor(kind, sample={**SPEC, "members": False}, grid=(H, W), n_members=M)
+
+
+def test_adding_a_family_is_one_registered_config():
+    """Every family is found by discovery and builds from its own small config, nothing else."""
+    assert set(MODELS) == {"emos", "emos_global", "mlp", "lenet", "unet", "unet_smoe", "smoe", "transformer"}
+    with pytest.raises(Exception, match="unknown keys"):
+        registry.make("unet", {"hidden": 3})  # another family's option
+    with pytest.raises(ValueError, match="choose one of"):
+        registry.get("resnet")
 
 
 # --- SMoE ----------------------------------------------------------------------------------------
@@ -167,7 +186,7 @@ def test_gate_learns_only_from_the_rc_loss():
     torch.manual_seed(0)
     layer = smoe.SMoE(C, (H, W), SMoEConfig(rc_loss=True))
     torch.nn.init.normal_(layer.smoe.experts.weight)
-    b = batch()
+    b = net_batch()
     a, _ = layer(b)
     task = ((a - b["y"]) ** 2).mean()
     task.backward(retain_graph=True)

@@ -34,22 +34,27 @@ def statuses(work: Path) -> dict[str, str]:
 
 
 def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
-    cfg = pipeline_yaml(tmp_path, ["emos_t850"], ["--trainer.max_epochs", "2"])
+    cfg = pipeline_yaml(tmp_path, ["emos_t850", "mlp_t850"], ["--trainer.max_epochs", "2"])
     out = cli("run", str(cfg), check=True)
     work = tmp_path / "work"
     assert set(statuses(work).values()) == {"ran"} and "report:" in out.stdout
     res = json.loads((work / "report/metrics.json").read_text())
-    assert {"raw", "oracle", "emos_t850"} <= set(res["targets"]["t850"]["forecasts"])
+    assert {"raw", "oracle", "emos_t850", "mlp_t850"} <= set(res["targets"]["t850"]["forecasts"])
     assert (work / "logs/pipeline.log").read_text().count("stage evaluate: finished") == 1
-    assert len(list((work / "forecasts/postprocessed/t850").glob("*.nc"))) == 2  # 2017's last 2 tiny dates
+    # one forecast file per model and date (2017's last 2 tiny dates): no two products share a path
+    written = json.loads((work / "summary.json").read_text())["stages"]["forecast"]["outputs"]
+    assert len(written) == len(set(written)) == 2 * 2
+    for name in ("emos_t850", "mlp_t850"):
+        assert len(list((work / f"forecasts/postprocessed/{name}/t850").glob("*.nc"))) == 2
     art = Artefact.load(work / "compressed/emos_t850_train.pcnf")  # the fields EMOS reads, train dates only
     assert art.header["source"]["split"] == "train" and art.ratio > 1
     assert "truth_t850" in art.header["variables"] and art.decode_array().shape[1] == 6  # train: 2012-13 x 3
     cli("run", str(cfg), check=True)
     assert set(statuses(work).values()) == {"skipped"}
     cli("run", str(cfg), "--force", "train:emos_t850", check=True)
-    assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran", "evaluate": "ran",
-                              "forecast": "ran", "compress:emos_t850_train": "skipped"}
+    assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran",
+                              "train:mlp_t850": "skipped", "evaluate": "ran", "forecast": "ran",
+                              "compress:emos_t850_train": "skipped"}
     bad = cli("run", str(cfg), "--force", "train:nope")
     assert bad.returncode == 2 and "no such stage" in bad.stderr
 

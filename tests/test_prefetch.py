@@ -14,14 +14,15 @@ from torch.utils.data import DataLoader, DistributedSampler
 from zarr.storage import LocalStore
 
 from postcast.datasets.loaders import prefetch
-from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset, to_tensors
+from postcast.datasets.sample import SampleSpec
 
 EPOCHS, WORLD = 3, 2
 
 
 @pytest.fixture(scope="module")
 def cfg(store):
-    return DataConfig(store=str(store), target="t850", variables=("t", "z"), batch_size=2)
+    return DataConfig(store=str(store), sample=SampleSpec(target="t850", variables=("t", "z")), batch_size=2)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -137,7 +138,7 @@ class _Linear(L.LightningModule):
         self.net = torch.nn.Conv2d(channels, 1, 1)
 
     def training_step(self, batch: dict[str, torch.Tensor], _: int) -> torch.Tensor:
-        pred = self.net(batch["x"])[:, 0]  # (B, H, W)
+        pred = self.net(torch.cat([batch["fields"], batch["features"]], dim=1))[:, 0]  # (B, H, W)
         return torch.nn.functional.mse_loss(pred, batch["y"] - batch["m"])
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -149,7 +150,7 @@ def test_trainer_uses_the_clairvoyant_loader_and_logs_its_stats(cfg, tmp_path):
     dm = StoreDataModule(cfg)
     trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
-    trainer.fit(_Linear(cfg.n_channels), datamodule=dm)
+    trainer.fit(_Linear(cfg.sample.n_channels), datamodule=dm)
     stats = next(c for c in trainer.callbacks if isinstance(c, prefetch.PrefetchStats))  # type: ignore[attr-defined]
     assert [h["epoch"] for h in stats.history] == [0, 1]
     first, second = stats.history
@@ -163,11 +164,11 @@ def test_concurrent_read_path_equals_xarray_selection(store):
     the sample from xarray's own selection of the date (members and an explicit level included)."""
     from postcast.datasets import io, schema
 
-    cfg = DataConfig(store=str(store), target="t850", variables=("t", "u@500"), members=True)
+    cfg = DataConfig(store=str(store), sample=SampleSpec(target="t850", variables=("t", "u@500"), members=True))
     data = StoreDataset(cfg, "val")
     ds = io.open_zarr(store)
     for i in range(len(data)):
-        want = data.sample(ds.isel({schema.INIT_TIME: int(data.indices[i])}).load())
+        want = to_tensors(data.sampler.sample(ds.isel({schema.INIT_TIME: int(data.indices[i])}).load()))
         got = data[i]
         assert got.keys() == want.keys()
         for k in got:

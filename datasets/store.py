@@ -1,0 +1,156 @@
+"""The training store's contract: field names, split codes, format version, the ``.partial`` convention
+and the one way to open a store.
+
+A postcast store (zarr 3, written by :mod:`postcast.datasets.ingest`; layout in docs/store.md) holds
+
+* member fields ``F`` (``z, t, ...``: init_time, member, step[, level], latitude, longitude);
+* per-sample ensemble statistics :func:`ens_mean` / :func:`ens_std` of each member field;
+* the verifying analysis :func:`truth_name` per target and, for synthetic data, the oracle
+  :func:`oracle_mean` / :func:`oracle_std` (init_time, step, latitude, longitude);
+* the coordinate ``split`` (int8 :data:`SPLIT_CODES` per init time);
+* the group :data:`STATISTICS_GROUP` with per-grid-point training statistics
+  (:func:`point_mean` / :func:`point_std` of each field);
+* the attributes :data:`VERSION_ATTR` (:data:`FORMAT_VERSION`) and :data:`COMPLETE_ATTR`.
+
+A store under construction lives at :func:`partial_path` (``OUT.partial``); only a complete store is
+ever renamed to ``OUT``. Every reader opens stores with :func:`open_store`, which checks the format
+version and completeness and names the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from postcast.datasets import io, schema
+from postcast.datasets.errors import BadInputError, MissingInputError
+
+FORMAT_VERSION = 1
+VERSION_ATTR = "postcast_store_version"
+COMPLETE_ATTR = "postcast_complete"
+STATISTICS_GROUP = "statistics"
+SPLIT = "split"  # the per-init-time split coordinate
+SPLITS = ("train", "val", "test")
+SPLIT_CODES: dict[str | None, int] = {None: -1, "train": 0, "val": 1, "test": 2}
+SPLIT_FLAG_MEANINGS = "none train val test"
+
+
+# --- field names ---------------------------------------------------------------------------------
+def ens_mean(variable: str) -> str:
+    """Per-sample ensemble mean of a member field, e.g. ``ens_mean_t``."""
+    return f"ens_mean_{variable}"
+
+
+def ens_std(variable: str) -> str:
+    """Per-sample ensemble standard deviation (population, ddof 0) of a member field."""
+    return f"ens_std_{variable}"
+
+
+def truth_name(target: str) -> str:
+    """The verifying analysis of a target, e.g. ``truth_t850``."""
+    return f"truth_{target}"
+
+
+def oracle_mean(target: str) -> str:
+    return f"oracle_mean_{target}"
+
+
+def oracle_std(target: str) -> str:
+    return f"oracle_std_{target}"
+
+
+def point_mean(field: str) -> str:
+    """Per-grid-point training mean of ``field`` in the statistics group."""
+    return f"{field}_point_mean"
+
+
+def point_std(field: str) -> str:
+    return f"{field}_point_std"
+
+
+def split_code(split: str | None) -> int:
+    if split not in SPLIT_CODES:
+        msg = f"split {split!r}: use one of {list(SPLITS)}"
+        raise ValueError(msg)
+    return SPLIT_CODES[split]
+
+
+# --- the .partial convention -----------------------------------------------------------------------
+def partial_path(out: str | os.PathLike[str]) -> Path:
+    """Where a store under construction lives until it is complete (``OUT.partial``)."""
+    p = Path(out)
+    return p.with_name(p.name + ".partial")
+
+
+def missing_report_path(out: str | os.PathLike[str]) -> Path:
+    """The completeness report an ingest that found missing inputs writes (``OUT.missing.json``)."""
+    p = Path(out)
+    return p.with_name(p.name + ".missing.json")
+
+
+def attributes(path: str | os.PathLike[str]) -> dict[str, object] | None:
+    """The store's root attributes, read from its metadata alone (None: not a zarr 3 group)."""
+    meta = Path(path) / "zarr.json"
+    if not meta.is_file():
+        return None
+    try:
+        attrs = json.loads(meta.read_text()).get("attributes", {})
+    except (OSError, ValueError):
+        return None
+    return attrs if isinstance(attrs, dict) else None
+
+
+def is_complete(path: str | os.PathLike[str]) -> bool:
+    attrs = attributes(path)
+    return bool(attrs and attrs.get(COMPLETE_ATTR))
+
+
+# --- opening ---------------------------------------------------------------------------------------
+def open_store(path: str | os.PathLike[str], *, require_complete: bool = True) -> xr.Dataset:
+    """Open a training store (lazy); refuses a missing, foreign, newer-format or incomplete store
+    (unless ``require_complete=False``) with an error that names the fix."""
+    p = Path(path)
+    attrs = attributes(p)
+    if attrs is None:
+        partial = partial_path(p)
+        hint = ""
+        if partial.exists():
+            hint = f" (an interrupted ingest is in {partial}: rerun `postcast ingest` to finish it)"
+        msg = f"{p}: not a postcast store{hint}; build one with `postcast ingest SOURCE --out {p}`"
+        raise MissingInputError(msg)
+    version = attrs.get(VERSION_ATTR)
+    if not isinstance(version, int):
+        msg = f"{p}: a zarr store without a postcast format version; build a store with `postcast ingest`"
+        raise BadInputError(msg)
+    if version > FORMAT_VERSION:
+        msg = (f"{p}: store format {version} is newer than this postcast reads ({FORMAT_VERSION}); "
+               "upgrade postcast")
+        raise BadInputError(msg)
+    if require_complete and not attrs.get(COMPLETE_ATTR):
+        msg = f"{p}: the store is incomplete; rerun `postcast ingest` to finish it"
+        raise MissingInputError(msg)
+    return io.open_zarr(p)
+
+
+def open_statistics(path: str | os.PathLike[str]) -> xr.Dataset | None:
+    """The per-grid-point training statistics, or None when the store has none (no training years)."""
+    try:
+        return io.open_zarr(path, group=STATISTICS_GROUP)
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+
+
+def split_rows(ds: xr.Dataset, split: str, *, target: str | None = None,
+               step_h: int = schema.TARGET_STEP_H) -> np.ndarray:
+    """Row indices (along init_time) of ``split``; with ``target``, only rows with its truth at
+    ``step_h`` (checked at the first grid point)."""
+    keep = ds[SPLIT].values == split_code(split)
+    if target is not None:
+        truth = ds[truth_name(target)].sel({schema.STEP: pd.Timedelta(hours=step_h)})
+        keep &= np.isfinite(truth.isel({schema.LAT: 0, schema.LON: 0}).values)
+    return np.flatnonzero(keep)

@@ -1,0 +1,90 @@
+"""Model families: one small config dataclass per family, registered where the network lives.
+
+A family is a frozen dataclass decorated with :func:`family`; its fields are the family's own
+hyperparameters (nothing else), and ``build(io)`` returns the network for the data described by
+:class:`NetIO`. ``needs_members`` declares that the network reads the raw members (the sample spec
+must set ``members: true``). Adding a model is one file under ``models/``: :func:`families`
+imports every module of :mod:`postcast.models` to find the registered families.
+
+In a training preset: ``model: {family: unet, net: {base_filters: 32}, lr: 0.002}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from torch import nn
+
+from postcast.datasets import config
+
+
+@dataclass(frozen=True)
+class NetIO:
+    """What the data gives a network: channels, grid and members (derived from the sample spec)."""
+
+    in_channels: int  # normalised fields + features, (B, C, H, W)
+    grid: tuple[int, int]  # (H, W)
+    n_members: int
+    n_variables: int  # input variables V (members are (B, M, V, H, W))
+    target_variable: int  # index of the target variable among the inputs
+
+    @property
+    def target_channels(self) -> tuple[int, int]:
+        """Channels of the target variable's normalised ensemble mean and std."""
+        return (2 * self.target_variable, 2 * self.target_variable + 1)
+
+
+class Family(Protocol):
+    name: ClassVar[str]
+    needs_members: ClassVar[bool]
+
+    def build(self, io: NetIO) -> nn.Module: ...
+
+
+_FAMILIES: dict[str, type] = {}
+
+
+def family(name: str, *, needs_members: bool = False) -> Any:
+    """Class decorator: register a config dataclass as the model family ``name``."""
+
+    def deco(cls: type) -> type:
+        if name in _FAMILIES and _FAMILIES[name] is not cls:
+            msg = f"model family {name!r} is registered twice ({_FAMILIES[name].__module__}, {cls.__module__})"
+            raise ValueError(msg)
+        cls.name = name  # type: ignore[attr-defined]
+        cls.needs_members = needs_members  # type: ignore[attr-defined]
+        _FAMILIES[name] = cls
+        return cls
+
+    return deco
+
+
+def _discover() -> None:
+    import postcast.models as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.ispkg:
+            importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+def families() -> dict[str, type]:
+    """Every registered family by name."""
+    _discover()
+    return dict(sorted(_FAMILIES.items()))
+
+
+def get(name: str) -> type:
+    known = families()
+    if name not in known:
+        msg = f"model family {name!r}: choose one of {list(known)}"
+        raise ValueError(msg)
+    return known[name]
+
+
+def make(name: str, options: dict[str, Any] | None) -> Family:
+    """The family's config from plain options, checked (unknown keys and wrong types name the fix)."""
+    cls = get(name)
+    return config.from_dict(cls, dict(options or {}), where=f"model.net ({name})")
