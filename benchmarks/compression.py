@@ -88,15 +88,14 @@ def compare_field(target: str, a: argparse.Namespace, out: Path) -> tuple[list[d
 
 def downstream(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     import lightning as L
-    import yaml
 
     from postcast.compression.loader import CompressedDataModule, compress_split, split_fields
-    from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
+    from postcast.datasets.loaders.datamodule import StoreDataModule
     from postcast.models.module import PostProcessor
+    from postcast.pipeline.train import data_config, resolve
 
-    preset = yaml.safe_load(Path("configs/train/unet_t850.yaml").read_text())
-    data = {**preset["data"]["cfg"], "store": a.store, "variables": tuple(preset["data"]["cfg"]["variables"])}
-    cfg = DataConfig(**data)
+    args = ["-c", "configs/train/unet_t850.yaml", "--data.cfg.store", a.store]
+    model_args, cfg = resolve(args)["model"], data_config(args)
     fields = to_fields(split_fields(cfg, "train"))
     fcfg = FieldConfig(width=a.downstream_width, depth=a.depth, steps=a.downstream_steps, sigma=a.sigma)
     path = out / "unet_t850_train.pcnf"
@@ -118,8 +117,7 @@ def downstream(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     for name, (what, src) in variants.items():
         dm = StoreDataModule(cfg) if src is None else CompressedDataModule(cfg, str(src))
         L.seed_everything(0)
-        model = PostProcessor(**preset["model"], in_channels=cfg.n_channels, grid=dm.grid,
-                              target_channels=dm.target_channels, n_variables=len(cfg.input_variables))
+        model = PostProcessor(**model_args, sample=cfg.sample.to_dict(), grid=dm.grid, n_members=dm.n_members)
         trainer = L.Trainer(max_epochs=a.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=out / name)
         t0 = time.perf_counter()

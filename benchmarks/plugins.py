@@ -28,6 +28,7 @@ Last line: ``RESULT plugins_within_5pct_of_ddp=<n>/<total>``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -147,7 +148,7 @@ def main() -> None:
     a.store = require_store(a.store)
     preset = str(ROOT / "configs/train/unet_t850.yaml")
     steps_per_epoch = 128 // (4 * WORLD)
-    extra = ["--data.cfg.store", a.store, "--model.base_filters", str(a.base_filters),
+    extra = ["--data.cfg.store", a.store, "--model.net", json.dumps({"base_filters": a.base_filters}),
              "--trainer.max_steps", str(a.steps), "--trainer.max_epochs", str(-(-a.steps // steps_per_epoch)),
              "--data.cfg.batch_size", "4", "--trainer.devices", str(WORLD)]
     t_start = time.perf_counter()

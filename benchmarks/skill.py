@@ -25,7 +25,7 @@ import numpy as np
 from common import DEFAULT_STORE, require_store
 
 from postcast.datasets import io
-from postcast.models.module import MODELS
+from postcast.models import registry
 from postcast.pipeline.evaluate import EvalConfig, evaluate
 from postcast.pipeline.train import run as train
 
@@ -88,7 +88,8 @@ def print_table(agg: dict[str, dict[str, dict[str, float]]]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--store", default=str(DEFAULT_STORE))
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    families = list(registry.families())
+    p.add_argument("--models", nargs="+", default=families, choices=families)
     p.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, help="override every preset's max_epochs")

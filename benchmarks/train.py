@@ -24,12 +24,15 @@ from typing import Any
 
 import lightning as L
 import torch
-import yaml
 from torch.utils.data import DataLoader, Dataset
 
 from postcast.datasets.io import write_json
 from postcast.datasets.loaders.datamodule import DataConfig
-from postcast.models.module import MODELS, PostProcessor
+from postcast.models import registry
+from postcast.models.module import PostProcessor
+from postcast.pipeline.train import data_config, resolve
+
+MODELS = list(registry.families())
 
 GRIDS = {"5": (37, 72), "0.5": (361, 720)}
 N_MEMBERS = 10
@@ -41,14 +44,16 @@ class RandomSamples(Dataset[dict[str, torch.Tensor]]):
     def __init__(self, cfg: DataConfig, grid: tuple[int, int], n: int):
         g = torch.Generator().manual_seed(0)
         h, w = grid
+        spec = cfg.sample
         self.sample = {
-            "x": torch.randn(cfg.n_channels, h, w, generator=g),  # (C, H, W) normalised
+            "fields": torch.randn(spec.n_fields, h, w, generator=g),  # (2V, H, W) (model statistics 0/1)
+            "features": torch.randn(spec.n_features, h, w, generator=g),  # (F, H, W)
             "y": torch.randn(h, w, generator=g),  # (H, W) truth
             "m": torch.randn(h, w, generator=g),  # (H, W) raw ensemble mean
             "s": torch.rand(h, w, generator=g) + 0.5,  # (H, W) raw ensemble std > 0
         }
-        if cfg.members:
-            self.sample["members"] = torch.randn(N_MEMBERS, len(cfg.input_variables), h, w, generator=g)
+        if spec.members:
+            self.sample["members"] = torch.randn(N_MEMBERS, len(spec.input_variables), h, w, generator=g)
         self.n = n
 
     def __len__(self) -> int:
@@ -74,25 +79,16 @@ class StepTimer(L.Callback):
 
 
 def preset(model: str) -> tuple[dict[str, Any], DataConfig]:
-    raw = yaml.safe_load(Path(f"configs/train/{model}_t850.yaml").read_text())
-    cfg = dict(raw["data"]["cfg"])
-    cfg["variables"] = tuple(cfg["variables"])
-    return raw["model"], DataConfig(**cfg)
+    """The model section and data config of ``configs/train/<model>_t850.yaml`` as training resolves them."""
+    args = ["-c", f"configs/train/{model}_t850.yaml"]
+    return resolve(args)["model"], data_config(args)
 
 
 def measure(model: str, grid_name: str, steps: int, warmup: int) -> dict[str, Any]:
     hparams, cfg = preset(model)
     grid = GRIDS[grid_name]
     batch = cfg.batch_size if grid_name == "5" else 1
-    var = list(cfg.input_variables).index("t")
-    net = PostProcessor(
-        **hparams,
-        in_channels=cfg.n_channels,
-        grid=grid,
-        target_channels=(2 * var, 2 * var + 1),
-        n_members=N_MEMBERS,
-        n_variables=len(cfg.input_variables),
-    )
+    net = PostProcessor(**hparams, sample=cfg.sample.to_dict(), grid=grid, n_members=N_MEMBERS)
     timer = StepTimer(warmup)
     trainer = L.Trainer(
         max_steps=warmup + steps,

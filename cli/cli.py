@@ -2,7 +2,10 @@
 
 Each verb turns flags (and an optional YAML preset) into a typed config and calls one library
 function. Exit codes: 0 ok (also "already done"), 1 internal error, 2 bad usage/config,
-65 invalid input data, 66 missing input (retryable), 130 interrupted.
+65 invalid input data, 66 missing input (retryable), 130 interrupted. :func:`main` is the one place
+that turns exceptions into exit codes and the one-line ``postcast: error: ...`` (see
+:func:`exit_code`); a verb raises and, where the library's plain ``ValueError`` means bad data,
+declares it with ``set_defaults(input_errors=..., input_path=<argument naming the input>)``.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import postcast
-from postcast.datasets.errors import ConfigError, PostcastError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 
 log = logging.getLogger("postcast")
+INTERRUPTED = 130  # exit code after Ctrl-C (128 + SIGINT)
 
 EPILOG = """\
 quickstart (synthetic ENS-10, coarse grid), all stages at once:
@@ -176,7 +180,10 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_config_validate(a: argparse.Namespace) -> int:
-    import postcast.pipeline.run  # noqa: F401  (registers kind: pipeline)
+    # every module that owns a config kind registers it on import (kind: synth, ingest, pipeline)
+    import postcast.datasets.ingest
+    import postcast.datasets.synthetic
+    import postcast.pipeline.run  # noqa: F401
     from postcast.datasets import config
 
     worst = 0
@@ -237,13 +244,12 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="default test")
     p.add_argument("--out", default="reports/eval", help="output directory (default reports/eval)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.set_defaults(func=_run_evaluate)
+    p.set_defaults(func=_run_evaluate, input_errors=(ValueError,))
 
 
 def _run_evaluate(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from postcast.datasets.errors import BadInputError, MissingInputError
     from postcast.pipeline.evaluate import EvalConfig, evaluate
 
     missing = [c for c in [a.store, *a.checkpoints] if not Path(c).exists()]
@@ -255,10 +261,7 @@ def _run_evaluate(a: argparse.Namespace) -> int:
                          out=a.out, bootstrap=a.bootstrap)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    try:
-        res = evaluate(cfg, progress=_progress(a.progress, "checkpoints"))
-    except ValueError as err:
-        raise BadInputError(str(err)) from err
+    res = evaluate(cfg, progress=_progress(a.progress, "checkpoints"))
     for target, r in res["targets"].items():
         for f, regions in r["forecasts"].items():
             g = regions["global"]
@@ -319,7 +322,7 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "forecast", help="apply a checkpoint to new raw ensembles; write CF-compliant calibrated forecasts",
         description="Read the raw ensemble (GRIB, netCDF or zarr) for one init time or a range, apply a trained "
-                    "post-processor and write, per init time, OUT/<product>/<target>/<target>_<YYYYmmddTHH>.nc "
+                    "post-processor and write, per init time, OUT/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.nc "
                     "with mean, std, quantiles and exceedance probabilities (CF-1.8 metadata, provenance). "
                     "product is 'postprocessed', or 'fallback_raw' (the raw-ensemble Gaussian, flagged) when the "
                     "model's inputs are missing. Existing outputs are kept: reruns are idempotent.",
@@ -337,13 +340,14 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--thresholds", type=_float_tuple, default=(), help="exceedance thresholds in the target's units")
     p.add_argument("--format", type=_str_tuple, default=("netcdf",), help="netcdf and/or zarr (default netcdf)")
     p.add_argument("--overwrite", action="store_true", help="rewrite outputs that exist")
-    p.set_defaults(func=_run_forecast)
+    p.add_argument("--name", help="the model's name in the output paths (default: its model family, e.g. unet); "
+                                  "give each model its own so their products never share a file")
+    p.set_defaults(func=_run_forecast, input_errors=(ValueError, OSError), input_path="input")
 
 
 def _run_forecast(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from postcast.datasets.errors import BadInputError, MissingInputError
     from postcast.pipeline.forecast import DEFAULT_QUANTILES, ForecastConfig, forecast
 
     if not Path(a.checkpoint).exists():
@@ -351,14 +355,8 @@ def _run_forecast(a: argparse.Namespace) -> int:
         raise MissingInputError(msg)
     cfg = ForecastConfig(checkpoint=a.checkpoint, input=a.input, out=a.out, init_time=a.init_time, end=a.end,
                          quantiles=a.quantiles or DEFAULT_QUANTILES, thresholds=a.thresholds, formats=a.format,
-                         overwrite=a.overwrite)
-    try:
-        res = forecast(cfg)
-    except (ValueError, OSError) as err:
-        if isinstance(err, PostcastError):
-            raise
-        msg = f"{a.input}: {err}"
-        raise BadInputError(msg) from err
+                         overwrite=a.overwrite, name=a.name)
+    res = forecast(cfg)
     print(f"written {len(res.written)} ({len(res.fallback)} fallback), kept {len(res.skipped)} existing")
     return 0
 
@@ -386,8 +384,6 @@ def _run_serve(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     import uvicorn
-
-    from postcast.datasets.errors import MissingInputError
 
     if not Path(a.forecasts).is_dir():
         msg = f"{a.forecasts}: not a directory of forecasts (write one with `postcast forecast`)"
@@ -428,7 +424,7 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--error-bound", type=float, help="guaranteed max absolute error (data units), via SZ3")
     p.add_argument("--error-bound-var", action="append", default=[], metavar="VAR=BOUND",
                    help="a bound for one variable (repeatable; overrides --error-bound for it)")
-    p.set_defaults(func=_run_compress)
+    p.set_defaults(func=_run_compress, input_errors=(ValueError, KeyError), input_path="source")
 
 
 def _var_bound(item: str) -> tuple[str, float]:
@@ -446,7 +442,6 @@ def _run_compress(a: argparse.Namespace) -> int:
     from postcast.compression.artefact import Artefact
     from postcast.compression.field import FieldConfig, to_fields
     from postcast.compression.report import Selection, select
-    from postcast.datasets.errors import BadInputError, MissingInputError
 
     try:
         per_var = dict(_var_bound(item) for item in a.error_bound_var)
@@ -455,13 +450,7 @@ def _run_compress(a: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     sel = Selection(a.source, tuple(a.variables), tuple(a.levels), a.step_hours, a.member)
-    try:
-        fields = to_fields(select(sel))
-    except FileNotFoundError as err:
-        raise MissingInputError(str(err)) from err
-    except (ValueError, KeyError) as err:
-        msg = f"{a.source}: {err}"
-        raise BadInputError(msg) from err
+    fields = to_fields(select(sel))
     try:
         cfg.bounds_for(fields.variables)  # before the fit: a misspelt variable costs nothing
     except ValueError as err:
@@ -492,16 +481,10 @@ def _add_decompress(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_decompress(a: argparse.Namespace) -> int:
-    from postcast.compression.artefact import Artefact, ArtefactError
+    from postcast.compression.artefact import Artefact
     from postcast.datasets import io
-    from postcast.datasets.errors import BadInputError, MissingInputError
 
-    try:
-        art = Artefact.load(a.artefact)
-    except FileNotFoundError as err:
-        raise MissingInputError(str(err)) from err
-    except ArtefactError as err:
-        raise BadInputError(str(err)) from err
+    art = Artefact.load(a.artefact)
     ds = art.decode() if a.resolution is None else art.regrid(a.resolution)
     if str(a.out).endswith(".zarr"):
         io.write_zarr(ds, a.out)
@@ -526,7 +509,7 @@ def _add_compress_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--zfp-rate", type=_float_list, default=[1.0, 4.0], help="bits per value")
     p.add_argument("--plot", help="write the ratio-vs-wRMSE plot here (PNG)")
     p.add_argument("--json", help="write the rows as JSON here")
-    p.set_defaults(func=_run_compress_report)
+    p.set_defaults(func=_run_compress_report, input_errors=(ValueError,))
 
 
 def _float_list(text: str) -> list[float]:
@@ -539,16 +522,9 @@ def _float_list(text: str) -> list[float]:
 
 def _run_compress_report(a: argparse.Namespace) -> int:
     from postcast.compression import report
-    from postcast.compression.artefact import ArtefactError
     from postcast.datasets import io
-    from postcast.datasets.errors import BadInputError, MissingInputError
 
-    try:
-        rows = report.compare(a.artefacts, a.sz3, a.zfp_tolerance, a.zfp_rate)
-    except FileNotFoundError as err:
-        raise MissingInputError(str(err)) from err
-    except (ArtefactError, ValueError) as err:
-        raise BadInputError(str(err)) from err
+    rows = report.compare(a.artefacts, a.sz3, a.zfp_tolerance, a.zfp_rate)
     print(report.format_table(rows))
     if a.plot:
         report.plot(rows, a.plot)
@@ -576,6 +552,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_code(err: BaseException, input_errors: tuple[type[BaseException], ...] = ()) -> int | None:
+    """The exit code of an exception that escaped a verb; None for an internal error (exit 1 with the
+    traceback). The CLI's one mapping, first match wins:
+
+    * :class:`PostcastError` carries its own code: ``ConfigError`` 2, ``BadInputError`` 65 (the
+      compression ``ArtefactError`` is one), ``MissingInputError`` 66;
+    * any other ``FileNotFoundError``: missing input, 66;
+    * the exception types a verb declares as ``input_errors`` (the plain ValueErrors the library
+      raises about the data that verb reads): invalid input, 65.
+    """
+    if isinstance(err, PostcastError):
+        return err.exit_code
+    if isinstance(err, FileNotFoundError):
+        return MissingInputError.exit_code
+    if isinstance(err, input_errors):
+        return BadInputError.exit_code
+    return None
+
+
+def _message(err: BaseException, path: str | None) -> str:
+    """The error line's text. A plain exception (not a PostcastError, whose message says what it means)
+    is prefixed with the verb's input path, unless it names that path already."""
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    plain = not isinstance(err, PostcastError)
+    return f"{path}: {text}" if plain and path and path not in text else text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -583,12 +586,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         stream=sys.stderr)
     try:
         return int(args.func(args))
-    except PostcastError as err:
-        print(f"postcast: error: {err}", file=sys.stderr)
-        return err.exit_code
     except KeyboardInterrupt:
         print("postcast: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except Exception as err:
+        code = exit_code(err, getattr(args, "input_errors", ()))
+        if code is None:
+            raise
+        input_path = getattr(args, "input_path", None)  # the name of the argument holding the input
+        print(f"postcast: error: {_message(err, getattr(args, input_path) if input_path else None)}",
+              file=sys.stderr)
+        log.debug("traceback of the error above", exc_info=err)
+        return code
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 import xarray as xr
 
-from postcast.compression import field
+from postcast.compression import field, sz3
 from postcast.compression.field import FieldConfig, FieldNet, Fields
 from postcast.datasets import io, schema
+from postcast.datasets.errors import BadInputError
 
 MAGIC = b"PCNF"
 FORMAT_VERSION = 2  # 2: the residual layer is one SZ3 stream per variable, each with its own bound
@@ -37,8 +38,9 @@ _PREFIX = struct.Struct("<4sHII")  # magic, version, header bytes, crc32
 DECODE_POINTS = 65536  # points per decoder batch (fixed: the error-bounded layer relies on a repeatable decode)
 
 
-class ArtefactError(ValueError):
-    """A file that is not a readable postcast artefact (corrupt, truncated, wrong version)."""
+class ArtefactError(BadInputError):
+    """A file that is not a readable postcast artefact (corrupt, truncated, wrong version): invalid
+    input, exit code 65 (still a ``ValueError``)."""
 
 
 @dataclass
@@ -106,20 +108,15 @@ class Artefact:
         """Per variable with a bound: SZ3 on the network's residual at 0.99 x the bound, then exact
         fix-ups wherever the sum still misses it, so that max |decoded - data| <= bound holds at every
         point of that variable. Variables without a bound keep the network's decode."""
-        from pysz import sz, szConfig, szErrorBoundMode  # optional dependency: postcast[compress]
-
         resid = (data - decoded).astype(np.float32)  # (V, T, L, H, W)
         miss = np.zeros(data.shape, bool)
         for v, bound in enumerate(bounds):
             if bound is None:
                 continue
-            conf = szConfig()
-            conf.errorBoundMode = szErrorBoundMode.ABS
-            conf.absErrorBound = 0.99 * bound
-            blob, _ = sz.compress(np.ascontiguousarray(resid[v]), conf)
-            back, _ = sz.decompress(blob, np.float32, resid[v].shape)
-            self.arrays[f"residual.sz3.{v}"] = np.asarray(blob, dtype=np.uint8)
-            miss[v] = np.abs((decoded[v] + np.asarray(back).reshape(resid[v].shape)) - data[v]) > 0.99 * bound
+            blob = sz3.encode(resid[v], 0.99 * bound)
+            back = sz3.decode(blob, resid[v].shape)
+            self.arrays[f"residual.sz3.{v}"] = blob
+            miss[v] = np.abs((decoded[v] + back) - data[v]) > 0.99 * bound
         bad = np.flatnonzero(miss.ravel())
         self.arrays["residual.fix_index"] = bad.astype(np.int64)
         self.arrays["residual.fix_value"] = data.ravel()[bad].astype(np.float32)
@@ -272,20 +269,16 @@ class Artefact:
 
     def _residual(self) -> np.ndarray:
         """The SZ3 residual layer, (V, T, L, H, W); decompressed once per artefact object."""
-        from pysz import sz
-
         if self._residual_cache:
             return self._residual_cache[0]
         shape = tuple(self.header["shape"])
         if "residual.sz3" in self.arrays:  # format 1: one stream for all variables
-            back, _ = sz.decompress(np.asarray(self.arrays["residual.sz3"]), np.float32, shape)
-            out = np.asarray(back, np.float32).reshape(shape)
+            out = sz3.decode(self.arrays["residual.sz3"], shape)
         else:
             out = np.zeros(shape, np.float32)
             for v in range(shape[0]):
                 if f"residual.sz3.{v}" in self.arrays:
-                    back, _ = sz.decompress(np.asarray(self.arrays[f"residual.sz3.{v}"]), np.float32, shape[1:])
-                    out[v] = np.asarray(back, np.float32).reshape(shape[1:])
+                    out[v] = sz3.decode(self.arrays[f"residual.sz3.{v}"], shape[1:])
         self._residual_cache.append(out)
         return out
 

@@ -1,5 +1,5 @@
 """Neural-field compression: a coordinate network fitted to gridded fields (after Huang & Hoefler,
-ICLR 2023; recipe in ../shared/reference/neural-compression.md).
+ICLR 2023; the recipe, what postcast changed and why, in docs/compression.md).
 
 Inputs per point: (time, pressure, latitude, longitude); latitude/longitude go to the unit sphere
 (x, y, z) so there is no seam or pole singularity. Three Gaussian Fourier-feature maps (time, level,

@@ -1,4 +1,4 @@
-"""Error and size measures for compressed fields (the community's set: neural-compression.md 9)."""
+"""Error and size measures for compressed fields (the measures compression studies report: docs/compression.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Typed configuration: YAML presets -> frozen dataclasses, validated on load.
 
-Every preset in ``configs/`` carries ``kind: <name>`` naming the dataclass it fills; unknown keys,
+Every preset in ``configs/`` carries ``kind: <name>`` naming the dataclass it fills (registered by
+the module that owns it with ``@register("<name>")``); unknown keys,
 wrong types and failed cross-field checks raise :class:`ConfigError` with the key path and the fix.
 """
 
@@ -31,15 +32,9 @@ def register(kind: str) -> Any:
 
 
 def kinds() -> dict[str, type]:
-    _load_builtin_kinds()
+    """The kinds registered so far: each config module registers its own with :func:`register` when it
+    is imported (this module imports no stage); the CLI imports every stage before validating."""
     return dict(_KINDS)
-
-
-def _load_builtin_kinds() -> None:
-    from postcast.datasets import ingest, synthetic
-
-    _KINDS.setdefault("synth", synthetic.SynthConfig)
-    _KINDS.setdefault("ingest", ingest.IngestConfig)
 
 
 def _convert_union(args: tuple[Any, ...], value: Any, where: str) -> Any:

@@ -18,6 +18,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import schema
+from postcast.datasets import store as contract
 from postcast.datasets.errors import BadInputError, MissingInputError
 
 # dimension / coordinate aliases -> canonical
@@ -223,7 +224,7 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
                 continue
             da = da.sel({schema.LEVEL: tg.level}, drop=True) if schema.LEVEL in da.dims else da.drop_vars(schema.LEVEL)
         conv = convert_units(da, schema.VARIABLES[tg.variable], source)
-        out[schema.truth_name(target)] = conv.assign_attrs(target=target)
+        out[contract.truth_name(target)] = conv.assign_attrs(target=target)
     if not out:
         msg = f"{source}: no truth variable for z500, t850 or t2m found (have {list(ds.data_vars)})"
         raise MissingInputError(msg)

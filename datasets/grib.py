@@ -1,6 +1,6 @@
 """ENS-10 GRIB edition 1: write look-alike files with eccodes, index and decode them.
 
-File form (ENS-10, ../shared/reference/ens10-task.md 1.2): one file per month-day and level type,
+File form (ENS-10, docs/ens10.md "Files"): one file per month-day and level type,
 ``output.pl.2018MMDD`` / ``output.sfc.2018MMDD``, each holding every reforecast year of that
 month-day; ECMWF centre, local definition 1 (``dataType=pf``, ``number`` 1..10, ``totalNumber`` 11),
 16-bit simple packing, 00 UTC, grid scanned north to south, SST missing over land (bitmap).

@@ -40,19 +40,21 @@ import pandas as pd
 import xarray as xr
 
 import postcast
-from postcast.datasets import grib, io, schema, sources, statistics
+from postcast.datasets import config, grib, io, schema, sources, statistics
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError, MissingInputError
 
 log = logging.getLogger(__name__)
 
 
+@config.register("ingest")
 @dataclass(frozen=True)
 class IngestConfig:
-    """Options of ``postcast ingest`` (YAML preset: configs/ingest/default.yaml)."""
+    """Options of ``postcast ingest`` (YAML preset: configs/ingest/default.yaml; a preset may leave
+    ``source`` and ``out`` to the command line)."""
 
-    source: str
-    out: str
+    source: str = ""  # forecasts: a directory written by `postcast synth`, GRIB/netCDF files or a zarr store
+    out: str = ""  # the store to write
     truth: str | None = None  # ERA5-like truth; default: era5.zarr / era5/*.nc next to the forecasts
     variables: tuple[str, ...] = tuple(schema.VARIABLES)  # required forecast variables
     levels: tuple[int, ...] | None = None  # None: the levels the source holds
@@ -279,6 +281,10 @@ def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[st
 
 def ingest(cfg: IngestConfig) -> IngestResult:
     """Run the whole ingestion (see the module docstring); idempotent and resumable."""
+    missing = [n for n in ("source", "out") if not getattr(cfg, n)]
+    if missing:
+        msg = f"ingest needs {' and '.join(missing)}: pass SOURCE and --out (or set them in the preset)"
+        raise ConfigError(msg)
     start = time.perf_counter()
     out = Path(cfg.out)
     partial = contract.partial_path(out)

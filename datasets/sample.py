@@ -68,17 +68,16 @@ class SampleSpec:
     members: bool = False  # also read the raw members (Transformer, global EMOS)
 
     def __post_init__(self) -> None:
-        if self.target not in schema.TARGETS:
-            msg = f"target {self.target!r}: use one of {list(schema.TARGETS)}"
-            raise ValueError(msg)
-        if self.variables is not None:
-            bad = [v for v in self.variables if parse_variable(v)[0] not in schema.VARIABLES]
-            if bad:
-                msg = f"unknown input variables {bad}; known: {list(schema.VARIABLES)} (optionally name@level)"
-                raise ValueError(msg)
-        if self.step_h < 0:
-            msg = f"step_h {self.step_h}: a lead time in hours must be >= 0"
-            raise ValueError(msg)
+        bad = [v for v in self.variables or () if parse_variable(v)[0] not in schema.VARIABLES]
+        problems = [
+            *([f"target {self.target!r}: use one of {list(schema.TARGETS)}"] if self.target not in schema.TARGETS
+              else []),
+            *([f"unknown input variables {bad}; known: {list(schema.VARIABLES)} (optionally name@level)"] if bad
+              else []),
+            *([f"step_h {self.step_h}: a lead time in hours must be >= 0"] if self.step_h < 0 else []),
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SampleSpec:

@@ -1,7 +1,8 @@
 """The ENS-10 schema as code: variables, levels, canonical names, grid, calendar and splits.
 
 Everything that knows what ENS-10 *is* lives here; readers, writers and the generator import it.
-Facts follow ../shared/reference/ens10-task.md (sections 1.1-1.5).
+The dataset itself (members, dates, grid, variables, files, targets, splits) is described in
+docs/ens10.md; this module is that description as code.
 
 Canonical conventions of every postcast dataset (after :func:`postcast.datasets.conventions.normalise`):
 
@@ -25,6 +26,7 @@ import datetime as dt
 import itertools
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -128,6 +130,16 @@ def variable(name: str) -> Variable:
     raise KeyError(msg)
 
 
+def cf_attrs(var: Variable) -> dict[str, Any]:
+    """The CF attributes of a variable as postcast writes them: units, long name, GRIB short name and
+    parameter id, and the CF standard name where one exists."""
+    attrs: dict[str, Any] = {"units": var.units, "long_name": var.long_name,
+                             "GRIB_shortName": var.grib_short_name, "GRIB_paramId": var.param_id}
+    if var.standard_name:
+        attrs["standard_name"] = var.standard_name
+    return attrs
+
+
 # --- targets -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Target:
@@ -150,9 +162,6 @@ TARGETS: dict[str, Target] = {
     "t2m": Target("t2m", "t2m", None, error_scale=1.3),  # K
 }
 
-
-def truth_name(target: str) -> str:
-    return f"truth_{target}"
 
 
 # --- grid ----------------------------------------------------------------------------------------

@@ -204,7 +204,6 @@ class GribSource(ForecastSource):
 
 
 def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
-    from postcast.datasets.synthetic import variable_attrs
 
     coords = {
         schema.INIT_TIME: [init_time], schema.MEMBER: list(plan.members),
@@ -215,7 +214,7 @@ def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) 
     for v, arr in data.items():
         var = schema.VARIABLES[v]
         dims = schema.PL_DIMS if var.level_type is schema.LevelType.PRESSURE else schema.SFC_DIMS
-        out[v] = xr.Variable(dims, arr, variable_attrs(var))
+        out[v] = xr.Variable(dims, arr, schema.cf_attrs(var))
     return xr.Dataset(out, coords=coords)
 
 

@@ -41,36 +41,14 @@ SPLIT_FLAG_MEANINGS = "none train val test"
 
 
 # --- field names ---------------------------------------------------------------------------------
-def ens_mean(variable: str) -> str:
-    """Per-sample ensemble mean of a member field, e.g. ``ens_mean_t``."""
-    return f"ens_mean_{variable}"
-
-
-def ens_std(variable: str) -> str:
-    """Per-sample ensemble standard deviation (population, ddof 0) of a member field."""
-    return f"ens_std_{variable}"
-
-
-def truth_name(target: str) -> str:
-    """The verifying analysis of a target, e.g. ``truth_t850``."""
-    return f"truth_{target}"
-
-
-def oracle_mean(target: str) -> str:
-    return f"oracle_mean_{target}"
-
-
-def oracle_std(target: str) -> str:
-    return f"oracle_std_{target}"
-
-
-def point_mean(field: str) -> str:
-    """Per-grid-point training mean of ``field`` in the statistics group."""
-    return f"{field}_point_mean"
-
-
-def point_std(field: str) -> str:
-    return f"{field}_point_std"
+# Each is ``name(variable_or_target) -> str``, e.g. ens_mean("t") == "ens_mean_t".
+ens_mean = "ens_mean_{}".format  # per-sample ensemble mean of a member field
+ens_std = "ens_std_{}".format  # per-sample ensemble std (population, ddof 0) of a member field
+truth_name = "truth_{}".format  # the verifying analysis of a target, e.g. truth_t850
+oracle_mean = "oracle_mean_{}".format  # the true predictive mean of a target (synthetic data)
+oracle_std = "oracle_std_{}".format
+point_mean = "{}_point_mean".format  # per-grid-point training mean of a field (statistics group)
+point_std = "{}_point_std".format
 
 
 def split_code(split: str | None) -> int:

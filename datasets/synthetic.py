@@ -39,7 +39,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import schema
+from postcast.datasets import config, schema
+from postcast.datasets import store as contract
 from postcast.datasets.schema import GRAVITY, TARGETS, Grid
 
 FORMAT_VERSION = 1
@@ -58,6 +59,7 @@ _JET = {10: 8.0, 50: 10.0, 100: 15.0, 200: 35.0, 300: 30.0, 400: 24.0, 500: 18.0
         850: 6.0, 925: 4.0, 1000: 3.0}  # m/s, zonal-mean westerly jet maximum
 
 
+@config.register("synth")
 @dataclass(frozen=True)
 class SynthConfig:
     """What to generate. Defaults are the quickstart size (5 deg, 8 dates a year, 2 levels)."""
@@ -553,12 +555,8 @@ def _coords(cfg: SynthConfig, with_members: bool = True, levels: bool = True) ->
     return coords
 
 
-def variable_attrs(var: schema.Variable) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"units": var.units, "long_name": var.long_name,
-                             "GRIB_shortName": var.grib_short_name, "GRIB_paramId": var.param_id}
-    if var.standard_name:
-        attrs["standard_name"] = var.standard_name
-    return attrs
+# The CF attributes moved to the schema (``schema.cf_attrs``); this alias keeps the one remaining
+# importer, datasets/sources.py, working until it switches.
 
 
 def forecast_dataset(cfg: SynthConfig, variables: list[str] | None = None) -> xr.Dataset:
@@ -568,7 +566,7 @@ def forecast_dataset(cfg: SynthConfig, variables: list[str] | None = None) -> xr
     for name in names:
         var = schema.VARIABLES[name]
         dims = schema.PL_DIMS if var.level_type is schema.LevelType.PRESSURE else schema.SFC_DIMS
-        data_vars[name] = xr.Variable(dims, _lazy_variable(cfg, var), variable_attrs(var))
+        data_vars[name] = xr.Variable(dims, _lazy_variable(cfg, var), schema.cf_attrs(var))
     ds = xr.Dataset(data_vars, coords=_coords(cfg))
     ds.attrs.update(synthetic_attrs(cfg))
     return ds
@@ -600,9 +598,9 @@ def truth_dataset(cfg: SynthConfig) -> xr.Dataset:
     data_vars = {}
     for k, (target, tg) in enumerate(TARGETS.items()):
         base = {"units": tg.units, "target": target}
-        for j, (name, label) in enumerate(((schema.truth_name(target), "ERA5-like"),
-                                           (f"oracle_mean_{target}", "oracle mean"),
-                                           (f"oracle_std_{target}", "oracle std"))):
+        for j, (name, label) in enumerate(((contract.truth_name(target), "ERA5-like"),
+                                           (contract.oracle_mean(target), "oracle mean"),
+                                           (contract.oracle_std(target), "oracle std"))):
             data_vars[name] = xr.Variable(dims, arr[k, j], {**base, "long_name": f"{label} {target}"})
     ds = xr.Dataset(data_vars, coords=_coords(cfg, with_members=False, levels=False))
     ds.attrs.update(synthetic_attrs(cfg))

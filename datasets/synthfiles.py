@@ -30,6 +30,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import conventions, grib, io, schema, synthetic
+from postcast.datasets import store as contract
 from postcast.datasets.synthetic import SynthConfig
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,13 @@ def _write_zarr_once(ds: xr.Dataset, path: Path, progress: bool) -> bool:
 
 def _era5_valid_time(truth: xr.Dataset, target: str) -> xr.Dataset:
     """48 h truth of one target indexed by valid time, ERA5-style (latitude north -> south)."""
-    da = truth[schema.truth_name(target)].sel({schema.STEP: pd.Timedelta(hours=schema.TARGET_STEP_H)})
+    da = truth[contract.truth_name(target)].sel({schema.STEP: pd.Timedelta(hours=schema.TARGET_STEP_H)})
     da = da.drop_vars([schema.STEP, schema.VALID_TIME], errors="ignore")
     valid = da[schema.INIT_TIME].values + np.timedelta64(schema.TARGET_STEP_H, "h")
     da = da.assign_coords({schema.INIT_TIME: valid}).rename({schema.INIT_TIME: "time"})
     tg = schema.TARGETS[target]
     var = schema.VARIABLES[tg.variable]
-    da.attrs = {**synthetic.variable_attrs(var), "long_name": f"ERA5-like {var.long_name}"}
+    da.attrs = {**schema.cf_attrs(var), "long_name": f"ERA5-like {var.long_name}"}
     if tg.level is not None:  # cdo-style pressure coordinate in Pa, as in ENS-10's ERA5_z500.nc
         da = da.expand_dims(plev=[tg.level * 100.0], axis=1)
         da["plev"].attrs = {"units": "Pa", "standard_name": "air_pressure"}
@@ -119,7 +120,7 @@ def write_synthetic(cfg: SynthConfig, out: str | Path, *, progress: bool = True)
     if cfg.format == "zarr":
         _write_zarr_once(conventions.to_ens10(fc), out / "forecast.zarr", progress)
         files.append("forecast.zarr")
-        era5 = truth[[schema.truth_name(t) for t in schema.TARGETS]].rename({schema.INIT_TIME: "time"})
+        era5 = truth[[contract.truth_name(t) for t in schema.TARGETS]].rename({schema.INIT_TIME: "time"})
         _write_zarr_once(era5.isel(latitude=slice(None, None, -1)), out / "era5.zarr", progress)
         files.append("era5.zarr")
     else:

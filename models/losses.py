@@ -1,6 +1,6 @@
 """Training losses and the spread-relative Gaussian head shared by every post-processor.
 
-Head (ENS-10 reference, ens10-task.md 2.2): with the raw ensemble mean ``m`` and population std
+Head (the ENS-10 reference head, docs/ens10.md): with the raw ensemble mean ``m`` and population std
 ``s`` of the target, a network's two outputs ``(a, b)`` define
 
     mu = m + s * a,    sigma = s * exp(b)

@@ -61,7 +61,7 @@ class LocalEMOS(nn.Module):
 
 def require_members(batch: Batch, model: str) -> torch.Tensor:
     if "members" not in batch:
-        msg = f"the {model} model reads the raw members: set data.cfg.members: true in the training config"
+        msg = f"the {model} model reads the raw members: set data.cfg.sample.members: true in the training config"
         raise ValueError(msg)
     return batch["members"]  # (B, M, V, H, W)
 

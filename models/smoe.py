@@ -1,4 +1,4 @@
-"""Spatial Mixture-of-Experts (Dryden & Hoefler, NeurIPS 2022; ../shared/reference/smoe.md).
+"""Spatial Mixture-of-Experts (Dryden & Hoefler, NeurIPS 2022; the method and its options: docs/models.md).
 
 The layer: E experts, each one 3 x 3 convolution filter (one dense ``Conv2d(C, E)`` without bias);
 a gate giving routing weights R (B, E, H, W), either ``latent`` (a learned E x H x W map that does

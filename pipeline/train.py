@@ -68,10 +68,16 @@ def resolve(args: Sequence[str]) -> dict[str, Any]:
             run(["fit", *args, "--print_config"])
     except SystemExit as stop:
         if stop.code not in (0, None):
-            lines = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
-            raise ValueError(lines[-1] if lines else f"invalid (exit {stop.code})") from None
+            raise ValueError(_parser_error(err.getvalue()) or f"invalid (exit {stop.code})") from None
     resolved = yaml.safe_load(out.getvalue())
     return resolved if isinstance(resolved, dict) else {}
+
+
+def _parser_error(text: str) -> str:
+    """The parser's error as one line: from its ``error:`` line on (the key, then what was wrong)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if "error:" in ln), max(len(lines) - 1, 0))
+    return " ".join(lines[start:])[:1000]
 
 
 def data_config(args: Sequence[str]) -> DataConfig:

@@ -96,19 +96,24 @@ def test_train_cli_fit_test_and_checkpoint(cli, store, tmp_path):
     ckpts = sorted(tmp_path.rglob("*.ckpt"))
     assert ckpts, "no checkpoint written"
     ck = torch.load(ckpts[-1], weights_only=False)
-    assert ck["postcast"]["format_version"] == 1 and ck["postcast"]["data"]["target"] == "t2m"
-    assert ck["hyper_parameters"]["model"] == "emos" and ck["hyper_parameters"]["grid"] == (19, 36)
+    assert ck["postcast"]["format_version"] == 2 and ck["postcast"]["sample"]["target"] == "t2m"
+    assert ck["hyper_parameters"]["family"] == "emos" and ck["hyper_parameters"]["grid"] == (19, 36)
     assert float(ck["state_dict"]["norm_std"].abs().sum()) > 0  # statistics travel with the weights
     out = cli("train", "test", *common, "--ckpt_path", str(ckpts[-1]), check=True)
     assert "test_crps" in out.stdout + out.stderr
 
 
 def test_train_presets_cover_every_model_and_target(cli, tmp_path):
-    from postcast.models.module import MODELS
+    from postcast.models import registry
 
     presets = {p.stem for p in (ROOT / "configs/train").glob("*.yaml")}
-    assert {f"{m}_{t}" for m in MODELS for t in ("z500", "t850", "t2m")} <= presets  # all validated above
-    bad = tmp_path / "bad_train.yaml"
-    bad.write_text("trainer: {max_epochs: many}\nmodel: {model: mlp}\ndata: {cfg: {store: x}}\n")
-    proc = cli("config", "validate", str(bad))
-    assert proc.returncode == 2 and "INVALID" in proc.stderr
+    assert {f"{m}_{t}" for m in registry.families() for t in ("z500", "t850", "t2m")} <= presets  # all validated
+    for text, why in [("trainer: {max_epochs: many}\nmodel: {family: mlp}\n", "max_epochs"),
+                      ("model: {family: resnet}\n", "resnet"),  # no such family
+                      ("model: {family: unet, net: {hidden: 3}}\n", "hidden"),  # another family's option
+                      ("model: {family: transformer}\n", "members"),  # reads members, the spec has none
+                      ("data: {cfg: {sample: {target: t999}}}\n", "t999")]:
+        bad = tmp_path / "bad_train.yaml"
+        bad.write_text(text)
+        proc = cli("config", "validate", str(bad))
+        assert proc.returncode == 2 and "INVALID" in proc.stderr and why in proc.stderr, (text, proc.stderr)

@@ -16,6 +16,7 @@ from postcast.compression.artefact import Artefact, ArtefactError
 from postcast.compression.field import FieldConfig, to_fields
 from postcast.compression.loader import CompressedDataModule, CompressedDataset, compress_split, split_fields
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
+from postcast.datasets.sample import SampleSpec
 
 pytest.importorskip("pysz")
 pytest.importorskip("zfpy")
@@ -155,7 +156,7 @@ def test_bad_fields_are_refused():
 
 @pytest.fixture(scope="module")
 def compressed_store(store):
-    cfg = DataConfig(store=str(store), target="t850", variables=("t", "z", "u@850"), batch_size=2)
+    cfg = DataConfig(store=str(store), sample=SampleSpec(target="t850", variables=("t", "z", "u@850")), batch_size=2)
     art = compress_split(cfg, FieldConfig(width=16, depth=1, steps=40, batch_points=2048), progress=False)
     return cfg, art
 
@@ -163,8 +164,7 @@ def compressed_store(store):
 def test_compressed_dataloader_yields_exactly_the_decoded_fields(compressed_store):
     cfg, art = compressed_store
     plain = StoreDataset(cfg, "train")
-    mean, std = plain.normalisation()
-    ds = CompressedDataset(cfg, art, (mean, std))
+    ds = CompressedDataset(cfg, art)
     assert len(ds) == len(plain)
     decoded = art.decode_array()[:, :, 0]  # (V, T, H, W)
     names = art.header["variables"]
@@ -172,12 +172,11 @@ def test_compressed_dataloader_yields_exactly_the_decoded_fields(compressed_stor
         got, ref = ds[i], plain[i]
         assert set(got) == {k for k in ref if not k.startswith("oracle_")}  # the oracle is synthetic-only
         assert all(got[k].shape == ref[k].shape and got[k].dtype == ref[k].dtype for k in got)
-        for c, key in enumerate(f"{k}_{v}" for v in cfg.input_variables for k in ("ens_mean", "ens_std")):
-            want = (decoded[names.index(key), i] - mean[c]) / std[c]
-            np.testing.assert_array_equal(got["x"][c].numpy(), want.astype(np.float32))
+        for c, key in enumerate(cfg.sample.field_keys()):  # physical units: the model normalises
+            np.testing.assert_array_equal(got["fields"][c].numpy(), decoded[names.index(key), i])
         np.testing.assert_array_equal(got["y"].numpy(), decoded[names.index("truth_t850"), i])
         np.testing.assert_array_equal(got["m"].numpy(), decoded[names.index("ens_mean_t"), i])
-        np.testing.assert_array_equal(got["x"][-5:].numpy(), ref["x"][-5:].numpy())  # location + season features
+        np.testing.assert_array_equal(got["features"].numpy(), ref["features"].numpy())  # location + season
     # the stated errors are those of these decoded fields against the store's
     orig = split_fields(cfg)
     k = names.index("truth_t850")
@@ -193,8 +192,7 @@ def test_training_from_the_compressed_datamodule(compressed_store, tmp_path):
     cfg, art = compressed_store
     art.save(tmp_path / "train.pcnf")
     dm = CompressedDataModule(cfg, str(tmp_path / "train.pcnf"))
-    model = PostProcessor(model="mlp", in_channels=cfg.n_channels, grid=dm.grid, target_channels=dm.target_channels,
-                          n_variables=len(cfg.input_variables))
+    model = PostProcessor("mlp", net={"hidden": 16}, sample=cfg.sample.to_dict(), grid=dm.grid)
     trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         default_root_dir=tmp_path)
     trainer.fit(model, dm)

@@ -229,7 +229,8 @@ def test_plugin_presets_train_on_two_processes(cli, store, tmp_path, plugin):
     report = tmp_path / "comm.json"
     cli("train", "fit", "-c", str(ROOT / "configs/train/unet_t850.yaml"),
         "-c", str(ROOT / f"configs/plugins/{plugin}.yaml"),
-        "--data.cfg.store", str(store), "--model.base_filters", "8", "--trainer.default_root_dir", str(tmp_path),
+        "--data.cfg.store", str(store), "--model.net", '{"base_filters": 8}',
+        "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "2", "--data.cfg.batch_size", "2",
         "--trainer.devices", "2", "--trainer.callbacks+=postcast.models.plugins.CommReport",
         "--trainer.callbacks.path", str(report), check=True, timeout=600)

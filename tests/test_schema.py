@@ -22,6 +22,15 @@ def test_variable_tables_match_ens10():
         schema.variable("nope")
 
 
+def test_cf_attrs():
+    assert schema.cf_attrs(schema.VARIABLES["t2m"]) == {
+        "units": "K", "long_name": "2 metre temperature", "GRIB_shortName": "2t", "GRIB_paramId": 167,
+        "standard_name": "air_temperature"}
+    tcw = schema.cf_attrs(schema.VARIABLES["tcw"])  # no CF standard name: none written
+    assert tcw == {"units": "kg m**-2", "long_name": "Total column water", "GRIB_shortName": "tcw",
+                   "GRIB_paramId": 136}
+
+
 def test_levels_steps_members():
     assert schema.LEVELS == (10, 50, 100, 200, 300, 400, 500, 700, 850, 925, 1000)
     assert schema.STEPS_H == (0, 24, 48) and schema.N_MEMBERS == 10

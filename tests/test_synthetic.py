@@ -9,11 +9,12 @@ import pytest
 from scipy import stats
 
 from postcast.datasets import io, schema, synthetic, synthfiles
+from postcast.datasets import store as contract
 from postcast.datasets.synthetic import SynthConfig
 
 
 def crps_gaussian(mu, sigma, y):
-    """Closed-form CRPS of N(mu, sigma^2), float64 (ens10-task.md 2.3)."""
+    """Closed-form CRPS of N(mu, sigma^2), float64 (docs/ens10.md, "Scores")."""
     z = (y - mu) / sigma
     return sigma * (z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / math.sqrt(math.pi))
 
@@ -84,7 +85,7 @@ def test_error_structure_and_oracle(sample):
     fc, truth = sample
     for target, tg in schema.TARGETS.items():
         x = fc[tg.variable].sel(level=tg.level) if tg.level else fc[tg.variable]
-        y = truth[schema.truth_name(target)]
+        y = truth[contract.truth_name(target)]
         rmse, spread = [], []
         for step in range(3):
             xs, ys = x.isel(step=step).values, y.isel(step=step).values
@@ -108,7 +109,7 @@ def test_truth_is_a_draw_from_the_oracle(sample):
     """PIT of the truth under the oracle Gaussian is uniform: the oracle is the true law."""
     _, truth = sample
     for target in schema.TARGETS:
-        y = truth[schema.truth_name(target)].values.ravel()
+        y = truth[contract.truth_name(target)].values.ravel()
         mu = truth[f"oracle_mean_{target}"].values.ravel()
         sd = truth[f"oracle_std_{target}"].values.ravel()
         z = (y - mu) / sd

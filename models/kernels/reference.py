@@ -48,7 +48,7 @@ def routing_correct(e: torch.Tensor, quantile: float, eps: float = 1e-12) -> tor
 
 
 class TopKRouting(torch.autograd.Function):
-    """y = top-k selection of expert values by routing weight, with the SMoE backward (smoe.md):
+    """y = top-k selection of expert values by routing weight, with the SMoE backward (docs/models.md):
     expert gradients only at selected experts, scaled by ``damping`` where the routing was wrong;
     the gate gets no task gradient when ``block_gate`` (it learns from the RC loss instead)."""
 

@@ -1,10 +1,17 @@
-"""Multi-process harness and rank programs that check the plugins' invariants on real gloo groups.
+"""Public testing API of the training plugins: a multi-process harness and the rank programs that
+check the plugins' invariants on real gloo process groups.
 
-:func:`launch` starts ``world`` spawned processes, each with a gloo process group over a fresh
-FileStore (no ports), a timeout on every collective, and returns each rank's result; a rank that
-fails or hangs past ``timeout_s`` gets every process killed and the error raised. The ``prog_*``
-functions run on every rank and return plain data for the tests (``tests/test_plugins.py``) to check;
-they live here, not in the tests, because spawned processes must import them.
+* :func:`launch` starts ``world`` spawned processes, each with a gloo process group over a fresh
+  FileStore (no ports) and a timeout on every collective, runs ``fn(rank, world, *args)`` on each and
+  returns the results by rank; a rank that fails or hangs past ``timeout_s`` gets every process
+  killed and its error raised. Use it for any distributed check of your own (``fn`` must be a
+  module-level function of an importable module).
+* The ``prog_*`` functions run on every rank and return plain data; ``tests/test_plugins.py`` asserts
+  on it (``prog_two_ranks`` and ``prog_four_ranks`` bundle the checks for 2 and 4 ranks).
+
+This module lives in the package, not under ``tests/``, on purpose: spawned processes import
+``fn`` by its module name, and ``postcast.models.plugins.testing`` is importable from any process,
+whereas the test modules (collected with ``--import-mode=importlib``, not on ``sys.path``) are not.
 """
 
 from __future__ import annotations
