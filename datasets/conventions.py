@@ -202,6 +202,14 @@ def normalise(ds: xr.Dataset, *, source: str = "input") -> xr.Dataset:
     return ds
 
 
+def normalise_oracle(ds: xr.Dataset, *, source: str = "oracle") -> xr.Dataset:
+    """The synthetic oracle (``oracle_mean_*`` / ``oracle_std_*``, paired with forecasts) with canonical
+    dims, steps, latitude order and longitudes."""
+    ren = {"time": schema.INIT_TIME, "lat": schema.LAT, "lon": schema.LON}
+    ds = ds.rename({k: v for k, v in ren.items() if k in ds.dims})
+    return _fix_lonlat(_fix_step(ds, source), source)
+
+
 def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
     """ERA5-like truth -> ``truth_<target>`` variables on a canonical grid, indexed by valid time
     (dim ``valid_time``), or already paired with forecasts (dims ``init_time``, ``step``)."""

@@ -358,11 +358,7 @@ def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
         if not names:
             msg = f"{paths[0]}: no oracle_mean_* / oracle_std_* variables"
             raise BadInputError(msg)
-        raw = raw[names]
-        ren = {"time": schema.INIT_TIME, "lat": schema.LAT, "lon": schema.LON}
-        raw = raw.rename({k: v for k, v in ren.items() if k in raw.dims})
-        raw = conventions._fix_step(raw, paths[0])
-        return conventions._fix_lonlat(raw, paths[0])
+        return conventions.normalise_oracle(raw[names], source=paths[0])
     return conventions.normalise_truth(raw, source=paths[0])
 
 

@@ -80,11 +80,12 @@ def _parser_error(text: str) -> str:
     return " ".join(lines[start:])[:1000]
 
 
-def data_config(args: Sequence[str]) -> DataConfig:
-    """The DataConfig a training run with ``args`` (e.g. ``["-c", preset]``) would read."""
+def data_config(args: Sequence[str] | dict[str, Any]) -> DataConfig:
+    """The DataConfig a training run with ``args`` (e.g. ``["-c", preset]``, or their :func:`resolve`d
+    configuration) would read."""
     from postcast.datasets import config
 
-    cfg = resolve(args)
+    cfg = args if isinstance(args, dict) else resolve(args)
     data = (cfg.get("data") or {}).get("cfg") or {}
     return config.from_dict(DataConfig, data, where="data.cfg")
 
@@ -99,7 +100,7 @@ def validate_preset(path: str) -> str | None:
         cfg = resolve(["--config", path])
         model = cfg.get("model") or {}
         family = registry.make(model.get("family", "mlp"), model.get("net"))
-        spec = data_config(["--config", path]).sample
+        spec = data_config(cfg).sample
     except (ValueError, ConfigError) as err:
         return str(err)
     if family.needs_members and not spec.members:

@@ -108,12 +108,17 @@ def test_train_presets_cover_every_model_and_target(cli, tmp_path):
 
     presets = {p.stem for p in (ROOT / "configs/train").glob("*.yaml")}
     assert {f"{m}_{t}" for m in registry.families() for t in ("z500", "t850", "t2m")} <= presets  # all validated
-    for text, why in [("trainer: {max_epochs: many}\nmodel: {family: mlp}\n", "max_epochs"),
-                      ("model: {family: resnet}\n", "resnet"),  # no such family
-                      ("model: {family: unet, net: {hidden: 3}}\n", "hidden"),  # another family's option
-                      ("model: {family: transformer}\n", "members"),  # reads members, the spec has none
-                      ("data: {cfg: {sample: {target: t999}}}\n", "t999")]:
-        bad = tmp_path / "bad_train.yaml"
-        bad.write_text(text)
-        proc = cli("config", "validate", str(bad))
-        assert proc.returncode == 2 and "INVALID" in proc.stderr and why in proc.stderr, (text, proc.stderr)
+    cases = {"trainer: {max_epochs: many}\nmodel: {family: mlp}\n": "max_epochs",
+             "model: {family: resnet}\n": "resnet",  # no such family
+             "model: {family: unet, net: {hidden: 3}}\n": "hidden",  # another family's option
+             "model: {family: transformer}\n": "members",  # reads members, the spec has none
+             "data: {cfg: {sample: {target: t999}}}\n": "t999"}
+    files = []
+    for i, text in enumerate(cases):
+        files.append(tmp_path / f"bad_train_{i}.yaml")
+        files[-1].write_text(text)
+    proc = cli("config", "validate", *map(str, files))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == len(cases), proc.stderr
+    for path, line, why in zip(files, lines, cases.values(), strict=True):
+        assert line.startswith(f"{path}: INVALID") and why in line, line

@@ -88,13 +88,16 @@ def test_bad_input_gives_clean_errors(cli, checkpoint, tmp_path):
 def test_two_models_never_share_a_product_path(cli, checkpoint, synth_zarr, tmp_path):
     """The products of two models (here: the same checkpoint under two names, and the default name)
     land in separate files; before, every model's file was <product>/<target>/<target>_<init>.nc."""
+    from postcast.pipeline.forecast import ForecastConfig, forecast
+
     out = tmp_path / "fc"
-    base = ["forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-06-01",
-            "--end", "2017-12-31", "--out", str(out)]
-    for extra in ([], ["--name", "mlp_a"], ["--name", "mlp_b"]):
-        cli(*base, *extra, check=True)
+    written = []
+    for name in (None, "mlp_a", "mlp_b"):
+        written += forecast(ForecastConfig(checkpoint=str(checkpoint), input=str(synth_zarr), out=str(out),
+                                           init_time="2017-06-01", end="2017-12-31", name=name)).written
     files = sorted(str(f.relative_to(out)) for f in out.rglob("*.nc"))
-    assert len(files) == 3 * 2 == len(set(files))  # 2 dates per model, no file shared
+    assert len(files) == len(written) == len(set(written)) == 3 * 2  # 2 dates per model, no file shared
     assert {Path(f).parts[1] for f in files} == {"mlp", "mlp_a", "mlp_b"}
-    bad = cli(*base, "--name", "../x")
+    bad = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-06-01",
+              "--out", str(out), "--name", "../x")
     assert bad.returncode == 2 and "name" in bad.stderr
