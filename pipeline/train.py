@@ -117,5 +117,10 @@ def run(args: Sequence[str]) -> PostcastCLI:
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # by design, see above
     paths = paths_file()
     defaults = {sub: {"default_config_files": [str(paths)]} for sub in SUBCOMMANDS} if paths else {}
+    if paths is None and not any(str(a).startswith("--data.cfg.store") for a in args):
+        import sys
+
+        print("postcast train: no configs/paths.yaml in this directory and $POSTCAST_PATHS is unset: the store "
+              "must come from a preset or --data.cfg.store STORE", file=sys.stderr)
     return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
                        parser_kwargs={"prog": "postcast train", **defaults}, args=list(args))

@@ -122,3 +122,22 @@ def test_train_presets_cover_every_model_and_target(cli, tmp_path):
     assert proc.returncode == 2 and len(lines) == len(cases), proc.stderr
     for path, line, why in zip(files, lines, cases.values(), strict=True):
         assert line.startswith(f"{path}: INVALID") and why in line, line
+
+
+def test_paths_live_in_one_file_and_presets_stack():
+    """The store path is written in configs/paths.yaml only; a preset plus fragments resolve to their
+    union (later files win), with the store from the paths fragment."""
+    from postcast.pipeline.train import data_config, resolve
+
+    yamls = (ROOT / "configs").rglob("*.yaml")
+    naming = sorted(str(p.relative_to(ROOT)) for p in yamls if "store.zarr" in p.read_text())
+    assert naming == ["configs/paths.yaml"]
+    args = ["-c", str(ROOT / "configs/train/unet_t850.yaml"), "-c", str(ROOT / "configs/fragments/gpu.yaml"),
+            "-c", str(ROOT / "configs/fragments/big_cache.yaml"), "--data.cfg.batch_size", "2"]
+    cfg = resolve(args)
+    assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["max_epochs"] == 12  # fragment + preset
+    assert cfg["model"] == {"family": "unet", "net": {"base_filters": 32}, "lr": 0.002, "weight_decay": 0.0,
+                            "cosine": True}
+    data = data_config(cfg)
+    assert data.store == "runs/quickstart/store.zarr" and data.loader == "clairvoyant" and data.batch_size == 2
+    assert data.sample.target == "t850" and data.sample.variables == ("t", "z", "q", "w", "d", "u", "v", "tcc")
