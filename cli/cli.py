@@ -250,12 +250,12 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _run_evaluate(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from postcast.pipeline.evaluate import EvalConfig, evaluate
-
     missing = [c for c in [a.store, *a.checkpoints] if not Path(c).exists()]
-    if missing:
+    if missing:  # before the heavy imports: a missing file is answered at once
         msg = f"not found: {', '.join(missing)}"
         raise MissingInputError(msg)
+
+    from postcast.pipeline.evaluate import EvalConfig, evaluate
     try:
         cfg = EvalConfig(store=a.store, checkpoints=tuple(a.checkpoints), targets=a.targets, split=a.split,
                          out=a.out, bootstrap=a.bootstrap)
@@ -348,11 +348,11 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
 def _run_forecast(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from postcast.pipeline.forecast import DEFAULT_QUANTILES, ForecastConfig, forecast
-
-    if not Path(a.checkpoint).exists():
+    if not Path(a.checkpoint).exists():  # before the heavy imports: a missing file is answered at once
         msg = f"checkpoint {a.checkpoint}: no such file"
         raise MissingInputError(msg)
+
+    from postcast.pipeline.forecast import DEFAULT_QUANTILES, ForecastConfig, forecast
     cfg = ForecastConfig(checkpoint=a.checkpoint, input=a.input, out=a.out, init_time=a.init_time, end=a.end,
                          quantiles=a.quantiles or DEFAULT_QUANTILES, thresholds=a.thresholds, formats=a.format,
                          overwrite=a.overwrite, name=a.name)
