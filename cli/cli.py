@@ -589,6 +589,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("postcast: interrupted", file=sys.stderr)
         return INTERRUPTED
+    except BrokenPipeError:  # the reader stopped reading (`postcast inspect S | head`): not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
+        return 0
     except Exception as err:
         code = exit_code(err, getattr(args, "input_errors", ()))
         if code is None:

@@ -146,3 +146,16 @@ def test_bad_cli_usage(cli, tmp_path):
     assert proc.returncode == 2 and "does not divide" in proc.stderr
     proc = cli("ingest")
     assert proc.returncode == 2 and "needs SOURCE and --out" in proc.stderr
+
+
+def test_a_reader_that_stops_reading_gets_no_traceback(store):
+    """`postcast inspect STORE | head -1`: the pipe closes before postcast writes; no traceback, exit 0."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "postcast", "inspect", str(store)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # long before the interpreter has started: the write meets a closed pipe
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err, err
