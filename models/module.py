@@ -185,9 +185,12 @@ def migrate(ckpt: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
-    """A trained post-processor (eval mode, CPU) and its ``postcast`` metadata from a checkpoint alone."""
+    """A trained post-processor (eval mode, CPU) and its ``postcast`` metadata from a checkpoint alone.
+
+    Loaded with ``weights_only=True``: tensors and plain containers only, so a crafted file cannot run
+    code (Lightning's own checkpoints, formats 1 and 2, hold nothing else)."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
         msg = f"{path}: not a readable checkpoint ({err})"
         raise ValueError(msg) from err

@@ -200,3 +200,25 @@ def test_smoe_config_is_validated():
         SMoEConfig(gate="lcn")
     with pytest.raises(ValueError, match="experts"):
         SMoEConfig(experts=1)
+
+
+class _Payload:
+    """Unpickling this runs code: it creates the file named in ``target``."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_loading_a_checkpoint_runs_no_code(tmp_path):
+    """A crafted checkpoint whose pickle would create a file is refused with one error, and no file appears."""
+    from postcast.models.module import load_checkpoint
+
+    planted = tmp_path / "created_by_the_checkpoint"
+    path = tmp_path / "evil.ckpt"
+    torch.save({"postcast": {"format_version": 2}, "state_dict": {}, "hook": _Payload(str(planted))}, path)
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        load_checkpoint(str(path))
+    assert not planted.exists()
