@@ -8,6 +8,8 @@ For anyone who tests against the service (postcast's own ``tests/test_serve.py``
   forecast`` writes them (same products, names and layout);
 * :func:`running_server`: a context manager that starts ``postcast serve`` on a free loopback port,
   waits for ``/health`` and yields the base URL; the process is stopped on exit;
+* :func:`running_trivial_server`: the same server setup (``postcast.serve.server``) around a trivial
+  FastAPI app (:func:`trivial_app`), the framework's limit for load benchmarks;
 * :func:`free_port`: a free TCP port on 127.0.0.1.
 
 Nothing in the service imports this module; :func:`running_server` needs ``httpx`` (extra
@@ -21,20 +23,29 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from postcast.datasets import io, schema
-from postcast.pipeline.forecast import DEFAULT_QUANTILES, POSTPROCESSED, output_path, products
+from postcast.datasets import schema
+from postcast.pipeline.archive import (
+    DEFAULT_QUANTILES,
+    EXTENSIONS,
+    POSTPROCESSED,
+    product_path,
+    products,
+    write_product,
+)
 
 
 def write_forecasts(out: Path, target: str = "t850", n: int = 3, resolution: float = 5.0, seed: int = 0,
-                    model: str = "unet") -> list[Path]:
-    """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does."""
+                    model: str = "unet", formats: tuple[str, ...] = ("netcdf",)) -> list[Path]:
+    """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does
+    (through the archive's contract, ``pipeline/archive.py``), in each of ``formats``."""
     grid = schema.Grid(resolution)
     lat, lon = grid.latitudes(), grid.longitudes()
     rng = np.random.default_rng(seed)
@@ -45,10 +56,10 @@ def write_forecasts(out: Path, target: str = "t850", n: int = 3, resolution: flo
         sigma = 1.0 + rng.random(grid.shape)
         ds = products(mu, sigma, target=target, init=init, step_h=schema.TARGET_STEP_H, lat=lat, lon=lon,
                       quantiles=DEFAULT_QUANTILES, thresholds=(273.15,), attrs={"product": POSTPROCESSED})
-        path = output_path(out, POSTPROCESSED, model, target, init, "nc")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        io.write_netcdf(ds, path)
-        paths.append(path)
+        for fmt in formats:
+            path = product_path(out, POSTPROCESSED, model, target, init, EXTENSIONS[fmt])
+            write_product(ds, path)
+            paths.append(path)
     return paths
 
 
@@ -59,15 +70,50 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(forecasts: Path, *, token: str | None = None, workers: int = 1,
-                   timeout: float = 60.0) -> Iterator[str]:
-    """Start ``postcast serve`` on a free loopback port; yield its base URL; stop it afterwards."""
-    import httpx
-
+def running_server(forecasts: Path, *, token: str | None = None, workers: int = 1, timeout: float = 60.0,
+                   extra: Sequence[str] = ()) -> Iterator[str]:
+    """Start ``postcast serve`` on a free loopback port (``extra``: more of its options); yield its base
+    URL; stop it afterwards."""
     port = free_port()
-    cmd = [sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", str(port), "--workers", str(workers)]
+    cmd = [sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", str(port), "--workers", str(workers),
+           *extra]
     if token:
         cmd += ["--token", token]
+    with _running(cmd, port, timeout) as url:
+        yield url
+
+
+def trivial_app() -> Any:
+    """A FastAPI app with one trivial endpoint, ``GET /ping``: what the framework alone can serve."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/health")
+    async def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+@contextmanager
+def running_trivial_server(workers: int = 1, timeout: float = 60.0) -> Iterator[str]:
+    """:func:`trivial_app` run with the same server setup as ``postcast serve`` (``serve/server.py``)."""
+    port = free_port()
+    code = ("from postcast.serve.server import ServeOptions, run; "
+            f"run('postcast.serve.testing:trivial_app', ServeOptions(port={port}, workers={workers}))")
+    with _running([sys.executable, "-c", code], port, timeout) as url:
+        yield url
+
+
+@contextmanager
+def _running(cmd: list[str], port: int, timeout: float) -> Iterator[str]:
+    import httpx
+
     env = {k: v for k, v in os.environ.items() if k != "POSTCAST_TOKEN"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -76,7 +122,7 @@ def running_server(forecasts: Path, *, token: str | None = None, workers: int = 
         while True:
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else ""
-                msg = f"postcast serve exited with {proc.returncode}: {err[-2000:]}"
+                msg = f"{cmd[1:4]} exited with {proc.returncode}: {err[-2000:]}"
                 raise RuntimeError(msg)
             try:
                 if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
@@ -84,7 +130,7 @@ def running_server(forecasts: Path, *, token: str | None = None, workers: int = 
             except httpx.TransportError:
                 pass
             if time.time() > deadline:
-                msg = "postcast serve did not answer /health in time"
+                msg = f"{cmd[1:4]} did not answer /health in {timeout} s"
                 raise TimeoutError(msg)
             time.sleep(0.2)
         yield url

@@ -52,7 +52,8 @@ def test_bbox_listing_health_metrics_and_map(server):
     assert "<img" in httpx.get(f"{server}/").text
     assert "/forecast/point" in httpx.get(f"{server}/openapi.json").json()["paths"]
     metrics = httpx.get(f"{server}/metrics").text
-    assert 'postcast_requests_total{path="/forecast/bbox"}' in metrics and "postcast_forecasts 3" in metrics
+    assert 'postcast_requests_total{path="/forecast/bbox",status="200"}' in metrics
+    assert "postcast_forecasts 3" in metrics
 
 
 @pytest.mark.parametrize(("params", "status"), [

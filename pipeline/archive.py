@@ -1,0 +1,247 @@
+"""The forecast archive: one contract between the writer (``postcast forecast``) and the reader
+(``postcast serve``).
+
+Layout, one file (netCDF) or directory (zarr) per product, model, target and init time::
+
+    ROOT/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.nc      (or .zarr)
+
+``product`` is ``postprocessed`` or ``fallback_raw``; ``model`` is the forecast's name, so the
+products of two models never share a path. Each file holds the CF dataset :func:`products` builds
+(mean, std, quantiles and exceedance probabilities of one Gaussian forecast) and is written
+atomically by :func:`write_product` (a reader sees the old file or the new one, never half of one).
+
+Readers call :func:`scan` (what is there, and which ``.nc``/``.zarr`` entries are foreign, with the
+reason) and :func:`read_field` (one product in memory, or :class:`UnreadableProduct` /
+:class:`ProductGone`). Each :class:`Product` carries a ``signature`` (inode, mtime, size) so a reader
+can tell a replaced file from the one it cached. Hidden entries (``.name.tmp-PID``, the atomic
+writes' temporaries) and other file types are not part of the archive and are ignored silently.
+
+No torch here: the service imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy.special import ndtr, ndtri
+
+import postcast
+from postcast.datasets import io, schema
+from postcast.datasets.errors import BadInputError, MissingInputError
+
+POSTPROCESSED, FALLBACK = "postprocessed", "fallback_raw"
+PRODUCTS = (POSTPROCESSED, FALLBACK)
+EXTENSIONS = {"netcdf": "nc", "zarr": "zarr"}  # format name -> file extension
+DEFAULT_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
+STANDARD_NAMES = {"z500": "geopotential", "t850": "air_temperature", "t2m": "air_temperature"}
+INIT_FORMAT = "%Y%m%dT%H"
+
+
+def product_path(root: str | Path, product: str, model: str, target: str, init: pd.Timestamp, ext: str) -> Path:
+    """``ROOT/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.<ext>``."""
+    return Path(root) / product / model / target / f"{target}_{init:{INIT_FORMAT}}.{ext}"
+
+
+def write_product(ds: xr.Dataset, path: Path) -> None:
+    """Write one product atomically, netCDF or zarr by the path's extension."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".nc":
+        io.write_netcdf(ds, path)
+    else:
+        with io.atomic_path(path) as tmp:
+            io.write_zarr(ds, tmp)
+
+
+# --- the product's content ------------------------------------------------------------------------
+def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timestamp, step_h: int,
+             lat: np.ndarray, lon: np.ndarray, quantiles: tuple[float, ...], thresholds: tuple[float, ...],
+             attrs: dict[str, Any]) -> xr.Dataset:
+    """The CF dataset of one Gaussian forecast (mu, sigma: (lat, lon), target units)."""
+    tg = schema.TARGETS[target]
+    q = np.asarray(quantiles, dtype=np.float64)
+    thr = np.asarray(thresholds, dtype=np.float64)
+    quant = mu[None] + sigma[None] * ndtri(q)[:, None, None]  # (Q, lat, lon), target units
+    exceed = 1.0 - ndtr((thr[:, None, None] - mu[None]) / sigma[None])  # (T, lat, lon)
+    dims = ("forecast_reference_time", schema.LAT, schema.LON)
+    std_name = STANDARD_NAMES[target]
+    ds = xr.Dataset(
+        {
+            f"{target}_mean": (dims, mu[None].astype(np.float32),
+                               {"standard_name": std_name, "long_name": f"{target} predictive mean",
+                                "units": tg.units}),
+            f"{target}_std": (dims, sigma[None].astype(np.float32),
+                              {"long_name": f"{target} predictive standard deviation", "units": tg.units}),
+            f"{target}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
+                                   quant[:, None].astype(np.float32),
+                                   {"standard_name": std_name, "long_name": f"{target} predictive quantiles",
+                                    "units": tg.units}),
+            f"{target}_exceedance_probability": (
+                ("threshold", "forecast_reference_time", schema.LAT, schema.LON), exceed[:, None].astype(np.float32),
+                {"long_name": f"probability that {target} exceeds the threshold", "units": "1",
+                 "valid_min": np.float32(0.0), "valid_max": np.float32(1.0)}),
+        },
+        coords={
+            "forecast_reference_time": ("forecast_reference_time", [init.to_datetime64()],
+                                        {"standard_name": "forecast_reference_time"}),
+            "time": ("forecast_reference_time", [(init + pd.Timedelta(hours=step_h)).to_datetime64()],
+                     {"standard_name": "time", "long_name": "valid time"}),
+            "forecast_period": ((), np.float64(step_h), {"standard_name": "forecast_period", "units": "hours"}),
+            "quantile": ("quantile", q, {"long_name": "probability level of the quantile", "units": "1"}),
+            "threshold": ("threshold", thr, {"long_name": f"{target} threshold", "units": tg.units}),
+            schema.LAT: (schema.LAT, lat, {"standard_name": "latitude", "units": "degrees_north", "axis": "Y"}),
+            schema.LON: (schema.LON, lon, {"standard_name": "longitude", "units": "degrees_east", "axis": "X"}),
+        },
+        attrs={"Conventions": "CF-1.8", "title": f"postcast calibrated forecast of {target}",
+               "institution": "postcast", "source": f"postcast {postcast.__version__}",
+               "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast", **attrs},
+    )
+    if tg.level is not None:
+        ds = ds.assign_coords(pressure=((), np.float64(tg.level), {"standard_name": "air_pressure", "units": "hPa",
+                                                                    "positive": "down"}))
+        for name in ds.data_vars:
+            ds[name].attrs["coordinates"] = "time forecast_period pressure"
+    else:
+        for name in ds.data_vars:
+            ds[name].attrs["coordinates"] = "time forecast_period"
+    for name in ds.coords:
+        ds[name].encoding["_FillValue"] = None  # CF 2.5.1: no fill values on coordinates
+    for name in ("forecast_reference_time", "time"):
+        ds[name].encoding.update(units="hours since 1970-01-01 00:00:00", calendar="proleptic_gregorian",
+                                 dtype="float64")
+    return ds
+
+
+# --- reading ------------------------------------------------------------------------------------------
+Signature = tuple[int, int, int]  # (inode, mtime_ns, size): changes whenever a product is rewritten
+
+
+@dataclass(frozen=True)
+class Product:
+    target: str
+    init: pd.Timestamp
+    valid: pd.Timestamp
+    product: str
+    model: str
+    path: Path
+    signature: Signature
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry of the archive that is not served: ``path`` relative to the root, and why."""
+
+    path: str
+    reason: str
+
+
+class UnreadableProduct(BadInputError):
+    """A product file exists but cannot be read as a forecast (truncated, corrupt, wrong content)."""
+
+
+class ProductGone(MissingInputError):
+    """A product listed by :func:`scan` was removed before it was read."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One forecast in memory: (lat, lon) mean/std, (Q, lat, lon) quantiles, (T, lat, lon) exceedance."""
+
+    lat: np.ndarray
+    lon: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    quantile_levels: np.ndarray
+    quantiles: np.ndarray
+    thresholds: np.ndarray
+    exceedance: np.ndarray
+    units: str
+
+
+def signature(path: Path) -> Signature:
+    """(inode, mtime, size) of a product; for zarr, of its ``zarr.json`` too (a rewrite replaces both)."""
+    st = path.stat()
+    sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+    if path.is_dir():
+        meta = (path / "zarr.json").stat()
+        sig = (st.st_ino ^ meta.st_ino, max(st.st_mtime_ns, meta.st_mtime_ns), meta.st_size)
+    return sig
+
+
+def parse(root: Path, path: Path) -> Product:
+    """The product at ``path`` (``root/<product>/<model>/<target>/<target>_<init>.<ext>``); ValueError
+    saying why when the path does not follow the layout."""
+    product, model, target = path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
+    if product not in PRODUCTS:
+        msg = f"product folder {product!r} is not one of {', '.join(PRODUCTS)}"
+        raise ValueError(msg)
+    if target not in schema.TARGETS:
+        msg = f"target folder {target!r} is not one of {', '.join(schema.TARGETS)}"
+        raise ValueError(msg)
+    prefix, _, stamp = path.stem.rpartition("_")
+    try:
+        init = pd.to_datetime(stamp, format=INIT_FORMAT)
+    except ValueError:
+        init = None
+    if prefix != target or init is None:
+        msg = f"not a forecast file name (expected {target}_YYYYmmddTHH{path.suffix})"
+        raise ValueError(msg)
+    return Product(target, init, init + pd.Timedelta(hours=schema.TARGET_STEP_H), product, model, path,
+                   signature(path))
+
+
+def scan(root: str | Path) -> tuple[list[Product], list[Skipped]]:
+    """Every product under ``root`` (sorted by path) and the foreign ``.nc``/``.zarr`` entries."""
+    root = Path(root)
+    found, skipped = [], []
+    for path in sorted(root.glob("*/*/*/*")):
+        if path.name.startswith(".") or path.suffix not in (".nc", ".zarr"):
+            continue  # temporaries of atomic writes, notes, anything that is not a product
+        try:
+            found.append(parse(root, path))
+        except ValueError as err:
+            skipped.append(Skipped(str(path.relative_to(root)), str(err)))
+        except FileNotFoundError:
+            continue  # removed while scanning
+    return found, skipped
+
+
+def read_field(p: Product) -> Field:
+    """Load one product; :class:`ProductGone` if it was removed, :class:`UnreadableProduct` if it cannot
+    be read or lacks the variables of its target."""
+    if not p.path.exists():
+        msg = f"{p.path}: removed since the archive was scanned"
+        raise ProductGone(msg)
+    t = p.target
+    try:
+        kw: dict[str, Any] = {"engine": "netcdf4"} if p.path.suffix == ".nc" else {"engine": "zarr",
+                                                                                  "consolidated": False}
+        with xr.open_dataset(p.path, **kw) as ds:
+            ds = ds.isel(forecast_reference_time=0).load()
+        field = Field(lat=ds[schema.LAT].values, lon=ds[schema.LON].values, mean=ds[f"{t}_mean"].values,
+                      std=ds[f"{t}_std"].values, quantile_levels=ds["quantile"].values,
+                      quantiles=ds[f"{t}_quantile"].values, thresholds=ds["threshold"].values,
+                      exceedance=ds[f"{t}_exceedance_probability"].values,
+                      units=str(ds[f"{t}_mean"].attrs.get("units", "")))
+    except FileNotFoundError as err:
+        msg = f"{p.path}: removed while being read"
+        raise ProductGone(msg) from err
+    except Exception as err:  # any failure to read a file means the file is unreadable
+        msg = f"{p.path}: unreadable ({type(err).__name__}: {str(err)[:200]})"
+        raise UnreadableProduct(msg) from err
+    _check(p, field)
+    return field
+
+
+def _check(p: Product, f: Field) -> None:
+    shape = (f.lat.size, f.lon.size)
+    if f.mean.shape != shape or f.std.shape != shape or f.quantiles.shape[1:] != shape:
+        msg = f"{p.path}: fields of shape {f.mean.shape} do not match the grid {shape}"
+        raise UnreadableProduct(msg)
+    if not (np.isfinite(f.mean).all() and np.isfinite(f.std).all() and (f.std > 0).all()):
+        msg = f"{p.path}: non-finite mean or non-positive std"
+        raise UnreadableProduct(msg)
