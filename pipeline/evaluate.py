@@ -2,13 +2,17 @@
 
 Pure core: :func:`verification_dataset` gathers, for one target, lead and split, the truth, the raw
 members and the Gaussian forecasts of every entry (dims ``forecast, init_time, latitude,
-longitude``); :func:`score` turns that dataset into a metrics dict. Drivers: :func:`evaluate`
-(checkpoints + store -> metrics JSON and a report, see :mod:`postcast.pipeline.report`) and
-``postcast evaluate``.
+longitude``); :func:`score_lead` turns it into a results Dataset (metrics and regions of
+:mod:`postcast.pipeline.verification`, significance of :mod:`postcast.pipeline.significance`),
+:func:`score_target` stacks every lead with truth, :func:`summary` is its JSON summary. Drivers:
+:func:`evaluate` (checkpoints + store -> ``results.nc``, ``metrics.json`` and the report, see
+:mod:`postcast.pipeline.report`) and ``postcast evaluate``.
 
-Conventions: CRPS and EECRPS unweighted (ENS-10) and area-weighted (WeatherBench 2); EFI from the
-forecasts' own model climate (members of the init dates within the ENS-10 climate window);
-``gap_closed`` = (CRPS_raw - CRPS) / (CRPS_raw - CRPS_oracle); paired bootstrap over init dates.
+Conventions (docs/verification.md): CRPS and EECRPS unweighted (ENS-10) and area-weighted
+(WeatherBench 2: sum_t sum_p w_p s_tp / (T sum_p w_p)); EFI from the forecasts' own model climate
+(members of the init dates within the ENS-10 climate window); ``gap_closed`` = (CRPS_raw - CRPS) /
+(CRPS_raw - CRPS_oracle); differences against the raw Gaussian tested per init date (Diebold-Mariano
+with HAC variance, stationary bootstrap interval).
 """
 
 from __future__ import annotations
@@ -29,14 +33,11 @@ from postcast.datasets import store as contract
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import metrics
+from postcast.pipeline import metrics, significance, verification
 
 log = logging.getLogger(__name__)
 
-RAW, ORACLE = "raw", "oracle"
-REGIONS: dict[str, tuple[float, float]] = {"global": (-90.0, 90.0), "n_extratropics": (20.0, 90.0),
-                                           "tropics": (-20.0, 20.0), "s_extratropics": (-90.0, -20.0)}
-PIT_BINS = 10
+RAW, ORACLE, ENSEMBLE = "raw", "oracle", "raw_ensemble"
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,10 @@ def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) 
 
 
 @torch.no_grad()
-def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
-                       ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(target, init_times, mu, sigma) of a checkpoint on one split: samples as its sample spec declares,
-    in physical units (the model normalises them with the statistics it carries)."""
+def _predict(path: str, store: str, split: str, batch_size: int = 4) -> tuple[str, int, np.ndarray, np.ndarray,
+                                                                             np.ndarray]:
+    """(target, lead in hours, init_times, mu, sigma) of a checkpoint on one split: samples as its
+    sample spec declares, in physical units (the model normalises them with the statistics it carries)."""
     model, meta = load_checkpoint(path)
     cfg = DataConfig(store=store, sample=SampleSpec.from_dict(meta["sample"]))
     data = StoreDataset(cfg, split)
@@ -126,14 +127,17 @@ def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
         mus.append(mu.double().numpy())
         sigmas.append(sigma.double().numpy())
     times = contract.open_store(store)[schema.INIT_TIME].values[data.indices]
-    return cfg.sample.target, times, np.concatenate(mus), np.concatenate(sigmas)
+    return cfg.sample.target, cfg.sample.step_h, times, np.concatenate(mus), np.concatenate(sigmas)
 
 
-# --- scoring ---------------------------------------------------------------------------------
-def _weights(lat: np.ndarray, n_lon: int) -> np.ndarray:
-    return np.repeat(metrics.latitude_weights(lat)[:, None], n_lon, axis=1)  # (lat, lon), mean 1
+def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
+                       ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(target, init_times, mu, sigma) of a checkpoint on one split (its own lead)."""
+    target, _, times, mu, sigma = _predict(path, store, split, batch_size)
+    return target, times, mu, sigma
 
 
+# --- scoring: one lead -> a results Dataset (postcast.pipeline.verification) -------------------
 def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     """EFI (init_time, lat, lon) of the raw ensemble against the model climate of each date."""
     tg = schema.TARGETS[ver.attrs["target"]]
@@ -149,83 +153,107 @@ def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     return out
 
 
-def _region_mask(lat: np.ndarray, n_lon: int, region: str) -> np.ndarray:
-    lo, hi = REGIONS[region]
-    return np.repeat(((lat >= lo) & (lat <= hi))[:, None], n_lon, axis=1)
+def climate_thresholds(store: xr.Dataset, target: str, step_h: int) -> dict[str, np.ndarray]:
+    """Tail events for the reliability diagrams: below the 10 % and above the 90 % quantile of the
+    training-split truth at each grid point (lat, lon); {} when the training split has no truth."""
+    rows = contract.split_rows(store, "train", target=target, step_h=step_h)
+    if not rows.size:
+        return {}
+    truth = _step(store, contract.truth_name(target), step_h, schema.TARGETS[target].level)
+    y = truth.isel({schema.INIT_TIME: rows}).values.astype(np.float64)  # (n, lat, lon)
+    q10, q90 = np.nanquantile(y, [0.1, 0.9], axis=0)
+    return {"below_q10": q10, "above_q90": q90}
 
 
-def _forecast_scores(crps: np.ndarray, mu: np.ndarray, sigma: np.ndarray, y: np.ndarray, w: np.ndarray,
-                     efi: np.ndarray) -> dict[str, Any]:
-    """Scores of one Gaussian forecast on one region; arrays (time, points)."""
-    err = mu - y
-    pit = metrics.pit_gaussian(mu, sigma, y)
-    return {
-        "crps": float(crps.mean()),
-        "crps_weighted": float((crps * w).sum() / (w.sum())),
-        "eecrps": float(np.mean([metrics.eecrps(crps[i], efi[i]) for i in range(crps.shape[0])])),
-        "eecrps_weighted": float((np.abs(efi) * crps * w).sum() / w.sum()),
-        "bias": float(err.mean()),
-        "rmse": float(np.sqrt((err**2).mean())),
-        "spread": float(np.sqrt((sigma**2).mean())),
-        "spread_skill": float(np.sqrt((sigma**2).mean()) / np.sqrt((err**2).mean())),
-        "pit_histogram": np.histogram(pit, bins=PIT_BINS, range=(0.0, 1.0))[0].tolist(),
-    }
-
-
-def score(ver: xr.Dataset, efi: np.ndarray, *, bootstrap: int = 1000) -> dict[str, Any]:
-    """Metrics of every forecast in ``ver`` per region, plus raw-ensemble ensemble scores.
-
-    Returns {"forecasts": {name: {region: {...}}}, "raw_ensemble": {region: {...}}, "per_date_crps":
-    {name: [...]}, "crps_map": {name: (lat, lon) list}} with skill, gap closed and bootstrap CIs."""
-    lat = ver[schema.LAT].values
-    n_lon = ver.sizes[schema.LON]
+def _chunks(ver: xr.Dataset, efi: np.ndarray) -> tuple[list[str], list[verification.Chunk]]:
     y = ver["truth"].values  # (T, lat, lon)
-    w_full = _weights(lat, n_lon)
-    members = ver["members"].values  # (T, M, lat, lon)
-    out: dict[str, Any] = {"forecasts": {}, "raw_ensemble": {}, "per_date_crps": {}, "crps_map": {}}
-    crps_all = {f: metrics.crps_gaussian(ver["mu"].sel(forecast=f).values, ver["sigma"].sel(forecast=f).values, y)
-                for f in ver["forecast"].values}
-    for f, crps in crps_all.items():
-        mu, sigma = ver["mu"].sel(forecast=f).values, ver["sigma"].sel(forecast=f).values
-        out["forecasts"][f] = {}
-        for region in REGIONS:
-            m = _region_mask(lat, n_lon, region)
-            out["forecasts"][f][region] = _forecast_scores(crps[:, m], mu[:, m], sigma[:, m], y[:, m],
-                                                           w_full[m][None], efi[:, m])
-        out["per_date_crps"][f] = crps.reshape(crps.shape[0], -1).mean(axis=1).tolist()
-        out["crps_map"][f] = crps.mean(axis=0).tolist()
-    _add_relative(out, crps_all, bootstrap)
-    for estimator in ("fair", "standard"):
-        ens = metrics.crps_ensemble(members, y, axis=1, estimator=estimator)  # (T, lat, lon)
-        for region in REGIONS:
-            m = _region_mask(lat, n_lon, region)
-            block = out["raw_ensemble"].setdefault(region, {})
-            block[f"crps_{estimator}"] = float(ens[:, m].mean())
-            block[f"crps_{estimator}_weighted"] = float((ens[:, m] * w_full[m][None]).sum() / (w_full[m].sum()
-                                                                                             * ens.shape[0]))
-    for region in REGIONS:
-        m = _region_mask(lat, n_lon, region)
-        mem = members[:, :, m]
-        block = out["raw_ensemble"][region]
-        block["spread_skill"] = metrics.spread_skill_ratio(mem.std(axis=1), mem.mean(axis=1), y[:, m])
-        block["rank_histogram"] = metrics.rank_histogram(mem, y[:, m], axis=1).tolist()
-        block["mean_abs_efi"] = float(np.abs(efi[:, m]).mean())
+    names = [str(f) for f in ver["forecast"].values]
+    chunks = [verification.Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values)
+              for f in names]
+    return [*names, ENSEMBLE], [*chunks, verification.Chunk(y, efi, members=ver["members"].values)]
+
+
+def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
+    """Paired per-date CRPS differences of every forecast against the raw Gaussian, per region and
+    weighting: mean, stationary-bootstrap 95 % interval, Diebold-Mariano p-value, significant."""
+    crps = res["score_per_date"].sel(metric="crps")  # (forecast, region, weighting, init_time)
+    out = np.full((4, *crps.shape[:-1]), np.nan)
+    for idx in np.ndindex(*crps.shape[:-1]):
+        ref = crps.sel(forecast=RAW).values[idx[1:]]
+        p = significance.paired(crps.values[idx], ref, n=bootstrap)
+        out[(slice(None), *idx)] = (p.mean, p.low, p.high, p.p_value)
+    dims = crps.dims[:-1]
+    return res.assign(crps_minus_raw=(dims, out[0]), crps_minus_raw_low=(dims, out[1]),
+                      crps_minus_raw_high=(dims, out[2]), dm_p_value=(dims, out[3]),
+                      significant=(dims, (out[3] < 1 - significance.LEVEL).astype(np.int8)))
+
+
+def score_lead(ver: xr.Dataset, efi: np.ndarray, *, thresholds: dict[str, np.ndarray] | None = None,
+               bootstrap: int = 1000) -> xr.Dataset:
+    """Every forecast of ``ver`` (and the raw members as ``raw_ensemble``) on its lead: scores per
+    metric, region and weighting, per-date scores, significance against the raw Gaussian, the CRPS
+    decomposition, CRPS maps, reliability, PIT and rank histograms."""
+    names, chunks = _chunks(ver, efi)
+    lat, lon = ver[schema.LAT].values, ver[schema.LON].values
+    res = verification.as_dataset(names, chunks, lat, lon, ver[schema.INIT_TIME].values, thresholds)
+    members = ver["members"].values
+    rank = metrics.rank_histogram(members, ver["truth"].values, axis=1)
+    res = res.assign(rank_histogram=(("rank",), rank), mean_abs_efi=((), float(np.abs(efi).mean())))
+    return _significance(res, bootstrap)
+
+
+def _region_summary(res: xr.Dataset, f: str, region: str) -> dict[str, Any]:
+    s = res["score"].sel(forecast=f, region=region)
+    names = ("crps", "eecrps", "bias", "rmse", "spread", "spread_skill")
+    out: dict[str, Any] = {m: float(s.sel(metric=m, weighting="none")) for m in names}
+    out.update(crps_weighted=float(s.sel(metric="crps", weighting="area")),
+               eecrps_weighted=float(s.sel(metric="eecrps", weighting="area")))
+    raw = float(res["score"].sel(forecast=RAW, region=region, metric="crps", weighting="none"))
+    out["skill_vs_raw"] = 1.0 - out["crps"] / raw
+    if ORACLE in res["forecast"].values:
+        gap = raw - float(res["score"].sel(forecast=ORACLE, region=region, metric="crps", weighting="none"))
+        out["gap_closed"] = (raw - out["crps"]) / gap if gap > 0 else float("nan")
+    sig = res.sel(forecast=f, region=region, weighting="none")
+    out["crps_minus_raw"] = {"mean": float(sig["crps_minus_raw"]), "ci95": [float(sig["crps_minus_raw_low"]),
+                             float(sig["crps_minus_raw_high"])], "dm_p_value": float(sig["dm_p_value"]),
+                             "significant": bool(sig["significant"])}
+    out["decomposition"] = {str(c): float(v) for c, v in zip(res["component"].values,
+                                                             res["decomposition"].sel(forecast=f, region=region).values,
+                                                             strict=True)}
     return out
 
 
-def _add_relative(out: dict[str, Any], crps_all: dict[str, np.ndarray], bootstrap: int) -> None:
-    """Skill against the raw Gaussian, fraction of the raw-to-oracle gap closed, bootstrap CIs."""
-    for f, regions in out["forecasts"].items():
-        for region, s in regions.items():
-            raw = out["forecasts"][RAW][region]["crps"]
-            s["skill_vs_raw"] = 1.0 - s["crps"] / raw
-            if ORACLE in out["forecasts"]:
-                gap = raw - out["forecasts"][ORACLE][region]["crps"]
-                s["gap_closed"] = (raw - s["crps"]) / gap if gap > 0 else float("nan")
-        per_date = np.asarray(out["per_date_crps"][f])
-        raw_dates = np.asarray(out["per_date_crps"][RAW])
-        mean, lo, hi = metrics.paired_bootstrap(per_date, raw_dates, n=bootstrap)
-        regions["global"]["crps_minus_raw"] = {"mean": mean, "ci95": [lo, hi]}
+def summary(res: xr.Dataset) -> dict[str, Any]:
+    """The JSON summary of one lead's results: {"forecasts": {name: {region: {...}}}, "raw_ensemble":
+    {region: {...}}, "per_date_crps": {name: [...]}, "crps_map": {name: (lat, lon) list}}."""
+    regions = [str(r) for r in res["region"].values]
+    gauss = [str(f) for f in res["forecast"].values if f != ENSEMBLE]
+    out: dict[str, Any] = {"forecasts": {f: {r: _region_summary(res, f, r) for r in regions} for f in gauss}}
+    for f in gauss:
+        for r in regions:
+            if r == "global":
+                out["forecasts"][f][r]["pit_histogram"] = res["pit_histogram"].sel(forecast=f).values.tolist()
+    ens = res["score"].sel(forecast=ENSEMBLE)
+    out["raw_ensemble"] = {r: {
+        "crps_fair": float(ens.sel(region=r, metric="crps", weighting="none")),
+        "crps_fair_weighted": float(ens.sel(region=r, metric="crps", weighting="area")),
+        "crps_standard": float(ens.sel(region=r, metric="crps_standard", weighting="none")),
+        "crps_standard_weighted": float(ens.sel(region=r, metric="crps_standard", weighting="area")),
+        "spread_skill": float(ens.sel(region=r, metric="spread_skill", weighting="none")),
+        "decomposition": {str(c): float(v) for c, v in zip(res["component"].values,
+                                                           res["decomposition"].sel(forecast=ENSEMBLE, region=r).values,
+                                                           strict=True)}} for r in regions}
+    out["raw_ensemble"]["global"].update(rank_histogram=res["rank_histogram"].values.tolist(),
+                                         mean_abs_efi=float(res["mean_abs_efi"]))
+    dated = res["score_per_date"].sel(metric="crps", region="global", weighting="none")
+    out["per_date_crps"] = {f: dated.sel(forecast=f).values.tolist() for f in gauss}
+    out["crps_map"] = {f: res["crps_map"].sel(forecast=f).values.tolist() for f in gauss}
+    return out
+
+
+def score(ver: xr.Dataset, efi: np.ndarray, *, bootstrap: int = 1000) -> dict[str, Any]:
+    """The JSON summary (:func:`summary`) of :func:`score_lead` on one lead."""
+    return summary(score_lead(ver, efi, bootstrap=bootstrap))
 
 
 # --- driver ----------------------------------------------------------------------------------
@@ -238,40 +266,108 @@ def _checkpoint_name(path: str, names: dict[str, str], taken: set[str]) -> str:
         parts = p.parts
         name = parts[parts.index("lightning_logs") - 1] if "lightning_logs" in parts[1:] else p.stem
     unique, i = name, 2
-    while unique in taken or unique in (RAW, ORACLE):
+    while unique in taken or unique in (RAW, ORACLE, ENSEMBLE):
         unique, i = f"{name}_{i}", i + 1
     taken.add(unique)
     return unique
 
 
+Prediction = tuple[str, int, np.ndarray, np.ndarray, np.ndarray]  # name, lead (h), init times, mu, sigma
+
+
+def leads_with_truth(store: xr.Dataset, target: str, split: str) -> list[int]:
+    """Every lead (h) of the store with truth for ``target`` on some date of ``split``."""
+    steps = [int(pd.Timedelta(s) / pd.Timedelta(hours=1)) for s in store[schema.STEP].values]
+    return [h for h in steps if contract.split_rows(store, split, target=target, step_h=h).size]
+
+
+def score_target(store: xr.Dataset, target: str, split: str, preds: list[Prediction], bootstrap: int
+                 ) -> xr.Dataset:
+    """Results of ``target`` at every lead with truth (dim ``lead``, hours); models at their own lead."""
+    per_lead = []
+    leads = leads_with_truth(store, target, split)
+    if not leads:
+        msg = f"no lead of {target} has truth in split {split!r}"
+        raise ValueError(msg)
+    for h in leads:
+        ver = verification_dataset(store, target, split, step_h=h)
+        for name, lead, times, mu, sigma in preds:
+            if lead != h:
+                continue
+            if not np.array_equal(times, ver[schema.INIT_TIME].values):
+                msg = f"{name}: predicted init times differ from the verification dates of {target} at +{h} h"
+                raise ValueError(msg)
+            ver = add_forecast(ver, name, mu, sigma)
+        log.info("scoring %s +%d h: %s", target, h, list(ver["forecast"].values))
+        res = score_lead(ver, efi_fields(store, ver), thresholds=climate_thresholds(store, target, h),
+                         bootstrap=bootstrap)
+        per_lead.append(res.expand_dims(lead=[h]))
+    out = xr.concat(per_lead, dim="lead", join="outer", data_vars="all", coords="different", compat="equals")
+    out.attrs.update(target=target, units=schema.TARGETS[target].units, split=split)
+    return out
+
+
+def results_dataset(per_target: dict[str, xr.Dataset]) -> xr.Dataset:
+    """One Dataset over targets (dim ``target``; forecasts and dates joined, NaN where absent)."""
+    parts = [ds.expand_dims(target=[t]) for t, ds in per_target.items()]
+    out = xr.concat(parts, dim="target", join="outer", data_vars="all", coords="different", compat="equals")
+    out = out.assign_coords(units=("target", [ds.attrs["units"] for ds in per_target.values()]))
+    out["lead"].attrs["units"] = "hours"
+    out.attrs = {}
+    out.attrs.update(title="postcast verification", conventions="docs/verification.md",
+                     split=next(iter(per_target.values())).attrs["split"])
+    return out
+
+
+def headline_lead(res: xr.Dataset, preds: list[Prediction]) -> int:
+    """The lead the summary and scorecard show: the models' lead, else the target lead (48 h)."""
+    leads = [int(x) for x in res["lead"].values]
+    for _, lead, *_ in preds:
+        if lead in leads:
+            return lead
+    return schema.TARGET_STEP_H if schema.TARGET_STEP_H in leads else leads[-1]
+
+
+def _target_summary(res: xr.Dataset, lead: int) -> dict[str, Any]:
+    one = res.sel(lead=lead).dropna("forecast", how="all", subset=["score"]).dropna("init_time", how="all",
+                                                                                    subset=["score_per_date"])
+    out = summary(one)
+    out.update(units=res.attrs["units"], lead_h=lead, n_dates=int(one.sizes[schema.INIT_TIME]),
+               latitude=res[schema.LAT].values.tolist(), longitude=res[schema.LON].values.tolist())
+    crps = res["score"].sel(metric="crps", region="global")
+    out["leads"] = {int(h): {str(f): {w: float(crps.sel(lead=h, forecast=f, weighting=w)) for w in ("none", "area")}
+                             for f in res["forecast"].values if np.isfinite(crps.sel(lead=h, forecast=f)).all()}
+                    for h in res["lead"].values}
+    return out
+
+
+def write_results(ds: xr.Dataset, out: Path) -> Path:
+    """``results.nc`` (atomic) in ``out``."""
+    path = out / "results.nc"
+    io.write_netcdf(ds, path, compress=False)
+    return path
+
+
 def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> dict[str, Any]:
-    """Score every checkpoint plus raw ensemble and oracle; writes ``metrics.json`` and the report."""
+    """Score every checkpoint plus raw ensemble and oracle at every lead with truth; writes
+    ``results.nc`` (the results Dataset), ``metrics.json`` (its summary) and the report."""
     from postcast.pipeline import report
 
     store = contract.open_store(cfg.store)
-    preds: dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]] = {}
+    preds: dict[str, list[Prediction]] = {}
     taken: dict[str, set[str]] = {}  # display names are unique per target
     for path in progress(cfg.checkpoints):
-        target, times, mu, sigma = predict_checkpoint(path, cfg.store, cfg.split)
+        target, lead, times, mu, sigma = _predict(path, cfg.store, cfg.split)
         name = _checkpoint_name(path, cfg.names, taken.setdefault(target, set()))
-        preds.setdefault(target, []).append((name, times, mu, sigma))
+        preds.setdefault(target, []).append((name, lead, times, mu, sigma))
     targets = cfg.targets or (tuple(preds) if preds else tuple(schema.TARGETS))
-    results: dict[str, Any] = {"store": cfg.store, "split": cfg.split, "targets": {}}
-    for target in targets:
-        ver = verification_dataset(store, target, cfg.split)
-        for name, times, mu, sigma in preds.get(target, []):
-            if not np.array_equal(times, ver[schema.INIT_TIME].values):
-                msg = f"{name}: predicted init times differ from the verification dates of {target}"
-                raise ValueError(msg)
-            ver = add_forecast(ver, name, mu, sigma)
-        log.info("scoring %s: %s", target, list(ver["forecast"].values))
-        efi = efi_fields(store, ver)
-        res = score(ver, efi, bootstrap=cfg.bootstrap)
-        res.update(units=ver.attrs["units"], lead_h=ver.attrs["step_h"], n_dates=int(ver.sizes[schema.INIT_TIME]),
-                   latitude=ver[schema.LAT].values.tolist(), longitude=ver[schema.LON].values.tolist())
-        results["targets"][target] = res
+    per_target = {t: score_target(store, t, cfg.split, preds.get(t, []), cfg.bootstrap) for t in targets}
+    results: dict[str, Any] = {"store": cfg.store, "split": cfg.split, "results": "results.nc", "targets": {
+        t: _target_summary(res, headline_lead(res, preds.get(t, []))) for t, res in per_target.items()}}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    ds = results_dataset(per_target)
+    write_results(ds, out)
     io.write_json(out / "metrics.json", results)
-    report.write_report(results, out)
+    report.write_report(ds, results, out)
     return results

@@ -1,7 +1,10 @@
-"""The evaluation report: ``report.md`` and ``report.html`` with PNG figures, from the metrics dict.
+"""The evaluation report: ``report.md`` and ``report.html`` with PNG figures, read from the results
+Dataset (``results.nc``, :func:`postcast.pipeline.evaluate.results_dataset`) and its JSON summary.
 
-Figures: a scorecard (CRPS skill against the raw ensemble, forecast x target), CRPS maps per
-forecast, spread/skill bars, the raw ensemble's rank histogram and the PIT histograms.
+Figures: a scorecard (CRPS skill against the raw Gaussian for every forecast, target and lead, a
+``*`` where the difference is significant at 95 % by Diebold-Mariano), skill against lead time,
+CRPS maps, reliability diagrams of tail events at climatological thresholds, the CRPS
+decomposition, and calibration (spread/skill, the raw ensemble's rank histogram, PIT).
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xarray as xr
 
 from postcast.datasets import io
 
 FIG_DPI = 90
+ENSEMBLE = "raw_ensemble"
 
 
 def _plt() -> Any:
@@ -33,47 +38,112 @@ def _save(fig: Any, path: Path) -> str:
     return path.name
 
 
-def scorecard(results: dict[str, Any], out: Path) -> str:
+def _skill_grid(ds: xr.Dataset) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """Rows: forecasts; columns: target @ lead; skill (%) vs the raw Gaussian and significance."""
+    crps = ds["score"].sel(metric="crps", region="global", weighting="none")  # (target, forecast, lead)
+    skill = 100 * (1 - crps / crps.sel(forecast="raw"))
+    sig = ds["significant"].sel(region="global", weighting="none")
+    cols = [(str(t), int(h)) for t in ds["target"].values for h in ds["lead"].values
+            if np.isfinite(crps.sel(target=t, lead=h, forecast="raw"))]
+    names = [str(f) for f in ds["forecast"].values]
+    grid = np.array([[float(skill.sel(target=t, lead=h, forecast=f)) for t, h in cols] for f in names])
+    marks = np.array([[bool(sig.sel(target=t, lead=h, forecast=f) == 1) for t, h in cols] for f in names])
+    return names, [f"{t} +{h}h" for t, h in cols], grid, marks
+
+
+def scorecard(ds: xr.Dataset, out: Path) -> str:
     plt = _plt()
-    targets = list(results["targets"])
-    names = sorted({f for t in targets for f in results["targets"][t]["forecasts"]})
-    grid = np.full((len(names), len(targets)), np.nan)
-    for j, t in enumerate(targets):
-        for i, f in enumerate(names):
-            if f in results["targets"][t]["forecasts"]:
-                grid[i, j] = 100 * results["targets"][t]["forecasts"][f]["global"]["skill_vs_raw"]
-    fig, ax = plt.subplots(figsize=(1.6 * len(targets) + 2, 0.45 * len(names) + 1.2))
-    lim = max(1.0, float(np.nanmax(np.abs(grid))))
+    names, cols, grid, marks = _skill_grid(ds)
+    fig, ax = plt.subplots(figsize=(1.3 * len(cols) + 2.5, 0.45 * len(names) + 1.4))
+    lim = max(1.0, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
     im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
     for (i, j), v in np.ndenumerate(grid):
         if np.isfinite(v):
-            ax.text(j, i, f"{v:+.1f}%", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(targets)), targets)
+            ax.text(j, i, f"{v:+.1f}%{'*' if marks[i, j] else ''}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right")
     ax.set_yticks(range(len(names)), names)
-    ax.set_title("CRPS skill vs raw ensemble (blue = better)")
+    ax.set_title("CRPS skill vs raw Gaussian (blue = better; * significant at 95 %, Diebold-Mariano)", fontsize=9)
     fig.colorbar(im, ax=ax, shrink=0.8)
     return _save(fig, out / "scorecard.png")
 
 
-def crps_maps(target: str, res: dict[str, Any], out: Path) -> str:
+def skill_vs_lead(target: str, ds: xr.Dataset, out: Path) -> str:
     plt = _plt()
-    names = list(res["crps_map"])
-    lat, lon = np.asarray(res["latitude"]), np.asarray(res["longitude"])
-    maps = [np.asarray(res["crps_map"][f]) for f in names]
+    crps = ds["score"].sel(target=target, metric="crps", region="global")  # (forecast, lead, weighting)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    leads = ds["lead"].values
+    for f in ds["forecast"].values:
+        for ax, w in zip(axes, ("none", "area"), strict=True):
+            y = crps.sel(forecast=f, weighting=w).values
+            if np.isfinite(y).any():
+                ax.plot(leads, y, marker="o", label=str(f))
+    for ax, w in zip(axes, ("unweighted", "area-weighted"), strict=True):
+        ax.set_xlabel("lead (h)")
+        ax.set_ylabel(f"CRPS ({ds['units'].sel(target=target).item()})")
+        ax.set_title(f"{target}: {w} CRPS against lead", fontsize=9)
+        ax.set_xticks(leads)
+    axes[0].legend(fontsize=7)
+    return _save(fig, out / f"skill_vs_lead_{target}.png")
+
+
+def crps_maps(target: str, ds: xr.Dataset, lead: int, out: Path) -> str:
+    plt = _plt()
+    one = ds.sel(target=target, lead=lead)
+    names = [str(f) for f in one["forecast"].values if np.isfinite(one["crps_map"].sel(forecast=f)).all()]
+    lat, lon = ds["latitude"].values, ds["longitude"].values
+    maps = [one["crps_map"].sel(forecast=f).values for f in names]
     vmax = float(np.nanpercentile(np.stack(maps), 99))
     cols = min(3, len(names))
     rows = -(-len(names) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.4 * rows), squeeze=False)
+    im = None
     for ax, f, m in zip(axes.flat, names, maps, strict=False):
         im = ax.pcolormesh(lon, lat, m, vmin=0, vmax=vmax, cmap="viridis", shading="auto")
-        ax.set_title(f"{f}: {np.nanmean(m):.3g} {res['units']}", fontsize=9)
+        ax.set_title(f"{f}: {np.nanmean(m):.3g}", fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
-    fig.colorbar(im, ax=axes, shrink=0.8, label=f"mean CRPS ({res['units']})")
-    fig.suptitle(f"{target}: CRPS per grid point ({res['n_dates']} dates, +{res['lead_h']} h)")
+    units = ds["units"].sel(target=target).item()
+    fig.colorbar(im, ax=axes, shrink=0.8, label=f"mean CRPS ({units})")
+    fig.suptitle(f"{target}: CRPS per grid point (+{lead} h)")
     return _save(fig, out / f"crps_map_{target}.png")
+
+
+def reliability_diagrams(target: str, ds: xr.Dataset, lead: int, out: Path) -> str | None:
+    rel = ds["reliability"].sel(target=target, lead=lead)  # (forecast, event, quantity, prob_bin)
+    if rel.sizes.get("event", 0) == 0:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, rel.sizes["event"], figsize=(4.6 * rel.sizes["event"], 4), squeeze=False)
+    for ax, ev in zip(axes.flat, rel["event"].values, strict=True):
+        ax.plot([0, 1], [0, 1], color="k", lw=1)
+        for f in rel["forecast"].values:
+            r = rel.sel(forecast=f, event=ev)
+            p, o = r.sel(quantity="forecast_probability").values, r.sel(quantity="observed_frequency").values
+            if np.isfinite(p).any():
+                ax.plot(p, o, marker="o", ms=3, label=str(f))
+        ax.set_xlabel("forecast probability")
+        ax.set_ylabel("observed frequency")
+        ax.set_title(f"{target} +{lead} h: y {str(ev).replace('_', ' ')} (training climate)", fontsize=9)
+    axes.flat[0].legend(fontsize=7)
+    return _save(fig, out / f"reliability_{target}.png")
+
+
+def decomposition_figure(target: str, ds: xr.Dataset, lead: int, out: Path) -> str:
+    plt = _plt()
+    dec = ds["decomposition"].sel(target=target, lead=lead, region="global")  # (forecast, component)
+    names = [str(f) for f in dec["forecast"].values if np.isfinite(dec.sel(forecast=f)).all()]
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.5))
+    y = np.arange(len(names))
+    reli = [float(dec.sel(forecast=f, component="reliability")) for f in names]
+    pot = [float(dec.sel(forecast=f, component="crps_potential")) for f in names]
+    ax.barh(y, pot, color="tab:blue", label="CRPS_pot = unc - resolution")
+    ax.barh(y, reli, left=pot, color="tab:red", label="reliability")
+    ax.set_yticks(y, names)
+    ax.set_xlabel(f"CRPS ({ds['units'].sel(target=target).item()}), Hersbach decomposition, area-weighted")
+    ax.legend(fontsize=7)
+    return _save(fig, out / f"decomposition_{target}.png")
 
 
 def calibration(target: str, res: dict[str, Any], out: Path) -> str:
@@ -88,52 +158,111 @@ def calibration(target: str, res: dict[str, Any], out: Path) -> str:
     a2.bar(range(rank.size), rank / rank.sum(), color="tab:gray")
     a2.axhline(1 / rank.size, color="k", lw=1)
     a2.set_title("raw ensemble rank histogram")
-    centres = (np.arange(10) + 0.5) / 10
     for f in names:
         h = np.asarray(res["forecasts"][f]["global"]["pit_histogram"], dtype=float)
-        a3.plot(centres, h / h.sum() * h.size, marker=".", label=f)
+        a3.plot((np.arange(h.size) + 0.5) / h.size, h / h.sum() * h.size, marker=".", label=f)
     a3.axhline(1.0, color="k", lw=1)
     a3.set_title("PIT density (1 = calibrated)")
     a3.legend(fontsize=7)
-    fig.suptitle(target, y=1.04)
+    fig.suptitle(f"{target} +{res['lead_h']} h", y=1.04)
     return _save(fig, out / f"calibration_{target}.png")
 
 
 def _table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     head = ["forecast", "CRPS", "CRPS (area-w.)", "EECRPS", "skill vs raw", "gap closed", "95% CI vs raw",
-            "spread/skill", "bias"]
+            "DM p", "spread/skill", "bias"]
     rows = []
     for f, regions in res["forecasts"].items():
         g = regions["global"]
-        ci = g["crps_minus_raw"]["ci95"]
+        d = g["crps_minus_raw"]
+        mark = "*" if d["significant"] else ""
         rows.append([f, f"{g['crps']:.4g}", f"{g['crps_weighted']:.4g}", f"{g['eecrps']:.4g}",
-                     f"{100 * g['skill_vs_raw']:+.1f}%", f"{100 * g.get('gap_closed', float('nan')):.0f}%",
-                     f"[{ci[0]:+.3g}, {ci[1]:+.3g}]", f"{g['spread_skill']:.2f}", f"{g['bias']:+.3g}"])
+                     f"{100 * g['skill_vs_raw']:+.1f}%{mark}", f"{100 * g.get('gap_closed', float('nan')):.0f}%",
+                     f"[{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]", f"{d['dm_p_value']:.3g}",
+                     f"{g['spread_skill']:.2f}", f"{g['bias']:+.3g}"])
     return head, rows
 
 
-def write_report(results: dict[str, Any], out: Path) -> Path:
-    """Write figures, ``report.md`` and ``report.html`` into ``out``; returns the HTML path."""
-    md = [f"# postcast evaluation: split `{results['split']}`", "", f"Store: `{results['store']}`", ""]
+def _lead_table(target: str, ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
+    crps = ds["score"].sel(target=target, metric="crps", region="global")
+    sig = ds["significant"].sel(target=target, region="global", weighting="area")
+    leads = [int(h) for h in ds["lead"].values]
+    head = ["forecast"] + [f"+{h} h (unw. / area-w.)" for h in leads]
+    rows = []
+    for f in ds["forecast"].values:
+        cells = []
+        for h in leads:
+            a, b = (float(crps.sel(forecast=f, lead=h, weighting=w)) for w in ("none", "area"))
+            mark = "*" if sig.sel(forecast=f, lead=h) == 1 else ""
+            cells.append(f"{a:.4g} / {b:.4g}{mark}" if np.isfinite(a) else "-")
+        if any(c != "-" for c in cells):
+            rows.append([str(f), *cells])
+    return head, rows
+
+
+def _decomp_table(target: str, ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
+    dec = ds["decomposition"].sel(target=target, region="global")  # (forecast, component, lead)
+    comps = [str(c) for c in dec["component"].values]
+    head = ["forecast", "lead", *comps]
+    rows = []
+    for f in dec["forecast"].values:
+        for h in ds["lead"].values:
+            v = dec.sel(forecast=f, lead=h).values
+            if np.isfinite(v).all():
+                rows.append([str(f), f"+{int(h)} h", *(f"{x:.4g}" for x in v)])
+    return head, rows
+
+
+def _md(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+def _html(head: list[str], rows: list[list[str]]) -> str:
+    table = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+    table += "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table border=1 cellpadding=3>{table}</table>"
+
+
+NOTES = ("`*`: the CRPS difference against the raw Gaussian is significant at 95 % (Diebold-Mariano on "
+         "per-date scores, HAC variance with the Harvey-Leybourne-Newbold correction); intervals from a "
+         "stationary bootstrap over init dates. `raw_ensemble` is the members' fair CRPS. "
+         "Decomposition: Hersbach (2000), CRPS = reliability - resolution + uncertainty, area-weighted; "
+         "a Gaussian as its 50-quantile ensemble. Formulas: docs/verification.md.")
+
+
+def _target_section(target: str, ds: xr.Dataset, res: dict[str, Any], out: Path
+                    ) -> tuple[list[str], list[str]]:
+    lead = res["lead_h"]
+    raw = res["raw_ensemble"]["global"]
+    note = (f"Raw ensemble CRPS (members): fair {raw['crps_fair']:.4g}, standard {raw['crps_standard']:.4g}; "
+            f"mean |EFI| {raw['mean_abs_efi']:.2f}; {res['n_dates']} dates at +{lead} h; units {res['units']}.")
+    figs = [skill_vs_lead(target, ds, out), crps_maps(target, ds, lead, out),
+            reliability_diagrams(target, ds, lead, out), decomposition_figure(target, ds, lead, out),
+            calibration(target, res, out)]
+    tables = [(f"scores at +{lead} h", _table(res)), ("CRPS at every lead", _lead_table(target, ds)),
+              ("CRPS decomposition (global, area-weighted)", _decomp_table(target, ds))]
+    md, body = [f"## {target}", ""], [f"<h2>{html.escape(target)}</h2>"]
+    for title, (head, rows) in tables:
+        md += [f"### {title}", "", *_md(head, rows)]
+        body += [f"<h3>{html.escape(title)}</h3>", _html(head, rows)]
+    md += [note, ""] + [f"![{f}]({f})" for f in figs if f] + [""]
+    body += [f"<p>{html.escape(note)}</p>"] + [f'<img src="{f}">' for f in figs if f]
+    return md, body
+
+
+def write_report(ds: xr.Dataset, results: dict[str, Any], out: Path) -> Path:
+    """Write figures, ``report.md`` and ``report.html`` into ``out`` from the results Dataset and its
+    JSON summary; returns the HTML path."""
+    md = [f"# postcast evaluation: split `{results['split']}`", "", f"Store: `{results['store']}`", "", NOTES, ""]
     body = [f"<h1>postcast evaluation: split {html.escape(results['split'])}</h1>",
-            f"<p>Store: <code>{html.escape(results['store'])}</code></p>"]
-    card = scorecard(results, out)
+            f"<p>Store: <code>{html.escape(results['store'])}</code></p>", f"<p>{html.escape(NOTES)}</p>"]
+    card = scorecard(ds, out)
     md += [f"![scorecard]({card})", ""]
     body.append(f'<img src="{card}">')
     for target, res in results["targets"].items():
-        head, rows = _table(res)
-        raw = res["raw_ensemble"]["global"]
-        note = (f"Raw ensemble CRPS (members): fair {raw['crps_fair']:.4g}, standard {raw['crps_standard']:.4g}; "
-                f"mean |EFI| {raw['mean_abs_efi']:.2f}; {res['n_dates']} dates at +{res['lead_h']} h; "
-                f"units {res['units']}.")
-        figs = [crps_maps(target, res, out), calibration(target, res, out)]
-        md += [f"## {target}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        md += ["| " + " | ".join(r) + " |" for r in rows]
-        md += ["", note, ""] + [f"![{f}]({f})" for f in figs] + [""]
-        table = "".join(f"<th>{h}</th>" for h in head)
-        table += "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-        body += [f"<h2>{target}</h2><table border=1 cellpadding=3>{table}</table><p>{html.escape(note)}</p>"]
-        body += [f'<img src="{f}">' for f in figs]
+        m, b = _target_section(target, ds, res, out)
+        md += m
+        body += b
     io.write_text(out / "report.md", "\n".join(md) + "\n")
     page = "<!doctype html><html><head><meta charset='utf-8'><title>postcast evaluation</title></head><body>"
     io.write_text(out / "report.html", page + "\n".join(body) + "</body></html>\n")

@@ -1,0 +1,293 @@
+"""Verification as data: metrics and regions as small objects, results as an ``xarray.Dataset``.
+
+WeatherBench 2's ``Metric`` / ``Region`` / ``_metric_and_region_loop`` are the model. A
+:class:`Metric` turns one forecast on one lead (a :class:`Chunk`: arrays ``(T, lat, lon)``, members
+``(T, M, lat, lon)``) into pointwise *statistics*; :func:`aggregate` averages each statistic over a
+:class:`Region` (area weights or none) per date, and the metric's ``finalize`` makes the score
+from those means (RMSE = sqrt(mean squared error); spread/skill = a ratio of two means). Per-date
+values and the all-dates value come from the same means, so the area-weighted mean is always
+``sum_t sum_p w_p s_tp / (T sum_p w_p)``. Adding a metric is one entry in :data:`METRICS`.
+
+Diagnostics beside the scores: the CRPS decomposition of Hersbach (2000) (:func:`hersbach`),
+reliability diagrams of tail events at climatological thresholds (:func:`reliability`), PIT and
+rank histograms. Formulas: docs/verification.md. numpy/scipy/xarray only (no torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import xarray as xr
+from scipy import special
+
+from postcast.datasets.geo import latitude_weights
+from postcast.pipeline import metrics
+
+GAUSSIAN, ENSEMBLE = "gaussian", "ensemble"
+WEIGHTINGS = ("none", "area")
+PIT_BINS = 10
+PROB_BINS = 10
+DECOMPOSITION = ("crps", "reliability", "resolution", "uncertainty", "crps_potential")
+QUANTILE_MEMBERS = 50  # a Gaussian is decomposed as the ensemble of its 50 quantiles (i - 1/2)/50
+
+
+# --- regions ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Region:
+    """A latitude band; ``weights`` are the area weights (mean 1 on the globe) inside it, 0 outside."""
+
+    name: str
+    lat_min: float = -90.0
+    lat_max: float = 90.0
+
+    def mask(self, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+        inside = (lat >= self.lat_min) & (lat <= self.lat_max)  # (lat,)
+        return np.repeat(inside[:, None], lon.size, axis=1)  # (lat, lon)
+
+    def weights(self, lat: np.ndarray, lon: np.ndarray, weighting: str) -> np.ndarray:
+        w = latitude_weights(lat) if weighting == "area" else np.ones(lat.size)  # (lat,)
+        return np.where(self.mask(lat, lon), w[:, None], 0.0)  # (lat, lon)
+
+
+REGIONS: tuple[Region, ...] = (Region("global"), Region("n_extratropics", 20.0, 90.0),
+                               Region("tropics", -20.0, 20.0), Region("s_extratropics", -90.0, -20.0))
+
+
+# --- one forecast on one lead -----------------------------------------------------------------
+@dataclass
+class Chunk:
+    """One forecast against the truth on one lead. Gaussian: ``mu``, ``sigma``; ensemble:
+    ``members`` (T, M, lat, lon). ``efi`` (T, lat, lon) weights the extreme-event CRPS."""
+
+    truth: np.ndarray  # (T, lat, lon)
+    efi: np.ndarray  # (T, lat, lon), in [-1, 1]
+    mu: np.ndarray | None = None
+    sigma: np.ndarray | None = None
+    members: np.ndarray | None = None
+
+    @property
+    def kind(self) -> str:
+        return ENSEMBLE if self.members is not None else GAUSSIAN
+
+    @cached_property
+    def sorted_members(self) -> np.ndarray:
+        """Members sorted along the member axis, (T, M, lat, lon): one sort, reused."""
+        assert self.members is not None
+        return np.sort(self.members, axis=1)
+
+    @cached_property
+    def ensemble_crps(self) -> dict[str, np.ndarray]:
+        """Fair and standard ensemble CRPS (T, lat, lon) from one pass over the members."""
+        assert self.members is not None
+        x = np.moveaxis(self.members, 1, -1)  # (T, lat, lon, M)
+        try:
+            fair, std = metrics.crps_ensemble_pair(x.reshape(-1, x.shape[-1]), self.truth.reshape(-1))
+        except ValueError:  # without numba: the numpy kernel, once per estimator
+            return {e: metrics.crps_ensemble(x, self.truth, estimator=e) for e in ("fair", "standard")}
+        return {"fair": fair.reshape(self.truth.shape), "standard": std.reshape(self.truth.shape)}
+
+    @cached_property
+    def crps(self) -> np.ndarray:
+        """Gaussian closed form, or the fair ensemble CRPS (T, lat, lon)."""
+        if self.members is None:
+            assert self.mu is not None and self.sigma is not None
+            return metrics.crps_gaussian(self.mu, self.sigma, self.truth)
+        return self.ensemble_crps["fair"]
+
+    @cached_property
+    def mean(self) -> np.ndarray:
+        if self.members is None:
+            assert self.mu is not None
+            return self.mu
+        return np.asarray(self.members.mean(axis=1))
+
+    @cached_property
+    def variance(self) -> np.ndarray:
+        """Predictive variance whose mean equals E[(mean - y)^2] for a calibrated forecast:
+        sigma^2, or (M + 1)/M times the unbiased member variance (Fortin et al. 2014)."""
+        if self.members is None:
+            assert self.sigma is not None
+            return np.asarray(self.sigma**2)
+        m = self.members.shape[1]
+        return np.asarray((m + 1) / m * self.members.var(axis=1, ddof=1))
+
+
+# --- metrics ----------------------------------------------------------------------------------
+Stats = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A score: pointwise ``statistics`` of a chunk (each (T, lat, lon); None where the metric does
+    not apply to the forecast's kind) and ``finalize`` from their region means (any shape)."""
+
+    name: str
+    statistics: Callable[[Chunk], Stats | None]
+    finalize: Callable[[Stats], np.ndarray] = lambda s: s["value"]
+    units: bool = True  # False: dimensionless
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("crps", lambda c: {"value": c.crps}),  # Gaussian closed form; members: fair estimator
+    Metric("crps_standard", lambda c: None if c.members is None else {"value": c.ensemble_crps["standard"]}),
+    Metric("eecrps", lambda c: {"value": np.abs(c.efi) * c.crps}),
+    Metric("bias", lambda c: {"value": c.mean - c.truth}),
+    Metric("rmse", lambda c: {"se": (c.mean - c.truth) ** 2}, lambda s: np.sqrt(s["se"])),
+    Metric("spread", lambda c: {"var": c.variance}, lambda s: np.sqrt(s["var"])),
+    Metric("spread_skill", lambda c: {"var": c.variance, "se": (c.mean - c.truth) ** 2},
+           lambda s: np.sqrt(s["var"] / s["se"]), units=False),
+)
+
+
+def aggregate(stat: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per-date weighted spatial means (T,) of a (T, lat, lon) statistic; weights (lat, lon)."""
+    return np.asarray(np.tensordot(stat, weights, axes=([1, 2], [0, 1])) / weights.sum())
+
+
+def score_chunk(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every metric on every region and weighting: (metric, region, weighting) over all dates, and
+    per date (metric, region, weighting, T). NaN where a metric does not apply."""
+    t = chunk.truth.shape[0]
+    total = np.full((len(METRICS), len(REGIONS), len(WEIGHTINGS)), np.nan)
+    per_date = np.full((*total.shape, t), np.nan)
+    for i, metric in enumerate(METRICS):
+        stats = metric.statistics(chunk)
+        if stats is None:
+            continue
+        for j, region in enumerate(REGIONS):
+            for k, weighting in enumerate(WEIGHTINGS):
+                w = region.weights(lat, lon, weighting)
+                means = {name: aggregate(s, w) for name, s in stats.items()}  # each (T,)
+                with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 (a perfect forecast): NaN
+                    per_date[i, j, k] = metric.finalize(means)
+                    total[i, j, k] = metric.finalize({n: m.mean(keepdims=True) for n, m in means.items()})[0]
+    return total, per_date
+
+
+# --- diagnostics ------------------------------------------------------------------------------
+def quantile_members(mu: np.ndarray, sigma: np.ndarray, n: int = QUANTILE_MEMBERS) -> np.ndarray:
+    """The n quantiles at levels (i - 1/2)/n of N(mu, sigma^2), sorted, on a new axis 1."""
+    z = special.ndtri((np.arange(n) + 0.5) / n)  # (n,)
+    return mu[:, None] + sigma[:, None] * z.reshape(1, n, *([1] * (mu.ndim - 1)))
+
+
+def hersbach(sorted_x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
+    """CRPS = reliability - resolution + uncertainty (Hersbach 2000) of the standard ensemble CRPS.
+
+    ``sorted_x`` (K, N) sorted members of K cases, ``y`` (K,), ``w`` (K,) case weights. From the
+    bin widths alpha_i (part of bin i below the outcome) and beta_i (above) averaged over cases:
+    g_i = alpha_i + beta_i, o_i = beta_i / g_i (outliers: o_0 = freq(y < x_1), 1 - o_N =
+    freq(y > x_N)); reliability = sum g_i (o_i - p_i)^2, CRPS_pot = sum g_i o_i (1 - o_i), p_i = i/N;
+    uncertainty = the CRPS of the outcomes' (weighted) climatology; resolution = unc - CRPS_pot."""
+    k, n = sorted_x.shape
+    w = w / w.sum()
+    lo, hi = sorted_x[:, :-1], sorted_x[:, 1:]  # (K, N-1)
+    alpha = np.zeros((k, n + 1))
+    beta = np.zeros((k, n + 1))
+    alpha[:, 1:n] = np.clip(y[:, None] - lo, 0.0, hi - lo)
+    beta[:, 1:n] = np.clip(hi - y[:, None], 0.0, hi - lo)
+    beta[:, 0] = np.maximum(sorted_x[:, 0] - y, 0.0)
+    alpha[:, n] = np.maximum(y - sorted_x[:, -1], 0.0)
+    a, b = w @ alpha, w @ beta  # (N+1,)
+    p = np.arange(n + 1) / n
+    crps = float((a * p**2 + b * (1 - p) ** 2).sum())
+    g = a + b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        o = np.where(g > 0, b / g, 0.0)
+    o[0] = w @ (y < sorted_x[:, 0])
+    o[n] = 1.0 - w @ (y > sorted_x[:, -1])
+    g[0] = b[0] / o[0] if o[0] > 0 else 0.0
+    g[n] = a[n] / (1 - o[n]) if o[n] < 1 else 0.0
+    reli = float((g * (o - p) ** 2).sum())
+    pot = float((g * o * (1 - o)).sum())
+    unc = climatological_crps(y, w)
+    return {"crps": crps, "reliability": reli, "resolution": unc - pot, "uncertainty": unc, "crps_potential": pot}
+
+
+def climatological_crps(y: np.ndarray, w: np.ndarray) -> float:
+    """Mean CRPS of the weighted sample climatology of y: 1/2 sum_kl w_k w_l |y_k - y_l| (w sums
+    to 1), from sorted y: sum_k w_k y_(k) (C_{k-1} - (1 - C_k)), C the cumulative weights."""
+    order = np.argsort(y)
+    ys, ws = y[order], w[order] / w.sum()
+    c = np.cumsum(ws)
+    return float((ws * ys * (c - ws - (1.0 - c))).sum())
+
+
+def decomposition(chunk: Chunk, region: Region, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """Hersbach components (DECOMPOSITION order) over all dates and points of ``region``, area
+    weighted; a Gaussian as its QUANTILE_MEMBERS quantile ensemble."""
+    if chunk.members is not None:
+        xs = chunk.sorted_members  # (T, M, lat, lon)
+    else:
+        assert chunk.mu is not None and chunk.sigma is not None
+        xs = quantile_members(chunk.mu, chunk.sigma)
+    mask = region.mask(lat, lon)
+    w = np.broadcast_to(region.weights(lat, lon, "area")[mask], (xs.shape[0], int(mask.sum()))).reshape(-1)
+    x = np.moveaxis(xs[..., mask], 1, -1).reshape(-1, xs.shape[1])  # (T * P, M)
+    parts = hersbach(x, chunk.truth[:, mask].reshape(-1), w)
+    return np.array([parts[c] for c in DECOMPOSITION])
+
+
+def exceedance(chunk: Chunk, threshold: np.ndarray, above: bool) -> np.ndarray:
+    """Forecast probability (T, lat, lon) of y > threshold (above) or y < threshold (lat, lon)."""
+    if chunk.members is not None:
+        p_below = (chunk.members < threshold).mean(axis=1)
+    else:
+        assert chunk.mu is not None and chunk.sigma is not None
+        p_below = special.ndtr((threshold - chunk.mu) / chunk.sigma)
+    return np.asarray(1.0 - p_below if above else p_below)
+
+
+def reliability(prob: np.ndarray, event: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Reliability diagram rows (3, PROB_BINS): weighted mean forecast probability, weighted
+    observed frequency and the count of cases per probability bin (NaN for empty bins)."""
+    b = np.minimum((prob * PROB_BINS).astype(int), PROB_BINS - 1).reshape(-1)
+    ww = np.broadcast_to(w, prob.shape).reshape(-1)
+    wsum = np.bincount(b, ww, PROB_BINS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.bincount(b, ww * prob.reshape(-1), PROB_BINS) / wsum
+        o = np.bincount(b, ww * event.reshape(-1), PROB_BINS) / wsum
+    return np.stack([p, o, np.bincount(b, minlength=PROB_BINS).astype(float)])
+
+
+def pit(chunk: Chunk) -> np.ndarray:
+    """PIT values (T, lat, lon) of a Gaussian; randomised rank / M for an ensemble is the rank histogram."""
+    assert chunk.mu is not None and chunk.sigma is not None
+    return metrics.pit_gaussian(chunk.mu, chunk.sigma, chunk.truth)
+
+
+def as_dataset(names: list[str], chunks: list[Chunk], lat: np.ndarray, lon: np.ndarray,
+               init_time: np.ndarray, thresholds: dict[str, np.ndarray] | None = None) -> xr.Dataset:
+    """Scores, per-date scores, decomposition, CRPS maps, reliability and PIT of several forecasts
+    on one lead, as a Dataset with dims forecast, metric, region, weighting, init_time, ..."""
+    totals, dated, decomp, maps, rel, pits = [], [], [], [], [], []
+    thresholds = thresholds or {}
+    glob = REGIONS[0].weights(lat, lon, "area")
+    for c in chunks:
+        total, per_date = score_chunk(c, lat, lon)
+        totals.append(total)
+        dated.append(per_date)
+        decomp.append(np.stack([decomposition(c, r, lat, lon) for r in REGIONS], axis=-1))  # (comp, region)
+        maps.append(c.crps.mean(axis=0))
+        rel.append(np.stack([reliability(exceedance(c, q, name.startswith("above")),
+                                         (c.truth > q) if name.startswith("above") else (c.truth < q), glob)
+                             for name, q in thresholds.items()]) if thresholds else np.zeros((0, 3, PROB_BINS)))
+        h = np.histogram(pit(c), bins=PIT_BINS, range=(0.0, 1.0))[0] if c.kind == GAUSSIAN else np.full(PIT_BINS, 0)
+        pits.append(h)
+    dims = ("forecast", "metric", "region", "weighting")
+    return xr.Dataset(
+        {"score": (dims, np.stack(totals)),
+         "score_per_date": ((*dims, "init_time"), np.stack(dated)),
+         "decomposition": (("forecast", "component", "region"), np.stack(decomp)),
+         "crps_map": (("forecast", "latitude", "longitude"), np.stack(maps)),
+         "reliability": (("forecast", "event", "quantity", "prob_bin"), np.stack(rel)),
+         "pit_histogram": (("forecast", "pit_bin"), np.stack(pits).astype(np.int64))},
+        coords={"forecast": names, "metric": [m.name for m in METRICS], "region": [r.name for r in REGIONS],
+                "weighting": list(WEIGHTINGS), "init_time": init_time, "component": list(DECOMPOSITION),
+                "latitude": lat, "longitude": lon, "event": list(thresholds),
+                "quantity": ["forecast_probability", "observed_frequency", "count"],
+                "prob_bin": (np.arange(PROB_BINS) + 0.5) / PROB_BINS,
+                "pit_bin": (np.arange(PIT_BINS) + 0.5) / PIT_BINS})

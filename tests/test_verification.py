@@ -1,0 +1,261 @@
+"""Every verification score against an independent computation: scoringrules, properscoring and
+written-out weighted means on random data (item 2 of issue 16); weighting invariants (a field
+constant in space, a field varying only with latitude, one date repeated T times)."""
+
+from __future__ import annotations
+
+import numpy as np
+import properscoring
+import pytest
+import scoringrules
+import xarray as xr
+
+from postcast.datasets import geo
+from postcast.pipeline import evaluate, significance, verification
+
+LAT = np.array([-75.0, -45.0, -15.0, 15.0, 45.0, 75.0])
+LON = np.arange(0.0, 360.0, 45.0)
+
+
+def make_ver(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray, members: np.ndarray) -> xr.Dataset:
+    """A verification dataset as :func:`evaluate.verification_dataset` returns it: one Gaussian
+    forecast "raw" (T, lat, lon), members (T, M, lat, lon) and the truth."""
+    t = np.arange(y.shape[0]).astype("datetime64[D]")
+    dims = ("init_time", "latitude", "longitude")
+    ds = xr.Dataset({"truth": (dims, y), "members": (("init_time", "member", *dims[1:]), members),
+                     "mu": (("forecast", *dims), mu[None]), "sigma": (("forecast", *dims), sigma[None])},
+                    coords={"forecast": ["raw"], "init_time": t, "latitude": LAT, "longitude": LON})
+    ds.attrs.update(target="t850", step_h=48, split="test", units="K")
+    return ds
+
+
+def random_ver(seed: int, t: int = 5, m: int = 10) -> xr.Dataset:
+    rng = np.random.default_rng(seed)
+    shape = (t, LAT.size, LON.size)
+    y = rng.normal(size=shape) * 3
+    mu = y + rng.normal(size=shape)
+    sigma = rng.uniform(0.5, 2.0, shape)
+    members = mu[:, None] + sigma[:, None] * rng.normal(size=(t, m, *shape[1:]))
+    return make_ver(mu, sigma, y, members)
+
+
+def scores(ver: xr.Dataset, efi: np.ndarray | None = None) -> dict[str, float]:
+    """Global scores of the Gaussian forecast "raw" and of the members, by name."""
+    efi = np.full(ver["truth"].shape, 0.5) if efi is None else efi
+    res = evaluate.score(ver, efi, bootstrap=20)
+    g, ens = res["forecasts"]["raw"]["global"], res["raw_ensemble"]["global"]
+    return {"crps": g["crps"], "crps_weighted": g["crps_weighted"], "eecrps": g["eecrps"],
+            "eecrps_weighted": g["eecrps_weighted"], "crps_fair": ens["crps_fair"],
+            "crps_fair_weighted": ens["crps_fair_weighted"], "crps_standard": ens["crps_standard"],
+            "crps_standard_weighted": ens["crps_standard_weighted"]}
+
+
+def weighted_mean(s: np.ndarray) -> float:
+    """Written out: sum_t sum_p w_p s_tp / (T sum_p w_p), w the area weights of the rows."""
+    w = np.broadcast_to(geo.latitude_weights(LAT)[:, None], s.shape[1:])
+    return float(sum((w * s[i]).sum() for i in range(s.shape[0])) / (s.shape[0] * w.sum()))
+
+
+def test_gaussian_crps_matches_scoringrules_weighted_and_not():
+    ver = random_ver(0)
+    y, mu, sigma = ver["truth"].values, ver["mu"].values[0], ver["sigma"].values[0]
+    ref = scoringrules.crps_normal(y, mu, sigma)
+    np.testing.assert_allclose(ref, properscoring.crps_gaussian(y, mu, sigma), rtol=1e-10)
+    got = scores(ver)
+    assert got["crps"] == pytest.approx(ref.mean(), rel=1e-12)
+    assert got["crps_weighted"] == pytest.approx(weighted_mean(ref), rel=1e-12)
+
+
+def test_ensemble_crps_matches_scoringrules_and_properscoring_weighted_and_not():
+    ver = random_ver(1)
+    y, x = ver["truth"].values, np.moveaxis(ver["members"].values, 1, -1)
+    fair = scoringrules.crps_ensemble(y, x, estimator="fair")
+    std = properscoring.crps_ensemble(y, x)
+    np.testing.assert_allclose(std, scoringrules.crps_ensemble(y, x, estimator="nrg"), rtol=1e-10)
+    got = scores(ver)
+    assert got["crps_fair"] == pytest.approx(fair.mean(), rel=1e-12)
+    assert got["crps_standard"] == pytest.approx(std.mean(), rel=1e-12)
+    assert got["crps_fair_weighted"] == pytest.approx(weighted_mean(fair), rel=1e-12)
+    assert got["crps_standard_weighted"] == pytest.approx(weighted_mean(std), rel=1e-12)
+
+
+def test_eecrps_weighted_is_the_area_weighted_mean_of_abs_efi_times_crps():
+    ver = random_ver(2)
+    efi = np.random.default_rng(5).uniform(-1, 1, ver["truth"].shape)
+    crps = scoringrules.crps_normal(ver["truth"].values, ver["mu"].values[0], ver["sigma"].values[0])
+    got = scores(ver, efi)
+    assert got["eecrps"] == pytest.approx((np.abs(efi) * crps).mean(), rel=1e-12)
+    assert got["eecrps_weighted"] == pytest.approx(weighted_mean(np.abs(efi) * crps), rel=1e-12)
+
+
+def test_a_field_constant_in_space_gives_equal_weighted_and_unweighted_scores():
+    rng = np.random.default_rng(3)
+    t, m = 4, 8
+    shape = (t, LAT.size, LON.size)
+    y = np.broadcast_to(rng.normal(size=(t, 1, 1)), shape).copy()  # each date constant in space
+    mu = np.broadcast_to(rng.normal(size=(t, 1, 1)), shape).copy()
+    sigma = np.broadcast_to(rng.uniform(0.5, 2, (t, 1, 1)), shape).copy()
+    members = np.broadcast_to(rng.normal(size=(t, m, 1, 1)), (t, m, *shape[1:])).copy()
+    got = scores(make_ver(mu, sigma, y, members))
+    for name in ("crps", "eecrps", "crps_fair", "crps_standard"):
+        assert got[f"{name}_weighted"] == pytest.approx(got[name], rel=1e-12), name
+
+
+def test_a_field_varying_only_with_latitude_gives_the_analytic_area_weighted_mean():
+    """With mu = y the Gaussian CRPS is sigma (sqrt 2 - 1)/sqrt(pi); let sigma = 1 + |lat|/90, so the
+    area-weighted mean is (sqrt 2 - 1)/sqrt(pi) * sum_rows a_r (1 + |lat_r|/90) / sum_rows a_r with
+    a_r = sin(upper_r) - sin(lower_r), the cell bounds halfway between rows (the poles at +-90)."""
+    t, m = 3, 4
+    shape = (t, LAT.size, LON.size)
+    y = np.zeros(shape)
+    sigma = np.broadcast_to((1 + np.abs(LAT) / 90)[None, :, None], shape).copy()
+    members = np.zeros((t, m, *shape[1:]))
+    got = scores(make_ver(y.copy(), sigma, y, members))
+    edges = np.deg2rad(np.array([-90.0, -60, -30, 0, 30, 60, 90]))
+    area = np.diff(np.sin(edges))
+    analytic = (np.sqrt(2) - 1) / np.sqrt(np.pi) * (area * (1 + np.abs(LAT) / 90)).sum() / area.sum()
+    assert got["crps_weighted"] == pytest.approx(analytic, rel=1e-12)
+
+
+def test_the_weighted_score_of_one_date_equals_that_date_repeated():
+    one = random_ver(4, t=1)
+    rep = make_ver(*(np.repeat(one[v].values[0 if v in ("mu", "sigma") else slice(None)], 6, axis=0)
+                     for v in ("mu", "sigma", "truth", "members")))
+    a, b = scores(one), scores(rep)
+    for name, value in a.items():
+        assert b[name] == pytest.approx(value, rel=1e-12), name
+
+
+# --- CRPS decomposition (Hersbach 2000) --------------------------------------------------------
+def test_hersbach_decomposition_sums_to_the_standard_crps_of_properscoring():
+    rng = np.random.default_rng(6)
+    x = np.sort(rng.normal(size=(400, 7)) + 0.3, axis=1)  # biased, under-dispersed cases
+    y = rng.normal(size=400) * 1.5
+    w = rng.uniform(0.2, 1.0, 400)
+    d = verification.hersbach(x, y, w)
+    assert d["crps"] == pytest.approx(np.average(properscoring.crps_ensemble(y, x), weights=w), rel=1e-12)
+    assert d["crps"] == pytest.approx(d["reliability"] - d["resolution"] + d["uncertainty"], rel=1e-12)
+    assert d["crps_potential"] == pytest.approx(d["crps"] - d["reliability"], rel=1e-12)
+    pairs = np.abs(y[:, None] - y[None, :])  # written out: 1/2 sum_kl w_k w_l |y_k - y_l|, w normalised
+    assert d["uncertainty"] == pytest.approx(0.5 * (w @ pairs @ w) / w.sum() ** 2, rel=1e-12)
+
+
+def test_hersbach_reliability_is_small_for_a_perfect_ensemble_and_large_for_a_biased_one():
+    rng = np.random.default_rng(7)
+    mu = rng.normal(size=20000) * 3
+    x = np.sort(mu[:, None] + rng.normal(size=(20000, 9)), axis=1)
+    y = mu + rng.normal(size=20000)  # drawn from the members' law
+    w = np.ones(20000)
+    perfect, biased = verification.hersbach(x, y, w), verification.hersbach(x + 1.0, y, w)
+    assert perfect["reliability"] < 0.03 * perfect["crps"]  # finite M leaves a little (Hersbach 2000)
+    assert biased["reliability"] > 0.2 * biased["crps"]
+    assert biased["crps_potential"] == pytest.approx(perfect["crps_potential"], rel=0.05)  # a shift is reliability
+
+
+def test_a_gaussian_is_decomposed_as_its_quantile_ensemble_close_to_the_closed_form():
+    rng = np.random.default_rng(8)
+    mu, sigma = rng.normal(size=(2, 3, 4)), rng.uniform(0.5, 2, (2, 3, 4))
+    y = mu + sigma * rng.normal(size=mu.shape)
+    q = verification.quantile_members(mu, sigma)  # (2, 50, 3, 4)
+    std = properscoring.crps_ensemble(y, np.moveaxis(q, 1, -1))
+    np.testing.assert_allclose(std, scoringrules.crps_normal(y, mu, sigma), rtol=0.02)
+
+
+# --- significance ------------------------------------------------------------------------------
+def test_diebold_mariano_without_lags_is_the_one_sample_t_test():
+    """With no HAC lag, h = 1: the HLN factor sqrt((T - 1)/T) turns the biased-variance DM statistic
+    into Student's one-sample t, so the p-values must agree with scipy's."""
+    from scipy import stats
+
+    d = np.random.default_rng(9).normal(0.3, 1.0, 25)
+    assert significance.diebold_mariano(d, lag=0) == pytest.approx(stats.ttest_1samp(d, 0.0).pvalue, rel=1e-10)
+
+
+def test_diebold_mariano_matches_the_written_out_newey_west_variance():
+    rng = np.random.default_rng(10)
+    e = rng.normal(size=41)
+    d = 0.2 + e[1:] + 0.6 * e[:-1]  # MA(1): autocorrelated per-date differences
+    t, lag = d.size, 3
+    c = d - d.mean()
+    gamma = [c[k:] @ c[: t - k] / t for k in range(lag + 1)]
+    lrv = gamma[0] + 2 * sum((1 - k / (lag + 1)) * gamma[k] for k in range(1, lag + 1))
+    h = lag + 1
+    dm = d.mean() / np.sqrt(lrv / t) * np.sqrt((t + 1 - 2 * h + h * (h - 1) / t) / t)
+    from scipy import stats
+
+    assert significance.diebold_mariano(d, lag=lag) == pytest.approx(2 * stats.t.sf(abs(dm), t - 1), rel=1e-9)
+
+
+def test_paired_comparison_flags_a_real_difference_and_not_noise():
+    rng = np.random.default_rng(11)
+    base = rng.gamma(2.0, 1.0, 60)
+    better = significance.paired(base - 0.3 + 0.05 * rng.normal(size=60), base, n=200)
+    noise = significance.paired(base + 0.05 * rng.normal(size=60), base, n=200)
+    assert better.significant and better.high < 0 and better.low <= better.mean <= better.high
+    assert not noise.significant and noise.low < 0 < noise.high
+
+
+# --- spread/skill, reliability ------------------------------------------------------------------
+def test_unbiased_spread_skill_is_one_for_a_perfect_small_ensemble():
+    """Members and truth from one law, M = 4: E[(mean - y)^2] = (M + 1)/M E[s^2] (Fortin et al. 2014);
+    the ratio without the (M + 1)/M factor would be sqrt(4/5) = 0.89."""
+    rng = np.random.default_rng(12)
+    t, m = 400, 4
+    shape = (t, LAT.size, LON.size)
+    mu = rng.normal(size=shape)
+    members = mu[:, None] + rng.normal(size=(t, m, *shape[1:]))
+    y = mu + rng.normal(size=shape)
+    c = verification.Chunk(y, np.zeros(shape), members=members)
+    total, _ = verification.score_chunk(c, LAT, LON)
+    i = [mm.name for mm in verification.METRICS].index("spread_skill")
+    written = np.sqrt((m + 1) / m * members.var(axis=1, ddof=1).mean()) / np.sqrt(((members.mean(1) - y) ** 2).mean())
+    assert total[i, 0, 0] == pytest.approx(written, rel=1e-12)
+    assert total[i, 0, 0] == pytest.approx(1.0, abs=0.02)
+
+
+def test_reliability_of_a_calibrated_gaussian_follows_the_diagonal():
+    rng = np.random.default_rng(13)
+    shape = (300, LAT.size, LON.size)
+    mu, sigma = rng.normal(size=shape) * 2, rng.uniform(0.5, 1.5, shape)
+    y = mu + sigma * rng.normal(size=shape)
+    c = verification.Chunk(y, np.zeros(shape), mu=mu, sigma=sigma)
+    q = np.full(shape[1:], 1.0)
+    p = verification.exceedance(c, q, above=True)
+    np.testing.assert_allclose(p, 1 - scipy_norm_cdf(q, mu, sigma), rtol=1e-12)
+    rel = verification.reliability(p, y > q, np.ones(shape[1:]))
+    ok = rel[2] > 500
+    np.testing.assert_allclose(rel[1][ok], rel[0][ok], atol=0.03)
+    assert rel[2].sum() == y.size
+
+
+def scipy_norm_cdf(q: np.ndarray, mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    from scipy import stats
+
+    return np.asarray(stats.norm.cdf(q, mu, sigma))
+
+
+# --- the results dataset of a store: every lead, significance, decomposition ---------------------
+def test_evaluate_writes_every_lead_significance_and_decomposition(store, tmp_path):
+    import json
+
+    out = tmp_path / "eval"
+    res = evaluate.evaluate(evaluate.EvalConfig(store=str(store), targets=("t850",), out=str(out), bootstrap=50))
+    ds = xr.open_dataset(out / "results.nc")
+    assert list(ds["lead"].values) == [0, 24, 48]  # the synthetic store has truth at every lead
+    assert {"significant", "dm_p_value", "crps_minus_raw_low", "decomposition", "reliability"} <= set(ds)
+    crps = ds["score"].sel(target="t850", metric="crps", weighting="area", region="global")
+    assert np.isfinite(crps.sel(forecast=["raw", "oracle", "raw_ensemble"])).all()
+    assert bool((crps.diff("lead") > 0).all())  # errors grow with lead
+    dec = ds["decomposition"].sel(target="t850", region="global")
+    np.testing.assert_allclose(dec.sel(component="crps"), dec.sel(component="reliability")
+                               - dec.sel(component="resolution") + dec.sel(component="uncertainty"), rtol=1e-10)
+    summary = json.loads((out / "metrics.json").read_text())["targets"]["t850"]
+    assert summary == res["targets"]["t850"] | {"leads": summary["leads"]}
+    assert summary["lead_h"] == 48 and set(summary["leads"]) == {"0", "24", "48"}
+    g = summary["forecasts"]["oracle"]["global"]
+    assert g["crps_weighted"] == pytest.approx(float(crps.sel(forecast="oracle", lead=48)))
+    assert g["crps_minus_raw"]["significant"] == bool(ds["significant"].sel(
+        target="t850", lead=48, forecast="oracle", region="global", weighting="none"))
+    page = (out / "report.html").read_text()
+    assert all(f"+{h} h" in page for h in (0, 24, 48)) and "reliability_t850.png" in page
+    assert "decomposition_t850.png" in page and "skill_vs_lead_t850.png" in page
