@@ -9,10 +9,14 @@ Definitions (docs/ens10.md: the Gaussian and ensemble CRPS), for members x_1..x_
   ``mean_i |x_i - y| - 1/(2 M (M - 1)) sum_ij |x_i - x_j|``
 * **Gaussian** closed form: ``sigma [z (2 Phi(z) - 1) + 2 phi(z) - 1/sqrt(pi)]``, ``z = (y - mu)/sigma``.
 
-The ensemble kernel is O(M log M) per point: with sorted members x_(1) <= .. <= x_(M),
-``sum_ij |x_i - x_j| = 2 sum_i (2 i - M - 1) x_(i)``, a sort plus one matrix-vector product, all
-vectorised over points. Always state the estimator: the two differ by a factor M/(M-1) on the
-spread term, which matters when comparing 10- and 50-member ensembles.
+With sorted members x_(1) <= .. <= x_(M), ``sum_ij |x_i - x_j| = 2 sum_i (2 i - M - 1) x_(i)``,
+so both estimators come from one O(M) pass over sorted members (:func:`crps_ensemble_pair`). The
+numba kernels sort with Batcher's sorting network, branch-free: for small M one row at a time in
+registers with the network unrolled, for larger M on blocks of points with members outermost,
+vectorised across points (which is faster was measured, ``UNROLLED_MAX_MEMBERS``); the numpy
+kernel (np.sort + a matrix-vector product) is the fallback without numba. Always state the
+estimator: the two differ by a factor M/(M-1) on the spread term, which matters when comparing
+10- and 50-member ensembles.
 
 numpy/scipy only at import: torch (and :mod:`postcast.models.kernels`) is imported only when
 :func:`crps_ensemble` takes the torch engine (``engine="torch"``, or ``"auto"`` with a CUDA GPU).
@@ -21,8 +25,9 @@ Latitude weights are :func:`postcast.datasets.geo.latitude_weights`, re-exported
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import special
@@ -56,51 +61,147 @@ def _crps_rows_numpy(xs: np.ndarray, y: np.ndarray, fair: bool) -> np.ndarray:
     return skill - spread / (m * (m - 1) if fair else m * m)
 
 
-def _compile_numba() -> object | None:
-    """A parallel numba kernel (in-place insertion sort per row, one pass); None without numba."""
+BLOCK = 64  # points per block of the block kernel: (M, BLOCK) float64 stays in L1
+UNROLLED_MAX_MEMBERS = 16  # beyond, the unrolled network compiles too slowly (M = 50: over 10 minutes)
+
+
+@functools.cache
+def sorting_network(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Batcher's odd-even merge sort for ``m`` inputs as compare-exchange pairs (lo, hi), lo < hi:
+    the network for the next power of two with comparators touching padding dropped (padding
+    would hold +inf, so those comparators never move a real value)."""
+    n = 1 << max(0, (m - 1).bit_length())
+    pairs = []
+    p = 1
+    while p < n:
+        k = p
+        while k >= 1:
+            for j in range(k % p, n - k, 2 * k):
+                for i in range(min(k, n - j - k)):
+                    lo, hi = i + j, i + j + k
+                    if lo // (2 * p) == hi // (2 * p) and hi < m:
+                        pairs.append((lo, hi))
+            k //= 2
+        p *= 2
+    arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    return np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1])
+
+
+def _unrolled_source(m: int, presorted: bool) -> str:
+    """Python source of a row kernel for exactly ``m`` members: the row in m locals (registers), the
+    sorting network unrolled as branch-free min/max, then the O(M) pass for both estimators."""
+    lo, hi = sorting_network(m)
+    body = [f"        a{i} = x[r, {i}]" for i in range(m)]
+    if not presorted:
+        body += [f"        a{i}, a{j} = (a{i} if a{i} < a{j} else a{j}), (a{j} if a{i} < a{j} else a{i})"
+                 for i, j in zip(lo.tolist(), hi.tolist(), strict=True)]
+    body += ["        t = y[r]",
+             "        skill = " + " + ".join(f"abs(a{i} - t)" for i in range(m)),  # sum_i |x_i - y|
+             # 1/2 sum_ij |x_i - x_j| = sum_i (2i - M - 1) x_(i), i = 1..M
+             "        spread = " + " + ".join(f"({2 * i + 1 - m}.0) * a{i}" for i in range(m)),
+             f"        fair[r] = skill / {m}.0 - spread / {m * (m - 1)}.0",
+             f"        std[r] = skill / {m}.0 - spread / {m * m}.0"]
+    head = ["def kernel(x, y):", "    n = x.shape[0]", "    fair = np.empty(n)", "    std = np.empty(n)",
+            "    for r in numba.prange(n):"]
+    return "\n".join([*head, *body, "    return fair, std", ""])
+
+
+@functools.cache
+def _unrolled_kernel(m: int, presorted: bool) -> Any:
+    """The row kernel of :func:`_unrolled_source`, compiled for ``m`` (the source is generated here
+    from the network, never read from disk)."""
+    import numba
+
+    namespace: dict[str, Any] = {"np": np, "numba": numba}
+    exec(compile(_unrolled_source(m, presorted), f"<crps_unrolled_m{m}>", "exec"), namespace)
+    return numba.njit(parallel=True, cache=False, error_model="numpy")(namespace["kernel"])
+
+
+def _compile_numba() -> Any | None:
+    """The block kernel (None without numba): blocks of BLOCK points with members outermost in an
+    (M, BLOCK) buffer, so the sorting network's compare-exchanges and the O(M) pass run vectorised
+    across points; fair and standard CRPS from one pass. Buffers are allocated once per thread."""
     try:
         import numba
     except ImportError:
         return None
 
-    @numba.njit(parallel=True, fastmath=False, cache=False)
-    def kernel(x: np.ndarray, y: np.ndarray, fair: bool) -> np.ndarray:  # pragma: no cover - compiled
-        # x: (N, M) float64 scratch copy, sorted row by row in place (no per-row allocation)
+    @numba.njit(parallel=True, cache=False, error_model="numpy")
+    def block_kernel(x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray, presorted: bool, chunks: int
+                     ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
         n, m = x.shape
-        out = np.empty(n)
-        denom = m * (m - 1) if fair else m * m
-        for r in numba.prange(n):
-            buf = x[r]
-            for i in range(1, m):  # insertion sort in place: ensembles are small and nearly random
-                v = buf[i]
-                j = i - 1
-                while j >= 0 and buf[j] > v:
-                    buf[j + 1] = buf[j]
-                    j -= 1
-                buf[j + 1] = v
-            skill = 0.0
-            spread = 0.0
-            for i in range(m):
-                skill += abs(buf[i] - y[r])
-                spread += (2.0 * (i + 1) - m - 1.0) * buf[i]
-            out[r] = skill / m - spread / denom
-        return out
+        n_blocks = (n + BLOCK - 1) // BLOCK
+        per = (n_blocks + chunks - 1) // chunks
+        fair, std = np.empty(n), np.empty(n)
+        for ch in numba.prange(chunks):
+            buf, yb = np.empty((m, BLOCK)), np.empty(BLOCK)  # (M, BLOCK), (BLOCK,)
+            skill, spread = np.empty(BLOCK), np.empty(BLOCK)
+            for blk in range(ch * per, min(n_blocks, (ch + 1) * per)):
+                s = blk * BLOCK
+                n_pts = min(n, s + BLOCK) - s
+                for k in range(BLOCK):  # buf <- x[s:s + BLOCK].T, a ragged block padded with zeros
+                    for i in range(m):
+                        buf[i, k] = x[s + k, i] if k < n_pts else 0.0
+                    yb[k] = y[s + k] if k < n_pts else 0.0
+                if not presorted:
+                    for c in range(lo.size):  # compare-exchange rows lo[c] < hi[c] across the block
+                        a, b = lo[c], hi[c]
+                        for k in range(BLOCK):
+                            u, v = buf[a, k], buf[b, k]
+                            buf[a, k] = u if u < v else v
+                            buf[b, k] = v if u < v else u
+                skill[:] = 0.0
+                spread[:] = 0.0
+                for i in range(m):  # one O(M) pass: sum |x_(i) - y| and sum (2i - M - 1) x_(i)
+                    w = 2.0 * i + 1.0 - m
+                    for k in range(BLOCK):
+                        skill[k] += abs(buf[i, k] - yb[k])
+                        spread[k] += w * buf[i, k]
+                for k in range(n_pts):
+                    fair[s + k] = skill[k] / m - spread[k] / (m * (m - 1))
+                    std[s + k] = skill[k] / m - spread[k] / (m * m)
+        return fair, std
 
-    return kernel
+    return block_kernel
 
 
-# Insertion sort is O(M^2): measured on 2 cores, numba beat numpy's vectorised sort at M = 10
-# (0.10 vs 0.16 s for 1e6 points) and lost at M = 50 (0.18 vs 0.11 s for 2e5 points).
-NUMBA_MAX_MEMBERS = 24
-_NUMBA_KERNEL: object | None = None
+_NUMBA_KERNEL: Any | None = None
 _NUMBA_TRIED = False
 
 
-def _numba_kernel() -> object | None:
+def _numba_kernel() -> Any | None:
     global _NUMBA_KERNEL, _NUMBA_TRIED
     if not _NUMBA_TRIED:
         _NUMBA_TRIED, _NUMBA_KERNEL = True, _compile_numba()
     return _NUMBA_KERNEL
+
+
+def crps_ensemble_pair(x: np.ndarray, y: np.ndarray, *, presorted: bool = False,
+                       kernel: Literal["auto", "unrolled", "block"] = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(fair, standard) ensemble CRPS of (N, M) members at (N,) outcomes in one pass (numba).
+
+    ``presorted``: rows already sorted ascending (the sort is skipped). ``kernel``: "unrolled" (one
+    row in registers, the network unrolled; compiled per M), "block" (members outermost, vectorised
+    across points), or "auto": unrolled for M <= UNROLLED_MAX_MEMBERS, which measured fastest there
+    (benchmarks/metrics.py), else block."""
+    block = _numba_kernel()
+    if block is None:
+        msg = "crps_ensemble_pair needs numba (pip install numba); crps_ensemble(engine='numpy') works without"
+        raise ValueError(msg)
+    xs = np.ascontiguousarray(x, dtype=np.float64)  # (N, M), no copy when already so
+    ys = np.ascontiguousarray(y, dtype=np.float64).reshape(-1)  # (N,)
+    m = xs.shape[1]
+    if m < 2:
+        msg = f"crps_ensemble_pair: {m} member(s); the fair CRPS needs at least 2"
+        raise ValueError(msg)
+    if kernel == "unrolled" or (kernel == "auto" and m <= UNROLLED_MAX_MEMBERS):
+        fair, std = _unrolled_kernel(m, presorted)(xs, ys)
+    else:
+        import numba
+
+        lo, hi = sorting_network(m)
+        fair, std = block(xs, ys, lo, hi, presorted, numba.get_num_threads())
+    return np.asarray(fair), np.asarray(std)
 
 
 def _cuda_available() -> bool:
@@ -128,10 +229,10 @@ def _crps_rows_torch(xs: np.ndarray, y: np.ndarray, fair: bool) -> np.ndarray:
 def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Estimator = "fair",
                   engine: Literal["auto", "numba", "numpy", "torch"] = "auto") -> np.ndarray:
     """Ensemble CRPS of members ``x`` (member axis ``axis``) at outcomes ``y`` (x's shape without
-    that axis), float64, O(M log M) per point. ``estimator``: "fair" (default) or "standard".
-    ``engine``: "auto" uses the fused kernel on a CUDA GPU (:func:`postcast.models.kernels.crps_ensemble`,
-    Triton), else a parallel numba kernel when numba is installed and M <= 24, else the vectorised
-    numpy kernel; "numba" / "numpy" / "torch" (the kernel dispatch, on the GPU when there is one) force one."""
+    that axis), float64. ``estimator``: "fair" (default) or "standard". ``engine``: "auto" uses the
+    fused kernel on a CUDA GPU (:func:`postcast.models.kernels.crps_ensemble`, Triton), else the numba
+    block kernels (:func:`crps_ensemble_pair`) when numba is installed, else the vectorised numpy
+    kernel; "numba" / "numpy" / "torch" (the kernel dispatch, on the GPU when there is one) force one."""
     if estimator not in ("fair", "standard"):
         msg = f"estimator {estimator!r}: use 'fair' or 'standard'"
         raise ValueError(msg)
@@ -151,12 +252,11 @@ def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Es
     if engine == "numba" and kernel is None:
         msg = "engine='numba' needs numba installed (pip install numba), or use engine='numpy'"
         raise ValueError(msg)
+    if kernel is not None and m >= 2:
+        f, s = crps_ensemble_pair(xm.reshape(-1, m), y.reshape(-1))
+        return (f if fair else s).reshape(y.shape)
     flat = np.array(xm.reshape(-1, m), dtype=np.float64, order="C", copy=True)  # (N, M) scratch
-    if kernel is not None and (engine == "numba" or m <= NUMBA_MAX_MEMBERS):
-        out = kernel(flat, np.ascontiguousarray(y.reshape(-1)), fair)  # type: ignore[operator]
-    else:
-        out = _crps_rows_numpy(flat, y.reshape(-1), fair)
-    return np.asarray(out).reshape(y.shape)
+    return np.asarray(_crps_rows_numpy(flat, y.reshape(-1), fair)).reshape(y.shape)
 
 
 def crps_ensemble_reference(x: np.ndarray, y: np.ndarray, *, axis: int = -1,

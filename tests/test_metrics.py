@@ -232,3 +232,28 @@ def test_paired_bootstrap():
     assert lo < mean < hi < 0 and mean == pytest.approx(-0.2, abs=0.02)
     mean, lo, hi = metrics.paired_bootstrap(base, base + 0.01 * rng.normal(size=300), n=500)
     assert lo < 0 < hi
+
+
+# --- the block kernels: sorting network, sorted pass, pairwise pass (issue 16, item 6) -----------
+@pytest.mark.parametrize("m", [2, 3, 5, 8, 10, 11])
+def test_sorting_network_sorts_every_zero_one_input(m):
+    """The 0-1 principle: a comparator network sorting all 2^m binary inputs sorts every input."""
+    lo, hi = metrics.sorting_network(m)
+    bits = ((np.arange(2**m)[:, None] >> np.arange(m)) & 1).astype(float)  # (2^m, m)
+    for a, b in zip(lo, hi, strict=True):
+        bits[:, a], bits[:, b] = np.minimum(bits[:, a], bits[:, b]), np.maximum(bits[:, a], bits[:, b])
+    assert np.all(np.diff(bits, axis=1) >= 0)
+
+
+@pytest.mark.parametrize(("m", "kernel"), [(2, "unrolled"), (10, "unrolled"), (2, "block"), (7, "block"),
+                                           (17, "block"), (50, "block")])
+def test_block_kernels_match_scoringrules_and_properscoring(m, kernel):
+    rng = np.random.default_rng(m)
+    n = 3 * metrics.BLOCK + 5  # full blocks and a ragged last block
+    x, y = rng.gamma(2.0, 1.0, (n, m)), rng.normal(size=n) + 2
+    fair, std = metrics.crps_ensemble_pair(x, y, kernel=kernel)
+    np.testing.assert_allclose(fair, scoringrules.crps_ensemble(y, x, estimator="fair"), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(std, properscoring.crps_ensemble(y, x), rtol=1e-12, atol=1e-13)
+    pre_fair, pre_std = metrics.crps_ensemble_pair(np.sort(x, axis=1), y, presorted=True, kernel=kernel)
+    np.testing.assert_allclose(pre_fair, fair, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(pre_std, std, rtol=1e-12, atol=1e-13)
