@@ -10,26 +10,30 @@ call the model and rebuild no scaling.
 The network is a model family (:mod:`postcast.models.registry`): ``family`` names it and ``net``
 holds that family's own options. A checkpoint carries everything inference needs: the
 hyperparameters (family, its options, the sample spec, grid, members), the statistics buffers and
-``checkpoint["postcast"]`` with the format version. Format 1 checkpoints (flat hyperparameters,
-normalisation outside the model) load through :func:`migrate`.
+``checkpoint["postcast"]`` with the format version and (format 3) a content checksum verified on
+load (:func:`content_checksum`). Format 1 checkpoints (flat hyperparameters, normalisation outside
+the model) load through :func:`migrate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
+import json
 import pickle
 from typing import Any
 
 import lightning as L
 import torch
 
+from postcast.datasets.errors import BadInputError
 from postcast.datasets.sample import SampleSpec
 from postcast.models import postprocessors, registry
 from postcast.models.losses import crps_gaussian
 from postcast.models.smoe import SMoEHead
 
-CHECKPOINT_FORMAT_VERSION = 2
+CHECKPOINT_FORMAT_VERSION = 3  # 3: a content checksum in checkpoint["postcast"]["checksum"]
 Batch = dict[str, torch.Tensor]
 
 
@@ -100,7 +104,8 @@ class PostProcessor(L.LightningModule):
 
     def _step(self, batch: Batch, split: str) -> torch.Tensor:
         mu, sigma = self(batch)
-        ok = torch.isfinite(batch["y"])
+        ok = torch.isfinite(batch["y"])  # (B, H, W): where the truth exists
+        _check_finite(batch, ok, split)
         loss = crps_gaussian(mu[ok], sigma[ok], batch["y"][ok]).mean()
         self.log(f"{split}_crps", loss, prog_bar=split != "train", batch_size=batch["y"].shape[0])
         if split != "train":
@@ -141,8 +146,52 @@ class PostProcessor(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["postcast"] = {"format_version": CHECKPOINT_FORMAT_VERSION, "family": self.hparams["family"],
-                                  "sample": self.spec.to_dict()}
+        # Lightning calls this hook last, once "state_dict" and "hyper_parameters" are in place
+        meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "family": self.hparams["family"],
+                "sample": self.spec.to_dict()}
+        checkpoint["postcast"] = {**meta, "checksum": content_checksum(checkpoint, meta)}
+
+
+def _check_finite(batch: Batch, ok: torch.Tensor, split: str) -> None:
+    """Stop (one line, exit 65) when the raw ensemble's mean or spread is not finite where the truth is:
+    a missing or damaged store chunk reads as NaN and would otherwise train to ``val_crps=nan``."""
+    bad = {k: int((~torch.isfinite(batch[k][ok])).sum()) for k in ("m", "s")}  # one sync per step
+    if any(bad.values()):
+        where = ", ".join(f"{n} non-finite {k}" for k, n in bad.items() if n)
+        msg = (f"{split} batch: the raw ensemble holds {where} value(s) where the truth is finite (a missing or "
+               f"damaged store chunk?); check the store with `postcast inspect STORE --verify`")
+        raise BadInputError(msg)
+
+
+def content_checksum(ckpt: dict[str, Any], meta: dict[str, Any]) -> str:
+    """SHA-256 of what inference reads from a checkpoint: every state_dict tensor (name, dtype, shape,
+    bytes, in name order), the hyperparameters and the ``postcast`` metadata (without the checksum),
+    the last two as canonical JSON. Recorded at save, recomputed at load: one flipped bit changes it."""
+    h = hashlib.sha256()
+    for name in sorted(ckpt.get("state_dict") or {}):
+        t = ckpt["state_dict"][name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes of any dtype
+    described = {"hyper_parameters": ckpt.get("hyper_parameters") or {},
+                 "postcast": {k: v for k, v in meta.items() if k != "checksum"}}
+    h.update(json.dumps(_plain(described), sort_keys=True, default=str).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def verify_checksum(ckpt: dict[str, Any], path: str) -> None:
+    """Refuse a checkpoint whose contents differ from the checksum recorded when it was saved (bit rot,
+    tampering). Format 3 checkpoints must carry one; formats 1 and 2 predate it and load unchecked."""
+    meta = ckpt["postcast"]
+    recorded = meta.get("checksum")
+    if recorded is None:
+        if meta.get("format_version", 0) >= 3:
+            msg = f"{path}: checkpoint has no content checksum; it was altered after saving, retrain it"
+            raise ValueError(msg)
+        return
+    if content_checksum(ckpt, meta) != recorded:
+        msg = (f"{path}: checkpoint contents do not match the checksum recorded when it was saved (corrupted or "
+               f"altered); restore it from a copy or retrain it with `postcast train fit`")
+        raise ValueError(msg)
 
 
 def _plain(value: Any) -> Any:
@@ -154,7 +203,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# --- format 1 -> 2 ---------------------------------------------------------------------------------
+# --- format 1 -> 3 ---------------------------------------------------------------------------------
 _V1_NET_KEYS = {"mlp": ("hidden",), "unet": ("base_filters",), "unet_smoe": ("smoe", "base_filters"),
                 "smoe": ("smoe",), "transformer": ("width", "heads")}
 _V1_SAMPLE_KEYS = ("target", "variables", "step_h", "location_features", "season_features", "members")
@@ -166,10 +215,10 @@ def migrate(ckpt: dict[str, Any], path: str) -> dict[str, Any]:
     also stored the statistics as buffers)."""
     meta = ckpt["postcast"]
     version = meta.get("format_version", 0)
-    if version == CHECKPOINT_FORMAT_VERSION:
+    if version in (2, CHECKPOINT_FORMAT_VERSION):  # 2 -> 3 only added the checksum
         return ckpt
     if version != 1:
-        msg = (f"{path}: checkpoint format {version} cannot be read by this postcast (it reads formats 1 and "
+        msg = (f"{path}: checkpoint format {version} cannot be read by this postcast (it reads formats 1 to "
                f"{CHECKPOINT_FORMAT_VERSION}); retrain it with `postcast train fit`")
         raise ValueError(msg)
     hp = ckpt["hyper_parameters"]
@@ -188,7 +237,8 @@ def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
     """A trained post-processor (eval mode, CPU) and its ``postcast`` metadata from a checkpoint alone.
 
     Loaded with ``weights_only=True``: tensors and plain containers only, so a crafted file cannot run
-    code (Lightning's own checkpoints, formats 1 and 2, hold nothing else)."""
+    code (Lightning's own checkpoints hold nothing else); the content checksum (format 3) refuses a
+    bit-flipped or altered file."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
@@ -202,6 +252,7 @@ def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
         msg = (f"{path}: checkpoint format {meta['format_version']} is newer than this postcast "
                f"({CHECKPOINT_FORMAT_VERSION}); upgrade postcast")
         raise ValueError(msg)
+    verify_checksum(ckpt, path)
     ckpt = migrate(ckpt, path)
     known = set(inspect.signature(PostProcessor.__init__).parameters) - {"self"}
     model = PostProcessor(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in known})

@@ -222,3 +222,45 @@ def test_loading_a_checkpoint_runs_no_code(tmp_path):
     with pytest.raises(ValueError, match="not a readable checkpoint"):
         load_checkpoint(str(path))
     assert not planted.exists()
+
+
+def _saved_checkpoint(path):
+    """A real Lightning checkpoint of a small EMOS model with non-trivial weights (Trainer.save_checkpoint
+    runs the module's on_save_checkpoint, which records the content checksum)."""
+    import lightning as L
+
+    torch.manual_seed(0)
+    model = build("emos")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(path)
+    return model
+
+
+def test_a_bit_flipped_or_truncated_checkpoint_is_refused(tmp_path):
+    """One flipped bit in a weight (torch.load itself does not notice) or a truncated file is refused."""
+    from postcast.models.module import load_checkpoint
+
+    good = tmp_path / "good.ckpt"
+    model = _saved_checkpoint(good)
+    loaded, meta = load_checkpoint(str(good))
+    assert meta["checksum"].startswith("sha256:")
+    torch.testing.assert_close(loaded.state_dict(), model.state_dict())
+    data = bytearray(good.read_bytes())
+    weight = model.state_dict()["net.coef"].numpy().tobytes()
+    at = bytes(data).find(weight[:16])
+    assert at > 0
+    data[at + 2] ^= 0x10  # one bit of the first coefficient
+    flipped = tmp_path / "flipped.ckpt"
+    flipped.write_bytes(data)
+    assert not torch.equal(torch.load(flipped, weights_only=True)["state_dict"]["net.coef"], model.net.coef)
+    with pytest.raises(ValueError, match="do not match the checksum"):
+        load_checkpoint(str(flipped))
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[: len(data) // 2])
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        load_checkpoint(str(truncated))
