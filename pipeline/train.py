@@ -17,6 +17,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
@@ -40,6 +41,28 @@ class PostcastCLI(LightningCLI):
                               apply_on="instantiate")
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
         parser.link_arguments("data", "model.n_members", compute_fn=lambda dm: dm.n_members, apply_on="instantiate")
+
+    def before_fit(self) -> None:
+        """A fit resumed with ``--ckpt_path`` continues the run it comes from: same logger version,
+        hence the same checkpoint directory, so ModelCheckpoint restores its best score and best_k_models
+        from the checkpoint (it only does when the directory is unchanged) and model selection spans
+        the whole run, not the last attempt."""
+        version = resumed_version(self.config[self.subcommand].get("ckpt_path"), self.trainer.logger)
+        logger = self.trainer.logger
+        if version is not None and isinstance(logger, TensorBoardLogger | CSVLogger):
+            self.trainer.logger = type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)
+
+
+def resumed_version(ckpt_path: str | None, logger: Any) -> str | None:
+    """The logger version (e.g. ``"version_0"``) a checkpoint was written under, when it lies in this
+    logger's run directory (``ROOT/NAME/VERSION/checkpoints/FILE.ckpt``); None otherwise (no resume, a
+    checkpoint from elsewhere, or no logger)."""
+    if not ckpt_path or logger is None or getattr(logger, "root_dir", None) is None:
+        return None
+    ckpt = Path(ckpt_path).resolve()
+    if ckpt.parent.name != "checkpoints" or ckpt.parents[2] != Path(logger.root_dir).resolve():
+        return None
+    return ckpt.parents[1].name
 
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")

@@ -80,6 +80,11 @@ def test_killed_run_resumes_training(tmp_path):
     last = max(work.glob("runs/mlp_t850/lightning_logs/version_*/checkpoints/last*.ckpt"),
                key=lambda p: p.stat().st_mtime)
     assert torch.load(last, weights_only=False)["epoch"] == 39  # finished the planned epochs, not restarted
+    # the same run resumed (one version) and the recorded checkpoint is the best of the whole run
+    assert [p.name for p in (work / "runs/mlp_t850/lightning_logs").iterdir()] == ["version_0"]
+    states = torch.load(last, weights_only=True)["callbacks"]
+    best = next(v["best_model_path"] for k, v in states.items() if "'monitor': 'val_crps'" in k)
+    assert json.loads((work / "manifest.json").read_text())["stages"]["train:mlp_t850"]["outputs"] == [best]
     assert (work / "report/report.html").exists()
 
 
