@@ -11,12 +11,14 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import schema
+from postcast.datasets import integrity, schema
 from postcast.datasets import store as contract
 
 
-def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A JSON-able description of a training store (complete or interrupted)."""
+def summary(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
+    """A JSON-able description of a training store (complete or interrupted). With ``verify``, every
+    chunk is read back and checked (:func:`postcast.datasets.integrity.verify`): ``verify`` holds the
+    report, and a store with a missing or damaged chunk is not ``complete``."""
     p = Path(path)
     partial = contract.partial_path(p)
     if contract.attributes(p) is None and (partial / "store.zarr").exists():
@@ -45,6 +47,10 @@ def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
     stats = contract.open_statistics(p)
     out["statistics"] = _stats_table(stats) if stats is not None else "missing"
+    if verify:
+        report = integrity.verify(p)
+        out["verify"] = {**report.to_dict(), "problem": report.problem()}
+        out["complete"] = out["complete"] and report.ok
     return out
 
 
@@ -85,6 +91,18 @@ def _partial_summary(partial: Path) -> dict[str, Any]:
             "hint": "interrupted ingest: rerun `postcast ingest` with the same arguments to resume"}
 
 
+def _verify_lines(rep: dict[str, Any] | None) -> list[str]:
+    if rep is None:
+        return []
+    how = "against the checksums recorded at ingest" if rep["checksums_recorded"] else "decoded (no checksums recorded)"
+    if rep["ok"]:
+        return [f"verify     ok: {rep['chunks_checked']} chunks read, {how}"]
+    lines = [f"verify     FAILED ({how}): {len(rep['missing'])} missing, {len(rep['damaged'])} damaged, "
+             f"{len(rep['undecodable'])} undecodable"]
+    lines += [f"  {kind:<12}{key}" for kind in ("missing", "damaged", "undecodable") for key in rep[kind]]
+    return lines
+
+
 def render(info: dict[str, Any]) -> str:
     """Human-readable text for ``postcast inspect``."""
     if not info.get("complete") and "dates_done" in info:
@@ -101,6 +119,7 @@ def render(info: dict[str, Any]) -> str:
         f"truth      missing at 48 h: {info['truth_missing_at_48h'] or 'none'}",
         f"code       {info['code_version']}  created {info['created']}",
         f"sources    {len(info['sources'])} files",
+        *_verify_lines(info.get("verify")),
         "",
         f"{'variable':<18}{'units':<14}{'dims':<52}chunks",
     ]

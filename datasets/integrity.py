@@ -1,0 +1,119 @@
+"""Chunk checksums of a training store: recorded at the end of ingest, checked by ``postcast inspect --verify``.
+
+zarr 3 does not write a chunk that holds only the fill value, and reads an absent chunk as the fill
+value (NaN): a deleted chunk file is indistinguishable from missing data, and nothing notices until a
+model trains to ``val_crps=nan``. So ingest records, in :data:`MANIFEST` at the store's root, the
+size and SHA-256 of every chunk file it wrote; :func:`verify` reads every chunk file back, compares
+it with the record, decodes with zarr any chunk the record does not vouch for (a truncated chunk is
+reported, not raised as a codec error), and lists what is missing, damaged or undecodable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from postcast.datasets import io
+from postcast.datasets.errors import BadInputError
+
+MANIFEST = "postcast-chunks.json"  # {"version": 1, "chunks": {"<array>/c/i/j/k": {"size": n, "sha256": hex}}}
+MANIFEST_VERSION = 1
+
+
+def _chunk_files(root: Path) -> list[Path]:
+    """Every chunk file of every array in the store (zarr 3's default key encoding: ``ARRAY/c/i/j/k``)."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and "c" in p.relative_to(root).parts[:-1])
+
+
+def record(store: str | os.PathLike[str]) -> int:
+    """Write the chunk manifest of a freshly written store; returns the number of chunks recorded."""
+    root = Path(store)
+    chunks = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": io.sha256_file(p)}
+              for p in _chunk_files(root)}
+    io.write_json(root / MANIFEST, {"version": MANIFEST_VERSION, "chunks": chunks})
+    return len(chunks)
+
+
+@dataclass
+class Report:
+    """What :func:`verify` found. ``ok`` only when every recorded chunk is present, intact and decodable."""
+
+    store: str
+    checked: int = 0
+    recorded: bool = False
+    missing: list[str] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)
+    undecodable: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.damaged or self.undecodable)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "chunks_checked": self.checked, "checksums_recorded": self.recorded,
+                "missing": self.missing, "damaged": self.damaged, "undecodable": self.undecodable}
+
+    def problem(self) -> str:
+        """One line naming the first few bad chunks and the fix ('' when ok)."""
+        if self.ok:
+            return ""
+        parts = [f"{len(v)} {k}" for k, v in (("missing", self.missing), ("damaged", self.damaged),
+                                               ("undecodable", self.undecodable)) if v]
+        first = (self.missing + self.damaged + self.undecodable)[:3]
+        return (f"{self.store}: {', '.join(parts)} chunk(s) of {self.checked} (first: {', '.join(first)}); "
+                "rebuild the store with `postcast ingest --overwrite`")
+
+
+def verify(store: str | os.PathLike[str]) -> Report:
+    """Read every chunk of the store: against the manifest (when ingest recorded one) and through zarr."""
+    root = Path(store)
+    rep = Report(str(root))
+    manifest = root / MANIFEST
+    recorded = _read_manifest(manifest) if manifest.is_file() else {}
+    rep.recorded = manifest.is_file()
+    for key, want in sorted(recorded.items()):
+        path = root / key
+        if not path.is_file():
+            rep.missing.append(key)
+        elif path.stat().st_size != want["size"] or io.sha256_file(path) != want["sha256"]:
+            rep.damaged.append(key)
+    intact = set(recorded) - set(rep.missing) - set(rep.damaged)
+    decoded, rep.undecodable = _decode_all(root, skip=intact | set(rep.damaged))
+    rep.checked = len(intact) + len(rep.damaged) + decoded
+    return rep
+
+
+def _read_manifest(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        chunks = json.loads(path.read_text())["chunks"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        msg = f"{path}: unreadable chunk manifest ({err}); rebuild the store with `postcast ingest --overwrite`"
+        raise BadInputError(msg) from err
+    return chunks if isinstance(chunks, dict) else {}
+
+
+def _decode_all(root: Path, skip: set[str]) -> tuple[int, list[str]]:
+    """Decode through zarr every chunk file present that ``skip`` does not name (chunks whose bytes
+    match the checksum recorded when zarr wrote them need no decoding); (chunks read, keys that failed)."""
+    group = zarr.open_group(root, mode="r", zarr_format=3)
+    n, bad = 0, []
+    for name, arr in group.members(max_depth=None):
+        if not isinstance(arr, zarr.Array):
+            continue
+        grid = [range(k) for k in arr.cdata_shape]
+        for idx in itertools.product(*grid):
+            key = "/".join([name, "c", *map(str, idx)])
+            if key in skip or not (root / key).is_file():
+                continue
+            n += 1
+            try:
+                arr.blocks[idx]
+            except Exception:  # (any codec error means the chunk cannot be read)
+                bad.append(key)
+    return n, bad
