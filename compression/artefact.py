@@ -16,6 +16,7 @@ import os
 import struct
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -28,7 +29,7 @@ import xarray as xr
 from postcast.compression import field, sz3
 from postcast.compression.field import FieldConfig, FieldNet, Fields
 from postcast.datasets import io, schema
-from postcast.datasets.errors import BadInputError
+from postcast.datasets.errors import BadInputError, ConfigError
 
 MAGIC = b"PCNF"
 FORMAT_VERSION = 2  # 2: the residual layer is one SZ3 stream per variable, each with its own bound
@@ -36,6 +37,23 @@ READABLE_VERSIONS = (1, 2)
 SUFFIX = ".pcnf"
 _PREFIX = struct.Struct("<4sHII")  # magic, version, header bytes, crc32
 DECODE_POINTS = 65536  # points per decoder batch (fixed: the error-bounded layer relies on a repeatable decode)
+
+
+MAX_REGRID_BYTES = 16 * 2**30  # a regridded decode larger than this (float32) is refused before allocating
+
+
+def check_resolution(resolution: float, shape: Sequence[int]) -> None:
+    """Refuse a regridding resolution that is not a number in (0, 90] degrees, or whose output
+    (``shape`` = variables, times, levels on that grid, float32) would exceed :data:`MAX_REGRID_BYTES`."""
+    if not math.isfinite(resolution) or not 0 < resolution <= 90:
+        msg = f"--resolution {resolution}: give degrees in (0, 90], e.g. 1.0"
+        raise ConfigError(msg)
+    n_lat, n_lon = round(180 / resolution) + 1, round(360 / resolution)  # as _regular builds them
+    need = 4 * math.prod(int(n) for n in shape) * n_lat * n_lon
+    if need > MAX_REGRID_BYTES:
+        msg = (f"--resolution {resolution}: the decoded fields would take {need / 2**30:.0f} GiB (limit "
+               f"{MAX_REGRID_BYTES / 2**30:.0f} GiB); choose a coarser resolution")
+        raise ConfigError(msg)
 
 
 class ArtefactError(BadInputError):
@@ -168,11 +186,15 @@ class Artefact:
         if len(body) < head_len or zlib.crc32(body) != crc:
             msg = f"{name}: corrupt or truncated artefact (checksum mismatch); recompress the source"
             raise ArtefactError(msg)
-        header = json.loads(body[:head_len])
-        table = header.pop("arrays")
-        blob = memoryview(body)[head_len:]
-        arrays = {k: np.frombuffer(blob[v["offset"]:v["offset"] + v["nbytes"]], dtype=np.dtype(v["dtype"]))
-                  .reshape(v["shape"]) for k, v in table.items()}
+        try:  # the header length is outside the checksum: a damaged one shows as an unparsable header
+            header = json.loads(body[:head_len])
+            table = header.pop("arrays")
+            blob = memoryview(body)[head_len:]
+            arrays = {k: np.frombuffer(blob[v["offset"]:v["offset"] + v["nbytes"]], dtype=np.dtype(v["dtype"]))
+                      .reshape(v["shape"]) for k, v in table.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError, UnicodeDecodeError too
+            msg = f"{name}: corrupt artefact header ({type(err).__name__}: {err}); recompress the source"
+            raise ArtefactError(msg) from err
         return cls(header, arrays, name)
 
     @property
@@ -284,9 +306,7 @@ class Artefact:
 
     def regrid(self, resolution: float) -> xr.Dataset:
         """Every (time, level) slice decoded on a regular ``resolution``-degree grid (network only)."""
-        if not 0 < resolution <= 90:
-            msg = f"resolution={resolution}: give degrees in (0, 90]"
-            raise ValueError(msg)
+        check_resolution(resolution, self.header["shape"][:3])
         lat, lon = _regular(resolution)
         la, lo = np.meshgrid(lat, lon, indexing="ij")
         n_v, n_t, n_l = self.header["shape"][:3]

@@ -138,8 +138,11 @@ def load(path: str | Path, expect_kind: str | None = None, **overrides: Any) -> 
         raise ConfigError(msg)
     try:
         data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
         msg = f"{p}: not valid YAML: {err}"
+        raise ConfigError(msg) from err
+    except OSError as err:
+        msg = f"{p}: cannot read the config file ({err.strerror or err})"
         raise ConfigError(msg) from err
     if not isinstance(data, dict):
         msg = f"{p}: expected a mapping at the top level"

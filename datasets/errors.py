@@ -10,6 +10,7 @@ code  class                meaning
 2     ConfigError          bad command line or configuration
 65    BadInputError        input data exist but are invalid (corrupt, wrong grid, NaNs, units)
 66    MissingInputError    input files, variables, levels, members or dates are missing (retryable)
+74    OutputError          the output cannot be written: disk full, file size limit, quota (EX_IOERR)
 ====  ===================  ==========================================================
 """
 
@@ -32,3 +33,10 @@ class BadInputError(PostcastError, ValueError):
 
 class MissingInputError(PostcastError, FileNotFoundError):
     exit_code = 66
+
+
+class OutputError(PostcastError, OSError):
+    """The output cannot be written (disk full, file size limit, quota); the CLI also maps a plain
+    ``OSError`` with ENOSPC, EFBIG or EDQUOT to this code."""
+
+    exit_code = 74

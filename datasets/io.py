@@ -26,12 +26,37 @@ import xarray as xr
 import zarr
 from zarr.codecs import BloscCodec
 
+from postcast.datasets.errors import OutputError
+
 # zstd level 1: level 3 compressed weather fields no better and was 1.6x slower
 ZARR_COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")
 
 
 def _tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(final: Path) -> list[Path]:
+    """Remove the temporaries (``.NAME.tmp-PID``, ``.NAME.old-PID``) that killed processes left in
+    ``final``'s folder (beside any file, including ones a rerun skips); those of live processes are
+    kept. Returns what was removed."""
+    removed = []
+    for p in final.parent.glob(".*-*"):
+        kind, _, pid = p.name.rpartition("-")
+        if kind.endswith((".tmp", ".old")) and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            remove(p)
+            removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager
@@ -42,6 +67,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final)
     tmp = _tmp_sibling(final)
     remove(tmp)
     try:
@@ -86,7 +112,11 @@ def write_netcdf(ds: xr.Dataset, path: str | os.PathLike[str], *, compress: bool
         encoding = {name: {"zlib": True, "complevel": 4} for name, v in ds.data_vars.items()
                     if np.issubdtype(v.dtype, np.floating)}
     with atomic_path(path) as tmp:
-        ds.to_netcdf(tmp, engine="netcdf4", format="NETCDF4", encoding=encoding)
+        try:
+            ds.to_netcdf(tmp, engine="netcdf4", format="NETCDF4", encoding=encoding)
+        except RuntimeError as err:  # netCDF4 reports a full disk or file size limit as "NetCDF: HDF error"
+            msg = f"cannot write {path}: {err} (disk full or file size limit?); free space and rerun"
+            raise OutputError(msg) from err
 
 
 TARGET_CHUNK_BYTES = 4 * 2**20  # grow small chunks towards ~4 MB (zarr-python 3 pays per chunk)
