@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import postcast
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, PostcastError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, OutputError, PostcastError
 
 log = logging.getLogger("postcast")
 INTERRUPTED = 130  # exit code after Ctrl-C (128 + SIGINT)
@@ -34,7 +34,8 @@ or step by step:
   postcast evaluate data/store.zarr --checkpoints runs/unet_t850/lightning_logs/version_0/checkpoints/best*.ckpt
 
 exit codes: 0 ok or already done | 1 internal error | 2 bad usage or config |
-            65 invalid input data | 66 missing input (retryable) | 130 interrupted
+            65 invalid input data | 66 missing input (retryable) | 74 cannot write output (disk full) |
+            130 interrupted
 """
 
 
@@ -112,9 +113,16 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="store path, e.g. data/store.zarr (optional with -c)")
     p.add_argument("-c", "--config", help="YAML preset (kind: ingest)")
     p.add_argument("--truth", help="ERA5-like truth (netCDF file/directory or zarr); default: found next to SOURCE")
-    p.add_argument("--variables", type=_str_tuple, help="required variables (default: all 18 ENS-10 variables)")
+    p.add_argument("--variables", type=_str_tuple, help="required variables (default: the ENS-10 variables the "
+                                                         "source has)")
     p.add_argument("--levels", type=_int_tuple, help="required levels in hPa (default: those in the source)")
-    p.add_argument("--members", type=int, help="expected members (default 10)")
+    p.add_argument("--members", help="members: a count (10), an inclusive range (0:9, 1:50) or all (default: all "
+                                     "the source has; 0 is the control in ECMWF files)")
+    p.add_argument("--steps", type=_int_tuple, help="lead times in hours, e.g. 0,24,48 (default: those in the source)")
+    p.add_argument("--grid", type=float, help="store resolution in degrees, e.g. 1 or 0.5 (default: the source's "
+                                              "regular global grid, or the closest one for other grids)")
+    p.add_argument("--regrid-method", choices=("bilinear", "nearest", "conservative"),
+                   help="regridding when the source is on another grid (default bilinear)")
     p.add_argument("--train-years", type=_year_range, help="statistics/training years (default 1998:2013)")
     p.add_argument("--val-years", type=_year_range, help="validation years (default 2014:2015)")
     p.add_argument("--test-years", type=_year_range, help="test years (default 2016:2017)")
@@ -134,7 +142,8 @@ def _run_ingest(a: argparse.Namespace) -> int:
 
     splits = {k: list(v) for k, v in (("train", a.train_years), ("val", a.val_years), ("test", a.test_years)) if v}
     over: dict[str, Any] = {"source": a.source, "out": a.out, "truth": a.truth, "variables": a.variables,
-                            "levels": a.levels, "members": a.members, "scheduler": a.scheduler,
+                            "levels": a.levels, "members": a.members, "steps": a.steps, "grid": a.grid,
+                            "regrid_method": a.regrid_method, "scheduler": a.scheduler,
                             "workers": a.workers, "processes": a.processes, "overwrite": a.overwrite,
                             "restart": a.restart, "splits": splits or None, "progress": a.progress}
     if a.config:
@@ -158,14 +167,20 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
                        description="Dims, variables, dates, splits, completeness and statistics of a store.")
     p.add_argument("store")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--verify", action="store_true",
+                   help="read every chunk and check it against the checksums recorded at ingest "
+                        "(exit 65 when a chunk is missing or damaged)")
     p.set_defaults(func=_run_inspect)
 
 
 def _run_inspect(a: argparse.Namespace) -> int:
     from postcast.datasets import inspection
 
-    info = inspection.summary(a.store)
+    info = inspection.summary(a.store, verify=a.verify)
     print(json.dumps(info, indent=2, default=str) if a.json else inspection.render(info))
+    problem = (info.get("verify") or {}).get("problem")
+    if problem:
+        raise BadInputError(problem)
     return 0 if info.get("complete") else 66
 
 
@@ -221,8 +236,29 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _run_train(a: argparse.Namespace) -> int:
     from postcast.pipeline.train import run
 
-    run(a.lightning_args or ["--help"])
+    try:
+        run(a.lightning_args or ["--help"])
+    except ValueError as err:  # raised while instantiating the data or model from the configuration
+        cause = _postcast_cause(err)
+        if cause is not None:
+            raise cause from None
+        raise ConfigError(str(err)) from err
     return 0
+
+
+def _postcast_cause(err: BaseException) -> PostcastError | None:
+    """The PostcastError behind ``err`` (the Lightning CLI wraps errors raised while linking arguments)."""
+    return next((e for e in _chain(err) if isinstance(e, PostcastError)), None)
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or during, each once (chains can be cycles)."""
+    out: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and all(seen is not e for e in out):
+        out.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return out
 
 
 # --- evaluate ------------------------------------------------------------------------------------
@@ -230,9 +266,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate", help="score checkpoints against the raw ensemble and the oracle; write metrics + report",
         description="Score trained post-processors, the raw ensemble (as a Gaussian and as members, fair and "
-                    "standard CRPS) and, on synthetic data, the oracle on one split: CRPS and EECRPS (unweighted, "
-                    "ENS-10; area-weighted, WeatherBench 2), skill and gap closed, spread/skill, rank and PIT "
-                    "histograms, bias, per region, with paired bootstrap CIs against the raw ensemble. Writes "
+                    "standard CRPS) and, on synthetic data, the oracle on one split at every lead with truth: "
+                    "CRPS and EECRPS (unweighted, ENS-10; area-weighted, WeatherBench 2), skill and gap closed, "
+                    "spread/skill, rank and PIT histograms, bias, per region, the CRPS decomposition and "
+                    "reliability diagrams, with Diebold-Mariano tests and stationary-bootstrap CIs against the raw "
+                    "ensemble (docs/verification.md). Writes OUT/results.nc (the results dataset), "
                     "OUT/metrics.json, OUT/report.html and OUT/report.md with PNG figures.",
         epilog="examples:\n  postcast evaluate data/store.zarr --checkpoints runs/*/lightning_logs/version_0/"
                "checkpoints/best*.ckpt\n"
@@ -261,6 +299,8 @@ def _run_evaluate(a: argparse.Namespace) -> int:
                          out=a.out, bootstrap=a.bootstrap)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    if a.targets:
+        _check_checkpoint_targets(a.checkpoints, a.targets)
     res = evaluate(cfg, progress=_progress(a.progress, "checkpoints"))
     for target, r in res["targets"].items():
         for f, regions in r["forecasts"].items():
@@ -269,6 +309,17 @@ def _run_evaluate(a: argparse.Namespace) -> int:
                   f"gap closed {100 * g.get('gap_closed', float('nan')):.0f}%")
     print(f"report: {Path(a.out) / 'report.html'}")
     return 0
+
+
+def _check_checkpoint_targets(checkpoints: Sequence[str], targets: Sequence[str]) -> None:
+    """Refuse a checkpoint trained for a target that is not being evaluated (it would be skipped silently)."""
+    from postcast.models.module import load_checkpoint
+
+    for path in checkpoints:
+        target = load_checkpoint(path)[1]["sample"]["target"]
+        if target not in targets:
+            msg = f"{path}: a checkpoint for {target}, but --targets is {','.join(targets)}; add {target} or drop it"
+            raise ConfigError(msg)
 
 
 def _progress(enabled: bool, unit: str) -> Callable[[Any], Any]:
@@ -340,6 +391,11 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--thresholds", type=_float_tuple, default=(), help="exceedance thresholds in the target's units")
     p.add_argument("--format", type=_str_tuple, default=("netcdf",), help="netcdf and/or zarr (default netcdf)")
     p.add_argument("--overwrite", action="store_true", help="rewrite outputs that exist")
+    p.add_argument("--regrid-method", default="bilinear", choices=("bilinear", "nearest", "conservative"),
+                   help="inputs on another grid than the checkpoint's are regridded to it (default bilinear)")
+    p.add_argument("--on-input-grid", action="store_true",
+                   help="write the products back on the input's grid (regular global inputs) instead of the "
+                        "checkpoint's")
     p.add_argument("--name", help="the model's name in the output paths (default: its model family, e.g. unet); "
                                   "give each model its own so their products never share a file")
     p.set_defaults(func=_run_forecast, input_errors=(ValueError, OSError), input_path="input")
@@ -355,7 +411,8 @@ def _run_forecast(a: argparse.Namespace) -> int:
     from postcast.pipeline.forecast import DEFAULT_QUANTILES, ForecastConfig, forecast
     cfg = ForecastConfig(checkpoint=a.checkpoint, input=a.input, out=a.out, init_time=a.init_time, end=a.end,
                          quantiles=a.quantiles or DEFAULT_QUANTILES, thresholds=a.thresholds, formats=a.format,
-                         overwrite=a.overwrite, name=a.name)
+                         overwrite=a.overwrite, name=a.name, regrid_method=a.regrid_method,
+                         on_input_grid=a.on_input_grid)
     res = forecast(cfg)
     print(f"written {len(res.written)} ({len(res.fallback)} fallback), kept {len(res.skipped)} existing")
     return 0
@@ -367,15 +424,24 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "serve", help="HTTP service (FastAPI + uvicorn) over the outputs of `postcast forecast`",
         description="Serve point and bounding-box queries (mean, std, quantiles, exceedance probabilities), a "
                     "listing, /health, /metrics (Prometheus), OpenAPI docs at /docs and a map page at /. "
-                    "With --token (or POSTCAST_TOKEN) the forecast endpoints need 'Authorization: Bearer TOKEN'.",
+                    "With --token (or POSTCAST_TOKEN) every path but /health (and /metrics with --public-metrics) "
+                    "needs 'Authorization: Bearer TOKEN'. The archive is rescanned every --watch seconds; "
+                    "unreadable or foreign files are skipped and listed by /health.",
         epilog="examples:\n  postcast serve forecasts/ --port 8000\n"
                "  curl 'http://127.0.0.1:8000/forecast/point?target=t850&lat=47.5&lon=8.5'",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("forecasts", help="directory written by `postcast forecast`")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port, 1..65535")
     p.add_argument("--token", help="bearer token (default: $POSTCAST_TOKEN; none: no auth)")
+    p.add_argument("--public-metrics", action="store_true", help="leave /metrics open when a token is set")
     p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    p.add_argument("--watch", type=float, default=2.0, help="rescan the archive at most every S seconds (default 2)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client has to send a request's headers (default 10)")
+    p.add_argument("--keep-alive-timeout", type=int, default=5, help="seconds an idle connection is kept (default 5)")
+    p.add_argument("--limit-concurrency", type=int, default=1000,
+                   help="connections + requests before answering 503 (default 1000)")
     p.set_defaults(func=_run_serve)
 
 
@@ -383,16 +449,22 @@ def _run_serve(a: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    import uvicorn
+    from postcast.serve.server import ServeOptions, run
 
+    opts = ServeOptions(host=a.host, port=a.port, workers=a.workers, header_timeout=a.header_timeout,
+                        keep_alive_timeout=a.keep_alive_timeout, limit_concurrency=a.limit_concurrency)
+    if not 0.0 <= a.watch <= 86400.0:
+        msg = f"--watch {a.watch}: give seconds in [0, 86400] (0: rescan on every request)"
+        raise ConfigError(msg)
     if not Path(a.forecasts).is_dir():
         msg = f"{a.forecasts}: not a directory of forecasts (write one with `postcast forecast`)"
         raise MissingInputError(msg)
     os.environ["POSTCAST_FORECASTS"] = str(a.forecasts)
+    os.environ["POSTCAST_WATCH_S"] = str(a.watch)
+    os.environ["POSTCAST_PUBLIC_METRICS"] = "1" if a.public_metrics else "0"
     if a.token:
         os.environ["POSTCAST_TOKEN"] = a.token
-    uvicorn.run("postcast.serve.app:app_from_env", factory=True, host=a.host, port=a.port, workers=a.workers,
-                log_level="warning", access_log=False)
+    run("postcast.serve.app:app_from_env", opts)
     return 0
 
 
@@ -533,10 +605,54 @@ def _run_compress_report(a: argparse.Namespace) -> int:
     return 0
 
 
+# --- download ------------------------------------------------------------------------------------
+def _add_download(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "download", help="fetch the real ENS-10 files (and the ERA5 truth of its baselines)",
+        description="Download ENS-10 GRIB files by date range and group (pl/sfc), several at once, resuming "
+                    "interrupted transfers with HTTP range requests; sizes (and MD5 ETags) are checked and only "
+                    "complete files get their final names, so reruns skip them.",
+        epilog="examples:\n  postcast download ens10 --start 2018-01-01 --end 2018-01-08 --dry-run\n"
+               "  postcast download ens10 --start 2018-01-01 --end 2018-12-31 --group pl --out /data/ens10\n"
+               "  postcast download ens10 --start 2018-01-01 --end 2018-01-08 --era5-years 2016,2017 --out d",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", choices=["ens10"], help="what to download")
+    p.add_argument("--start", required=True, help="first init date (its month-day selects the ENS-10 file)")
+    p.add_argument("--end", help="last init date, inclusive (default: --start)")
+    p.add_argument("--group", type=_str_tuple, default=("pl", "sfc"), help="pl and/or sfc (default both)")
+    p.add_argument("--era5-years", type=_int_tuple, default=(), help="also the ERA5 analyses of these years")
+    p.add_argument("--out", default="data/ens10", help="directory for the files (default data/ens10)")
+    p.add_argument("--jobs", type=int, default=4, help="transfers at once (default 4)")
+    p.add_argument("--base-url", help="ENS-10 address (default: ECMWF's object store)")
+    p.add_argument("--era5-url", help="ERA5 address (default: the SPCL mirror)")
+    p.add_argument("--dry-run", action="store_true", help="list files, addresses and (where a server answers) sizes")
+    p.set_defaults(func=_run_download)
+
+
+def _run_download(a: argparse.Namespace) -> int:
+    from postcast.datasets import download
+
+    if not 1 <= a.jobs <= 64:
+        msg = f"--jobs {a.jobs}: use 1..64"
+        raise ConfigError(msg)
+    files = download.ens10_files(a.start, a.end or a.start, tuple(a.group), a.base_url or download.ENS10_URL)
+    if a.era5_years:
+        files += download.era5_files(tuple(a.era5_years), tuple(a.group), a.era5_url or download.ERA5_URL)
+    if a.dry_run:
+        for f in download.with_sizes(files, a.jobs, timeout=3.0):
+            size = f"{f.size} B" if f.size is not None else "size unknown"
+            print(f"{f.name}\t{f.url}\t{size}")
+        print(f"{len(files)} files")
+        return 0
+    res = download.download(files, a.out, jobs=a.jobs, progress=a.progress)
+    print(f"{a.out}: fetched {len(res['fetched'])}, kept {len(res['skipped'])} complete files")
+    return 0
+
+
 # --- main ----------------------------------------------------------------------------------------
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_synth, _add_ingest, _add_inspect, _add_config, _add_train, _add_evaluate, _add_run, _add_forecast, _add_serve,
-    _add_compress, _add_decompress, _add_compress_report]
+    _add_compress, _add_decompress, _add_compress_report, _add_download]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -558,12 +674,15 @@ def exit_code(err: BaseException, input_errors: tuple[type[BaseException], ...] 
 
     * :class:`PostcastError` carries its own code: ``ConfigError`` 2, ``BadInputError`` 65 (the
       compression ``ArtefactError`` is one), ``MissingInputError`` 66;
+    * an ``OSError`` of a full disk, a file size limit or a quota, wrapped or not: 74 (``OutputError``);
     * any other ``FileNotFoundError``: missing input, 66;
     * the exception types a verb declares as ``input_errors`` (the plain ValueErrors the library
       raises about the data that verb reads): invalid input, 65.
     """
     if isinstance(err, PostcastError):
         return err.exit_code
+    if out_of_space(err) is not None:
+        return OutputError.exit_code
     if isinstance(err, FileNotFoundError):
         return MissingInputError.exit_code
     if isinstance(err, input_errors):
@@ -571,12 +690,30 @@ def exit_code(err: BaseException, input_errors: tuple[type[BaseException], ...] 
     return None
 
 
+def out_of_space(err: BaseException) -> OSError | None:
+    """The "disk full" / "file too large" / "quota" OSError behind ``err`` (zarr, dask and netCDF4 wrap
+    it), else None."""
+    import errno
+
+    full = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    return next((e for e in _chain(err) if isinstance(e, OSError) and e.errno in full), None)
+
+
 def _message(err: BaseException, path: str | None) -> str:
     """The error line's text. A plain exception (not a PostcastError, whose message says what it means)
     is prefixed with the verb's input path, unless it names that path already."""
+    full = out_of_space(err)
+    if full is not None:
+        return (f"cannot write {full.filename or 'the output'}: {full.strerror or full} (disk full or file size "
+                "limit); free space and rerun (finished work is kept, nothing partial was marked complete)")
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     plain = not isinstance(err, PostcastError)
     return f"{path}: {text}" if plain and path and path not in text else text
+
+
+class _NoTaskFailureReports(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Compute Failed")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -584,6 +721,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    # a failed dask task is re-raised here and reported once, as one line (with its traceback at DEBUG)
+    logging.getLogger("distributed.worker").addFilter(_NoTaskFailureReports())
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -32,7 +32,15 @@ _DIM_ALIASES = {
 _CDO_NAMES = {"Z": "z", "T": "t", "Q": "q", "W": "w", "D": "d", "U": "u", "V": "v", "SSTK": "sst",
               "TCW": "tcw", "TCWV": "tcwv", "CP": "cp", "TP": "tp", "MSL": "msl", "TCC": "tcc",
               "U10M": "u10", "V10M": "v10", "T2M": "t2m", "SKT": "skt"}
-_VAR_ALIASES = {**{v.grib_short_name: v.name for v in schema.VARIABLES.values()}, **_CDO_NAMES}
+# WeatherBench 2 / ARCO-ERA5 long names
+_WB2_NAMES = {"geopotential": "z", "temperature": "t", "specific_humidity": "q", "vertical_velocity": "w",
+              "divergence": "d", "u_component_of_wind": "u", "v_component_of_wind": "v",
+              "sea_surface_temperature": "sst", "total_column_water": "tcw", "total_column_water_vapour": "tcwv",
+              "convective_precipitation": "cp", "mean_sea_level_pressure": "msl", "total_cloud_cover": "tcc",
+              "10m_u_component_of_wind": "u10", "10m_v_component_of_wind": "v10", "2m_temperature": "t2m",
+              "total_precipitation": "tp", "skin_temperature": "skt"}
+_VAR_ALIASES = {**{v.grib_short_name: v.name for v in schema.VARIABLES.values()}, **_CDO_NAMES, **_WB2_NAMES}
+POINTS = "values"  # cfgrib's dimension of a reduced Gaussian grid (per-point latitude/longitude)
 
 
 def _unit_key(units: str) -> str:
@@ -93,9 +101,12 @@ def convert_units(da: xr.DataArray, var: schema.Variable, source: str = "") -> x
 
 def _rename(ds: xr.Dataset, source: str) -> xr.Dataset:
     names = {k: v for k, v in _DIM_ALIASES.items() if k in ds.variables or k in ds.dims}
-    # ``time`` is the init time in forecasts (cfgrib); ``valid_time`` stays a coordinate.
-    if "time" in ds.dims and schema.INIT_TIME not in ds.dims:
+    # ``time`` is the init time in forecasts (cfgrib, scalar when one date); ``valid_time`` stays a
+    # coordinate, except in analysis-only files without ``time`` (CDS 2024+), where it is the date.
+    if "time" in ds.variables and schema.INIT_TIME not in ds.variables:
         names["time"] = schema.INIT_TIME
+    elif "valid_time" in ds.dims and "time" not in ds.variables and schema.STEP not in ds.variables:
+        names["valid_time"] = schema.INIT_TIME
     names.update({k: v for k, v in _VAR_ALIASES.items() if k in ds.data_vars and k != v})
     clash = [v for k, v in names.items() if v in ds.variables and k != v]
     if clash:
@@ -130,11 +141,20 @@ def _fix_step(ds: xr.Dataset, source: str) -> xr.Dataset:
     return ds.assign_coords({schema.STEP: pd.to_timedelta(np.asarray(step.values), unit=factor)})
 
 
-def _fix_lonlat(ds: xr.Dataset, source: str) -> xr.Dataset:
+def _fix_lonlat(ds: xr.Dataset, source: str, *, any_grid: bool = False) -> xr.Dataset:
+    """Latitude ascending, longitude 0..360 on a regular global grid; with ``any_grid``, other regular
+    grids (regional, any longitude convention) keep their longitudes and point grids (``values``) pass,
+    to be regridded when read (datasets/regrid.py)."""
     for c in (schema.LAT, schema.LON):
         if c not in ds.coords:
-            msg = f"{source}: no {c} coordinate; expected a regular latitude/longitude grid"
+            msg = (f"{source}: no {c} coordinate; expected a latitude/longitude grid (regular, or reduced "
+                   "Gaussian with per-point coordinates)")
             raise BadInputError(msg)
+    if any_grid and POINTS in ds[schema.LAT].dims:
+        return ds
+    if any_grid and not _is_global(ds):
+        lat = ds[schema.LAT].values
+        return ds.isel({schema.LAT: slice(None, None, -1)}) if lat.size > 1 and lat[0] > lat[-1] else ds
     lon = np.asarray(ds[schema.LON].values, dtype=np.float64)
     if lon.min() < 0:
         ds = ds.assign_coords({schema.LON: np.mod(lon, 360.0)}).sortby(schema.LON)
@@ -154,10 +174,22 @@ def _fix_lonlat(ds: xr.Dataset, source: str) -> xr.Dataset:
     })
 
 
+def _is_global(ds: xr.Dataset) -> bool:
+    lon = np.sort(np.mod(np.asarray(ds[schema.LON].values, dtype=np.float64), 360.0))
+    try:
+        schema.Grid.from_coords(ds[schema.LAT].values, lon)
+    except ValueError:
+        return False
+    return True
+
+
 def _fix_dims(ds: xr.Dataset) -> xr.Dataset:
     """Promote scalar coords (cfgrib's single-level ``surface``/``isobaricInhPa``) and order dims."""
-    if schema.INIT_TIME in ds.coords and schema.INIT_TIME not in ds.dims:
-        ds = ds.expand_dims(schema.INIT_TIME)
+    for dim in (schema.INIT_TIME, schema.STEP, schema.MEMBER):  # scalar coords (one date, one step, control)
+        if dim in ds.coords and dim not in ds.dims:
+            ds = ds.expand_dims(dim)
+    if schema.STEP not in ds.coords:  # analyses: step 0
+        ds = ds.expand_dims({schema.STEP: pd.to_timedelta([0], unit="h")})
     drop = [c for c in ("surface", "heightAboveGround", "entireAtmosphere", "meanSea") if c in ds.coords]
     ds = ds.drop_vars(drop)
     out = {}
@@ -173,9 +205,10 @@ def _fix_dims(ds: xr.Dataset) -> xr.Dataset:
             if schema.LEVEL in da.dims:
                 da = da.squeeze(schema.LEVEL, drop=True)
             order = schema.SFC_DIMS
-        missing = [d for d in order if d not in da.dims]
-        if missing == [schema.MEMBER]:
-            da = da.expand_dims({schema.MEMBER: [1]})
+        horizontal = (schema.LAT, schema.LON) if POINTS in da.dims else ()
+        missing = [d for d in order if d not in da.dims and d not in horizontal]
+        if missing == [schema.MEMBER]:  # deterministic forecasts and analyses: member 0, as GRIB numbers them
+            da = da.expand_dims({schema.MEMBER: [0]})
         out[str(name)] = da.transpose(*[d for d in order if d in da.dims], ...)
     return xr.Dataset(out, attrs=ds.attrs)
 
@@ -189,7 +222,7 @@ def normalise(ds: xr.Dataset, *, source: str = "input") -> xr.Dataset:
     ds = _rename(ds, source)
     ds = _fix_level(ds)
     ds = _fix_step(ds, source)
-    ds = _fix_lonlat(ds, source)
+    ds = _fix_lonlat(ds, source, any_grid=True)
     ds = _fix_dims(ds)
     if not ds.data_vars:
         msg = f"{source}: no ENS-10 variable found (known: {', '.join(schema.VARIABLES)})"

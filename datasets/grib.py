@@ -21,14 +21,14 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import schema
+from postcast.datasets import regrid, schema
 from postcast.datasets.errors import BadInputError
 from postcast.datasets.io import atomic_path
 
 MISSING_VALUE = 9999.0  # what ENS-10 readers see for missing SST (the reference loader fills 9999)
 BITS_PER_VALUE = 16
 INDEX_COLUMNS = ["var", "level", "member", "init_time", "step_h", "offset", "length", "ni", "nj",
-                 "lat_first", "lat_last", "lon_first", "lon_last"]
+                 "lat_first", "lat_last", "lon_first", "lon_last", "grid_type", "n_values", "data_type"]
 
 
 def file_name(kind: str, month: int, day: int) -> str:
@@ -155,9 +155,20 @@ def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     return df
 
 
-_LONG_KEYS = ("level", "number", "dataDate", "dataTime", "endStep", "offset", "totalLength", "Ni", "Nj")
+_LONG_KEYS = ("level", "dataDate", "dataTime", "offset", "totalLength")
 _GRID_KEYS = ("latitudeOfFirstGridPointInDegrees", "latitudeOfLastGridPointInDegrees",
               "longitudeOfFirstGridPointInDegrees", "longitudeOfLastGridPointInDegrees")
+
+
+def _get_long(h: int, key: str, default: int) -> int:
+    """A key that some editions or local definitions lack (``number`` of an analysis, ``Ni`` of a
+    reduced grid): ``default`` when absent or missing."""
+    try:
+        if not eccodes.codes_is_defined(h, key) or eccodes.codes_is_missing(h, key):
+            return default
+        return int(eccodes.codes_get_long(h, key))
+    except Exception:  # eccodes raises several types for absent keys
+        return default
 
 
 def _header_row(h: int, path: Path, i: int) -> list[object]:
@@ -171,11 +182,17 @@ def _header_row(h: int, path: Path, i: int) -> list[object]:
                 msg = f"{path}: message {i} holds {short!r} (paramId {pid}), not an ENS-10 variable"
                 raise BadInputError(msg)
         pl = eccodes.codes_get_string(h, "typeOfLevel") == "isobaricInhPa"
-        level, number, date, hhmm, step, offset, length, ni, nj = (
-            eccodes.codes_get_long(h, k) for k in _LONG_KEYS)
+        level, date, hhmm, offset, length = (eccodes.codes_get_long(h, k) for k in _LONG_KEYS)
+        number = _get_long(h, "number", 0)  # analyses and deterministic forecasts: member 0
+        step = _get_long(h, "endStep", 0)
         init = pd.Timestamp(year=date // 10000, month=date // 100 % 100, day=date % 100, hour=hhmm // 100)
         grid = [eccodes.codes_get_double(h, k) for k in _GRID_KEYS]
-        return [var.name, level if pl else 0, number, init, step, offset, length, ni, nj, *grid]
+        ni, nj = _get_long(h, "Ni", 0), _get_long(h, "Nj", 0)
+        gtype = eccodes.codes_get_string(h, "gridType")
+        dtype = eccodes.codes_get_string(h, "dataType") if eccodes.codes_is_defined(h, "dataType") else ""
+        n_values = _get_long(h, "numberOfPoints", ni * nj)
+        return [var.name, level if pl else 0, number, init, step, offset, length, ni, nj, *grid, gtype, n_values,
+                dtype]
     except BadInputError:
         raise
     except Exception as err:
@@ -183,27 +200,49 @@ def _header_row(h: int, path: Path, i: int) -> list[object]:
         raise BadInputError(msg) from err
 
 
-def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> schema.Grid:
-    """The regular global grid shared by every message of an index, or :class:`BadInputError`."""
-    shapes = index[["ni", "nj", "lat_first", "lat_last", "lon_first", "lon_last"]].drop_duplicates()
+def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> regrid.SourceGrid:
+    """The grid shared by every message of an index (regular lat/lon of any extent and scan order,
+    or reduced Gaussian as per-point coordinates), or :class:`BadInputError`."""
+    shapes = index[["grid_type", "ni", "nj", "n_values", "lat_first", "lat_last", "lon_first",
+                    "lon_last"]].drop_duplicates()
     if len(shapes) != 1:
-        msg = f"{path}: messages on {len(shapes)} different grids; ENS-10 files hold one grid"
+        msg = f"{path}: messages on {len(shapes)} different grids; split the file by grid (grib_copy)"
         raise BadInputError(msg)
-    ni, nj, la0, la1, lo0, lo1 = shapes.iloc[0]
-    lat = np.linspace(la0, la1, int(nj))
-    lon = np.linspace(lo0, lo1, int(ni))
+    gtype, ni, nj, _, la0, la1, lo0, lo1 = shapes.iloc[0]
+    if gtype == "regular_ll":
+        lat = np.sort(np.linspace(la0, la1, int(nj)))  # decode returns latitude ascending
+        span = np.mod(lo1 - lo0, 360.0) or 360.0
+        lon = lo0 + np.arange(int(ni)) * (span / (int(ni) - 1) if ni > 1 else 0.0)  # crosses 360/180 freely
+        return regrid.SourceGrid.regular(lat, lon)
+    if gtype in ("reduced_gg", "regular_gg", "reduced_ll"):
+        lat, lon, name = _point_coords(path, int(index["offset"].iloc[0]), int(index["length"].iloc[0]))
+        return regrid.SourceGrid.points(lat, lon, name)
+    msg = f"{path}: gridType {gtype} is not supported; use regular_ll or reduced_gg (ECMWF classic/octahedral)"
+    raise BadInputError(msg)
+
+
+def _point_coords(path: str | os.PathLike[str], offset: int, length: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """Per-point latitude/longitude of one message (in storage order) and a grid name (O8, N32)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        h = eccodes.codes_new_from_message(f.read(length))
     try:
-        return schema.Grid.from_coords(lat, lon)
-    except ValueError as err:
-        msg_0 = f"{path}: wrong grid: {err}"
-        raise BadInputError(msg_0) from err
+        lat = eccodes.codes_get_array(h, "latitudes")
+        lon = eccodes.codes_get_array(h, "longitudes")
+        name = eccodes.codes_get_string(h, "gridName") if eccodes.codes_is_defined(h, "gridName") else ""
+        gtype = eccodes.codes_get_string(h, "gridType")
+    finally:
+        eccodes.codes_release(h)
+    return lat, lon, f"{gtype} {name} ({lat.size} points)".replace("  ", " ")
 
 
-def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape: tuple[int, int]) -> np.ndarray:
-    """Decode messages at (offset, length) into (n, n_lat, n_lon) float32, latitude ascending, NaN
-    where the bitmap marks missing values."""
+def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape: tuple[int, ...]) -> np.ndarray:
+    """Decode messages at (offset, length) into (n, *shape) float32, NaN where the bitmap marks missing
+    values; regular grids (shape (n_lat, n_lon)) come latitude ascending, point grids (shape (n,)) in
+    storage order."""
     rows = list(rows)
     out = np.empty((len(rows), *shape), dtype=np.float32)
+    size = int(np.prod(shape))
     with open(path, "rb") as f:
         for k, (offset, length) in enumerate(rows):
             f.seek(offset)
@@ -217,14 +256,14 @@ def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape:
                 values = eccodes.codes_get_values(h)
                 if eccodes.codes_get(h, "bitmapPresent"):
                     values[values == eccodes.codes_get(h, "missingValue")] = np.nan
-                jpos = eccodes.codes_get(h, "jScansPositively")
+                jpos = eccodes.codes_get(h, "jScansPositively") if len(shape) == 2 else 1
             except Exception as err:
                 msg = f"{path}: cannot decode GRIB message at byte {offset}: {err}"
                 raise BadInputError(msg) from err
             finally:
                 eccodes.codes_release(h)
-            if values.size != shape[0] * shape[1]:
-                msg = f"{path}: message at byte {offset} has {values.size} values, expected {shape[0] * shape[1]}"
+            if values.size != size:
+                msg = f"{path}: message at byte {offset} has {values.size} values, expected {size}"
                 raise BadInputError(msg)
             field = values.reshape(shape)
             out[k] = field if jpos else field[::-1]

@@ -40,7 +40,7 @@ import pandas as pd
 import xarray as xr
 
 import postcast
-from postcast.datasets import config, grib, io, schema, sources, statistics
+from postcast.datasets import config, grib, integrity, io, schema, sources, statistics
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError, MissingInputError
 
@@ -56,9 +56,12 @@ class IngestConfig:
     source: str = ""  # forecasts: a directory written by `postcast synth`, GRIB/netCDF files or a zarr store
     out: str = ""  # the store to write
     truth: str | None = None  # ERA5-like truth; default: era5.zarr / era5/*.nc next to the forecasts
-    variables: tuple[str, ...] = tuple(schema.VARIABLES)  # required forecast variables
+    variables: tuple[str, ...] | None = None  # required forecast variables; None: the ENS-10 ones the source has
     levels: tuple[int, ...] | None = None  # None: the levels the source holds
-    members: int = schema.N_MEMBERS
+    members: str | int = "all"  # all | a count N | an inclusive range A:B (0:9)
+    steps: tuple[int, ...] | None = None  # lead times in hours; None: the steps the source holds
+    grid: float | None = None  # store resolution (deg); None: the source's regular global grid (or the closest)
+    regrid_method: str = "bilinear"  # bilinear | nearest | conservative, when the source is on another grid
     splits: schema.Splits = field(default_factory=schema.Splits)
     scheduler: str | None = None  # dask.distributed address; None: start a LocalCluster
     workers: int = 2  # LocalCluster workers
@@ -69,7 +72,7 @@ class IngestConfig:
 
     def __post_init__(self) -> None:
         try:
-            sources.Expectation(self.variables, self.levels, self.members)
+            self.expectation  # noqa: B018  (validates)
         except ValueError as err:
             raise ConfigError(str(err)) from err
         if self.workers < 1:
@@ -78,7 +81,8 @@ class IngestConfig:
 
     @property
     def expectation(self) -> sources.Expectation:
-        return sources.Expectation(self.variables, self.levels, self.members)
+        return sources.Expectation(self.variables, self.levels, self.members, self.steps, self.grid,
+                                   self.regrid_method)
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the store's content (not how it is computed)."""
@@ -374,6 +378,7 @@ def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources
         "source_kind": found.forecast.kind,
         "sources": {f: _checksum(f) for f in files},
         "plan": {k: v for k, v in plan.to_dict().items() if k not in ("init_times", "files")},
+        **plan.regridding,
         "n_init_times": len(plan.init_times),
         "splits": cfg.splits.as_dict(),
         "targets": list(schema.TARGETS),
@@ -384,3 +389,4 @@ def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources
         attrs["has_oracle"] = True
     io.update_zarr_attrs(store, json.loads(json.dumps(attrs, default=str)))
     io.consolidate(store)
+    integrity.record(store)  # chunk checksums for `postcast inspect --verify`

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
+import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +26,54 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import conventions, grib, schema
+from postcast.datasets import conventions, grib, plausibility, regrid, schema
 from postcast.datasets.errors import BadInputError, MissingInputError
 
+log = logging.getLogger(__name__)
 MAX_REPORTED = 20  # missing items printed in an error message (the JSON report has them all)
+
+
+def parse_members(spec: str | int | None) -> tuple[str, int, int]:
+    """``--members``: ``all`` (what the source has), a count ``N`` (the first N members the source
+    numbers) or an inclusive range ``A:B`` (``0:9``). Returns (kind, a, b); ValueError names the fix."""
+    text = "all" if spec is None else str(spec).strip().lower()
+    if text == "all":
+        return ("all", 0, 0)
+    a, sep, b = text.partition(":")
+    if a.isdigit() and (not sep or b.isdigit()):
+        if not sep:
+            if int(a) < 1:
+                msg = f"--members {spec}: a count must be at least 1"
+                raise ValueError(msg)
+            return ("count", int(a), 0)
+        if int(b) >= int(a):
+            return ("range", int(a), int(b))
+    msg = f"--members {spec!r}: give a count (10), an inclusive range (0:9 or 1:10) or all"
+    raise ValueError(msg)
+
+
+def _span(members: list[int] | tuple[int, ...]) -> str:
+    """0-9 for consecutive numbers, else the list."""
+    m = sorted(members)
+    if not m:
+        return "none"
+    return f"{m[0]}-{m[-1]}" if m == list(range(m[0], m[-1] + 1)) and len(m) > 1 else ",".join(map(str, m))
 
 
 @dataclass(frozen=True)
 class Expectation:
-    """What a complete forecast source must hold for every init date."""
+    """What a complete forecast source must hold for every init date; ``None`` (and members ``all``):
+    whatever the source has (the default: never the full ENS-10 schema unless asked)."""
 
-    variables: tuple[str, ...] = tuple(schema.VARIABLES)
+    variables: tuple[str, ...] | None = None  # None: every ENS-10 variable the source holds
     levels: tuple[int, ...] | None = None  # None: the levels the source holds (same for all dates)
-    members: int = schema.N_MEMBERS
-    steps_h: tuple[int, ...] = schema.STEPS_H
+    members: str | int = "all"  # all | count N | range A:B (see parse_members)
+    steps_h: tuple[int, ...] | None = None  # None: the steps the source holds
+    grid: float | None = None  # target resolution (deg); None: the source's regular global grid
+    method: str = "bilinear"  # regridding method when the source is on another grid
 
     def __post_init__(self) -> None:
-        unknown = [v for v in self.variables if v not in schema.VARIABLES]
+        unknown = [v for v in self.variables or () if v not in schema.VARIABLES]
         if unknown:
             msg = f"unknown variables {unknown}; known: {list(schema.VARIABLES)}"
             raise ValueError(msg)
@@ -49,11 +82,51 @@ class Expectation:
             if bad:
                 msg = f"levels {bad} are not ENS-10 levels {list(schema.LEVELS)}"
                 raise ValueError(msg)
+        parse_members(self.members)
+        if self.grid is not None:
+            schema.Grid(self.grid)  # ValueError naming usable resolutions
+        if self.method not in regrid.METHODS:
+            msg = f"regridding method {self.method!r}: use one of {', '.join(regrid.METHODS)}"
+            raise ValueError(msg)
+
+    def pick_members(self, have: list[int], source: str) -> tuple[int, ...]:
+        """The members to read, or :class:`MissingInputError` in the user's terms with the fix."""
+        kind, a, b = parse_members(self.members)
+        have = sorted(have)
+        ctrl = " (0 is the control)" if 0 in have else ""
+        fix = f"pass --members {have[0]}:{have[-1]} or --members all" if have else "check the file"
+        if kind == "all":
+            if not have:
+                _raise_missing(["members (no ensemble members found)"], source, "items")
+            return tuple(have)
+        if kind == "count":
+            if len(have) < a:
+                _raise_missing([f"members {_span(have)} found{ctrl}, {a} expected: pass --members "
+                                f"{len(have)} or --members all"], source, "items")
+            return tuple(have[:a])
+        want = list(range(a, b + 1))
+        lacking = [m for m in want if m not in have]
+        if lacking:
+            _raise_missing([f"members {_span(have)} found{ctrl}, {a}-{b} expected: {fix}"], source, "items")
+        return tuple(want)
+
+    def pick(self, what: str, asked: tuple[int, ...] | None, have: list[int], unit: str,
+             source: str) -> tuple[int, ...]:
+        """Levels or steps: those asked (all must be there) or, by default, those the source has."""
+        if asked is None:
+            return tuple(sorted(have))
+        lacking = [x for x in asked if x not in have]
+        if lacking:
+            hint = (f"the source has {', '.join(map(str, sorted(have))) or 'none'} {unit}: pass --{what} "
+                    f"{','.join(map(str, sorted(have)))} or omit it")
+            _raise_missing([f"{what.removesuffix('s')} {x} {unit} ({hint})" for x in lacking], source, "items")
+        return tuple(sorted(asked))
 
 
 @dataclass
 class Plan:
-    """What a source holds once checked; the shape of the store ingestion will write."""
+    """What a source holds once checked; the shape of the store ingestion will write. ``grid`` is the
+    target grid; ``source_grid`` is where the source's values sit (None: already on ``grid``)."""
 
     init_times: list[pd.Timestamp]
     variables: tuple[str, ...]
@@ -62,15 +135,25 @@ class Plan:
     steps_h: tuple[int, ...]
     grid: schema.Grid
     files: list[str] = field(default_factory=list)
+    source_grid: regrid.SourceGrid | None = None
+    method: str = "bilinear"
 
     @property
     def pl_variables(self) -> list[str]:
         return [v for v in self.variables if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE]
 
+    @property
+    def regridding(self) -> dict[str, str]:
+        """Provenance of the horizontal grid, for the store and the forecast files."""
+        target = f"regular_ll {self.grid.resolution:g} deg global {self.grid.n_lat}x{self.grid.n_lon}"
+        if self.source_grid is None:
+            return {"source_grid": target, "regrid_method": "none"}
+        return {"source_grid": self.source_grid.name, "regrid_method": self.method}
+
     def to_dict(self) -> dict[str, Any]:
         return {"init_times": [str(t) for t in self.init_times], "variables": list(self.variables),
                 "levels": list(self.levels), "members": list(self.members), "steps_h": list(self.steps_h),
-                "resolution": self.grid.resolution, "files": self.files}
+                "resolution": self.grid.resolution, "files": self.files, **self.regridding}
 
 
 def _raise_missing(missing: list[str], source: str, what: str = "forecast fields") -> None:
@@ -83,13 +166,30 @@ def _raise_missing(missing: list[str], source: str, what: str = "forecast fields
     raise err
 
 
+def _missing_slices(da: xr.DataArray, source: str) -> None:
+    """Whole members, levels or steps that are all NaN (a file lacking them, joined with others):
+    reported as missing, not as NaN values."""
+    for dim in (schema.MEMBER, schema.LEVEL, schema.STEP):
+        if dim not in da.dims or da.sizes[dim] < 2:
+            continue
+        other = [d for d in da.dims if d != dim]
+        empty = np.isnan(da.values).all(axis=tuple(da.dims.index(d) for d in other))
+        if empty.any():
+            labels = [str(x) for x in np.asarray(da[dim].values)[empty]]
+            msg = (f"{source}: {dim} {', '.join(labels)} of {da.name!r} missing on this date (another date or file has "
+                   f"it); add the file that holds it or pass --{dim}s without {labels[0]}")
+            raise MissingInputError(msg)
+
+
 def check_values(ds: xr.Dataset, source: str) -> None:
-    """NaNs only where they belong (SST over land), values within physical ranges."""
+    """NaNs only where they belong (SST over land), values within physical ranges, each field's median
+    plausible for its variable and level (datasets/plausibility.py)."""
     for name, da in ds.data_vars.items():
         var = schema.VARIABLES[str(name)]
         values = np.asarray(da.values)
         nan = np.isnan(values)
         if nan.any() and not var.missing_over_land:
+            _missing_slices(da, source)
             where = {d: str(da[d].values[i]) for d, i in zip(da.dims, np.argwhere(nan)[0], strict=True)
                      if d in da.coords and d not in (schema.LAT, schema.LON)}
             msg = f"{source}: {int(nan.sum())} NaN values in {name!r} (first at {where}); only sst may be missing"
@@ -97,10 +197,21 @@ def check_values(ds: xr.Dataset, source: str) -> None:
         if nan.all():
             msg = f"{source}: {name!r} is entirely missing"
             raise BadInputError(msg)
+        _check_plausible(da, source)
         lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
         if lo < var.valid_min or hi > var.valid_max:
             msg = (f"{source}: {name!r} spans {lo:.4g}..{hi:.4g} {var.units}, outside the plausible "
                    f"{var.valid_min:g}..{var.valid_max:g}: wrong units or corrupt data?")
+            raise BadInputError(msg)
+
+
+def _check_plausible(da: xr.DataArray, source: str) -> None:
+    levels = [int(x) for x in da[schema.LEVEL].values] if schema.LEVEL in da.dims else [None]
+    for lv in levels:
+        part = da.sel({schema.LEVEL: lv}) if lv is not None else da
+        bad = plausibility.problem(str(da.name), lv, np.asarray(part.values))
+        if bad:
+            msg = f"{source}: {bad}"
             raise BadInputError(msg)
 
 
@@ -144,9 +255,9 @@ class GribSource(ForecastSource):
     def plan(self, expect: Expectation) -> Plan:
         idx = self.index
         grids = {f: grib.grid_of(g, f) for f, g in idx.groupby("file")}
-        if len(set(grids.values())) > 1:
-            detail = ", ".join(f"{Path(f).name}: {g.resolution} deg" for f, g in grids.items())
-            msg = f"{self.path}: files on different grids ({detail})"
+        if len({g.name for g in grids.values()}) > 1:
+            detail = ", ".join(f"{Path(f).name}: {g.name}" for f, g in grids.items())
+            msg = f"{self.path}: files on different grids ({detail}); ingest them separately"
             raise BadInputError(msg)
         dup = idx.duplicated(["var", "level", "member", "init_time", "step_h"])
         if dup.any():
@@ -154,15 +265,30 @@ class GribSource(ForecastSource):
             msg = (f"{r.file}: {int(dup.sum())} duplicate messages, e.g. {r['var']} level {r.level} member "
                    f"{r.member} {r.init_time:%Y-%m-%d} step {r.step_h} h")
             raise BadInputError(msg)
-        seen_pl = sorted(set(idx.loc[idx.level > 0, "level"]))
-        levels = tuple(sorted(expect.levels)) if expect.levels is not None else tuple(int(x) for x in seen_pl)
-        plan = Plan(sorted(pd.Timestamp(t) for t in idx.init_time.unique()), expect.variables, levels,
-                    tuple(range(1, expect.members + 1)), expect.steps_h, next(iter(grids.values())),
-                    [str(f) for f in self.files])
+        src = self.path
+        ens10 = self._ens10_named()
+        if ens10:
+            expect = replace(expect, variables=expect.variables or tuple(schema.VARIABLES),
+                             steps_h=expect.steps_h or schema.STEPS_H)
+        have_vars = set(idx["var"])
+        # ENS-10 files: what is lost is listed per message below, with the file it belongs in
+        variables = expect.variables if ens10 and expect.variables else _pick_variables(expect, have_vars, str(src))
+        pl_rows = idx[idx["var"].isin([v for v in variables if _is_pl(v)])]
+        levels = expect.pick("levels", expect.levels, sorted(int(x) for x in set(pl_rows.level)), "hPa", str(src))
+        members = expect.pick_members(sorted(int(m) for m in set(idx.member)), str(src))
+        steps = expect.pick("steps", expect.steps_h, sorted(int(x) for x in set(idx.step_h)), "h", str(src))
+        grid, source_grid = _target_grid(next(iter(grids.values())), expect, str(src))
+        plan = Plan(sorted(pd.Timestamp(t) for t in idx.init_time.unique()), variables, levels, members, steps, grid,
+                    [str(f) for f in self.files], source_grid, expect.method)
         present = set(zip(idx["init_time"], idx["var"], idx["level"], idx["member"], idx["step_h"], strict=True))
+        file_of = dict(zip(zip(idx["init_time"], idx["var"], strict=True), idx["file"], strict=True))
+
+        def where(t: pd.Timestamp, v: str, lv: int) -> str:  # the ENS-10 file it belongs in, else the one read
+            return grib.file_name("pl" if lv else "sfc", t.month, t.day) if ens10 else Path(
+                file_of.get((t, v), str(src))).name
+
         missing = [
-            f"{t:%Y-%m-%d} {v}{'' if lv == 0 else f' {lv} hPa'} member {m} step {s} h "
-            f"({grib.file_name('pl' if lv else 'sfc', t.month, t.day)})"
+            f"{t:%Y-%m-%d} {v}{'' if lv == 0 else f' {lv} hPa'} member {m} step {s} h ({where(t, v, lv)})"
             for t in plan.init_times
             for v, lv in self._fields(plan)
             for m, s in itertools.product(plan.members, plan.steps_h)
@@ -171,29 +297,37 @@ class GribSource(ForecastSource):
         _raise_missing(missing, str(self.path))
         return plan
 
+    def _ens10_named(self) -> bool:
+        """Files named as ENS-10's (``output.pl.2018MMDD``) are defined to hold all 18 variables and steps
+        0/24/48 h: for them that is the default expectation, so a lost file, variable or step is reported;
+        any other source is expected to hold what it has."""
+        return all(re.fullmatch(r"output\.(pl|sfc)\.2018\d{4}", Path(f).name) for f in self.files)
+
     @staticmethod
     def _fields(plan: Plan) -> list[tuple[str, int]]:
         out = []
         for v in plan.variables:
-            pl = schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE
-            out += [(v, lv) for lv in plan.levels] if pl else [(v, 0)]
+            out += [(v, lv) for lv in plan.levels] if _is_pl(v) else [(v, 0)]
         return out
 
     def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
         idx = self.index
         rows = idx[idx.init_time == init_time].set_index(["var", "level", "member", "step_h"]).sort_index()
+        shape = plan.source_grid.shape if plan.source_grid is not None else plan.grid.shape
         data = {}
         for v in plan.variables:
-            pl = schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE
+            pl = _is_pl(v)
             levels = plan.levels if pl else (0,)
             keys = list(itertools.product([v], levels, plan.members, plan.steps_h))
             sel = rows.loc[keys]
             arrays: list[np.ndarray] = []
             for f, part in sel.groupby("file", sort=False):
-                arrays.append(grib.decode(str(f), zip(part.offset, part.length, strict=True), plan.grid.shape))
+                arrays.append(grib.decode(str(f), zip(part.offset, part.length, strict=True), shape))
             order = np.concatenate([np.flatnonzero((sel.file == f).values) for f in sel.file.unique()])
-            flat = np.empty((len(keys), *plan.grid.shape), dtype=np.float32)
+            flat = np.empty((len(keys), *shape), dtype=np.float32)
             flat[order] = np.concatenate(arrays)
+            if plan.source_grid is not None:  # (fields, *source) -> (fields, lat, lon)
+                flat = regrid.to_grid(flat, plan.source_grid, plan.grid, plan.method)
             # keys are (level, member, step): reorder to (member, step, level)
             arr = flat.reshape(len(levels), len(plan.members), len(plan.steps_h), *plan.grid.shape)
             arr = np.moveaxis(arr, 0, 2)[None]  # (1, member, step, level, lat, lon)
@@ -201,6 +335,38 @@ class GribSource(ForecastSource):
         ds = _assemble(data, init_time, plan)
         check_values(ds, f"{self.path} {init_time:%Y-%m-%d}")
         return ds
+
+
+def _is_pl(v: str) -> bool:
+    return schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE
+
+
+def _pick_variables(expect: Expectation, have: set[str], source: str) -> tuple[str, ...]:
+    """The variables asked for (all must be there) or, by default, every ENS-10 variable the source has."""
+    if expect.variables is None:
+        if not have:
+            _raise_missing(["variables (no ENS-10 variable found)"], source, "items")
+        return tuple(v for v in schema.VARIABLES if v in have)
+    lacking = [v for v in expect.variables if v not in have]
+    if lacking:
+        hint = (f"the source has {', '.join(v for v in schema.VARIABLES if v in have) or 'none'}: pass --variables "
+                f"{','.join(v for v in schema.VARIABLES if v in have)}")
+        _raise_missing([f"variable {v} ({hint})" for v in lacking], source, "items")
+    return tuple(expect.variables)
+
+
+def _target_grid(src: regrid.SourceGrid, expect: Expectation, source: str) -> tuple[schema.Grid,
+                                                                                    regrid.SourceGrid | None]:
+    """The grid to write (the asked resolution, the source's own regular global grid, or the closest
+    regular global grid) and the source grid to regrid from (None: no regridding)."""
+    if expect.grid is not None:
+        grid = schema.Grid(expect.grid)
+    else:
+        grid = regrid.default_grid(src)
+        if not src.is_grid(grid):
+            log.info("%s: %s is not a regular global grid: regridding to %g deg (%s); choose with --grid",
+                     source, src.name, grid.resolution, expect.method)
+    return grid, (None if src.is_grid(grid) else src)
 
 
 def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
@@ -219,22 +385,60 @@ def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) 
 
 
 # --- netCDF / zarr via xarray --------------------------------------------------------------------
+def _open_one(path: str) -> xr.Dataset:
+    """One netCDF file or zarr store, lazily (dask chunks for netCDF, lazily indexed zarr)."""
+    try:
+        if path.endswith(".zarr") or Path(path, "zarr.json").exists():
+            from postcast.datasets.io import open_zarr
+
+            return open_zarr(path, chunks=None)  # lazily indexed: a date reads only its chunks
+        return xr.open_dataset(path, engine="netcdf4", chunks={})
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        msg = f"{path}: cannot open ({err}); is it a netCDF file or zarr store?"
+        raise BadInputError(msg) from err
+
+
+def combine(parts: list[xr.Dataset], label: str, names: list[str]) -> xr.Dataset:
+    """Normalised pieces -> one dataset: pieces holding the same variables (e.g. the ENS-10 files of
+    several month-days, each with many years) are joined along init_time and sorted; groups of other
+    variables (pl and sfc files) are merged."""
+    first = parts[0]
+    for ds, name in zip(parts[1:], names[1:], strict=True):
+        same = all(ds[c].shape == first[c].shape and np.allclose(ds[c].values, first[c].values)
+                   for c in (schema.LAT, schema.LON))
+        if not same:
+            grids = [regrid.SourceGrid.regular(d[schema.LAT].values, d[schema.LON].values).name
+                     if conventions.POINTS not in d[schema.LAT].dims else "a point grid" for d in (first, ds)]
+            msg = (f"{label}: {Path(name).name} is on {grids[1]}, {Path(names[0]).name} on {grids[0]}; "
+                   "one source holds one grid: ingest them separately")
+            raise BadInputError(msg)
+    groups: dict[tuple[str, ...], list[xr.Dataset]] = {}
+    for ds in parts:
+        groups.setdefault(tuple(sorted(str(v) for v in ds.data_vars)), []).append(ds)
+    joined = []
+    for group in groups.values():
+        ds = group[0] if len(group) == 1 else xr.concat(group, dim=schema.INIT_TIME, data_vars="minimal",
+                                                       coords="minimal", compat="override", join="outer")
+        if schema.INIT_TIME in ds.dims:
+            ds = ds.sortby(schema.INIT_TIME)
+            dup = ds.indexes[schema.INIT_TIME].duplicated()
+            if dup.any():
+                msg = (f"{label}: init time {ds[schema.INIT_TIME].values[dup][0]} appears in more than one file; "
+                       "remove the duplicate file")
+                raise BadInputError(msg)
+        joined.append(ds)
+    try:
+        return xr.merge(joined, compat="override", join="outer", combine_attrs="drop_conflicts")
+    except ValueError as err:
+        msg = f"{label}: the files do not fit together ({err})"
+        raise BadInputError(msg) from err
+
+
 @functools.lru_cache(maxsize=8)
 def _open_normalised(paths: tuple[str, ...]) -> xr.Dataset:
     label = paths[0] if len(paths) == 1 else f"{Path(paths[0]).parent} ({len(paths)} files)"
-    try:
-        if paths[0].endswith(".zarr") or Path(paths[0], "zarr.json").exists():
-            from postcast.datasets.io import open_zarr
-
-            raw = open_zarr(paths[0], chunks=None)  # lazily indexed: a date reads only its chunks
-        elif len(paths) == 1:
-            raw = xr.open_dataset(paths[0], engine="netcdf4")
-        else:
-            raw = xr.open_mfdataset(list(paths), engine="netcdf4", combine="by_coords", chunks={})
-    except (OSError, ValueError) as err:
-        msg = f"{label}: cannot open ({err})"
-        raise BadInputError(msg) from err
-    return conventions.normalise(raw, source=label)
+    parts = [conventions.normalise(_open_one(p), source=p) for p in paths]
+    return parts[0] if len(parts) == 1 else combine(parts, label, list(paths))
 
 
 class XarraySource(ForecastSource):
@@ -248,36 +452,59 @@ class XarraySource(ForecastSource):
     def dataset(self) -> xr.Dataset:
         return _open_normalised(self.paths)
 
-    def plan(self, expect: Expectation) -> Plan:
+    def source_grid(self) -> regrid.SourceGrid:
         ds = self.dataset
-        grid = schema.Grid.from_coords(ds[schema.LAT].values, ds[schema.LON].values)
+        lat, lon = ds[schema.LAT].values, ds[schema.LON].values
+        if conventions.POINTS in ds[schema.LAT].dims:
+            return regrid.SourceGrid.points(lat, lon)
+        return regrid.SourceGrid.regular(lat, lon)
+
+    def plan(self, expect: Expectation) -> Plan:
+        ds, src = self.dataset, str(self.path)
+        variables = _pick_variables(expect, {str(v) for v in ds.data_vars}, src)
         have_levels = [int(x) for x in ds[schema.LEVEL].values] if schema.LEVEL in ds.coords else []
-        levels = tuple(sorted(expect.levels)) if expect.levels is not None else tuple(have_levels)
-        members = tuple(range(1, expect.members + 1))
-        have_members = set(int(m) for m in ds[schema.MEMBER].values) if schema.MEMBER in ds.coords else set()
-        have_steps = {int(pd.Timedelta(s).total_seconds() // 3600) for s in ds[schema.STEP].values}
-        missing = [f"variable {v}" for v in expect.variables if v not in ds.data_vars]
-        missing += [f"level {lv} hPa" for lv in levels if lv not in have_levels]
-        missing += [f"member {m}" for m in members if m not in have_members]
-        missing += [f"step {s} h" for s in expect.steps_h if s not in have_steps]
-        _raise_missing(missing, str(self.path))
+        if not any(_is_pl(v) for v in variables):
+            have_levels = []
+        levels = expect.pick("levels", expect.levels, have_levels, "hPa", src)
+        have_members = [int(m) for m in ds[schema.MEMBER].values] if schema.MEMBER in ds.coords else []
+        members = expect.pick_members(have_members, src)
+        have_steps = [int(pd.Timedelta(s).total_seconds() // 3600) for s in ds[schema.STEP].values]
+        steps = expect.pick("steps", expect.steps_h, have_steps, "h", src)
+        grid, source_grid = _target_grid(self.source_grid(), expect, src)
         times = sorted(pd.Timestamp(t) for t in ds[schema.INIT_TIME].values)
-        return Plan(times, expect.variables, levels, members, expect.steps_h, grid, list(self.paths))
+        return Plan(times, variables, levels, members, steps, grid, list(self.paths), source_grid, expect.method)
 
     def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
         ds = self.dataset[list(plan.variables)]
         sel: dict[str, Any] = {schema.INIT_TIME: [init_time], schema.MEMBER: list(plan.members),
                                schema.STEP: pd.to_timedelta(list(plan.steps_h), unit="h")}
-        if plan.levels:
+        if plan.levels and schema.LEVEL in ds.dims:  # a surface-only selection (T2m) has no level dim
             sel[schema.LEVEL] = list(plan.levels)
         out = ds.sel(sel).load()
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
+        if plan.source_grid is not None:
+            out = _regridded(out, plan)
         out = out.astype(np.float32)
         check_values(out, f"{self.path} {init_time:%Y-%m-%d}")
         return out
 
     def __getstate__(self) -> dict[str, Any]:
         return {"paths": self.paths, "path": self.path}
+
+
+def _regridded(ds: xr.Dataset, plan: Plan) -> xr.Dataset:
+    """Every variable of one loaded date from ``plan.source_grid`` onto ``plan.grid``."""
+    assert plan.source_grid is not None
+    lead = [d for d in ds.dims if d not in (schema.LAT, schema.LON, conventions.POINTS)]
+    coords = {d: ds[d].values for d in lead if d in ds.coords}
+    coords |= {schema.LAT: plan.grid.latitudes(), schema.LON: plan.grid.longitudes()}
+    out = {}
+    for name, da in ds.data_vars.items():
+        keep = [d for d in da.dims if d in lead]
+        horiz = [conventions.POINTS] if conventions.POINTS in da.dims else [schema.LAT, schema.LON]
+        values = regrid.to_grid(da.transpose(*keep, *horiz).values, plan.source_grid, plan.grid, plan.method)
+        out[name] = xr.Variable((*keep, schema.LAT, schema.LON), values, da.attrs)
+    return xr.Dataset(out, coords={k: v for k, v in coords.items()})
 
 
 # --- truth / oracle ------------------------------------------------------------------------------

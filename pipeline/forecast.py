@@ -16,37 +16,41 @@ metadata (forecast_reference_time, time, forecast_period, units, standard_name) 
 the model cannot run (the raw-ensemble Gaussian, flagged in the attributes). Writes are atomic; a
 file that exists is kept (idempotent reruns) unless ``overwrite``.
 
-Pure core: :func:`products` (mu, sigma -> CF dataset); drivers: :func:`forecast` and the CLI.
+The layout, the CF content (:func:`products`: mu, sigma -> CF dataset) and the atomic writes are the
+archive's contract, ``pipeline/archive.py``, which ``postcast serve`` reads with; drivers here:
+:func:`forecast` and the CLI.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import torch
 import xarray as xr
-from scipy.special import ndtr, ndtri
 
-import postcast
-from postcast.datasets import io, schema, sources
+from postcast.datasets import io, regrid, schema, sources
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError, MissingInputError
 from postcast.datasets.ingest import ensemble_statistics
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
 from postcast.models.module import PostProcessor, load_checkpoint
+from postcast.pipeline.archive import (
+    DEFAULT_QUANTILES,
+    EXTENSIONS,
+    FALLBACK,
+    POSTPROCESSED,
+    product_path,
+    products,
+    write_product,
+)
 
 log = logging.getLogger(__name__)
 
-POSTPROCESSED, FALLBACK = "postprocessed", "fallback_raw"
-DEFAULT_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
-STANDARD_NAMES = {"z500": "geopotential", "t850": "air_temperature", "t2m": "air_temperature"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class ForecastConfig:
     formats: tuple[str, ...] = ("netcdf",)  # netcdf and/or zarr
     overwrite: bool = False
     name: str | None = None  # the model's name in the output paths (None: the checkpoint's model family)
+    regrid_method: str = "bilinear"  # inputs on another grid than the checkpoint's: bilinear | nearest | conservative
+    on_input_grid: bool = False  # write on the input's (regular global) grid instead of the checkpoint's
 
     def __post_init__(self) -> None:
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
@@ -96,71 +102,6 @@ class ForecastResult:
     fallback: list[str] = field(default_factory=list)
 
 
-def output_path(out: str | Path, product: str, model: str, target: str, init: pd.Timestamp, ext: str) -> Path:
-    """``OUT/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.<ext>``: one file per product, model,
-    target and init time."""
-    return Path(out) / product / model / target / f"{target}_{init:%Y%m%dT%H}.{ext}"
-
-
-# --- pure core ---------------------------------------------------------------------------------
-def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timestamp, step_h: int,
-             lat: np.ndarray, lon: np.ndarray, quantiles: tuple[float, ...], thresholds: tuple[float, ...],
-             attrs: dict[str, Any]) -> xr.Dataset:
-    """The CF dataset of one Gaussian forecast (mu, sigma: (lat, lon), target units)."""
-    tg = schema.TARGETS[target]
-    q = np.asarray(quantiles, dtype=np.float64)
-    thr = np.asarray(thresholds, dtype=np.float64)
-    quant = mu[None] + sigma[None] * ndtri(q)[:, None, None]  # (Q, lat, lon), target units
-    exceed = 1.0 - ndtr((thr[:, None, None] - mu[None]) / sigma[None])  # (T, lat, lon)
-    dims = ("forecast_reference_time", schema.LAT, schema.LON)
-    std_name = STANDARD_NAMES[target]
-    ds = xr.Dataset(
-        {
-            f"{target}_mean": (dims, mu[None].astype(np.float32),
-                               {"standard_name": std_name, "long_name": f"{target} predictive mean",
-                                "units": tg.units}),
-            f"{target}_std": (dims, sigma[None].astype(np.float32),
-                              {"long_name": f"{target} predictive standard deviation", "units": tg.units}),
-            f"{target}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
-                                   quant[:, None].astype(np.float32),
-                                   {"standard_name": std_name, "long_name": f"{target} predictive quantiles",
-                                    "units": tg.units}),
-            f"{target}_exceedance_probability": (
-                ("threshold", "forecast_reference_time", schema.LAT, schema.LON), exceed[:, None].astype(np.float32),
-                {"long_name": f"probability that {target} exceeds the threshold", "units": "1",
-                 "valid_min": np.float32(0.0), "valid_max": np.float32(1.0)}),
-        },
-        coords={
-            "forecast_reference_time": ("forecast_reference_time", [init.to_datetime64()],
-                                        {"standard_name": "forecast_reference_time"}),
-            "time": ("forecast_reference_time", [(init + pd.Timedelta(hours=step_h)).to_datetime64()],
-                     {"standard_name": "time", "long_name": "valid time"}),
-            "forecast_period": ((), np.float64(step_h), {"standard_name": "forecast_period", "units": "hours"}),
-            "quantile": ("quantile", q, {"long_name": "probability level of the quantile", "units": "1"}),
-            "threshold": ("threshold", thr, {"long_name": f"{target} threshold", "units": tg.units}),
-            schema.LAT: (schema.LAT, lat, {"standard_name": "latitude", "units": "degrees_north", "axis": "Y"}),
-            schema.LON: (schema.LON, lon, {"standard_name": "longitude", "units": "degrees_east", "axis": "X"}),
-        },
-        attrs={"Conventions": "CF-1.8", "title": f"postcast calibrated forecast of {target}",
-               "institution": "postcast", "source": f"postcast {postcast.__version__}",
-               "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast", **attrs},
-    )
-    if tg.level is not None:
-        ds = ds.assign_coords(pressure=((), np.float64(tg.level), {"standard_name": "air_pressure", "units": "hPa",
-                                                                    "positive": "down"}))
-        for name in ds.data_vars:
-            ds[name].attrs["coordinates"] = "time forecast_period pressure"
-    else:
-        for name in ds.data_vars:
-            ds[name].attrs["coordinates"] = "time forecast_period"
-    for name in ds.coords:
-        ds[name].encoding["_FillValue"] = None  # CF 2.5.1: no fill values on coordinates
-    for name in ("forecast_reference_time", "time"):
-        ds[name].encoding.update(units="hours since 1970-01-01 00:00:00", calendar="proleptic_gregorian",
-                                 dtype="float64")
-    return ds
-
-
 # --- drivers -----------------------------------------------------------------------------------
 def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timestamp) -> xr.Dataset:
     ds = source.load(init, plan)
@@ -169,9 +110,29 @@ def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timest
     return day.isel({schema.INIT_TIME: 0}) if schema.INIT_TIME in day.dims else day
 
 
+def _expectation(model: PostProcessor, spec: SampleSpec, method: str) -> sources.Expectation:
+    """What the checkpoint reads: its lead time, on its own grid (inputs on other grids are regridded),
+    its member count when the model reads the members (the first N), else every member."""
+    n_lat = int(next(iter(model.hparams["grid"])))  # (H, W) of a global grid with both poles
+    members: str | int = int(model.hparams["n_members"]) if spec.members else "all"
+    return sources.Expectation(members=members, steps_h=(spec.step_h,), grid=180.0 / (n_lat - 1), method=method)
+
+
+def _input_grid(plan: sources.Plan) -> schema.Grid:
+    """The input's own grid when it is a regular global one (the only kind a CF file here can hold)."""
+    src = plan.source_grid
+    assert src is not None
+    grid = regrid.default_grid(src)
+    if not src.is_grid(grid):
+        msg = (f"--on-input-grid: the input is on {src.name}, not a regular global latitude/longitude grid; "
+               "write on the checkpoint's grid (drop the option)")
+        raise ConfigError(msg)
+    return grid
+
+
 def _target_only_plan(plan: sources.Plan, spec: SampleSpec) -> sources.Plan:
     tg = schema.TARGETS[spec.target]
-    return sources.Plan(plan.init_times, (tg.variable,), plan.levels, plan.members, plan.steps_h, plan.grid, plan.files)
+    return replace(plan, variables=(tg.variable,))
 
 
 @dataclass(frozen=True)
@@ -197,12 +158,13 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
     variables, levels = spec.raw_needs()
     tg = schema.TARGETS[spec.target]
     reason = ""
+    expect = _expectation(model, spec, cfg.regrid_method)
     try:
-        plan = found.forecast.plan(sources.Expectation(variables=variables, levels=levels or None))
+        plan = found.forecast.plan(replace(expect, variables=variables, levels=levels or None))
     except MissingInputError as err:  # the model cannot run: fall back to the raw ensemble of the target
         log.warning("inputs for the model are missing (%s); writing the raw-ensemble fallback", err)
-        plan = found.forecast.plan(sources.Expectation(variables=(tg.variable,),
-                                                       levels=(tg.level,) if tg.level else None))
+        plan = found.forecast.plan(replace(expect, variables=(tg.variable,), levels=(tg.level,) if tg.level else None,
+                                           members="all"))
         reason = str(err)
     inits = [t for t in plan.init_times if start <= t <= end]
     if not inits:
@@ -218,8 +180,8 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
 
 def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     cfg, spec = run.cfg, run.sampler.spec
-    exts = [{"netcdf": "nc", "zarr": "zarr"}[f] for f in cfg.formats]
-    paths = {p: [output_path(cfg.out, p, run.name, spec.target, init, e) for e in exts]
+    exts = [EXTENSIONS[f] for f in cfg.formats]
+    paths = {p: [product_path(cfg.out, p, run.name, spec.target, init, e) for e in exts]
              for p in (POSTPROCESSED, FALLBACK)}
     if not cfg.overwrite and any(all(q.exists() for q in qs) for qs in paths.values()):
         result.skipped += [str(q) for qs in paths.values() for q in qs if q.exists()]
@@ -241,16 +203,19 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     attrs = {"product": product, "postcast_fallback": int(product == FALLBACK), "model_name": run.name,
              "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": run.ckpt_hash,
              "model": str(run.model.hparams["family"]), "inputs": str(cfg.input),
-             "comment": reason or "post-processed with the checkpoint's model"}
-    ds = products(mu, sigma, target=spec.target, init=init, step_h=spec.step_h, lat=run.sampler.lat,
-                  lon=run.sampler.lon, quantiles=cfg.quantiles, thresholds=cfg.thresholds, attrs=attrs)
+             "comment": reason or "post-processed with the checkpoint's model",
+             "n_members": len(run.plan.members), **run.plan.regridding}
+    lat, lon = run.sampler.lat, run.sampler.lon
+    if cfg.on_input_grid and run.plan.source_grid is not None:  # back from the checkpoint's grid
+        back = _input_grid(run.plan)
+        mu, sigma = (regrid.to_grid(x, regrid.SourceGrid.regular(lat, lon), back, cfg.regrid_method).astype(np.float64)
+                     for x in (mu, sigma))
+        lat, lon = back.latitudes(), back.longitudes()
+        attrs["output_grid"] = "input"
+    ds = products(mu, sigma, target=spec.target, init=init, step_h=spec.step_h, lat=lat, lon=lon,
+                  quantiles=cfg.quantiles, thresholds=cfg.thresholds, attrs=attrs)
     for path in paths[product]:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".nc":
-            io.write_netcdf(ds, path)
-        else:
-            with io.atomic_path(path) as tmp:
-                io.write_zarr(ds, tmp)
+        write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)
         result.written.append(str(path))
         if product == FALLBACK:
             result.fallback.append(str(path))

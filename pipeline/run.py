@@ -211,7 +211,7 @@ def _evaluate(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
     names = {c: Path(p).stem for c, p in zip(checkpoints, cfg.train, strict=True)}
     evaluate(EvalConfig(store=str(cfg.store), checkpoints=tuple(checkpoints), split=cfg.split, out=str(out),
                         bootstrap=cfg.bootstrap, names=names))
-    return [str(out / "metrics.json"), str(out / "report.html")]
+    return [str(out / "metrics.json"), str(out / "results.nc"), str(out / "report.html")]
 
 
 def _forecast(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:

@@ -53,6 +53,15 @@ def synth_grib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def synth_netcdf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """TINY as ENS-10 netCDF files (one pair per month-day, each holding six years of dates)."""
+    out = tmp_path_factory.mktemp("synth") / "netcdf"
+    synthfiles.write_synthetic(SynthConfig(**{**TINY.to_dict(), "format": "netcdf", "years": tuple(TINY.years),
+                                            "levels": tuple(TINY.levels)}), out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def store(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("store") / "store.zarr"
     ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False))

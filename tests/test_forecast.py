@@ -101,3 +101,47 @@ def test_two_models_never_share_a_product_path(cli, checkpoint, synth_zarr, tmp_
     bad = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-06-01",
               "--out", str(out), "--name", "../x")
     assert bad.returncode == 2 and "name" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def t2m_checkpoint(store, tmp_path_factory):
+    """A surface-target (T2m) checkpoint: local EMOS, 2 epochs, trained in-process on the tiny store."""
+    from postcast.pipeline import train
+
+    root = tmp_path_factory.mktemp("t2m_runs")
+    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
+                     "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "2"])
+    return Path(run.trainer.checkpoint_callback.best_model_path)
+
+
+@pytest.mark.parametrize("form", ["netcdf", "grib"])
+@pytest.mark.parametrize("target", ["t2m", "t850"])
+def test_every_target_from_every_input_form(request, target, form, checkpoint, t2m_checkpoint, synth_zarr,
+                                            tmp_path):
+    """Issue 17 defect 2: a T2m forecast from zarr or netCDF input crashed with KeyError: 'level'. Each target
+    (surface and pressure level) forecasts from GRIB, netCDF and zarr, and the products agree with the zarr
+    input's (GRIB within its 16-bit packing)."""
+    from postcast.pipeline.forecast import ForecastConfig, forecast
+
+    ckpt = t2m_checkpoint if target == "t2m" else checkpoint
+    source = request.getfixturevalue(f"synth_{form}")
+    means = {}
+    for name, src in (("zarr", synth_zarr), (form, source)):
+        res = forecast(ForecastConfig(checkpoint=str(ckpt), input=str(src), out=str(tmp_path / name),
+                                      init_time="2017-01-01", end="2017-12-31"))
+        assert len(res.written) == 3 and not res.fallback, res
+        means[name] = np.stack([xr.open_dataset(f)[f"{target}_mean"].values for f in sorted(res.written)])
+    assert np.isfinite(means["zarr"]).all()
+    tol = 0.05 if form == "grib" else 1e-5  # 16-bit packing of a ~100 K range: ~2e-3 K per input field
+    np.testing.assert_allclose(means[form], means["zarr"], atol=tol)
+
+
+def test_t2m_forecast_from_zarr_input(t2m_checkpoint, synth_zarr, tmp_path):
+    """Issue 17 defect 2, zarr form: `postcast forecast` of a T2m checkpoint on the synth directory."""
+    from postcast.cli import main
+
+    rc = main(["--no-progress", "forecast", "--checkpoint", str(t2m_checkpoint), "--input", str(synth_zarr),
+               "--init-time", "2016-01-01", "--end", "2017-12-31", "--out", str(tmp_path / "o")])
+    assert rc == 0
+    files = sorted((tmp_path / "o/postprocessed/emos/t2m").glob("*.nc"))
+    assert len(files) == 6 and np.isfinite(xr.open_dataset(files[0])["t2m_mean"].values).all()

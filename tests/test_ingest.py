@@ -224,3 +224,17 @@ def test_inspect_cli(store, cli):
     assert info["splits"] == {"train": 6, "val": 6, "test": 6, "none": 0}
     assert info["dims"]["member"] == 10 and info["levels_hPa"] == [500, 850]
     assert info["statistics"]["fields"]["t@850"]["min"] < info["statistics"]["fields"]["t@850"]["max"]
+
+
+def test_own_netcdf_form_with_many_dates_equals_the_zarr_store(synth_netcdf, store, tmp_path):
+    """Issue 15: `postcast synth --format netcdf` writes one file pair per month-day holding every year;
+    ingest refused it ("monotonic global indexes along dimension time") as soon as there was more than one
+    calendar day. The store from the netCDF form equals the one from the zarr form."""
+    out = tmp_path / "nc.zarr"
+    ingest.ingest(IngestConfig(source=str(synth_netcdf), out=str(out), processes=False, progress=False))
+    n, z = contract.open_store(out), contract.open_store(store)
+    assert dict(n.sizes) == dict(z.sizes) and n.sizes["init_time"] == 18
+    for v in ("z", "t", "t2m", "tp", "sst", "ens_std_t"):
+        np.testing.assert_array_equal(n[v].values, z[v].values, err_msg=v)
+    t48 = pd.Timedelta(hours=48)
+    np.testing.assert_allclose(n["truth_t850"].sel(step=t48).values, z["truth_t850"].sel(step=t48).values, rtol=1e-6)

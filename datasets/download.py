@@ -1,0 +1,212 @@
+"""``postcast download ens10``: the ENS-10 files (and the ERA5 truth its baselines use) over HTTP.
+
+ENS-10 is one GRIB1 file per 2018 month-day and level type, ``output.{pl|sfc}.2018MMDD`` (each holds
+the 20 reforecast years of that month-day), on ECMWF's public object store (docs/ens10.md, "Files").
+A date range selects the ENS-10 month-days it contains (Mondays and Thursdays of 2018, whatever the
+years asked); ``groups`` picks pl and/or sfc. The ERA5 analyses the ENS-10 baselines score against
+are per year (``analysis_{pl|sfc}_YYYY`` on the SPCL mirror).
+
+Transfers: several at once (a thread pool; HTTP is I/O-bound), each streamed to ``NAME.part`` and
+resumed with an HTTP ``Range`` request after a dropped connection or an interrupted run; the size is
+checked against what the server announced (``Content-Length`` / ``Content-Range``), the MD5 against a
+single-part S3 ``ETag`` when the server sends one; only a checked file is renamed to ``NAME``
+(atomic ``os.replace``), so a file under its final name is always complete and reruns skip it.
+``dry_run`` lists names and addresses (sizes where a ``HEAD`` answers; none offline). Standard
+library only (urllib), no torch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from postcast.datasets import schema
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
+
+log = logging.getLogger(__name__)
+
+ENS10_URL = "https://object-store.os-api.cci1.ecmwf.int/maelstrom-ap4/"
+ERA5_URL = "http://spclstorage.inf.ethz.ch/projects/deep-weather/ERA5/"
+GROUPS = ("pl", "sfc")
+CHUNK = 1 << 20  # bytes per read
+
+
+@dataclass(frozen=True)
+class Remote:
+    """One file to fetch: its name under the output directory and its address."""
+
+    name: str
+    url: str
+    size: int | None = None  # bytes, where a HEAD request answered
+
+
+def ens10_files(start: str, end: str, groups: tuple[str, ...] = GROUPS, base: str = ENS10_URL) -> list[Remote]:
+    """The ENS-10 files holding the init dates between ``start`` and ``end`` (inclusive)."""
+    bad = [g for g in groups if g not in GROUPS]
+    if bad or not groups:
+        msg = f"groups {list(groups)}: use pl and/or sfc"
+        raise ConfigError(msg)
+    try:
+        days = pd.date_range(pd.Timestamp(start), pd.Timestamp(end), freq="D")
+    except ValueError as err:
+        msg = f"--start {start!r} / --end {end!r}: not dates (use e.g. 2018-01-01)"
+        raise ConfigError(msg) from err
+    if len(days) == 0:
+        msg = f"--end {end} is before --start {start}"
+        raise ConfigError(msg)
+    wanted = {(int(d.month), int(d.day)) for d in days}
+    month_days = [md for md in schema.ens10_month_days() if md in wanted]
+    if not month_days:
+        msg = f"no ENS-10 init date (Mondays and Thursdays of 2018, by month-day) between {start} and {end}"
+        raise ConfigError(msg)
+    base = base if base.endswith("/") else base + "/"
+    names = [f"output.{g}.{schema.file_date_label(m, d)}" for m, d in month_days for g in groups]
+    return [Remote(n, base + n) for n in names]
+
+
+def era5_files(years: tuple[int, ...], groups: tuple[str, ...] = GROUPS, base: str = ERA5_URL) -> list[Remote]:
+    """The yearly ERA5 analysis files the ENS-10 baselines use as truth."""
+    base = base if base.endswith("/") else base + "/"
+    return [Remote(f"era5/analysis_{g}_{y}", f"{base}analysis_{g}_{y}") for y in years for g in groups]
+
+
+def head_size(url: str, timeout: float = 5.0) -> int | None:
+    """The size a server announces for ``url``, or None (offline, no answer, no Content-Length)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout) as r:
+            length = r.headers.get("Content-Length")
+            return int(length) if length is not None else None
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+
+
+def with_sizes(files: list[Remote], jobs: int = 8, timeout: float = 5.0) -> list[Remote]:
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        sizes = list(pool.map(lambda f: head_size(f.url, timeout), files))
+    return [Remote(f.name, f.url, s) for f, s in zip(files, sizes, strict=True)]
+
+
+def _total_size(resp: http.client.HTTPResponse, offset: int) -> int | None:
+    rng = resp.headers.get("Content-Range")
+    if rng:
+        m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", rng)
+        if m and m.group(3) != "*":
+            return int(m.group(3))
+    length = resp.headers.get("Content-Length")
+    return int(length) + offset if length is not None else None
+
+
+def _md5_etag(resp: http.client.HTTPResponse) -> str | None:
+    """A single-part S3 ETag is the MD5 of the object; multipart ones (with '-') are not."""
+    etag = (resp.headers.get("ETag") or "").strip('"')
+    return etag.lower() if re.fullmatch(r"[0-9a-fA-F]{32}", etag) else None
+
+
+@contextlib.contextmanager
+def _request(url: str, offset: int, timeout: float) -> Iterator[http.client.HTTPResponse]:
+    req = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        yield resp
+
+
+def _attempt(remote: Remote, part: Path, timeout: float, bar: object | None) -> tuple[int | None, str | None]:
+    """One GET from where ``part`` ends; returns (announced total size, MD5 ETag)."""
+    offset = part.stat().st_size if part.exists() else 0
+    with _request(remote.url, offset, timeout) as resp:
+        if offset and resp.status != 206:  # the server ignored the Range: start again
+            offset = 0
+        total = _total_size(resp, offset) if resp.status in (200, 206) else None
+        with open(part, "r+b" if offset else "wb") as f:
+            f.seek(offset)
+            f.truncate()
+            while block := resp.read(CHUNK):
+                f.write(block)
+                if bar is not None:
+                    bar.update(len(block))  # type: ignore[attr-defined]
+            have = f.tell()
+        if total is not None and have < total:  # a dropped connection reads as a short body, not an error
+            msg = f"connection closed at byte {have} of {total}"
+            raise ConnectionError(msg)
+        return total, _md5_etag(resp)
+
+
+def fetch(remote: Remote, out: Path, *, retries: int = 5, timeout: float = 60.0, bar: object | None = None) -> str:
+    """Download one file (resuming ``NAME.part``), check it and rename it into place; returns
+    "skipped" or "fetched". Raises MissingInputError (66) when the server cannot give it, BadInputError
+    (65) when what arrived has the wrong size or checksum."""
+    final = out / remote.name
+    if final.exists():
+        return "skipped"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    part = final.with_name(final.name + ".part")
+    total = md5 = None
+    for attempt in range(retries + 1):
+        try:
+            total, md5 = _attempt(remote, part, timeout, bar)
+            break
+        except urllib.error.HTTPError as err:
+            if err.code == 416 and part.exists():  # nothing left to send: the part is whole
+                break
+            msg = f"{remote.url}: HTTP {err.code} {err.reason}; check the address (--base-url) or try later"
+            raise MissingInputError(msg) from err
+        except (OSError, http.client.HTTPException) as err:
+            have = part.stat().st_size if part.exists() else 0
+            log.warning("%s: transfer broke at byte %d (%s); resuming (%d/%d)", remote.name, have, err,
+                        attempt + 1, retries)
+            if attempt == retries:
+                msg = (f"{remote.url}: the transfer failed {retries + 1} times (last at byte {have}: {err}); "
+                       f"rerun the same command to resume from {part.name}")
+                raise MissingInputError(msg) from err
+    _check(remote, part, total if total is not None else remote.size, md5)
+    os.replace(part, final)
+    return "fetched"
+
+
+def _check(remote: Remote, part: Path, size: int | None, md5: str | None) -> None:
+    got = part.stat().st_size
+    expected = remote.size if remote.size is not None else size
+    if expected is not None and got != expected:
+        part.unlink()
+        msg = (f"{remote.url}: received {got} bytes, the server announced {expected}; the partial file was "
+               "removed, rerun to fetch it again")
+        raise BadInputError(msg)
+    if md5 is not None:
+        h = hashlib.md5(usedforsecurity=False)
+        with open(part, "rb") as f:
+            while block := f.read(CHUNK):
+                h.update(block)
+        if h.hexdigest() != md5:
+            part.unlink()
+            msg = f"{remote.url}: MD5 {h.hexdigest()} differs from the server's ETag {md5}; rerun to fetch it again"
+            raise BadInputError(msg)
+
+
+def download(files: list[Remote], out: str | Path, *, jobs: int = 4, retries: int = 5, timeout: float = 60.0,
+             progress: bool = True) -> dict[str, list[str]]:
+    """Fetch ``files`` into ``out`` with ``jobs`` transfers at once; returns names per outcome."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [f for f in files if not (out / f.name).exists()]
+    sized = with_sizes(todo, jobs) if todo else []
+    total = sum(f.size or 0 for f in sized) or None
+    result: dict[str, list[str]] = {"fetched": [], "skipped": [f.name for f in files if f not in todo]}
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="download", disable=not progress,
+              mininterval=0.5) as bar, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(fetch, f, out, retries=retries, timeout=timeout, bar=bar): f for f in sized}
+        for fut in cf.as_completed(futures):
+            result[fut.result()].append(futures[fut].name)
+    return result

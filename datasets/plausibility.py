@@ -1,0 +1,75 @@
+"""Per-variable plausibility of decoded fields, whatever their units attribute says.
+
+A mislabelled unit is the commonest silent error in weather data: geopotential height in metres
+labelled as geopotential (9.80665x too small), Celsius labelled as kelvin, hPa labelled as Pa. The
+value ranges in :mod:`schema` are wide enough to hold every level, so they miss a factor g at 500
+hPa. Here the *median* of a field (robust to a few bad points) is compared with its typical value:
+geopotential with the ICAO standard atmosphere at its pressure level, temperatures, pressure and
+humidity with climatological bands. A field outside its band is matched against the known mistakes
+and the error names the likely cause and the fix. Pure numpy, no torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from postcast.datasets import schema
+
+# median bands (canonical units) for variables without levels, or at every level
+_BANDS: dict[str, tuple[float, float]] = {
+    "t": (170.0, 320.0), "t2m": (200.0, 320.0), "skt": (190.0, 330.0), "sst": (265.0, 310.0),
+    "msl": (9.5e4, 1.06e5), "q": (0.0, 0.03),
+}
+# (name, scale, offset): value_seen = true * scale + offset for a mistake; used to name the cause
+_MISTAKES: dict[str, list[tuple[str, float, float]]] = {
+    "z": [("geopotential height in m labelled as geopotential (m2 s-2): multiply by 9.80665 or set units "
+           "'m'", 1 / schema.GRAVITY, 0.0),
+          ("geopotential labelled as height in m (converted twice): set units 'm**2 s**-2'", schema.GRAVITY, 0.0),
+          ("geopotential in dam labelled as m2 s-2: set units 'dam'", 1 / (10 * schema.GRAVITY), 0.0)],
+    "t": [("temperature in degC labelled as K: set units 'degC'", 1.0, -273.15),
+          ("temperature in K labelled as degC (shifted twice): set units 'K'", 1.0, 273.15)],
+    "msl": [("pressure in hPa labelled as Pa: set units 'hPa'", 0.01, 0.0),
+            ("pressure in Pa labelled as hPa: set units 'Pa'", 100.0, 0.0)],
+    "q": [("specific humidity in g/kg labelled as kg/kg: set units 'g/kg'", 1000.0, 0.0)],
+}
+for _alias in ("t2m", "skt", "sst"):
+    _MISTAKES[_alias] = _MISTAKES["t"]
+
+
+def standard_geopotential(level_hpa: float) -> float:
+    """Geopotential (m2 s-2) of a pressure level in the ICAO standard atmosphere (troposphere formula,
+    isothermal above 226.32 hPa)."""
+    if level_hpa >= 226.32:
+        height = 44330.8 * (1.0 - (level_hpa / 1013.25) ** 0.190263)
+    else:
+        height = 11000.0 + 6341.6 * np.log(226.32 / level_hpa)
+    return schema.GRAVITY * float(height)
+
+
+def band(variable: str, level: int | None) -> tuple[float, float] | None:
+    """The plausible range of the median of one field (None: no check for this variable)."""
+    if variable == "z" and level is not None:
+        z0 = standard_geopotential(level)
+        tol = max(0.2 * z0, 1500.0 * schema.GRAVITY)  # weather moves a level by far less than this
+        return (z0 - tol, z0 + tol)
+    return _BANDS.get(variable)
+
+
+def problem(variable: str, level: int | None, values: np.ndarray) -> str | None:
+    """None if the field's median is plausible, else a sentence naming the value and the likely fix."""
+    limits = band(variable, level)
+    finite = values[np.isfinite(values)]
+    if limits is None or finite.size == 0:
+        return None
+    med = float(np.median(finite))
+    lo, hi = limits
+    if lo <= med <= hi:
+        return None
+    units = schema.VARIABLES[variable].units
+    where = f" at {level} hPa" if level is not None else ""
+    text = f"{variable!r}{where} has median {med:.4g} {units}, outside the plausible {lo:.4g}..{hi:.4g} {units}"
+    for cause, scale, offset in _MISTAKES.get(variable, []):
+        true = (med - offset) / scale
+        if lo <= true <= hi:
+            return f"{text}: looks like {cause}"
+    return f"{text}: wrong units or corrupt data? check the units attribute"

@@ -1,0 +1,215 @@
+"""Regridding onto postcast's regular latitude/longitude grids, with well-kept libraries.
+
+A source grid (:class:`SourceGrid`) is either *regular* (1-D latitude and longitude vectors: any
+resolution, extent, latitude order, 0..360 or -180..180, crossing the date line) or a *point cloud*
+(per-point latitude/longitude, as cfgrib returns reduced Gaussian grids: a 1-D ``values`` axis).
+:func:`to_grid` maps fields ``(..., y, x)`` or ``(..., n)`` onto a :class:`schema.Grid`:
+
+* regular -> regular: ``xarray.DataArray.interp`` (scipy), ``bilinear`` or ``nearest``; longitudes
+  are made periodic by padding one column each side when the source is global in longitude;
+* reduced Gaussian (rows of equally spaced points, ECMWF classic or octahedral): ``bilinear`` =
+  ``interp`` along each row in longitude (periodic), then between rows in latitude, which is the
+  bilinear rule on a reduced grid; target rows poleward of the outermost Gaussian row take that row;
+* any point cloud: ``nearest`` with pyresample's KD-tree (``kd_tree.resample_nearest``).
+
+``conservative`` (regular sources onto a coarser grid): area-weighted means of the source points in
+each target cell (xarray ``groupby``); elsewhere it raises ``ValueError`` naming what works.
+No torch; pure numpy in, numpy out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import xarray as xr
+
+from postcast.datasets import schema
+
+METHODS = ("bilinear", "nearest", "conservative")
+EARTH_RADIUS_M = 6_371_000.0
+
+
+@dataclass(frozen=True, eq=False)
+class SourceGrid:
+    """Where a source's values sit: ``kind`` "regular" (``lat``/``lon`` are the axes) or "points"
+    (``lat``/``lon`` per point); ``name`` describes it for the store and the forecast files."""
+
+    kind: str
+    lat: np.ndarray
+    lon: np.ndarray
+    name: str = ""
+    rows: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def regular(cls, lat: np.ndarray, lon: np.ndarray) -> SourceGrid:
+        lat, lon = np.asarray(lat, np.float64), np.asarray(lon, np.float64)
+        dlat = abs(float(lat[1] - lat[0])) if lat.size > 1 else 0.0
+        name = (f"regular_ll {dlat:g} deg {lat.size}x{lon.size} lat {lat.min():g}..{lat.max():g} "
+                f"lon {lon.min():g}..{lon.max():g}")
+        return cls("regular", lat, lon, name)
+
+    @classmethod
+    def points(cls, lat: np.ndarray, lon: np.ndarray, name: str = "") -> SourceGrid:
+        lat, lon = np.asarray(lat, np.float64).ravel(), np.mod(np.asarray(lon, np.float64).ravel(), 360.0)
+        rows = reduced_rows(lat)
+        label = name or (f"reduced_gg {len(rows['lat'])} rows ({lat.size} points)" if rows else
+                         f"points ({lat.size})")
+        return cls("points", lat, lon, label, rows)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.lat.size, self.lon.size) if self.kind == "regular" else (self.lat.size,)
+
+    def is_grid(self, grid: schema.Grid) -> bool:
+        """Whether this is exactly ``grid`` (ascending latitude, longitude 0..360): no regridding."""
+        return (self.kind == "regular" and self.lat.size == grid.n_lat and self.lon.size == grid.n_lon
+                and np.allclose(self.lat, grid.latitudes(), atol=1e-4)
+                and np.allclose(self.lon, grid.longitudes(), atol=1e-4))
+
+
+def reduced_rows(lat: np.ndarray) -> dict[str, Any]:
+    """Rows of a reduced (Gaussian) grid given per-point latitudes in row order: ``lat`` per row and
+    ``start``/``count`` of each row's points; empty when the points are not in rows."""
+    change = np.flatnonzero(np.diff(lat) != 0) + 1
+    start = np.concatenate([[0], change])
+    count = np.diff(np.concatenate([start, [lat.size]]))
+    if lat.size == 0 or len(start) < 2 or len(np.unique(lat[start])) != len(start):
+        return {}
+    return {"lat": lat[start], "start": start, "count": count}
+
+
+def _periodic(lon: np.ndarray) -> bool:
+    """Whether regular longitudes cover the whole circle (last + step == first + 360)."""
+    if lon.size < 3:
+        return False
+    step = float(np.median(np.diff(np.sort(np.mod(lon, 360.0)))))
+    return bool(abs(lon.size * step - 360.0) < 1e-6 * 360 + 1e-9)
+
+
+def _regular_da(values: np.ndarray, lat: np.ndarray, lon: np.ndarray) -> xr.DataArray:
+    """(..., y, x) values as a DataArray with ascending latitude and longitudes unwrapped so they
+    increase (a date-line crossing 170..-170 becomes 170..190), padded periodically if global."""
+    lon = np.asarray(lon, np.float64)
+    lon_u = np.mod(lon - lon[0], 360.0) + lon[0]  # monotone from the first longitude (date line)
+    order = np.argsort(lon_u)
+    lon_u, values = lon_u[order], values[..., order]
+    if _periodic(lon):
+        values = np.concatenate([values[..., -1:], values, values[..., :1]], axis=-1)
+        lon_u = np.concatenate([[lon_u[-1] - 360.0], lon_u, [lon_u[0] + 360.0]])
+    dims = [f"d{i}" for i in range(values.ndim - 2)] + ["lat", "lon"]
+    da = xr.DataArray(values, dims=dims, coords={"lat": lat, "lon": lon_u})
+    return da.sortby("lat")
+
+
+def _interp_lon(da: xr.DataArray, target_lon: np.ndarray, method: Literal["linear", "nearest"]) -> xr.DataArray:
+    """Interpolate in longitude to target longitudes 0..360, shifting each by 360 into the source's range."""
+    lo = float(da["lon"].min())
+    shifted = np.mod(target_lon - lo, 360.0) + lo
+    out = da.interp(lon=shifted, method=method, kwargs={"fill_value": np.nan})
+    return out.assign_coords(lon=target_lon)
+
+
+def _regular(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str) -> np.ndarray:
+    if method == "conservative":
+        return _cell_means(values, src, grid)
+    da = _regular_da(values, src.lat, src.lon)
+    interp: Literal["linear", "nearest"] = "linear" if method == "bilinear" else "nearest"
+    out = _interp_lon(da, grid.longitudes(), interp).interp(lat=grid.latitudes(), method=interp,
+                                                            kwargs={"fill_value": np.nan})
+    return np.asarray(out.values)
+
+
+def _cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.ndarray:
+    """Conservative (area-weighted mean) remapping to a coarser grid: each source point goes to the
+    target cell holding its centre (xarray ``groupby``), weighted by cos(latitude)."""
+    res_src = abs(float(src.lat[1] - src.lat[0]))
+    if grid.resolution < 2 * res_src - 1e-9:
+        msg = (f"conservative regridding averages source cells into coarser target cells ({res_src:g} deg -> "
+               f"{grid.resolution:g} deg); to refine use method bilinear or nearest")
+        raise ValueError(msg)
+    dims = [f"d{i}" for i in range(values.ndim - 2)] + ["lat", "lon"]
+    w = xr.DataArray(np.clip(np.cos(np.radians(src.lat)), 1e-6, None), dims=["lat"])
+    ilat = np.rint((src.lat + 90.0) / grid.resolution).astype(int)
+    ilon = np.rint(np.mod(src.lon, 360.0) / grid.resolution).astype(int) % grid.n_lon
+    da = xr.DataArray(values, dims=dims, coords={"ilat": ("lat", ilat), "ilon": ("lon", ilon)})
+    num = (da * w).groupby("ilat").sum().groupby("ilon").sum()
+    den = (w * xr.ones_like(da.isel({d: 0 for d in dims[:-2]}, drop=True))).groupby("ilat").sum().groupby("ilon").sum()
+    out = (num / den).reindex(ilat=np.arange(grid.n_lat), ilon=np.arange(grid.n_lon))
+    return np.asarray(out.transpose(*dims[:-2], "ilat", "ilon").values)
+
+
+def _reduced(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.ndarray:
+    """Bilinear on a reduced grid: each row interpolated in longitude (periodic), then in latitude."""
+    rows, tlon = src.rows, grid.longitudes()
+    per_row = []
+    for start, count in zip(rows["start"], rows["count"], strict=True):
+        lon = src.lon[start:start + count]
+        row = _regular_da(values[..., None, start:start + count], np.zeros(1), lon).isel(lat=0)
+        per_row.append(_interp_lon(row, tlon, "linear").values)
+    stacked = np.stack(per_row, axis=-2)  # (..., rows, target lon)
+    da = _regular_da_lat(stacked, rows["lat"], tlon)
+    lat = grid.latitudes()
+    clipped = np.clip(lat, float(da["lat"].min()), float(da["lat"].max()))  # poleward: outermost row
+    return np.asarray(da.interp(lat=clipped, method="linear").values)
+
+
+def _regular_da_lat(values: np.ndarray, lat: np.ndarray, lon: np.ndarray) -> xr.DataArray:
+    dims = [f"d{i}" for i in range(values.ndim - 2)] + ["lat", "lon"]
+    return xr.DataArray(values, dims=dims, coords={"lat": lat, "lon": lon}).sortby("lat")
+
+
+def _nearest_points(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.ndarray:
+    from pyresample import geometry, kd_tree
+
+    lon180 = np.where(src.lon > 180.0, src.lon - 360.0, src.lon)
+    source = geometry.SwathDefinition(lons=lon180, lats=src.lat)
+    tlon, tlat = np.meshgrid(grid.longitudes(), grid.latitudes())
+    target = geometry.GridDefinition(lons=np.where(tlon > 180.0, tlon - 360.0, tlon), lats=tlat)
+    radius = 4.0 * np.radians(max(grid.resolution, 180.0 / max(len(src.rows.get("lat", [])), 1))) * EARTH_RADIUS_M
+    flat = values.reshape(-1, values.shape[-1])  # (fields, n)
+    out = kd_tree.resample_nearest(source, np.moveaxis(flat, 0, -1), target, radius_of_influence=radius,
+                                   fill_value=None)
+    out = np.ma.filled(np.ma.asarray(out, dtype=np.float64), np.nan)  # (y, x[, fields])
+    out = out[..., None] if out.ndim == 2 else out
+    return np.moveaxis(out, -1, 0).reshape(*values.shape[:-1], *grid.shape)
+
+
+def to_grid(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str = "bilinear") -> np.ndarray:
+    """Fields on ``src`` -> fields on ``grid`` (float32, latitude ascending, longitude 0..360).
+
+    ``values``: (..., y, x) for a regular source, (..., n) for points. NaN where the source does
+    not cover the target (a regional source) or where the source is NaN (SST over land)."""
+    if method not in METHODS:
+        msg = f"regridding method {method!r}: use one of {', '.join(METHODS)}"
+        raise ValueError(msg)
+    values = np.asarray(values, dtype=np.float64)
+    if src.kind == "regular":
+        if src.is_grid(grid):
+            return values.astype(np.float32)
+        out = _regular(values, src, grid, method)
+    elif method == "nearest" or not src.rows:
+        out = _nearest_points(values, src, grid)
+    elif method == "bilinear":
+        out = _reduced(values, src, grid)
+    else:
+        msg = "conservative regridding of a reduced or point grid is not available; use bilinear or nearest"
+        raise ValueError(msg)
+    return out.astype(np.float32)
+
+
+def default_grid(src: SourceGrid) -> schema.Grid:
+    """The regular global grid closest in resolution to ``src`` (for sources that are not one)."""
+    if src.kind == "regular" and src.lat.size > 1:
+        res = abs(float(src.lat[1] - src.lat[0]))
+    else:
+        n_rows = len(src.rows.get("lat", [])) or int(np.sqrt(src.lat.size / 2))
+        res = 180.0 / max(n_rows, 1)
+    choices = (0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 9.0, 10.0)
+    return schema.Grid(min(choices, key=lambda c: abs(c - res)))
+
+
+def coverage(src: SourceGrid) -> str:
+    """Latitude/longitude extent of a source, for messages."""
+    return f"lat {src.lat.min():g}..{src.lat.max():g}, lon {src.lon.min():g}..{src.lon.max():g}"
