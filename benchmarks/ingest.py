@@ -26,7 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# isort: off
+import pyproj  # noqa: F401  (before eccodes: see datasets/grib.py)
 import eccodes
+# isort: on
 
 from postcast.datasets import synthfiles
 from postcast.datasets.ingest import IngestConfig, ingest

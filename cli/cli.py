@@ -343,7 +343,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="pipeline YAML (kind: pipeline)")
     p.add_argument("--force", action="append", default=[], metavar="STAGE",
                    help="rerun this stage even if finished (repeatable; 'all' for every stage)")
-    p.add_argument("--dry-run", action="store_true", help="list the stages and whether they would run")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the stages, whether they would run, and the files a download stage would fetch")
     p.set_defaults(func=_run_run)
 
 
@@ -355,6 +356,12 @@ def _run_run(a: argparse.Namespace) -> int:
     summary = run(cfg, force=tuple(a.force), progress=a.progress, dry_run=a.dry_run)
     for name, st in summary["stages"].items():
         print(f"{name:24} {st['status']:10} {st.get('seconds', '')}")
+        for f in st.get("files", ()):  # a dry run's download listing
+            size = f"~{f['expected_bytes'] / 1e9:.1f} GB" if f["expected_bytes"] else "size unknown"
+            print(f"    {f['file']:42} {size:>12}  {'present' if f['present'] else f['url']}")
+        if st.get("files"):
+            known = sum(f["expected_bytes"] or 0 for f in st["files"])
+            print(f"    {len(st['files'])} files, ~{known / 1e12:.2f} TB expected where the size is known")
     if "report" in summary:
         print(f"report: {summary['report']}")
     return 0

@@ -76,6 +76,18 @@ def ens10_files(start: str, end: str, groups: tuple[str, ...] = GROUPS, base: st
     return [Remote(n, base + n) for n in names]
 
 
+# Nominal sizes of one ENS-10 file per group, from the dataset's description (pl: 7 variables x 11 levels,
+# sfc: 11 variables; 10 members x 20 years x 3 steps at 0.5 deg, GRIB1 16-bit packing): what a dry run
+# announces when no server answers. The real sizes come from the server and are checked on arrival.
+NOMINAL_BYTES = {"pl": 24_000_000_000, "sfc": 3_400_000_000}
+
+
+def nominal_size(remote: Remote) -> int | None:
+    """The expected size of an ENS-10 file (``output.pl.*`` / ``output.sfc.*``); None for others."""
+    group = remote.name.split(".")[1] if remote.name.startswith("output.") else None
+    return NOMINAL_BYTES.get(group or "")
+
+
 def era5_files(years: tuple[int, ...], groups: tuple[str, ...] = GROUPS, base: str = ERA5_URL) -> list[Remote]:
     """The yearly ERA5 analysis files the ENS-10 baselines use as truth."""
     base = base if base.endswith("/") else base + "/"

@@ -16,7 +16,13 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+# pyproj (behind pyresample, see regrid.py) must load its bundled native libraries before eccodes does:
+# in the other order the process aborts at exit ("free(): invalid size", exit 134) even though all work
+# succeeded. Measured with the wheels pyproj 3.7.2 / eccodeslib 2.50.0.33; tests/test_quality.py checks it.
+# isort: off
+import pyproj  # noqa: F401  (before eccodes)
 import eccodes
+# isort: on
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -152,7 +158,29 @@ def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     if end > path.stat().st_size:
         msg = f"{path}: truncated: last message ends at byte {end} but the file has {path.stat().st_size} bytes"
         raise BadInputError(msg)
+    _check_no_stray_bytes(path, df)
     return df
+
+
+def _check_no_stray_bytes(path: Path, df: pd.DataFrame) -> None:
+    """eccodes skips bytes that do not start with "GRIB", so a message whose magic is damaged silently
+    disappears (and would be reported as missing, i.e. retryable). Every byte outside the messages must
+    be zero padding; anything else is a damaged message."""
+    starts = df["offset"].to_numpy(np.int64)
+    ends = starts + df["length"].to_numpy(np.int64)
+    order = np.argsort(starts)
+    gaps = list(zip(np.concatenate([[0], ends[order]]), np.concatenate([starts[order], [path.stat().st_size]]),
+                    strict=True))
+    with open(path, "rb") as f:
+        for i, (lo, hi) in enumerate(gaps):
+            if hi <= lo:
+                continue
+            f.seek(int(lo))
+            if f.read(int(hi - lo)).strip(b"\0"):
+                where = f"before message {i}" if i < len(gaps) - 1 else "after the last message"
+                msg = (f"{path}: {hi - lo} bytes {where} (at byte {lo}) are not GRIB: a damaged message header "
+                       "(e.g. a corrupted 'GRIB' magic); re-fetch the file")
+                raise BadInputError(msg)
 
 
 _LONG_KEYS = ("level", "dataDate", "dataTime", "offset", "totalLength")

@@ -73,6 +73,40 @@ class CompressJob:
             raise ConfigError(msg) from err
 
 
+@dataclass(frozen=True)
+class DownloadJob:
+    """The download stage: the real ENS-10 files holding the init dates ``start``..``end`` (by month-day,
+    groups ``pl``/``sfc``) and the ERA5 analyses of ``era5_years`` -> ``out`` (resumable; see
+    ``postcast download ens10``)."""
+
+    start: str
+    end: str | None = None
+    groups: tuple[str, ...] = ("pl", "sfc")
+    era5_years: tuple[int, ...] = ()
+    out: str = "data/ens10"
+    jobs: int = 4
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            msg = f"download.jobs {self.jobs}: use 1 or more transfers at once"
+            raise ConfigError(msg)
+        self.files()  # dates and groups checked on load, offline
+
+    def files(self) -> list[Any]:
+        from postcast.datasets import download
+
+        return (download.ens10_files(self.start, self.end or self.start, self.groups)
+                + download.era5_files(self.era5_years, self.groups))
+
+    def listing(self) -> list[dict[str, Any]]:
+        """What a dry run shows: each file, its address and its expected size (nominal; no network)."""
+        from postcast.datasets import download
+
+        out = Path(self.out)
+        return [{"file": str(out / f.name), "url": f.url, "expected_bytes": download.nominal_size(f),
+                 "present": (out / f.name).exists()} for f in self.files()]
+
+
 @config.register("pipeline")
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -93,6 +127,7 @@ class PipelineConfig:
     forecast_from: str | None = None  # batch forecast of every trained model for these init times
     forecast_to: str | None = None  # (inclusive; default: forecast_from) -> WORKDIR/forecasts
     compress: tuple[CompressJob, ...] = ()  # neural-field artefacts of training fields -> WORKDIR/compressed
+    download: DownloadJob | None = None  # fetch the real ENS-10 (+ ERA5) into download.out before ingest
 
     def __post_init__(self) -> None:
         if (self.synth is None) == (self.source is None):
@@ -104,6 +139,9 @@ class PipelineConfig:
             raise ConfigError(msg)
         if self.split not in ("train", "val", "test"):
             msg = f"pipeline.split {self.split!r}: use train, val or test"
+            raise ConfigError(msg)
+        if self.download is not None and self.source is None:
+            msg = "pipeline.download: give 'source' too (the ingest reads the downloaded files from there)"
             raise ConfigError(msg)
 
     @property
@@ -121,6 +159,7 @@ class Stage:
     settings: dict[str, Any]  # what the stage's result depends on (hashed)
     inputs: list[str]  # names of upstream stages
     action: Callable[[bool], list[str]]  # runs the stage (argument: fresh, i.e. forced), returns outputs
+    listing: Callable[[], list[dict[str, Any]]] | None = None  # files a dry run lists (download)
 
 
 def _identity(path: str) -> str:
@@ -168,6 +207,14 @@ def _synth(cfg: PipelineConfig, progress: bool) -> list[str]:
     assert cfg.synth is not None
     synthfiles.write_synthetic(cfg.synth, cfg.root / "synth", progress=progress)
     return [str(cfg.root / "synth" / "synth.json")]
+
+
+def _download(job: DownloadJob, progress: bool) -> list[str]:
+    from postcast.datasets import download
+
+    files = job.files()
+    download.download(files, job.out, jobs=job.jobs, progress=progress)
+    return [str(Path(job.out) / f.name) for f in files]
 
 
 def _ingest(cfg: PipelineConfig, progress: bool) -> list[str]:
@@ -246,9 +293,13 @@ def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stag
     first = "ingest"
     if cfg.synth is not None:
         out.append(Stage("synth", {"synth": asdict(cfg.synth)}, [], lambda fresh: _synth(cfg, progress)))
+    fetch = cfg.download
+    if fetch is not None:
+        out.append(Stage("download", asdict(fetch), [], lambda fresh, f=fetch: _download(f, progress),  # type: ignore[misc]
+                         fetch.listing))
     ingest_settings = {"source": cfg.source, "truth": cfg.truth, "splits": asdict(cfg.splits)}
-    out.append(Stage(first, ingest_settings, ["synth"] if cfg.synth is not None else [],
-                     lambda fresh: _ingest(cfg, progress)))
+    upstream = ["synth"] if cfg.synth is not None else ["download"] if fetch is not None else []
+    out.append(Stage(first, ingest_settings, upstream, lambda fresh: _ingest(cfg, progress)))
     train_names = []
     for preset in cfg.train:
         name = f"train:{Path(preset).stem}"
@@ -299,6 +350,8 @@ def run(cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = Tr
                 continue
             if dry_run:
                 summary["stages"][stage.name] = {"status": "would run"}
+                if stage.listing is not None:
+                    summary["stages"][stage.name]["files"] = stage.listing()
                 continue
             log.info("stage %s: running", stage.name)
             t0 = time.perf_counter()

@@ -148,8 +148,6 @@ def test_ingest_unreadable_file(src, tmp_path, capsys):
            no_store(out))
 
 
-@pytest.mark.xfail(strict=True, reason="datasets/grib.py (not this change's file) reads a file whose first message "
-                                       "has no GRIB magic as missing fields: exit 66")
 def test_ingest_flipped_grib_magic_is_corrupt_not_missing(src, tmp_path, capsys):
     data = bytearray((src / SFC).read_bytes())
     data[0] ^= 0x01  # "GRIB" -> "FRIB"

@@ -177,3 +177,25 @@ def test_missing_file_and_bad_dates_are_one_line_errors(synth_grib, tmp_path, ca
     assert rc == 66 and "HTTP 404" in err and "Traceback" not in err
     assert main(["download", "ens10", "--start", "2018-01-02", "--end", "2018-01-03", "--dry-run"]) == 2
     assert main(["download", "ens10", "--start", "soon", "--dry-run"]) == 2
+
+
+def test_ens10_pipeline_dry_run_lists_stages_files_and_expected_sizes(tmp_path, monkeypatch, capsys):
+    """`postcast run configs/ens10.yaml --dry-run`: the download stage lists every ENS-10 file (two per
+    init month-day of 2018: 105 month-days) and every ERA5 year with addresses and expected sizes, offline,
+    before ingest, the 18 training stages, evaluate and forecast."""
+    from postcast.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(root / "configs")  # the config's paths are relative to the working dir
+    assert main(["run", "configs/ens10.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    stages = [line.split()[0] for line in out if not line.startswith(" ")]
+    assert stages[:2] == ["download", "ingest"] and stages[-2:] == ["evaluate", "forecast"]
+    assert sum(s.startswith("train:") for s in stages) == 18
+    files = [line.split() for line in out if line.startswith("    data/")]
+    ens = [f for f in files if "/output." in f[0]]
+    assert len(ens) == 2 * 105 and len(files) == len(ens) + 2 * 20
+    pl = next(f for f in ens if f[0].endswith("output.pl.20180101"))
+    assert pl[1:3] == ["~24.0", "GB"] and pl[3] == download.ENS10_URL + "output.pl.20180101"
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs" / "ens10" / "summary.json").exists()

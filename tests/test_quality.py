@@ -110,3 +110,14 @@ def test_torch_check_catches_torch_in_the_core(tmp_path):
     shutil.copytree(ROOT / "datasets", tmp_path / "datasets", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "datasets" / "schema.py").write_text((ROOT / "datasets" / "schema.py").read_text() + "\nimport torch\n")
     assert torch_in_core(tmp_path) == ["datasets/schema.py imports torch"]
+
+
+def test_a_process_using_grib_and_regridding_exits_cleanly():
+    """eccodes' and pyproj's wheels bundle native libraries that abort the process at exit ("free():
+    invalid size", exit 134) when eccodes loads first; postcast's GRIB module loads pyproj first, so any
+    process that reads GRIB and regrids (pyresample -> pyproj) exits 0."""
+    code = ("from postcast.datasets import grib, regrid\n"
+            "import pyresample.geometry, eccodes\n"
+            "print(eccodes.codes_get_api_version())")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
