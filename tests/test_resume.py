@@ -40,9 +40,10 @@ def _last_epoch(last: Path) -> int:
 
 def _kill_after(store: Path, root: Path, epochs: int, at_epoch: int) -> None:
     """Run `postcast train fit` as a real process and SIGKILL it once last.ckpt has reached ``at_epoch``."""
-    cmd = [sys.executable, "-m", "postcast", "--no-progress", "train", *_args(store, root, epochs),
-           "--trainer.enable_progress_bar", "false"]
     last = root / "lightning_logs/version_0/checkpoints/last.ckpt"
+    resume = ["--ckpt_path", str(last)] if last.exists() else []  # a second kill hits the resumed run
+    cmd = [sys.executable, "-m", "postcast", "--no-progress", "train", *_args(store, root, epochs),
+           "--trainer.enable_progress_bar", "false", *resume]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
     deadline = time.time() + 240
