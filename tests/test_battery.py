@@ -92,7 +92,7 @@ def subprocess_case(argv: list[str], *, fsize: int | None = None, timeout: float
     return Outcome(proc.returncode, proc.stderr, frozenset(DISK_FULL if fsize is not None else OK_CODES))
 
 
-def record(case: str, out: Outcome, safe: bool = True) -> None:
+def assert_ok(case: str, out: Outcome, safe: bool = True) -> None:
     TALLY[case] = (out.clean, safe)
     assert out.code in out.codes, f"{case}: exit {out.code}\n{out.err[-3000:]}"
     assert "Traceback" not in out.err, f"{case}:\n{out.err[-3000:]}"
@@ -144,7 +144,7 @@ def test_ingest_unreadable_file(src, tmp_path, capsys):
     (src / SFC).unlink()
     (src / SFC).symlink_to(src / "gone.grib")  # listed, but cannot be opened (root reads any mode bits)
     out = tmp_path / "out.zarr"
-    record("ingest: unreadable input file", in_process(["ingest", str(src), "--out", str(out), "--threads"], capsys),
+    assert_ok("ingest: unreadable input file", in_process(["ingest", str(src), "--out", str(out), "--threads"], capsys),
            no_store(out))
 
 
@@ -155,35 +155,35 @@ def test_ingest_flipped_grib_magic_is_corrupt_not_missing(src, tmp_path, capsys)
     out = tmp_path / "out.zarr"
     res = in_process(["ingest", str(src), "--out", str(out), "--threads"], capsys)
     res.codes = frozenset({65})  # corrupt, not missing (66 would tell a scheduler to retry)
-    record("ingest: flipped GRIB magic", res, no_store(out))
+    assert_ok("ingest: flipped GRIB magic", res, no_store(out))
 
 
 def test_ingest_missing_source(tmp_path, capsys):
     out = tmp_path / "out.zarr"
-    record("ingest: missing source", in_process(["ingest", str(tmp_path / "nope"), "--out", str(out)], capsys),
+    assert_ok("ingest: missing source", in_process(["ingest", str(tmp_path / "nope"), "--out", str(out)], capsys),
            no_store(out))
 
 
 def test_ingest_disk_full(grib_src, tmp_path):
     out = tmp_path / "out.zarr"
     res = subprocess_case(["ingest", str(grib_src), "--out", str(out), "--threads"], fsize=64 * 1024)
-    record("ingest: disk full (ulimit -f)", res, no_store(out) and not out.exists())
+    assert_ok("ingest: disk full (ulimit -f)", res, no_store(out) and not out.exists())
 
 
 # --- inspect ----------------------------------------------------------------------------------------
 def test_inspect_missing_and_incomplete(store, tmp_path, capsys):
-    record("inspect: missing store", in_process(["inspect", str(tmp_path / "nope.zarr")], capsys))
+    assert_ok("inspect: missing store", in_process(["inspect", str(tmp_path / "nope.zarr")], capsys))
     copy = tmp_path / "s.zarr"
     shutil.copytree(store, copy)
     io.update_zarr_attrs(copy, {contract.COMPLETE_ATTR: False})
-    record("train fit: incomplete store", in_process(
+    assert_ok("train fit: incomplete store", in_process(
         ["train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(copy),
          "--trainer.default_root_dir", str(tmp_path / "runs")], capsys))
     chunk = next(p for p in (copy / "ens_mean_t2m" / "c").rglob("*") if p.is_file())
     chunk.unlink()
     io.update_zarr_attrs(copy, {contract.COMPLETE_ATTR: True})
     res = in_process(["inspect", str(copy), "--verify"], capsys)
-    record("inspect --verify: deleted chunk", res, not integrity.verify(copy).ok)
+    assert_ok("inspect --verify: deleted chunk", res, not integrity.verify(copy).ok)
 
 
 # --- config / train -------------------------------------------------------------------------------
@@ -191,16 +191,16 @@ def test_config_validate_unknown_target(tmp_path, capsys):
     preset = tmp_path / "t999.yaml"
     preset.write_text("model: {family: emos}\ndata: {cfg: {sample: {target: t999}}}\n")
     res = in_process(["config", "validate", str(preset)], capsys)
-    record("config validate: target t999", res)
+    assert_ok("config validate: target t999", res)
     assert "t999" in res.error_lines[0]
 
 
 def test_train_bad_target_and_missing_store(store, tmp_path, capsys):
     preset = str(ROOT / "configs/train/tiny_emos_t2m.yaml")
-    record("train fit: target t999", in_process(
+    assert_ok("train fit: target t999", in_process(
         ["train", "fit", "-c", preset, "--data.cfg.store", str(store), "--data.cfg.sample.target", "t999",
          "--trainer.default_root_dir", str(tmp_path / "runs")], capsys))
-    record("train fit: missing store", in_process(
+    assert_ok("train fit: missing store", in_process(
         ["train", "fit", "-c", preset, "--data.cfg.store", str(tmp_path / "nope.zarr"),
          "--trainer.default_root_dir", str(tmp_path / "runs")], capsys))
 
@@ -226,7 +226,7 @@ def test_evaluate_bad_checkpoints(store, t2m_ckpt, tmp_path, capsys):
         out = tmp_path / case.split(": ")[1].replace(" ", "_")
         res = in_process(["evaluate", str(store), "--checkpoints", str(ckpt), "--bootstrap", "5", "--out", str(out),
                           *extra], capsys)
-        record(case, res, not (out / "metrics.json").exists())
+        assert_ok(case, res, not (out / "metrics.json").exists())
 
 
 def test_forecast_bad_inputs(t2m_ckpt, synth_zarr, tmp_path, capsys):
@@ -234,9 +234,9 @@ def test_forecast_bad_inputs(t2m_ckpt, synth_zarr, tmp_path, capsys):
     base = ["forecast", "--checkpoint", str(t2m_ckpt), "--init-time", "2017-02-01", "--out", str(out)]
     dangling = tmp_path / "dangling.zarr"
     dangling.symlink_to(tmp_path / "gone")
-    record("forecast: unreadable input", in_process([*base, "--input", str(dangling)], capsys))
-    record("forecast: bad init time", in_process([*base, "--input", str(synth_zarr), "--init-time", "soon"], capsys))
-    record("forecast: bit-flipped checkpoint", in_process(
+    assert_ok("forecast: unreadable input", in_process([*base, "--input", str(dangling)], capsys))
+    assert_ok("forecast: bad init time", in_process([*base, "--input", str(synth_zarr), "--init-time", "soon"], capsys))
+    assert_ok("forecast: bit-flipped checkpoint", in_process(
         ["forecast", "--checkpoint", str(_flipped(t2m_ckpt, tmp_path)), "--input", str(synth_zarr),
          "--init-time", "2017-02-01", "--out", str(out)], capsys))
     assert not list(out.rglob("*.nc"))
@@ -248,7 +248,7 @@ def test_forecast_disk_full_leaves_nothing_and_stale_temporaries_go(t2m_ckpt, sy
     argv = ["forecast", "--checkpoint", str(t2m_ckpt), "--input", str(synth_zarr), "--init-time", "2017-02-01",
             "--end", "2017-10-31", "--out", str(out)]
     res = subprocess_case(argv, fsize=4096)
-    record("forecast: disk full (ulimit -f)", res, not [p for p in out.rglob("*.nc") if not p.name.startswith(".")])
+    assert_ok("forecast: disk full (ulimit -f)", res, not [p for p in out.rglob("*.nc") if not p.name.startswith(".")])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid that no longer runs
     product = next(iter(sorted(out.rglob("*.tmp-*")) or [None]), None)
@@ -286,7 +286,7 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
 def test_decompress_absurd_resolution(artefact, tmp_path, capsys, resolution):
     out = tmp_path / "d.nc"
     res = in_process(["decompress", str(artefact), "--out", str(out), "--resolution", resolution], capsys)
-    record(f"decompress --resolution {resolution}", res, not out.exists())
+    assert_ok(f"decompress --resolution {resolution}", res, not out.exists())
     assert res.code == 2
 
 
@@ -300,29 +300,29 @@ def test_decompress_damaged_artefacts(artefact, tmp_path, capsys):
     for case, path in (("decompress: flipped header length", flipped), ("decompress: truncated", truncated)):
         out = tmp_path / f"{path.stem}.nc"
         res = in_process(["decompress", str(path), "--out", str(out)], capsys)
-        record(case, res, not out.exists())
+        assert_ok(case, res, not out.exists())
         assert res.code == 65
-    record("compress-report: truncated artefact", in_process(["compress-report", str(truncated)], capsys))
+    assert_ok("compress-report: truncated artefact", in_process(["compress-report", str(truncated)], capsys))
 
 
 def test_compress_bad_options(store, tmp_path, capsys):
     out = tmp_path / "x.pcnf"
-    record("compress: width 0", in_process(["compress", str(store), "--var", "truth_t850", "--width", "0",
+    assert_ok("compress: width 0", in_process(["compress", str(store), "--var", "truth_t850", "--width", "0",
                                             "--out", str(out)], capsys), not out.exists())
-    record("compress: missing source", in_process(["compress", str(tmp_path / "nope.zarr"), "--var", "truth_t850",
+    assert_ok("compress: missing source", in_process(["compress", str(tmp_path / "nope.zarr"), "--var", "truth_t850",
                                                    "--out", str(out)], capsys), not out.exists())
 
 
 # --- synth / run / serve ----------------------------------------------------------------------------
 def test_synth_and_run_bad_options(tmp_path, capsys):
-    record("synth: resolution nan", in_process(["synth", "--out", str(tmp_path / "s"), "--resolution", "nan"],
+    assert_ok("synth: resolution nan", in_process(["synth", "--out", str(tmp_path / "s"), "--resolution", "nan"],
                                                capsys), not (tmp_path / "s").exists())
-    record("synth: 0 dates per year", in_process(["synth", "--out", str(tmp_path / "s"), "--dates-per-year", "0"],
+    assert_ok("synth: 0 dates per year", in_process(["synth", "--out", str(tmp_path / "s"), "--dates-per-year", "0"],
                                                  capsys), not (tmp_path / "s").exists())
-    record("run: missing config", in_process(["run", str(tmp_path / "nope.yaml")], capsys))
+    assert_ok("run: missing config", in_process(["run", str(tmp_path / "nope.yaml")], capsys))
     garbage = tmp_path / "garbage.yaml"
     garbage.write_bytes(b"\xff\xfe{{{ not yaml")
-    record("run: unreadable config", in_process(["run", str(garbage)], capsys))
+    assert_ok("run: unreadable config", in_process(["run", str(garbage)], capsys))
 
 
 def _free_port() -> int:
@@ -332,7 +332,7 @@ def _free_port() -> int:
 
 
 def test_serve_bad_folders(tmp_path, capsys):
-    record("serve: missing folder", in_process(["serve", str(tmp_path / "nope")], capsys))
+    assert_ok("serve: missing folder", in_process(["serve", str(tmp_path / "nope")], capsys))
     folder = tmp_path / "fc" / "postprocessed" / "emos" / "t850"
     folder.mkdir(parents=True)
     (folder / "not-a-date.nc").write_bytes(b"junk")
@@ -345,7 +345,7 @@ def test_serve_bad_folders(tmp_path, capsys):
         TALLY["serve: badly named file"] = ("Traceback" not in err, True)
         assert "Traceback" not in err, err[-3000:]
         return
-    record("serve: badly named file", Outcome(proc.returncode, proc.stderr.read() if proc.stderr else ""))
+    assert_ok("serve: badly named file", Outcome(proc.returncode, proc.stderr.read() if proc.stderr else ""))
 
 
 def test_battery_count():
