@@ -119,8 +119,9 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--members", help="members: a count (10), an inclusive range (0:9, 1:50) or all (default: all "
                                      "the source has; 0 is the control in ECMWF files)")
     p.add_argument("--steps", type=_int_tuple, help="lead times in hours, e.g. 0,24,48 (default: those in the source)")
-    p.add_argument("--grid", type=float, help="store resolution in degrees, e.g. 1 or 0.5 (default: the source's "
-                                              "regular global grid, or the closest one for other grids)")
+    p.add_argument("--grid", type=float, help="store resolution in degrees, e.g. 1 or 0.5, over the source's area "
+                                              "(default: the source's own regular grid, global or regional, or "
+                                              "the closest resolution for other grids)")
     p.add_argument("--regrid-method", choices=("bilinear", "nearest", "conservative"),
                    help="regridding when the source is on another grid (default bilinear)")
     p.add_argument("--train-years", type=_year_range, help="statistics/training years (default 1998:2013)")
@@ -401,8 +402,8 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--regrid-method", default="bilinear", choices=("bilinear", "nearest", "conservative"),
                    help="inputs on another grid than the checkpoint's are regridded to it (default bilinear)")
     p.add_argument("--on-input-grid", action="store_true",
-                   help="write the products back on the input's grid (regular global inputs) instead of the "
-                        "checkpoint's")
+                   help="write the products back on the input's grid (regular inputs, global or regional) "
+                        "instead of the checkpoint's")
     p.add_argument("--name", help="the model's name in the output paths (default: its model family, e.g. unet); "
                                   "give each model its own so their products never share a file")
     p.set_defaults(func=_run_forecast, input_errors=(ValueError, OSError), input_path="input")

@@ -17,7 +17,8 @@ from postcast.compression import baselines
 from postcast.compression.artefact import Artefact
 from postcast.compression.field import Fields, to_fields
 from postcast.compression.metrics import field_errors
-from postcast.datasets import io, schema
+from postcast.datasets import conventions, io, schema
+from postcast.datasets.errors import MissingInputError
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,13 @@ def open_source(path: str | os.PathLike[str]) -> xr.Dataset:
     if not p.exists():
         msg = f"{p}: no such file or store"
         raise FileNotFoundError(msg)
-    return io.open_zarr(p) if p.is_dir() or p.suffix == ".zarr" else xr.open_dataset(p)
+    if p.is_dir() or p.suffix == ".zarr":
+        return io.open_zarr(p)
+    raw = xr.open_dataset(p)
+    try:  # forecasts in any layout (cfgrib, CDS, WeatherBench 2) -> postcast's names, dims and units
+        return conventions.normalise(raw, source=str(p))
+    except MissingInputError:  # no ENS-10 variable: fields under their own names
+        return raw
 
 
 def select(sel: Selection) -> xr.Dataset:

@@ -252,7 +252,7 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
     names.update({k: v for k, v in _DIM_ALIASES.items() if k in ds.dims or k in ds.coords})
     ds = ds.rename({k: v for k, v in names.items() if k in ds.variables or k in ds.dims})
     ds = _fix_step(_fix_level(ds), source)
-    ds = _fix_lonlat(ds, source)
+    ds = _fix_lonlat(ds, source, any_grid=True)  # regridded to the store's grid when read
     out = {}
     for name, da in ds.data_vars.items():
         key = str(name)

@@ -31,8 +31,7 @@ def summary(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, 
         "complete": bool(ds.attrs.get(contract.COMPLETE_ATTR)),
         "format_version": ds.attrs.get(contract.VERSION_ATTR),
         "dims": {str(k): int(v) for k, v in ds.sizes.items()},
-        "grid": f"{ds.sizes[schema.LAT]} x {ds.sizes[schema.LON]} "
-                f"({float(ds[schema.LAT][1] - ds[schema.LAT][0]):g} deg)",
+        "grid": _grid(ds),
         "init_times": {"first": f"{times.min():%Y-%m-%d}", "last": f"{times.max():%Y-%m-%d}", "n": len(times)},
         "levels_hPa": [int(x) for x in ds[schema.LEVEL].values],
         "steps_h": [int(pd.Timedelta(s).total_seconds() // 3600) for s in ds[schema.STEP].values],
@@ -135,3 +134,11 @@ def render(info: dict[str, Any]) -> str:
     else:
         lines.append("statistics none (no init date in the training years)")
     return "\n".join(lines)
+
+
+def _grid(ds: xr.Dataset) -> str:
+    """'regular_ll 1 deg lat 30..70 lon 340..400 41x61' (or 'global'), else the bare size."""
+    try:
+        return schema.Grid.from_coords(ds[schema.LAT].values, ds[schema.LON].values, regional=True).describe()
+    except ValueError:
+        return f"{ds.sizes[schema.LAT]} x {ds.sizes[schema.LON]}"

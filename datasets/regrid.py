@@ -63,10 +63,31 @@ class SourceGrid:
         return (self.lat.size, self.lon.size) if self.kind == "regular" else (self.lat.size,)
 
     def is_grid(self, grid: schema.Grid) -> bool:
-        """Whether this is exactly ``grid`` (ascending latitude, longitude 0..360): no regridding."""
+        """Whether this is exactly ``grid`` (ascending latitude, the grid's longitudes modulo 360): no regridding."""
         return (self.kind == "regular" and self.lat.size == grid.n_lat and self.lon.size == grid.n_lon
                 and np.allclose(self.lat, grid.latitudes(), atol=1e-4)
-                and np.allclose(self.lon, grid.longitudes(), atol=1e-4))
+                and np.allclose(np.mod(self.lon, 360.0), np.mod(grid.longitudes(), 360.0), atol=1e-4))
+
+    @property
+    def is_global(self) -> bool:
+        """Whether the source covers the globe (a point cloud is taken as a global reduced grid)."""
+        return self.kind != "regular" or (_periodic(self.lon) and self.lat.min() <= -90 + _step(self.lat) + 1e-6
+                                          and self.lat.max() >= 90 - _step(self.lat) - 1e-6)
+
+    def covers(self, grid: schema.Grid) -> bool:
+        """Whether every point of ``grid`` lies inside this source (regridding leaves no NaN edge)."""
+        if self.is_global:
+            return True
+        lat, tol = grid.latitudes(), 1e-6
+        if self.kind != "regular" or lat.min() < self.lat.min() - tol or lat.max() > self.lat.max() + tol:
+            return self.kind != "regular"
+        west = float(self.lon[0])
+        span = np.mod(self.lon - west, 360.0).max()
+        return bool((np.mod(grid.longitudes() - west + tol, 360.0) - tol <= span + tol).all())
+
+
+def _step(axis: np.ndarray) -> float:
+    return abs(float(axis[1] - axis[0])) if axis.size > 1 else 0.0
 
 
 def reduced_rows(lat: np.ndarray) -> dict[str, Any]:
@@ -131,8 +152,10 @@ def _cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.nd
         raise ValueError(msg)
     dims = [f"d{i}" for i in range(values.ndim - 2)] + ["lat", "lon"]
     w = xr.DataArray(np.clip(np.cos(np.radians(src.lat)), 1e-6, None), dims=["lat"])
-    ilat = np.rint((src.lat + 90.0) / grid.resolution).astype(int)
-    ilon = np.rint(np.mod(src.lon, 360.0) / grid.resolution).astype(int) % grid.n_lon
+    south, west = float(grid.latitudes()[0]), float(grid.longitudes()[0])
+    ilat = np.rint((src.lat - south) / grid.resolution).astype(int)
+    ilon = np.rint(np.mod(src.lon - west, 360.0) / grid.resolution).astype(int)
+    ilon = ilon % grid.n_lon if grid.is_global else ilon
     da = xr.DataArray(values, dims=dims, coords={"ilat": ("lat", ilat), "ilon": ("lon", ilon)})
     num = (da * w).groupby("ilat").sum().groupby("ilon").sum()
     den = (w * xr.ones_like(da.isel({d: 0 for d in dims[:-2]}, drop=True))).groupby("ilat").sum().groupby("ilon").sum()
@@ -200,14 +223,34 @@ def to_grid(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str 
 
 
 def default_grid(src: SourceGrid) -> schema.Grid:
-    """The regular global grid closest in resolution to ``src`` (for sources that are not one)."""
+    """The grid a source is stored on when the user names none: its own grid when that is a regular
+    one postcast can hold (global, or regional at a resolution dividing 180 deg), else the closest
+    such resolution (global for point clouds, over the source's area for regional sources)."""
     if src.kind == "regular" and src.lat.size > 1:
-        res = abs(float(src.lat[1] - src.lat[0]))
+        res = _step(src.lat)
     else:
         n_rows = len(src.rows.get("lat", [])) or int(np.sqrt(src.lat.size / 2))
         res = 180.0 / max(n_rows, 1)
-    choices = (0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 9.0, 10.0)
-    return schema.Grid(min(choices, key=lambda c: abs(c - res)))
+    choices = (0.1, 0.125, 0.2, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 9.0, 10.0)
+    near = min(choices, key=lambda c: abs(c - res))
+    return grid_at(src, res if abs(near - res) < 1e-6 else near)
+
+
+def grid_at(src: SourceGrid, resolution: float) -> schema.Grid:
+    """The grid at ``resolution`` over the source: global when the source is global, else the
+    largest regional grid of that resolution inside the source's area."""
+    if src.is_global:
+        return schema.Grid(resolution)
+    r = resolution
+    lon_u = np.mod(src.lon - src.lon[0], 360.0) + np.mod(src.lon[0], 360.0)  # increasing from the first
+    south, north = np.ceil(src.lat.min() / r - 1e-6) * r, np.floor(src.lat.max() / r + 1e-6) * r
+    west, east = np.ceil(lon_u.min() / r - 1e-6) * r, np.floor(lon_u.max() / r + 1e-6) * r
+    shift = np.floor(west / 360.0) * 360.0  # west into 0..360
+    try:
+        return schema.Grid(r, (float(south), float(north), float(west - shift), float(east - shift)))
+    except ValueError as err:
+        msg = f"{src.name}: no {r:g} deg grid fits inside this source ({err})"
+        raise ValueError(msg) from err
 
 
 def coverage(src: SourceGrid) -> str:

@@ -69,8 +69,9 @@ class Expectation:
     levels: tuple[int, ...] | None = None  # None: the levels the source holds (same for all dates)
     members: str | int = "all"  # all | count N | range A:B (see parse_members)
     steps_h: tuple[int, ...] | None = None  # None: the steps the source holds
-    grid: float | None = None  # target resolution (deg); None: the source's regular global grid
+    grid: float | None = None  # target resolution (deg) over the source's area; None: the source's own grid
     method: str = "bilinear"  # regridding method when the source is on another grid
+    exact_grid: schema.Grid | None = None  # this grid and no other (a checkpoint's); the source must cover it
 
     def __post_init__(self) -> None:
         unknown = [v for v in self.variables or () if v not in schema.VARIABLES]
@@ -145,15 +146,14 @@ class Plan:
     @property
     def regridding(self) -> dict[str, str]:
         """Provenance of the horizontal grid, for the store and the forecast files."""
-        target = f"regular_ll {self.grid.resolution:g} deg global {self.grid.n_lat}x{self.grid.n_lon}"
         if self.source_grid is None:
-            return {"source_grid": target, "regrid_method": "none"}
+            return {"source_grid": self.grid.describe(), "regrid_method": "none"}
         return {"source_grid": self.source_grid.name, "regrid_method": self.method}
 
     def to_dict(self) -> dict[str, Any]:
         return {"init_times": [str(t) for t in self.init_times], "variables": list(self.variables),
                 "levels": list(self.levels), "members": list(self.members), "steps_h": list(self.steps_h),
-                "resolution": self.grid.resolution, "files": self.files, **self.regridding}
+                "resolution": self.grid.resolution, "area": self.grid.area, "files": self.files, **self.regridding}
 
 
 def _raise_missing(missing: list[str], source: str, what: str = "forecast fields") -> None:
@@ -237,7 +237,7 @@ class GribSource(ForecastSource):
 
     def __init__(self, files: list[Path], index: pd.DataFrame | None = None):
         self.files = sorted(files)
-        self.path = self.files[0].parent
+        self.path = self.files[0] if len(self.files) == 1 else self.files[0].parent  # names the input in messages
         self._index = index
 
     @property
@@ -357,15 +357,22 @@ def _pick_variables(expect: Expectation, have: set[str], source: str) -> tuple[s
 
 def _target_grid(src: regrid.SourceGrid, expect: Expectation, source: str) -> tuple[schema.Grid,
                                                                                     regrid.SourceGrid | None]:
-    """The grid to write (the asked resolution, the source's own regular global grid, or the closest
-    regular global grid) and the source grid to regrid from (None: no regridding)."""
-    if expect.grid is not None:
-        grid = schema.Grid(expect.grid)
+    """The grid to write (a checkpoint's exact grid, the asked resolution over the source's area, or
+    the source's own grid) and the source grid to regrid from (None: no regridding)."""
+    if expect.exact_grid is not None:
+        grid = expect.exact_grid
+        if not src.covers(grid):
+            msg = (f"{source}: the input covers {regrid.coverage(src)} only; the model reads "
+                   f"{grid.describe()}: give an input that covers it, or train on a store of this area")
+            raise BadInputError(msg)
     else:
-        grid = regrid.default_grid(src)
-        if not src.is_grid(grid):
-            log.info("%s: %s is not a regular global grid: regridding to %g deg (%s); choose with --grid",
-                     source, src.name, grid.resolution, expect.method)
+        try:
+            grid = regrid.grid_at(src, expect.grid) if expect.grid is not None else regrid.default_grid(src)
+        except ValueError as err:
+            msg = f"{source}: {err}; choose another --grid"
+            raise BadInputError(msg) from err
+    if not src.is_grid(grid):
+        log.info("%s: %s is not %s: regridding (%s)", source, src.name, grid.describe(), expect.method)
     return grid, (None if src.is_grid(grid) else src)
 
 
@@ -539,12 +546,24 @@ class TruthSource:
             out = out.assign_coords({schema.STEP: steps}).expand_dims({schema.INIT_TIME: [init_time]})
         out = out.load().astype(np.float32)
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
-        grid = schema.Grid.from_coords(out[schema.LAT].values, out[schema.LON].values)
-        if grid != plan.grid:
-            msg = f"{self.paths[0]}: truth on a {grid.resolution} deg grid, forecasts on {plan.grid.resolution} deg"
-            raise BadInputError(msg)
+        out = self._on_grid(out, plan)
         dims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
         return out.transpose(*dims)
+
+    def _on_grid(self, out: xr.Dataset, plan: Plan) -> xr.Dataset:
+        """Truth on the store's grid: as is when it is already, else regridded (the forecasts' method)."""
+        lat, lon = out[schema.LAT].values, out[schema.LON].values
+        if conventions.POINTS in out.dims:
+            src = regrid.SourceGrid.points(lat, lon)
+        else:
+            src = regrid.SourceGrid.regular(lat, lon)
+        if src.is_grid(plan.grid):
+            return out
+        if not src.covers(plan.grid):
+            msg = (f"{self.paths[0]}: truth covers {regrid.coverage(src)} only; the store is on "
+                   f"{plan.grid.describe()}: give truth that covers it")
+            raise BadInputError(msg)
+        return _regridded(out, replace(plan, source_grid=src))
 
     def coverage(self, plan: Plan) -> dict[str, list[str]]:
         """For each variable, the init times (ISO dates) lacking truth at the target step (48 h)."""

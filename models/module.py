@@ -46,15 +46,17 @@ class PostProcessor(L.LightningModule):
         net: the family's options, e.g. ``{base_filters: 32}`` for unet, ``{hidden: 128}`` for mlp,
             ``{smoe: {experts: 3, gate: latent}}`` for smoe/unet_smoe, ``{width: 16, heads: 4}`` for
             the transformer.
-        sample, grid, n_members: linked from the data module by ``postcast train`` (the sample spec
-            as a mapping, the grid (H, W), the ensemble size); set them only when building a model by hand.
+        sample, grid, grid_area, n_members: linked from the data module by ``postcast train`` (the
+            sample spec as a mapping, the grid (H, W), the area (south, north, west, east) of a
+            regional store or None for a global one, the ensemble size); set them only when building
+            a model by hand.
         lr, weight_decay: AdamW; the learning rate follows a cosine schedule over ``max_epochs``
             when ``cosine`` is true.
     """
 
     def __init__(self, family: str = "mlp", net: dict[str, Any] | None = None, sample: dict[str, Any] | None = None,
                  grid: tuple[int, int] = (37, 72), n_members: int = 10, lr: float = 1e-3, weight_decay: float = 0.0,
-                 cosine: bool = True):
+                 cosine: bool = True, grid_area: tuple[float, float, float, float] | None = None):
         super().__init__()
         spec = SampleSpec.from_dict(sample or {})
         fam = registry.make(family, net)

@@ -113,18 +113,27 @@ def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timest
 def _expectation(model: PostProcessor, spec: SampleSpec, method: str) -> sources.Expectation:
     """What the checkpoint reads: its lead time, on its own grid (inputs on other grids are regridded),
     its member count when the model reads the members (the first N), else every member."""
-    n_lat = int(next(iter(model.hparams["grid"])))  # (H, W) of a global grid with both poles
     members: str | int = int(model.hparams["n_members"]) if spec.members else "all"
-    return sources.Expectation(members=members, steps_h=(spec.step_h,), grid=180.0 / (n_lat - 1), method=method)
+    return sources.Expectation(members=members, steps_h=(spec.step_h,), method=method, exact_grid=model_grid(model))
+
+
+def model_grid(model: PostProcessor) -> schema.Grid:
+    """The grid a checkpoint was trained on: global from its (H, W), or regional from its recorded area."""
+    n_lat = int(model.hparams["grid"][0])  # (H, W)
+    area = model.hparams.get("grid_area")
+    if area is None:
+        return schema.Grid(180.0 / (n_lat - 1))
+    south, north, west, east = (float(a) for a in area)
+    return schema.Grid(round((north - south) / (n_lat - 1), 6), (south, north, west, east))
 
 
 def _input_grid(plan: sources.Plan) -> schema.Grid:
-    """The input's own grid when it is a regular global one (the only kind a CF file here can hold)."""
+    """The input's own grid when it is a regular one (global or regional; a CF file here holds no other)."""
     src = plan.source_grid
     assert src is not None
     grid = regrid.default_grid(src)
     if not src.is_grid(grid):
-        msg = (f"--on-input-grid: the input is on {src.name}, not a regular global latitude/longitude grid; "
+        msg = (f"--on-input-grid: the input is on {src.name}, not a regular latitude/longitude grid; "
                "write on the checkpoint's grid (drop the option)")
         raise ConfigError(msg)
     return grid

@@ -40,6 +40,7 @@ class PostcastCLI(LightningCLI):
         parser.link_arguments("data", "model.sample", compute_fn=lambda dm: dm.cfg.sample.to_dict(),
                               apply_on="instantiate")
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
+        parser.link_arguments("data", "model.grid_area", compute_fn=lambda dm: dm.grid_area, apply_on="instantiate")
         parser.link_arguments("data", "model.n_members", compute_fn=lambda dm: dm.n_members, apply_on="instantiate")
 
     def before_fit(self) -> None:

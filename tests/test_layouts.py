@@ -303,3 +303,135 @@ def test_a_file_on_another_grid_is_reported_as_such(tmp_path):
     with pytest.raises(BadInputError, match=r"output.sfc.1.nc is on regular_ll 5 deg .*output.sfc.0.nc on regular_ll "
                                              r"10 deg"):
         ingest(IngestConfig(source=str(tmp_path), out=str(tmp_path / "s.zarr"), processes=False, progress=False))
+
+
+# --- regional grids ------------------------------------------------------------------------------
+EUROPE = ("ll", 1.0, (70, 30, -20, 40))  # north, south, west, east as GRIB writes them: -180..180 longitudes
+DATELINE = ("ll", 1.0, (60, 20, 160, 200))  # across the date line (0..360 longitudes past 180)
+
+
+@pytest.mark.parametrize(("grid", "res", "area"), [
+    (EUROPE, None, (30.0, 70.0, 340.0, 400.0)),
+    (EUROPE, 2.0, (30.0, 70.0, 340.0, 400.0)),
+    (DATELINE, 1.5, (21.0, 60.0, 160.5, 199.5)),
+], ids=["europe_own_grid", "europe_2deg", "dateline_1.5deg"])
+def test_a_regional_grid_is_stored_on_its_own_area(tmp_path, capsys, grid, res, area):
+    """Issue 15: a regional GRIB2 was regridded to a global grid and refused as '939885 NaN values' named
+    '.'. It is stored on its own area (at its own resolution, or the asked one inside the area), equal
+    to the analytic field within packing (own grid) or bilinear interpolation error (1.5 deg)."""
+    src = write_ecmwf(tmp_path / "reg.grib2", grid=grid, members=range(3), steps=(0, 24))
+    out = tmp_path / "reg.zarr"
+    ingest(IngestConfig(source=str(src), out=str(out), processes=False, progress=False, grid=res))
+    ds = contract.open_store(out)
+    g = schema.Grid(res or 1.0, area)
+    assert ds.sizes["latitude"] == g.n_lat and ds.sizes["longitude"] == g.n_lon
+    np.testing.assert_allclose(ds["longitude"].values, g.longitudes())
+    lon, lat = np.meshgrid(g.longitudes(), g.latitudes())
+    err = np.abs(ds["t2m"].sel(member=2, step=pd.Timedelta(hours=24)).values[0] - field("t2m", lat, lon, 2, 24))
+    # bilinear on a 1 deg source: |f''| h^2 / 8 with f = 15 K x (a degree-2 harmonic): < 0.01 K
+    assert err.max() < packing_error("t2m") + (0.01 if res == 1.5 else 0.0), err.max()
+    assert ds.attrs["regrid_method"] == ("none" if res is None else "bilinear")
+    info = inspected(out, capsys)
+    assert info["complete"] and f"lat {area[0]:g}..{area[1]:g} lon {area[2]:g}..{area[3]:g}" in info["grid"]
+
+
+def _truth_nc(path, dates, res=2.5):
+    """ERA5-like T2m analyses on a global grid, indexed by valid time (time), descending latitude."""
+    g = schema.Grid(res)
+    lon, lat = np.meshgrid(g.longitudes(), g.latitudes()[::-1])
+    data = np.stack([field("t2m", lat, lon, 0, 48) for _ in dates])
+    xr.Dataset({"t2m": (("time", "latitude", "longitude"), data, {"units": "K"})},
+               coords={"time": list(dates), "latitude": g.latitudes()[::-1], "longitude": g.longitudes()}
+               ).to_netcdf(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def regional(tmp_path_factory):
+    """A regional (Europe, 2 deg) T2m store with truth regridded from a global 2.5 deg ERA5-like file,
+    dates in the training, validation and test years, and a local EMOS trained on it."""
+    from postcast.pipeline import train
+
+    root = tmp_path_factory.mktemp("regional")
+    dates = [pd.Timestamp(d) for d in ("2010-01-01", "2010-01-02", "2010-01-03", "2014-01-01", "2016-01-01")]
+    src = write_ecmwf(root / "eu.grib2", grid=EUROPE, members=range(5), steps=(0, 24, 48), dates=dates)
+    truth = _truth_nc(root / "era5.nc", [d + pd.Timedelta(hours=48) for d in dates])
+    store = root / "eu.zarr"
+    ingest(IngestConfig(source=str(src), out=str(store), truth=str(truth), processes=False, progress=False,
+                        grid=2.0))
+    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
+                     "--data.cfg.sample.variables", "[t2m]", "--trainer.default_root_dir", str(root / "runs"),
+                     "--trainer.max_epochs", "2"])
+    return {"src": src, "store": store, "ckpt": Path(run.trainer.checkpoint_callback.best_model_path)}
+
+
+def test_truth_on_another_grid_is_regridded_to_the_store(regional):
+    """The truth (global 2.5 deg, north to south) is regridded to the regional 2 deg store: equal to the
+    analytic field within bilinear error (2.5 deg: |f''| h^2 / 8 ~ 0.03 K)."""
+    ds = contract.open_store(regional["store"])
+    g = schema.Grid(2.0, (30.0, 70.0, 340.0, 400.0))
+    lon, lat = np.meshgrid(g.longitudes(), g.latitudes())
+    got = ds[contract.truth_name("t2m")].sel(step=pd.Timedelta(hours=48)).values  # (init_time, lat, lon)
+    assert np.isfinite(got).all()
+    assert np.abs(got - field("t2m", lat, lon, 0, 48)).max() < 0.05
+
+
+def test_a_regional_checkpoint_forecasts_on_its_area(regional, tmp_path):
+    """The checkpoint records its area; a forecast from a global 1 deg input is cut to that area."""
+    from postcast.models.module import load_checkpoint
+    from postcast.pipeline.forecast import ForecastConfig, forecast
+
+    assert tuple(load_checkpoint(str(regional["ckpt"]))[0].hparams["grid_area"]) == (30.0, 70.0, 340.0, 400.0)
+    src = write_ecmwf(tmp_path / "glob.grib2", grid=("ll", 1.0, (90, -90, 0, 359)), members=range(7), steps=(48,))
+    res = forecast(ForecastConfig(checkpoint=str(regional["ckpt"]), input=str(src), out=str(tmp_path / "o"),
+                                  init_time=str(INIT.date())))
+    ds = xr.open_dataset(res.written[0])
+    assert not res.fallback and ds.sizes["latitude"] == 21 and ds.sizes["longitude"] == 31
+    np.testing.assert_allclose(ds["longitude"].values, 340.0 + 2.0 * np.arange(31))
+    assert np.isfinite(ds["t2m_mean"].values).all() and ds.attrs["n_members"] == 7
+
+
+def test_a_global_checkpoint_names_what_a_regional_input_lacks(t2m_checkpoint, tmp_path, capsys):
+    """A checkpoint of the global 10 deg grid and a European input: one line naming the input file, the
+    area it covers and the grid the model reads (was: '.: ... NaN values')."""
+    from postcast.cli import main
+
+    src = write_ecmwf(tmp_path / "europe.grib2", grid=EUROPE, members=range(3), steps=(48,))
+    rc = main(["--no-progress", "forecast", "--checkpoint", str(t2m_checkpoint), "--input", str(src), "--out",
+               str(tmp_path / "o"), "--init-time", str(INIT.date())])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 65 and len(err) == 1, err
+    assert "europe.grib2" in err[0] and "covers lat 30..70" in err[0] and "global" in err[0], err[0]
+
+
+def _cfgrib_twin(tmp_path, src):
+    """The netCDF that cfgrib + xarray make of an ECMWF ensemble GRIB file (number, time, step,
+    isobaricInhPa, descending latitude, valid_time); cfgrib reads one dataType at a time."""
+    twin = tmp_path / "twin.nc"
+    parts = [xr.open_dataset(src, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": {"dataType": d}})
+             for d in ("cf", "pf")]
+    xr.concat([parts[0].expand_dims("number"), parts[1]], dim="number").to_netcdf(twin)
+    return twin
+
+
+def test_compress_reads_the_cfgrib_netcdf_layout(tmp_path, capsys):
+    """Issue 15: `postcast compress` on the cfgrib netCDF said t 'has no pressure levels' (it read the file
+    raw: isobaricInhPa, number, time). It reads it through the conventions every other verb uses, and
+    the artefact's decoded field is the member's T850 within the fit's measured error."""
+    from postcast.cli import main
+    from postcast.compression.artefact import Artefact
+
+    src = write_ecmwf(tmp_path / "ens.grib2", grid=("ll", 10.0, (90, -90, 0, 350)), members=range(3), steps=(0, 24),
+                      variables=("t",), levels=(500, 850))
+    twin = _cfgrib_twin(tmp_path, src)
+    out = tmp_path / "t850.pcnf"
+    rc = main(["--no-progress", "compress", str(twin), "--var", "t", "--level", "850", "--step-hours", "24",
+               "--member", "1", "--out", str(out), "--steps", "30", "--width", "16", "--depth", "1"])
+    assert rc == 0, capsys.readouterr().err
+    art = Artefact.load(out)
+    assert art.header["selection"]["levels"] == [850]
+    decoded = art.decode()["t"].values[0]  # (lat, lon), latitude ascending
+    g = schema.Grid(10.0)
+    lon, lat = np.meshgrid(g.longitudes(), g.latitudes())
+    err = np.abs(decoded - field("t", lat, lon, 1, 24, 850))
+    assert err.max() <= art.header["errors"]["var0"]["max_abs"] + packing_error("t"), err.max()

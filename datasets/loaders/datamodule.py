@@ -142,6 +142,12 @@ class StoreDataModule(L.LightningDataModule):
         return (ds.sizes[schema.LAT], ds.sizes[schema.LON])
 
     @property
+    def grid_area(self) -> tuple[float, float, float, float] | None:
+        """(south, north, west, east) of a regional store; None for a global one (recorded in checkpoints)."""
+        ds, _ = _open(self.cfg.store)
+        return schema.Grid.from_coords(ds[schema.LAT].values, ds[schema.LON].values, regional=True).area
+
+    @property
     def n_members(self) -> int:
         ds, _ = _open(self.cfg.store)
         return int(ds.sizes[schema.MEMBER])
