@@ -12,8 +12,9 @@ resolution, extent, latitude order, 0..360 or -180..180, crossing the date line)
   bilinear rule on a reduced grid; target rows poleward of the outermost Gaussian row take that row;
 * any point cloud: ``nearest`` with pyresample's KD-tree (``kd_tree.resample_nearest``).
 
-``conservative`` (regular sources onto a coarser grid): area-weighted means of the source points in
-each target cell (xarray ``groupby``); elsewhere it raises ``ValueError`` naming what works.
+``conservative`` (onto a coarser grid): area-weighted means of the source points in each target
+cell (xarray ``groupby`` for regular sources; ``np.bincount`` over point areas for reduced Gaussian
+grids); a refinement or an unstructured point cloud raises ``ValueError`` naming what works.
 No torch; pure numpy in, numpy out.
 """
 
@@ -163,6 +164,47 @@ def _cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.nd
     return np.asarray(out.transpose(*dims[:-2], "ilat", "ilon").values)
 
 
+def _reduced_cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.ndarray:
+    """Conservative remapping from a reduced Gaussian grid to a coarser regular one: the area-weighted
+    mean of the source points whose centres fall in each target cell. A point's area is its row's band
+    (between the midpoints to the neighbouring rows, in sin latitude) divided by the row's point count.
+    A pole row of a global target is one point: the mean over its polar cap; a cell no source point
+    falls in takes the nearest point's value."""
+    rows = src.rows
+    spacing = 180.0 / len(rows["lat"])
+    if grid.resolution < 2 * spacing - 1e-9:
+        msg = (f"conservative regridding averages source cells into coarser target cells (~{spacing:.3g} deg -> "
+               f"{grid.resolution:g} deg); to refine use method bilinear or nearest")
+        raise ValueError(msg)
+    row_lat = np.asarray(rows["lat"], np.float64)
+    order = np.argsort(row_lat)
+    edges = np.concatenate([[-90.0], (row_lat[order][1:] + row_lat[order][:-1]) / 2, [90.0]])
+    band = np.empty(row_lat.size)
+    band[order] = np.diff(np.sin(np.radians(edges)))
+    area = np.repeat(band / rows["count"], rows["count"])  # (n,) steradians / 2 pi
+    south, west = float(grid.latitudes()[0]), float(grid.longitudes()[0])
+    ilat = np.rint((src.lat - south) / grid.resolution).astype(int)
+    ilon = np.rint(np.mod(src.lon - west, 360.0) / grid.resolution).astype(int)
+    ilon = ilon % grid.n_lon if grid.is_global else ilon
+    poles = grid.is_global & ((ilat == 0) | (ilat == grid.n_lat - 1))
+    ilon = np.where(poles, 0, ilon)  # a pole row is one point: the mean over its cap, spread below
+    inside = (ilat >= 0) & (ilat < grid.n_lat) & (ilon >= 0) & (ilon < grid.n_lon)
+    cell, n_cells = (ilat * grid.n_lon + ilon)[inside], grid.n_lat * grid.n_lon
+    den = np.bincount(cell, weights=area[inside], minlength=n_cells)
+    flat = values.reshape(-1, values.shape[-1])[:, inside]  # (fields, points inside)
+    num = np.stack([np.bincount(cell, weights=area[inside] * f, minlength=n_cells) for f in flat])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan).reshape(-1, *grid.shape)
+    if grid.is_global:
+        out[:, [0, -1]] = out[:, [0, -1], :1]
+    empty = den.reshape(grid.shape) == 0
+    if grid.is_global:
+        empty[[0, -1]] = empty[[0, -1], :1]
+    if empty.any():  # cells no source centre falls in (target close to the source spacing): nearest point
+        out[:, empty] = _nearest_points(values.reshape(-1, values.shape[-1]), src, grid)[:, empty]
+    return out.reshape(*values.shape[:-1], *grid.shape)
+
+
 def _reduced(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.ndarray:
     """Bilinear on a reduced grid: each row interpolated in longitude (periodic), then in latitude."""
     rows, tlon = src.rows, grid.longitudes()
@@ -217,8 +259,7 @@ def to_grid(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str 
     elif method == "bilinear":
         out = _reduced(values, src, grid)
     else:
-        msg = "conservative regridding of a reduced or point grid is not available; use bilinear or nearest"
-        raise ValueError(msg)
+        out = _reduced_cell_means(values, src, grid)
     return out.astype(np.float32)
 
 
