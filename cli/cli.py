@@ -127,7 +127,11 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-years", type=_year_range, help="statistics/training years (default 1998:2013)")
     p.add_argument("--val-years", type=_year_range, help="validation years (default 2014:2015)")
     p.add_argument("--test-years", type=_year_range, help="test years (default 2016:2017)")
-    p.add_argument("--scheduler", help="address of an existing dask.distributed scheduler")
+    p.add_argument("--scheduler", metavar="ADDRESS|FILE",
+                   help="an existing dask.distributed scheduler: its address (tcp://HOST:PORT) or the scheduler "
+                        "file that `dask scheduler --scheduler-file FILE`, dask-jobqueue or dask-mpi write; a "
+                        "missing or unreadable file, or a scheduler that does not answer within 10 s, exits 66 "
+                        "(the input is not there yet: start the scheduler and rerun; not a usage error, 2)")
     p.add_argument("--workers", type=int, help="local dask workers (default 2)")
     p.add_argument("--threads", dest="processes", action="store_false", default=None,
                    help="run the local dask workers as threads in this process (fast start for small inputs)")

@@ -14,10 +14,14 @@ Layout of the store (see docs/store.md for the reasoning):
   only); attributes: format version, plan, provenance (sources, SHA-256, code version), completeness.
 
 Execution: a dask.distributed cluster (a local one by default, an existing one with
-``scheduler=ADDRESS``) runs one task per init date, each writing whole chunks, then the statistics.
+``scheduler=ADDRESS`` or ``scheduler=SCHEDULER_FILE``) runs one task per init date (or a few dates on
+coarse grids), each writing whole chunks and returning the partial statistics of its training dates;
+the partials are merged on the workers as tasks finish and the statistics group is written from them,
+without reading the store back. Progress (dates, MB/s, ETA) goes to the log and the bar.
 Crash safety: the store is built at ``OUT.partial/store.zarr`` with one marker file per finished
-date under ``OUT.partial/done/``; a rerun with the same settings resumes; only a finished store is
-renamed to ``OUT``, so a store at ``OUT`` is always complete.
+date under ``OUT.partial/done/`` (and, for training dates, its partial statistics in
+``OUT.partial/stats/DATE.npz``, written before the marker); a rerun with the same settings
+resumes; only a finished store is renamed to ``OUT``, so a store at ``OUT`` is always complete.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -63,9 +68,11 @@ class IngestConfig:
     grid: float | None = None  # store resolution (deg); None: the source's regular global grid (or the closest)
     regrid_method: str = "bilinear"  # bilinear | nearest | conservative, when the source is on another grid
     splits: schema.Splits = field(default_factory=schema.Splits)
-    scheduler: str | None = None  # dask.distributed address; None: start a LocalCluster
+    scheduler: str | None = None  # dask.distributed address or scheduler file (JSON); None: start a LocalCluster
     workers: int = 2  # LocalCluster workers
     processes: bool = True  # LocalCluster of processes (False: threads in this process, for tests/debugging)
+    dates_per_task: int | None = None  # init dates per dask task; None: about 64 MB of member data (1 at 0.5 deg)
+    checkpoint_dates: int = 16  # fold the per-date partial statistics into one file every this many dates
     overwrite: bool = False  # rebuild a complete store
     restart: bool = False  # discard an interrupted ingest with other settings
     progress: bool = True
@@ -78,6 +85,12 @@ class IngestConfig:
         if self.workers < 1:
             msg = f"workers={self.workers}: need at least 1"
             raise ConfigError(msg)
+        if self.checkpoint_dates < 1:
+            msg = f"checkpoint_dates={self.checkpoint_dates}: need at least 1"
+            raise ConfigError(msg)
+        if self.dates_per_task is not None and self.dates_per_task < 1:
+            msg = f"dates_per_task={self.dates_per_task}: need at least 1 (or leave it unset: automatic)"
+            raise ConfigError(msg)
 
     @property
     def expectation(self) -> sources.Expectation:
@@ -87,7 +100,8 @@ class IngestConfig:
     def fingerprint(self) -> str:
         """Hash of everything that determines the store's content (not how it is computed)."""
         keep = {k: v for k, v in asdict(self).items()
-                if k not in ("scheduler", "workers", "processes", "overwrite", "restart", "progress", "out")}
+                if k not in ("scheduler", "workers", "processes", "dates_per_task", "checkpoint_dates",
+                             "overwrite", "restart", "progress", "out")}
         keep["source"] = str(Path(self.source).resolve())
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -185,21 +199,48 @@ def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
 
 def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
                  oracle: sources.TruthSource | None, plan: sources.Plan, indices: list[int], store: str,
-                 done_dir: str) -> int:
+                 done_dir: str, train: frozenset[int] = frozenset(), stats_dir: str | None = None,
+                 ) -> statistics.FieldPartials | None:
     """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks);
-    then mark each date done. Returns the bytes of forecast data written."""
-    parts = []
-    for i in indices:
-        t = plan.init_times[i]
-        ds = forecast.load(t, plan)
-        pieces = [ds, ensemble_statistics(ds)]
-        pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
-        parts.append(xr.merge(pieces, compat="override", join="override"))
+    then, for each date, save the partial statistics of the training dates (in ``train``) to
+    ``stats_dir`` and mark it done (partial first, marker second: a marked training date always has
+    its partial). Returns the merged partials of this batch's training dates (None: none of them)."""
+    parts = [_load_date(forecast, truth, oracle, plan, i) for i in indices]
     full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
     io.write_region(full, store, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
-    for i in indices:
-        io.write_text(Path(done_dir) / f"{plan.init_times[i]:%Y%m%dT%H}", "done\n")
-    return int(sum(v.nbytes for name, v in full.data_vars.items() if name in plan.variables))
+    merged: statistics.FieldPartials | None = None
+    for i, part in zip(indices, parts, strict=True):
+        stamp = _stamp(plan.init_times[i])
+        if i in train and stats_dir is not None:
+            mine = statistics.dataset_partials(part)  # from the values in hand, cast to the store's float32
+            with io.atomic_path(Path(stats_dir) / f"{stamp}.npz") as tmp:
+                statistics.save_partials(mine, tmp)
+            merged = statistics.combine_fields(merged, mine)
+        io.write_text(Path(done_dir) / stamp, "done\n")
+    return merged
+
+
+def _load_date(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
+               oracle: sources.TruthSource | None, plan: sources.Plan, i: int) -> xr.Dataset:
+    """One init date as the store holds it: members, their ensemble statistics, truth and oracle."""
+    t = plan.init_times[i]
+    ds = forecast.load(t, plan)
+    pieces = [ds, ensemble_statistics(ds)]
+    pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
+    return xr.merge(pieces, compat="override", join="override")
+
+
+def _stamp(t: Any) -> str:
+    """The name of an init date's done-marker (and of its partial statistics, with .npz)."""
+    return f"{pd.Timestamp(t):%Y%m%dT%H}"
+
+
+def date_bytes(plan: sources.Plan) -> int:
+    """Decoded bytes of member fields per init date (float32): what MB/s counts."""
+    ny, nx = plan.grid.shape
+    n_fields = sum(len(plan.levels) if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE else 1
+                   for v in plan.variables)
+    return 4 * ny * nx * len(plan.members) * len(plan.steps_h) * n_fields
 
 
 def batches(todo: list[int], size: int) -> list[list[int]]:
@@ -215,23 +256,30 @@ def batches(todo: list[int], size: int) -> list[list[int]]:
 
 def batch_size(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> int:
     """Dates per task: about ``target_bytes`` of member data (1 date per task at 0.5 deg)."""
-    ny, nx = plan.grid.shape
-    n_fields = sum(len(plan.levels) if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE else 1
-                   for v in plan.variables)
-    per_date = 4 * ny * nx * len(plan.members) * len(plan.steps_h) * n_fields
-    return max(1, min(16, target_bytes // max(per_date, 1)))
+    return max(1, min(16, target_bytes // max(date_bytes(plan), 1)))
 
 
 # --- driver --------------------------------------------------------------------------------------
 @contextmanager
-def dask_client(scheduler: str | None, workers: int, processes: bool = True) -> Iterator[Any]:
-    """A dask.distributed client: the given scheduler, or a LocalCluster of worker processes."""
+def dask_client(scheduler: str | None, workers: int, processes: bool = True, *,
+                connect_timeout: float = 10.0) -> Iterator[Any]:
+    """A dask.distributed client: the scheduler at an address (``tcp://HOST:PORT``) or named by a
+    scheduler file (the JSON that ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi
+    write), or a LocalCluster of worker processes. A missing or unreadable scheduler file, or a
+    scheduler that does not answer within ``connect_timeout`` seconds, is a MissingInputError (66)."""
     from dask.distributed import Client, LocalCluster
 
     for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     if scheduler:
-        client = Client(scheduler)
+        address = scheduler if is_address(scheduler) else scheduler_file_address(scheduler)
+        try:
+            client = Client(address, timeout=connect_timeout)
+        except (OSError, TimeoutError) as err:
+            named = address if address == scheduler else f"{address} (from {scheduler})"
+            msg = (f"no dask scheduler answers at {named} within {connect_timeout:g} s: start it (dask scheduler "
+                   "--scheduler-file F) or pass the address of a running one with --scheduler")
+            raise MissingInputError(msg) from err
         try:
             yield client
         finally:
@@ -239,7 +287,50 @@ def dask_client(scheduler: str | None, workers: int, processes: bool = True) -> 
         return
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, dashboard_address=None,
                       memory_limit=0, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        if processes:  # our own worker processes: a failed task is reported once, by the driver
+            client.run(quiet_task_failures)
         yield client
+
+
+class _NoTaskFailureReports(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Compute Failed")
+
+
+def quiet_task_failures() -> None:
+    """Drop distributed's multi-line "Compute Failed ... Traceback" report in a worker process: the
+    driver re-raises the task's error and reports it as one line (the CLI installs the same filter in
+    its own process)."""
+    worker_log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _NoTaskFailureReports) for f in worker_log.filters):
+        worker_log.addFilter(_NoTaskFailureReports())
+
+
+def is_address(scheduler: str) -> bool:
+    """``tcp://HOST:PORT`` (any protocol) or ``HOST:PORT`` is an address; anything else a scheduler file."""
+    return "://" in scheduler or re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[\w.-]+):\d+", scheduler) is not None
+
+
+def scheduler_file_address(path: str) -> str:
+    """The scheduler address in a dask scheduler file (JSON with an ``address``)."""
+    fix = f"start the scheduler with `dask scheduler --scheduler-file {path}` or pass its address tcp://HOST:PORT"
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError as err:
+        msg = f"scheduler file {path} not found: {fix}"
+        raise MissingInputError(msg) from err
+    except (OSError, UnicodeDecodeError) as err:
+        msg = f"scheduler file {path} cannot be read ({err.__class__.__name__}): {fix}"
+        raise MissingInputError(msg) from err
+    try:
+        address = json.loads(text).get("address")
+    except (ValueError, AttributeError):
+        address = None
+    if not isinstance(address, str) or not address:
+        msg = (f"scheduler file {path} holds no scheduler address (JSON with \"address\", as `dask scheduler "
+               f"--scheduler-file {path}` writes it; empty while the scheduler starts): {fix}")
+        raise MissingInputError(msg)
+    return address
 
 
 def _code_version() -> str:
@@ -265,22 +356,66 @@ def _checksum(path: str) -> str:
     return "sha256:" + io.sha256_file(p)
 
 
-def _progress(futures: list[Any], weights: list[int], enabled: bool, desc: str) -> Iterator[tuple[Any, int]]:
-    """Yield (future, weight) as futures complete, with a tqdm bar counting weights (dates)."""
+class Progress:
+    """Progress of a long ingest: dates done of the total, MB/s of decoded member data written (10^6
+    bytes, this run only) and an ETA from that rate. A log line (INFO) every ``every_dates`` dates
+    (default: a tenth of the run) or ``every_s`` seconds, whichever comes first, and at the end."""
+
+    def __init__(self, total: int, done: int, bytes_per_date: int, *, every_s: float = 10.0,
+                 every_dates: int | None = None, clock: Any = time.monotonic) -> None:
+        self.total, self.done, self._first = total, done, done
+        self.bytes_per_date, self.every_s = bytes_per_date, every_s
+        self.every_dates = every_dates or max(1, (total - done) // 10)
+        self._clock = clock
+        self._t0 = self._last_t = clock()
+        self._last_done = done
+
+    def rate(self) -> float:
+        """MB/s of decoded member data written so far in this run."""
+        seconds = max(self._clock() - self._t0, 1e-9)
+        return (self.done - self._first) * self.bytes_per_date / 1e6 / seconds
+
+    def eta(self) -> float | None:
+        """Seconds left at this run's pace (None before the first date of this run)."""
+        if self.done <= self._first:
+            return None
+        per_date = (self._clock() - self._t0) / (self.done - self._first)
+        return per_date * (self.total - self.done)
+
+    def line(self) -> str:
+        eta = self.eta()
+        left = "?" if eta is None else str(dt.timedelta(seconds=round(eta)))
+        pct = 100.0 * self.done / max(self.total, 1)
+        return f"ingest: {self.done}/{self.total} dates ({pct:.0f}%), {self.rate():.1f} MB/s, ETA {left}"
+
+    def update(self, n: int) -> None:
+        """``n`` more dates are done: log a line when due."""
+        self.done += n
+        now = self._clock()
+        if (self.done >= self.total or now - self._last_t >= self.every_s
+                or self.done - self._last_done >= self.every_dates):
+            log.info("%s", self.line())
+            self._last_t, self._last_done = now, self.done
+
+
+def _progress(futures: list[Any], weights: list[int], enabled: bool, desc: str,
+              meter: Progress) -> Iterator[tuple[Any, int]]:
+    """Yield (future, weight) as futures complete, with a tqdm bar counting weights (dates) and showing
+    MB/s, and ``meter``'s log lines. Empties ``futures``, so that each result is held only until merged."""
     from dask.distributed import as_completed
     from tqdm import tqdm
 
     weight = {f.key: w for f, w in zip(futures, weights, strict=True)}
-    with tqdm(total=sum(weights), desc=desc, unit="date", disable=not enabled, mininterval=1.0) as bar:
-        for fut in as_completed(futures):
-            yield fut, weight[fut.key]
-            bar.update(weight[fut.key])
-
-
-def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[str, int]:
-    """Read chunks for the statistics pass: many init dates per dask task (few, large tasks)."""
-    per_date = 4 * plan.grid.shape[0] * plan.grid.shape[1] * len(plan.members) * len(plan.steps_h)
-    return {schema.INIT_TIME: int(max(1, min(len(plan.init_times), target_bytes // per_date)))}
+    pending = as_completed(futures)
+    futures.clear()
+    with tqdm(total=meter.total, initial=meter.done, desc=desc, unit="date", disable=not enabled,
+              mininterval=1.0) as bar:
+        for fut in pending:
+            n = weight.pop(fut.key)
+            yield fut, n
+            meter.update(n)
+            bar.set_postfix_str(f"{meter.rate():.1f} MB/s", refresh=False)
+            bar.update(n)
 
 
 def ingest(cfg: IngestConfig) -> IngestResult:
@@ -314,19 +449,14 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         truth_vars = found.truth.variables() if found.truth else []
         oracle_vars = found.oracle.variables() if found.oracle else []
         store, done_dir = _prepare(cfg, plan, partial, truth_vars, oracle_vars)
-        done = {p.name for p in done_dir.iterdir()}
-        todo = [i for i, t in enumerate(plan.init_times) if f"{t:%Y%m%dT%H}" not in done]
+        train = frozenset(np.flatnonzero(cfg.splits.mask(pd.DatetimeIndex(plan.init_times), "train")).tolist())
+        todo, prior, covered = _resume_state(plan, done_dir, partial / STATS_DIR, train)
         log.info("%d of %d init dates to ingest (%d already done)", len(todo), len(plan.init_times),
                  len(plan.init_times) - len(todo))
-        work = batches(todo, batch_size(plan))
-        futures = [client.submit(ingest_dates, found.forecast, found.truth, found.oracle, plan, b, str(store),
-                                 str(done_dir), pure=False) for b in work]
-        n_bytes = 0
-        for fut, _n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest"):
-            n_bytes += fut.result()
-        if cfg.splits.mask(pd.DatetimeIndex(plan.init_times), "train").any():
-            log.info("computing statistics over the training years %s", cfg.splits.train)
-            stats = statistics.compute_statistics(io.open_zarr(store, chunks=_stats_chunks(plan)), cfg.splits)
+        merged = _run_tasks(client, cfg, found, plan, todo, store, done_dir, train, prior, covered)
+        if train:
+            stats = statistics.from_partials(io.open_zarr(store), merged or {},
+                                             np.asarray(plan.init_times)[sorted(train)], cfg.splits)
             io.write_zarr(stats, store, group=contract.STATISTICS_GROUP, mode="w")
         else:  # e.g. an operational store of new forecasts: models carry their own statistics
             log.warning("no init date in the training years %s: the store gets no statistics", cfg.splits.train)
@@ -334,7 +464,94 @@ def ingest(cfg: IngestConfig) -> IngestResult:
     io.replace(store, out)
     io.remove(partial)
     log.info("wrote %s (%d init dates)", out, len(plan.init_times))
-    return IngestResult(out, False, len(plan.init_times), len(todo), time.perf_counter() - start, n_bytes)
+    return IngestResult(out, False, len(plan.init_times), len(todo), time.perf_counter() - start,
+                        len(todo) * date_bytes(plan))
+
+
+STATS_DIR = "stats"  # OUT.partial/stats/<init date>.npz: each finished training date's partial statistics
+MERGED = "merged.npz"  # OUT.partial/stats/merged.npz: the partials of many dates, merged (it lists them)
+
+
+def _resume_state(plan: sources.Plan, done_dir: Path, stats_dir: Path,
+                  train: frozenset[int]) -> tuple[list[int], list[Path], list[str]]:
+    """(indices of the dates to ingest, partial-statistics files of the training dates already done
+    and not in merged.npz, the dates merged.npz covers). A training date marked done with no partial
+    (an ingest from before one-pass statistics) is ingested again rather than read back."""
+    done = {p.name for p in done_dir.iterdir()}
+    merged = stats_dir / MERGED
+    covered = set(statistics.partial_dates(merged)) if merged.exists() else set()
+    todo, prior = [], []
+    for i, t in enumerate(plan.init_times):
+        stamp = _stamp(t)
+        saved = stats_dir / f"{stamp}.npz"
+        if stamp in covered:
+            io.remove(saved)  # a leftover of a checkpoint killed before it cleaned up
+        elif stamp in done and (i not in train or saved.exists()):
+            prior += [saved] if i in train else []
+        else:
+            todo.append(i)
+    return todo, prior, sorted(covered)
+
+
+class _Merger:
+    """The running merge of training partials, as a dask future on the workers; every ``every``
+    dates it is saved to merged.npz (with the dates it covers) and the per-date
+    files it folds in are deleted, so the partials on disk stay bounded however long the ingest."""
+
+    def __init__(self, client: Any, stats_dir: Path, covered: list[str], every: int) -> None:
+        self.client, self.stats_dir, self.every = client, stats_dir, every
+        self.covered = list(covered)  # dates in self.acc
+        self.unsaved: list[str] = []  # dates in self.acc whose partials are only in per-date files
+        self.acc: Any = None  # a future of the merged partials (None: nothing merged yet)
+        if covered:
+            self.acc = client.submit(statistics.load_partials, str(stats_dir / MERGED), pure=False)
+
+    def add(self, fut: Any, stamps: list[str]) -> None:
+        self.acc = fut if self.acc is None else self.client.submit(statistics.combine_fields, self.acc, fut,
+                                                                    pure=False)
+        self.covered += stamps
+        self.unsaved += stamps
+        if len(self.unsaved) >= self.every:
+            folded = [str(self.stats_dir / f"{s}.npz") for s in self.unsaved]
+            self.acc = self.client.submit(checkpoint_partials, self.acc, str(self.stats_dir / MERGED),
+                                          sorted(self.covered), folded, pure=False)
+            self.unsaved = []
+
+    def result(self) -> statistics.FieldPartials | None:
+        return None if self.acc is None else self.acc.result()
+
+
+def checkpoint_partials(parts: statistics.FieldPartials | None, path: str, dates: list[str],
+                        folded: list[str]) -> statistics.FieldPartials | None:
+    """Save merged partials (and the dates they cover) atomically, then delete the per-date files folded
+    into them; returns ``parts`` (a pass-through link in the chain of merges)."""
+    if parts is not None:
+        with io.atomic_path(path) as tmp:
+            statistics.save_partials(parts, tmp, dates=dates)
+        for f in folded:
+            io.remove(Path(f))
+    return parts
+
+
+def _run_tasks(client: Any, cfg: IngestConfig, found: sources.Discovered, plan: sources.Plan, todo: list[int],
+               store: Path, done_dir: Path, train: frozenset[int], prior: list[Path],
+               covered: list[str]) -> statistics.FieldPartials | None:
+    """Ingest ``todo`` on the cluster, merging the training partials on the workers as tasks finish
+    (the merged partial travels to this process once, at the end); ``prior`` and ``covered`` are what
+    an earlier, interrupted run saved (per-date partials, and the dates merged.npz holds)."""
+    merger = _Merger(client, store.parent / STATS_DIR, covered, cfg.checkpoint_dates)
+    for path in prior:
+        merger.add(client.submit(statistics.load_partials, str(path), pure=False), [path.stem])
+    work = batches(todo, cfg.dates_per_task or batch_size(plan))
+    futures = [client.submit(ingest_dates, found.forecast, found.truth, found.oracle, plan, b, str(store),
+                             str(done_dir), train, str(store.parent / STATS_DIR), pure=False) for b in work]
+    stamps = {f.key: [_stamp(plan.init_times[i]) for i in b if i in train] for f, b in zip(futures, work, strict=True)}
+    meter = Progress(len(plan.init_times), len(plan.init_times) - len(todo), date_bytes(plan))
+    for fut, _n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest", meter):
+        if fut.status != "finished":
+            fut.result()  # raises the task's error here
+        merger.add(fut, stamps.pop(fut.key))
+    return merger.result()
 
 
 def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: list[str],
@@ -345,6 +562,7 @@ def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: l
     if meta.exists():
         if json.loads(meta.read_text()) == json.loads(json.dumps(fingerprint, default=str)) and store.exists():
             log.info("resuming the interrupted ingest in %s", partial)
+            (partial / STATS_DIR).mkdir(exist_ok=True)  # an ingest from before one-pass statistics has none
             return store, done_dir
         if not cfg.restart:
             msg = (f"{partial} holds an interrupted ingest with other settings or sources; rerun with the same "
@@ -353,6 +571,7 @@ def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: l
         log.warning("discarding the interrupted ingest in %s (--restart)", partial)
     io.remove(partial)
     partial.mkdir(parents=True)
+    (partial / STATS_DIR).mkdir()
     tmpl = template(plan, truth=truth_vars, oracle=oracle_vars, splits=cfg.splits)
     io.write_zarr(tmpl, store, chunks=_chunks(plan), compute=False)
     io.update_zarr_attrs(store, {contract.COMPLETE_ATTR: False, contract.VERSION_ATTR: contract.FORMAT_VERSION})

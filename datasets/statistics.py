@@ -1,7 +1,8 @@
 """Normalisation statistics of a training store, from the training years only.
 
 :func:`compute_statistics` is a pure ``xr.Dataset -> xr.Dataset`` function (one pass over the
-data on the active dask scheduler; numpy- or dask-backed input). For every field
+data on the active dask scheduler; numpy- or dask-backed input); :func:`from_partials` builds the
+same group from partial moments merged elsewhere (ingest). For every field
 ``F`` (member fields ``z``..``skt``, per-sample ``ens_mean_F`` / ``ens_std_F``, and ``truth_*``):
 
 * ``F_mean``, ``F_std``, ``F_min``, ``F_max``: per variable and level (and step), over training
@@ -9,13 +10,16 @@ data on the active dask scheduler; numpy- or dask-backed input). For every field
 * ``F_point_mean`` .. ``F_point_max`` (float32, accumulated in float64): per grid point (and level,
   step), over training init times and members (ENS-10 normalises per grid point).
 
-Per-variable statistics are float64 (sums accumulated in float64). NaNs (SST over land) are
-skipped; a grid point that is never valid stays NaN.
+Per-variable statistics are float64 (mergeable partial moments in float64, see :func:`combine`).
+NaNs (SST over land) are skipped; a grid point that is never valid stays NaN. Ingest accumulates the
+partials in the tasks that write each date (:func:`dataset_partials`), so it never reads the store
+back; :func:`compute_statistics` is the same computation over a dataset in hand.
 The statistics period is recorded in the attributes, so a model can prove it never saw test years.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import dask
@@ -34,76 +38,272 @@ def statistic_fields(ds: xr.Dataset) -> list[str]:
             if np.issubdtype(v.dtype, np.floating) and not str(n).startswith("oracle_")]
 
 
-# One pass over the data: each block (a few init dates) yields mergeable partial sums in float64,
-# combined in a binary tree of dask tasks (bounded memory), then turned into mean/std/min/max.
+# Mergeable partial moments (Chan, Golub & LeVeque 1979): count ``n``, mean and ``m2`` (the sum of
+# squared deviations from the mean) in float64, with min/max in the data's dtype; keys without a
+# prefix are per variable/level (over init times, members and grid points), keys with ``p`` per
+# grid point (over init times and members). The merge is exact in real arithmetic and associative
+# to float64 round-off, so a dask tree, a chain of merges as dates finish, or per-date partials
+# saved by an interrupted ingest all give the same figures. The empty partial (n = 0) has mean 0,
+# m2 0, min +inf and max -inf: the merge's identity.
 Partial = dict[str, np.ndarray]
+FieldPartials = dict[str, Partial]  # field name -> its partial
+_PREFIXES = ("", "p")
 
 
-def _partial(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[int, ...]) -> Partial:
-    x = block.astype(np.float64)
-    ok = np.isfinite(x)
-    if ok.all():  # the common case: no masks, no extra copies
-        x0, lo, hi = x, x, x
+Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # n, mean, m2, min, max
+
+
+def _moments(x: np.ndarray, ok: np.ndarray | None, axes: tuple[int, ...]) -> Moments:
+    """(n, mean, m2, min, max) of ``x`` over ``axes``: moments in float64 (two passes over the block,
+    which is in memory), min/max in ``x``'s dtype; NaNs are skipped where ``ok`` (the finite mask) is given."""
+    if all(x.shape[i] == 1 for i in axes):  # one value per output (a date of a field without members)
+        v = x.squeeze(axes)
+        valid = np.isfinite(v) if ok is not None else np.ones(v.shape, dtype=bool)
+        lo, hi = (np.where(valid, v, fill).astype(x.dtype) for fill in (np.inf, -np.inf))
+        return valid.astype(np.int64), np.where(valid, v, 0).astype(np.float64), np.zeros(v.shape), lo, hi
+    if ok is None:  # the common case: no masks, no extra copies
+        kept = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+        count = int(np.prod([x.shape[i] for i in axes]))
+        mean = np.asarray(np.sum(x, axis=axes, dtype=np.float64, keepdims=True)) / max(count, 1)
+        d = np.subtract(x, mean, dtype=np.float64)
+        m2 = np.sum(np.square(d, out=d), axis=axes)
+        return np.full(kept, count, dtype=np.int64), mean.squeeze(axes), m2, x.min(axes), x.max(axes)
+    n = ok.sum(axes, dtype=np.int64)
+    mean = np.sum(np.where(ok, x, 0), axis=axes, dtype=np.float64, keepdims=True) / np.expand_dims(
+        np.maximum(n, 1), axes)
+    d = np.where(ok, np.subtract(x, mean, dtype=np.float64), 0.0)
+    lo = np.where(ok, x, np.inf).min(axes).astype(x.dtype)
+    hi = np.where(ok, x, -np.inf).max(axes).astype(x.dtype)
+    return n, mean.squeeze(axes), np.sum(np.square(d, out=d), axis=axes), lo, hi
+
+
+def partial(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[int, ...]) -> Partial:
+    """The partial moments of one block of a field (float32 or float64), per variable/level over
+    ``global_axes`` and per grid point over ``point_axes``. Computed one (step, level) slice at a time
+    when those axes lead (the store's layouts), so the float64 temporaries stay a slice's size."""
+    outer = tuple(i for i in range(block.ndim) if i not in global_axes)
+    spatial = tuple(i for i in global_axes if i not in point_axes)
+    if not outer or max(outer) > min(spatial, default=block.ndim):
+        return _partial_block(block, global_axes, point_axes)
+    rest = [i for i in range(block.ndim) if i not in outer]
+    sub_point = tuple(rest.index(i) for i in point_axes)
+    outer_shape = tuple(block.shape[i] for i in outer)
+    out: Partial = {}
+    for idx in np.ndindex(*outer_shape):
+        one = _partial_block(block[_select(outer, idx, block.ndim)], tuple(range(len(rest))), sub_point)
+        for k, v in one.items():
+            if k not in out:
+                out[k] = np.empty(outer_shape + v.shape, dtype=v.dtype)
+            out[k][idx] = v
+    return out
+
+
+def _select(axes: tuple[int, ...], idx: tuple[int, ...], ndim: int) -> tuple[Any, ...]:
+    """An index picking position ``idx[j]`` on axis ``axes[j]`` and everything on the others."""
+    out: list[Any] = [slice(None)] * ndim
+    for a, i in zip(axes, idx, strict=True):
+        out[a] = i
+    return tuple(out)
+
+
+def _partial_block(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[int, ...]) -> Partial:
+    """Per-point moments from the data (one pass), then the per-variable ones from the per-point ones
+    (Chan's merge over the grid: no second pass over the data)."""
+    finite = np.isfinite(block)
+    moments = _moments(block, None if finite.all() else finite, point_axes)
+    out: Partial = dict(zip(("pn", "pmean", "pm2", "pmin", "pmax"), moments, strict=True))
+    kept = [i for i in range(block.ndim) if i not in point_axes]
+    spatial = tuple(kept.index(i) for i in global_axes if i not in point_axes)
+    return out | _merge_over(*moments, spatial)
+
+
+def _merge_over(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                axes: tuple[int, ...]) -> Partial:
+    """Merge partial moments laid out along ``axes`` into one (the global keys)."""
+    total = n.sum(axes, keepdims=True)
+    grand = np.sum(n * mean, axis=axes, keepdims=True) / np.maximum(total, 1)
+    dev = mean - grand
+    return {"n": total.squeeze(axes), "mean": grand.squeeze(axes), "m2": np.sum(m2 + n * dev * dev, axis=axes),
+            "min": lo.min(axes), "max": hi.max(axes)}
+
+
+def combine(a: Partial, b: Partial) -> Partial:
+    """Merge two partials of disjoint data (Chan et al.'s pairwise update)."""
+    out: Partial = {}
+    for pre in _PREFIXES:
+        na, nb = a[pre + "n"], b[pre + "n"]
+        n = na + nb
+        w = np.where(n > 0, nb / np.maximum(n, 1), 0.0)  # share of b in the merged count
+        delta = b[pre + "mean"] - a[pre + "mean"]
+        out[pre + "n"] = n
+        out[pre + "mean"] = a[pre + "mean"] + delta * w
+        out[pre + "m2"] = a[pre + "m2"] + b[pre + "m2"] + delta * delta * (na * w)  # na*nb/n
+        out[pre + "min"] = np.minimum(a[pre + "min"], b[pre + "min"])
+        out[pre + "max"] = np.maximum(a[pre + "max"], b[pre + "max"])
+    return out
+
+
+def combine_fields(a: FieldPartials | None, b: FieldPartials | None) -> FieldPartials | None:
+    """Merge two {field: partial} maps (None is the empty map); both must cover the same fields."""
+    if a is None or b is None:
+        return b if a is None else a
+    if set(a) != set(b):
+        msg = f"partials of different fields cannot merge: {sorted(set(a) ^ set(b))}"
+        raise ValueError(msg)
+    return {name: combine(a[name], b[name]) for name in a}
+
+
+def field_axes(dims: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global axes, point axes) of a field with dimensions ``dims``."""
+    sample = tuple(i for i, d in enumerate(dims) if d in (schema.INIT_TIME, schema.MEMBER))
+    spatial = tuple(i for i, d in enumerate(dims) if d in (schema.LAT, schema.LON))
+    return tuple(sorted(sample + spatial)), sample
+
+
+def dataset_partials(ds: xr.Dataset) -> FieldPartials:
+    """The partials of every statistics field of an in-memory dataset (one or a few init dates), with
+    each field cast to the store's float32 first, so they equal the partials of what the store holds."""
+    out: FieldPartials = {}
+    for name in statistic_fields(ds):
+        da = ds[name]
+        out[name] = partial(np.asarray(da.values, dtype=np.float32), *field_axes(tuple(map(str, da.dims))))
+    return out
+
+
+def save_partials(parts: FieldPartials, path: str | os.PathLike[str], *, dates: list[str] | None = None) -> None:
+    """Write partials as one uncompressed .npz (numbers only: loading runs no code), losslessly
+    compacted: a constant count as one number, other counts in the smallest unsigned type, an all-zero
+    ``m2`` as one zero, a float32-exact mean as float32, and min/max left out where they equal the mean
+    (one value per point: a single date of a field without members). Not atomic by itself: callers
+    write to a temporary name and rename (``io.atomic_path``). ``dates`` (names of the init dates the
+    partials cover) are stored with them (:func:`partial_dates`)."""
+    arrays: dict[str, np.ndarray] = {} if dates is None else {"dates": np.array(dates, dtype=str)}
+    for name, p in parts.items():
+        for pre in _PREFIXES:
+            arrays.update({f"{name}/{k}": v for k, v in _compact(p, pre).items()})
+    with open(path, "wb") as f:
+        np.savez(f, allow_pickle=False, **arrays)
+
+
+def _compact(p: Partial, pre: str) -> dict[str, np.ndarray]:
+    n, mean, m2, lo, hi = (p[pre + k] for k in ("n", "mean", "m2", "min", "max"))
+    out: dict[str, np.ndarray] = {}
+    if n.size and (n == n.flat[0]).all():
+        out[f"{pre}n@const"] = np.asarray(n.flat[0], dtype=np.int64)
     else:
-        x0, lo, hi = np.where(ok, x, 0.0), np.where(ok, x, np.inf), np.where(ok, x, -np.inf)
-    sq = np.square(x0)
-    return {"n": ok.sum(global_axes), "s": x0.sum(global_axes), "q": sq.sum(global_axes),
-            "min": lo.min(global_axes), "max": hi.max(global_axes),
-            "pn": ok.sum(point_axes), "ps": x0.sum(point_axes), "pq": sq.sum(point_axes),
-            "pmin": lo.min(point_axes), "pmax": hi.max(point_axes)}
+        out[f"{pre}n"] = n.astype(np.min_scalar_type(int(n.max(initial=0))))
+    out[f"{pre}m2@zero" if not m2.any() else f"{pre}m2"] = np.zeros((), m2.dtype) if not m2.any() else m2
+    m32 = mean.astype(np.float32)
+    out[f"{pre}mean"] = m32 if np.array_equal(m32, mean) else mean
+    valid = n > 0
+    if np.array_equal(lo[valid], mean[valid]) and np.array_equal(hi[valid], mean[valid]):
+        out[f"{pre}minmax@mean"] = np.zeros((), lo.dtype)  # min = max = mean where n > 0; +-inf elsewhere
+    else:
+        out[f"{pre}min"], out[f"{pre}max"] = lo, hi
+    return out
 
 
-def _combine(a: Partial, b: Partial) -> Partial:
-    out = {k: a[k] + b[k] for k in a if not k.endswith(("min", "max"))}
-    return out | {k: np.minimum(a[k], b[k]) for k in ("min", "pmin")} | {
-        k: np.maximum(a[k], b[k]) for k in ("max", "pmax")}
+def load_partials(path: str | os.PathLike[str]) -> FieldPartials:
+    """Read partials written by :func:`save_partials` (``allow_pickle=False``: data only)."""
+    raw: dict[str, dict[str, np.ndarray]] = {}
+    with np.load(path, allow_pickle=False) as z:
+        for key in z.files:
+            if "/" not in key:  # the covered dates
+                continue
+            name, kind = key.rsplit("/", 1)
+            raw.setdefault(name, {})[kind] = z[key]
+    return {name: _expand(r) for name, r in raw.items()}
+
+
+def partial_dates(path: str | os.PathLike[str]) -> list[str]:
+    """The init dates a partials file covers (empty when it was saved without them)."""
+    with np.load(path, allow_pickle=False) as z:
+        return [str(d) for d in z["dates"]] if "dates" in z.files else []
+
+
+def _expand(r: dict[str, np.ndarray]) -> Partial:
+    out: Partial = {}
+    for pre in _PREFIXES:
+        mean = r[f"{pre}mean"].astype(np.float64)
+        n = (np.full(mean.shape, r[f"{pre}n@const"], dtype=np.int64) if f"{pre}n@const" in r
+             else r[f"{pre}n"].astype(np.int64))
+        m2 = np.zeros(mean.shape) if f"{pre}m2@zero" in r else r[f"{pre}m2"]
+        if f"{pre}minmax@mean" in r:
+            dtype = r[f"{pre}minmax@mean"].dtype
+            lo = np.where(n > 0, mean, np.inf).astype(dtype)
+            hi = np.where(n > 0, mean, -np.inf).astype(dtype)
+        else:
+            lo, hi = r[f"{pre}min"], r[f"{pre}max"]
+        out.update({pre + "n": n, pre + "mean": mean, pre + "m2": m2, pre + "min": lo, pre + "max": hi})
+    return out
 
 
 def _tree(parts: list[Any]) -> Any:
     while len(parts) > 1:
-        parts = [dask.delayed(_combine)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+        parts = [dask.delayed(combine)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
                  for i in range(0, len(parts), 2)]
     return parts[0]
 
 
-def _moments(n: np.ndarray, s: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _finish(n: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = s / n
-        std = np.sqrt(np.maximum(q / n - mean * mean, 0.0))
-    return mean, std
+        return np.where(n > 0, mean, np.nan), np.sqrt(m2 / n)
 
 
 def _field_partials(da: xr.DataArray) -> Any:
     """A delayed Partial for one field, reading each block once."""
-    sample = [i for i, d in enumerate(da.dims) if d in (schema.INIT_TIME, schema.MEMBER)]
-    spatial = [i for i, d in enumerate(da.dims) if d in (schema.LAT, schema.LON)]
-    point = tuple(sample)
     data = da.data if isinstance(da.data, dask.array.Array) else dask.array.from_array(da.values, chunks=-1)
     data = data.rechunk({i: -1 for i in range(data.ndim) if i != 0})
-    blocks = [dask.delayed(_partial)(b, tuple(sample + spatial), point) for b in data.to_delayed().ravel()]
+    axes = field_axes(tuple(map(str, da.dims)))
+    blocks = [dask.delayed(partial)(b, *axes) for b in data.to_delayed().ravel()]
     return _tree(blocks)
 
 
 def _to_arrays(name: str, da: xr.DataArray, p: Partial) -> dict[str, xr.DataArray]:
     gdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)]
     coords = {d: da[d].values for d in gdims}
-    mean, std = _moments(p["n"], p["s"], p["q"])
+    mean, std = _finish(p["n"], p["mean"], p["m2"])
+    lo, hi = (np.where(p["n"] > 0, p[k], np.nan).astype(np.float64) for k in ("min", "max"))
     out = {f"{name}_{k}": xr.DataArray(v, dims=gdims, coords=coords)
-           for k, v in (("mean", mean), ("std", std), ("min", p["min"]), ("max", p["max"]))}
+           for k, v in (("mean", mean), ("std", std), ("min", lo), ("max", hi))}
     pdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER)]
     pcoords = {d: da[d].values for d in pdims}
-    pmean, pstd = _moments(p["pn"], p["ps"], p["pq"])
-    with np.errstate(invalid="ignore"):
-        pmin = np.where(p["pn"] > 0, p["pmin"], np.nan)  # never-valid points (land for SST) stay NaN
-        pmax = np.where(p["pn"] > 0, p["pmax"], np.nan)
+    pmean, pstd = _finish(p["pn"], p["pmean"], p["pm2"])
+    pmin = np.where(p["pn"] > 0, p["pmin"], np.nan)  # never-valid points (land for SST) stay NaN
+    pmax = np.where(p["pn"] > 0, p["pmax"], np.nan)
     for k, v in (("mean", pmean), ("std", pstd), ("min", pmin), ("max", pmax)):
         out[f"{name}_point_{k}"] = xr.DataArray(v.astype(np.float32), dims=pdims, coords=pcoords)
     return out
 
 
+def from_partials(ds: xr.Dataset, parts: FieldPartials, train_times: np.ndarray,
+                  splits: schema.Splits) -> xr.Dataset:
+    """The statistics group from merged partials. ``ds`` supplies each field's dimensions and
+    coordinates only (a lazily opened store: no data chunk is read); ``train_times`` are the training
+    init times the partials cover (recorded in the attributes)."""
+    out: dict[str, xr.DataArray] = {}
+    for name in statistic_fields(ds):
+        if name not in parts:
+            msg = f"no partial statistics for field {name!r}: the partials cover {sorted(parts)}"
+            raise ValueError(msg)
+        out.update(_to_arrays(name, ds[name], parts[name]))
+    stats = xr.Dataset(out)
+    stats = stats.drop_vars([c for c in stats.coords if c not in stats.dims])
+    times = np.asarray(train_times, dtype="datetime64[ns]")
+    stats.attrs.update({
+        "statistics_split": "train",
+        "statistics_years": list(splits.train),
+        "statistics_start": str(np.datetime_as_string(times.min(), unit="D")),
+        "statistics_end": str(np.datetime_as_string(times.max(), unit="D")),
+        "statistics_n_init_times": len(times),
+    })
+    return stats
+
+
 def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
-    """Per-variable/level and per-grid-point statistics over the training split, computed in one
-    pass on the active dask scheduler (the distributed client during ingestion)."""
+    """Per-variable/level and per-grid-point statistics over the training split, in one pass over the
+    data on the active dask scheduler (ingest does without it: each task hands in the partials of the
+    dates it writes; this is the reference and the tool for stores and datasets in hand)."""
     mask = splits.mask(ds[schema.INIT_TIME].values, "train")
     if not mask.any():
         years = sorted(set(ds[schema.INIT_TIME].dt.year.values.tolist()))
@@ -111,21 +311,8 @@ def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
         raise ValueError(msg)
     train = ds.isel({schema.INIT_TIME: np.flatnonzero(mask)})
     names = statistic_fields(ds)
-    partials = dask.compute(*[_field_partials(train[n]) for n in names])  # on the active scheduler
-    out: dict[str, xr.DataArray] = {}
-    for name, p in zip(names, partials, strict=True):
-        out.update(_to_arrays(name, train[name], p))
-    stats = xr.Dataset(out)
-    stats = stats.drop_vars([c for c in stats.coords if c not in stats.dims])
-    times = train[schema.INIT_TIME].values
-    stats.attrs.update({
-        "statistics_split": "train",
-        "statistics_years": list(splits.train),
-        "statistics_start": str(np.datetime_as_string(times.min(), unit="D")),
-        "statistics_end": str(np.datetime_as_string(times.max(), unit="D")),
-        "statistics_n_init_times": int(mask.sum()),
-    })
-    return stats
+    merged = dask.compute(*[_field_partials(train[n]) for n in names])  # on the active scheduler
+    return from_partials(train, dict(zip(names, merged, strict=True)), train[schema.INIT_TIME].values, splits)
 
 
 def normalise_field(

@@ -170,6 +170,24 @@ def test_ingest_disk_full(grib_src, tmp_path):
     assert_ok("ingest: disk full (ulimit -f)", res, no_store(out) and not out.exists())
 
 
+def test_ingest_bad_data_found_on_a_worker_process(tmp_path):
+    """The default cluster runs the date tasks in worker processes: a date refused there used to add
+    distributed's multi-line 'Compute Failed ... Traceback:' log to the one error line."""
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    lat, lon = np.linspace(-90, 90, 19), np.arange(36) * 10.0
+    celsius = 15.0 + 10.0 * np.cos(np.radians(lat))[:, None] * np.ones(lon.size)  # degC labelled K
+    xr.Dataset({"t2m": (("time", "number", "latitude", "longitude"), celsius[None, None], {"units": "K"})},
+               coords={"time": [pd.Timestamp("2017-07-03")], "number": [0], "latitude": lat, "longitude": lon,
+                       "step": np.timedelta64(0, "h")}).to_netcdf(tmp_path / "degc.nc")
+    out = tmp_path / "out.zarr"
+    res = subprocess_case(["ingest", str(tmp_path / "degc.nc"), "--out", str(out), "--workers", "1"])
+    res.codes = frozenset({65})
+    assert_ok("ingest: bad data found on a worker process", res, no_store(out))
+
+
 # --- inspect ----------------------------------------------------------------------------------------
 def test_inspect_missing_and_incomplete(store, tmp_path, capsys):
     assert_ok("inspect: missing store", in_process(["inspect", str(tmp_path / "nope.zarr")], capsys))

@@ -5,13 +5,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import conventions, ingest, io, schema, statistics, synthetic
+from postcast.datasets import conventions, ingest, io, schema, sources, statistics, synthetic
 from postcast.datasets import store as contract
 from postcast.datasets.ingest import IngestConfig
 
@@ -171,17 +172,21 @@ def test_distributed_two_worker_local_cluster(synth_zarr, tmp_path):
     assert np.isfinite(ds["t"].values).all() and np.isfinite(ds["truth_t2m"].values).all()
 
 
-def test_kill_and_resume(synth_zarr, tmp_path, store, cli):
-    """Kill `postcast ingest` mid-run: OUT never looks complete; a rerun resumes and finishes."""
+def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
+    """Kill `postcast ingest` mid-run: OUT never looks complete; a rerun resumes, writes only the unfinished
+    dates, reads none of the finished ones back for the statistics, and ends with the statistics of the store
+    ingested in one go (issue 18: each date's partial moments are kept next to its done-marker)."""
     out = tmp_path / "killed.zarr"
     partial = tmp_path / "killed.zarr.partial"
-    cmd = [sys.executable, "-m", "postcast", "--no-progress", "ingest", str(synth_zarr), "--out", str(out),
-           "--workers", "1"]
+    preset = tmp_path / "ingest.yaml"  # one date per task; per-date partials folded into merged.npz every 2 dates
+    preset.write_text("kind: ingest\nworkers: 1\ndates_per_task: 1\ncheckpoint_dates: 2\n")
+    cmd = [sys.executable, "-m", "postcast", "--no-progress", "ingest", "-c", str(preset), str(synth_zarr),
+           "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         done = list((partial / "done").glob("[!.]*")) if (partial / "done").exists() else []
-        if len(done) >= 2:
+        if len(done) >= 2 and (partial / "stats" / "merged.npz").exists():  # kill after a checkpoint
             break
         time.sleep(0.05)
     assert proc.poll() is None, "ingest finished before it could be killed"
@@ -195,13 +200,153 @@ def test_kill_and_resume(synth_zarr, tmp_path, store, cli):
     assert shown.returncode == 66 and "INCOMPLETE" in shown.stdout
     with pytest.raises(Exception, match=r"incomplete|not a postcast store"):
         contract.open_store(out)
-    proc = cli("ingest", str(synth_zarr), "--out", str(out), "--workers", "1", check=True)
-    written = int(proc.stdout.split(":")[1].split()[0])
-    assert written == 18 - n_done  # only the unfinished dates
+    covered = set(statistics.partial_dates(partial / "stats" / "merged.npz"))
+    assert covered and covered <= {p.name for p in (partial / "done").glob("[!.]*")}
+    reads = _spy_store_reads(monkeypatch)
+    res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), workers=1, processes=False,
+                                     progress=False, dates_per_task=1, checkpoint_dates=2))
+    assert res.n_written == 18 - n_done  # only the unfinished dates
     assert not partial.exists()
+    assert _member_chunk_reads(reads, partial / "store.zarr") == []
     a, b = contract.open_store(out), contract.open_store(store)
     for v in ("t", "ens_std_t2m", "truth_z500", "oracle_mean_t2m"):
         np.testing.assert_array_equal(a[v].values, b[v].values)
+    _assert_same_statistics(contract.open_statistics(out), contract.open_statistics(store))
+    _assert_same_statistics(contract.open_statistics(out), statistics.compute_statistics(a, schema.Splits()))
+
+
+def _spy_store_reads(monkeypatch) -> list[tuple[str, str]]:
+    """Record (store root, key) of every zarr read through LocalStore in this process (a spy: the reads
+    still happen). The zarrs Rust pipeline reads chunks without LocalStore.get, so zarr-python's own
+    pipeline is pinned while the spy is on (the tests show that the spy sees reads, too)."""
+    import zarr
+    from zarr.storage import LocalStore
+
+    monkeypatch.setitem(zarr.config.config["codec_pipeline"], "path", "zarr.core.codec_pipeline.BatchedCodecPipeline")
+    reads: list[tuple[str, str]] = []
+    real = LocalStore.get
+
+    async def get(self, key, *args, **kwargs):
+        reads.append((str(self.root), key))
+        return await real(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStore, "get", get)
+    return reads
+
+
+def _member_chunk_reads(reads: list[tuple[str, str]], store) -> list[str]:
+    """Chunk reads of the data arrays (not metadata, not coordinates) of the zarr store at ``store``."""
+    coords = {"init_time", "member", "step", "level", "latitude", "longitude", "valid_time", "split"}
+    return [key for root, key in reads if Path(root) == Path(store) and "/c/" in key
+            and key.split("/")[0] not in coords]
+
+
+def _assert_same_statistics(got: xr.Dataset, want: xr.Dataset) -> None:
+    """float64 per-variable statistics to float64 round-off, float32 per-point ones to a float32 ulp."""
+    assert set(got.data_vars) == set(want.data_vars) and got.attrs == want.attrs
+    for name in want.data_vars:
+        g, w = got[name].values, want[name].values
+        assert g.dtype == w.dtype, name
+        if g.dtype == np.float64:
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=0, err_msg=name)
+        else:
+            scale = np.nanmax(np.abs(w)) if np.isfinite(w).any() else 0.0
+            np.testing.assert_allclose(g, w, rtol=2.0**-23, atol=2.0**-23 * float(scale) * 1e-3, err_msg=name)
+
+
+def test_one_pass_statistics_equal_the_two_pass_ones_without_reading_the_store(synth_zarr, tmp_path,
+                                                                                monkeypatch):
+    """Issue 18 item 1: statistics accumulate in the tasks that write each date and are merged exactly;
+    the statistics step reads no data chunk back. The figures equal a second pass over the finished store
+    (`compute_statistics`) and a plain float64 numpy computation, SST's land NaNs included."""
+    reads = _spy_store_reads(monkeypatch)
+    out = tmp_path / "one.zarr"
+    ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
+                               variables=("t", "sst")))
+    assert _member_chunk_reads(reads, contract.partial_path(out) / "store.zarr") == []
+    ds, st = contract.open_store(out), contract.open_statistics(out)
+    splits = schema.Splits()
+    _assert_same_statistics(st, statistics.compute_statistics(ds, splits))
+    assert _member_chunk_reads(reads, out)  # the spy sees the second pass's reads
+    train = ds.isel(init_time=np.flatnonzero(splits.mask(ds.init_time.values, "train")))
+    for name in ("t", "sst", "ens_std_sst", "truth_t2m"):
+        x = train[name].values.astype(np.float64)
+        axes = tuple(i for i, d in enumerate(train[name].dims) if d in ("init_time", "member", "latitude",
+                                                                        "longitude"))
+        np.testing.assert_allclose(st[f"{name}_mean"].values, np.nanmean(x, axis=axes), rtol=1e-12)
+        np.testing.assert_allclose(st[f"{name}_std"].values, np.nanstd(x, axis=axes), rtol=1e-10)
+        np.testing.assert_array_equal(st[f"{name}_max"].values, np.nanmax(x, axis=axes))
+        paxes = tuple(i for i, d in enumerate(train[name].dims) if d in ("init_time", "member"))
+        with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning) if "sst" in name else _no_warning():
+            pmean = np.nanmean(x, axis=paxes)
+        np.testing.assert_allclose(st[f"{name}_point_mean"].values, pmean.astype(np.float32), rtol=2.0**-23)
+    assert np.isnan(st["sst_point_mean"].values).any()  # land never has SST
+
+
+def test_resume_redoes_training_dates_marked_done_without_a_partial(synth_zarr, tmp_path):
+    """An interrupted ingest from before one-pass statistics marked dates done without saving partials: the
+    resume ingests those training dates again (never reads them back) and the statistics stay exact; dates
+    outside the training years keep their marks."""
+    out = tmp_path / "old.zarr"
+    cfg = IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False, variables=("t",))
+    found = sources.discover(cfg.source, truth=cfg.truth)
+    plan = found.forecast.plan(cfg.expectation)
+    truth = found.truth.variables() if found.truth else []
+    oracle = found.oracle.variables() if found.oracle else []
+    store_dir, done_dir = ingest._prepare(cfg, plan, contract.partial_path(out), truth, oracle)
+    years = pd.DatetimeIndex(plan.init_times).year
+    old = [int(i) for i in np.flatnonzero(years == 2012)] + [int(i) for i in np.flatnonzero(years == 2016)]
+    for i in old:  # the old task: data and marker, no partial
+        ingest.ingest_dates(found.forecast, found.truth, found.oracle, plan, [i], str(store_dir), str(done_dir))
+    io.remove(contract.partial_path(out) / "stats")
+    res = ingest.ingest(cfg)
+    assert res.n_written == 18 - int((years == 2016).sum())  # the 2012 dates again, the 2016 ones not
+    ds = contract.open_store(out)
+    _assert_same_statistics(contract.open_statistics(out), statistics.compute_statistics(ds, schema.Splits()))
+
+
+def test_partial_moments_merge_associatively_and_match_numpy(tmp_path):
+    """Chan's merge on a tiny case with NaNs and a never-valid point: ((a+b)+c) = (a+(b+c)) = the whole
+    block = numpy's float64 nanmean/nanstd/nanmin/nanmax; saved and loaded partials are bit-identical."""
+    rng = np.random.default_rng(7)
+    x = (rng.normal(size=(6, 4, 3, 2, 5, 7)) * 50 + 5e4).astype(np.float32)  # (init, member, step, level, lat, lon)
+    x[:, :, :, :, 0, :2] = np.nan  # "land": never valid
+    x[rng.random(x.shape) < 0.05] = np.nan  # and scattered gaps
+    axes = statistics.field_axes(("init_time", "member", "step", "level", "latitude", "longitude"))
+    a, b, c = (statistics.partial(x[i:j], *axes) for i, j in ((0, 1), (1, 4), (4, 6)))
+    left = statistics.combine(statistics.combine(a, b), c)
+    right = statistics.combine(a, statistics.combine(b, c))
+    whole = statistics.partial(x, *axes)
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning):  # numpy warns about the land points
+        want = {"mean": np.nanmean(x64, axis=(0, 1, 4, 5)), "pmean": np.nanmean(x64, axis=(0, 1)),
+                "std": np.nanstd(x64, axis=(0, 1, 4, 5)), "pstd": np.nanstd(x64, axis=(0, 1)),
+                "pmin": np.nanmin(x, axis=(0, 1))}
+    for got in (left, right, whole):
+        np.testing.assert_array_equal(got["n"], np.isfinite(x).sum((0, 1, 4, 5)))
+        np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-14)
+        np.testing.assert_allclose(np.sqrt(got["m2"] / got["n"]), want["std"], rtol=1e-12)
+        np.testing.assert_array_equal(got["max"], np.nanmax(x, axis=(0, 1, 4, 5)))
+        ok = got["pn"] > 0
+        assert not ok[..., 0, :2].any() and ok[..., 1:, :].all()
+        np.testing.assert_allclose(got["pmean"][ok], want["pmean"][ok], rtol=1e-14)
+        np.testing.assert_allclose(np.sqrt(got["pm2"][ok] / got["pn"][ok]), want["pstd"][ok], rtol=1e-12)
+        np.testing.assert_array_equal(got["pmin"][ok], want["pmin"][ok])
+    one_date = statistics.partial(x[:1, 0], *statistics.field_axes(("init_time", "step", "level", "latitude",
+                                                                    "longitude")))  # an ensemble statistic
+    statistics.save_partials({"t": left, "ens_mean_t": one_date}, tmp_path / "p.npz", dates=["20120101T00"])
+    back = statistics.load_partials(tmp_path / "p.npz")
+    for name, part in (("t", left), ("ens_mean_t", one_date)):
+        for key, v in part.items():
+            assert back[name][key].dtype == v.dtype, (name, key)
+            np.testing.assert_array_equal(back[name][key], v, err_msg=f"{name}/{key}")
+    assert statistics.partial_dates(tmp_path / "p.npz") == ["20120101T00"]
+
+
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def test_interrupted_ingest_with_other_settings_needs_restart(synth_zarr, tmp_path):
@@ -238,3 +383,34 @@ def test_own_netcdf_form_with_many_dates_equals_the_zarr_store(synth_netcdf, sto
         np.testing.assert_array_equal(n[v].values, z[v].values, err_msg=v)
     t48 = pd.Timedelta(hours=48)
     np.testing.assert_allclose(n["truth_t850"].sel(step=t48).values, z["truth_t850"].sel(step=t48).values, rtol=1e-6)
+
+
+def test_progress_line_counts_dates_rate_and_eta():
+    """Issue 18 item 5: the numbers of a progress line, on a clock the test moves (6 of 10 dates, 4 of them
+    in this run in 2 s at 5 MB each: 10 MB/s; 4 dates left at 0.5 s each: 2 s)."""
+    now = [100.0]
+    meter = ingest.Progress(10, 2, 5_000_000, every_s=10.0, every_dates=3, clock=lambda: now[0])
+    assert meter.line() == "ingest: 2/10 dates (20%), 0.0 MB/s, ETA ?"
+    now[0] = 102.0
+    meter.update(4)
+    assert meter.rate() == pytest.approx(4 * 5.0 / 2.0)
+    assert meter.eta() == pytest.approx(4 * 2.0 / 4)
+    assert meter.line() == "ingest: 6/10 dates (60%), 10.0 MB/s, ETA 0:00:02"
+
+
+def test_progress_is_logged_during_an_ingest(synth_zarr, tmp_path, caplog):
+    """A small ingest logs dates done / total, MB/s of decoded member data and an ETA as dates finish."""
+    import logging
+    import re
+
+    caplog.set_level(logging.INFO, logger="postcast.datasets.ingest")
+    out = tmp_path / "p.zarr"
+    res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
+                                     variables=("t",), dates_per_task=3))
+    pattern = re.compile(r"ingest: (\d+)/18 dates \((\d+)%\), (\d+\.\d) MB/s, ETA (\d+:\d\d:\d\d|\?)")
+    lines = [m for r in caplog.records if (m := pattern.fullmatch(r.getMessage()))]
+    done = [int(m[1]) for m in lines]
+    assert done == [3, 6, 9, 12, 15, 18]  # a tenth of the run is below one task: every task is logged
+    assert all(int(m[2]) == round(100 * int(m[1]) / 18) for m in lines)
+    assert lines[-1][4] == "0:00:00"
+    assert res.bytes_read == 18 * 4 * 19 * 36 * 10 * 3 * 2  # t: 10 members, 3 steps, 2 levels, 10 deg grid
