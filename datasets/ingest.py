@@ -52,6 +52,9 @@ from postcast.datasets.errors import ConfigError, MissingInputError
 log = logging.getLogger(__name__)
 
 
+STATISTICS_MODES = ("auto", "one-pass", "two-pass")
+
+
 @config.register("ingest")
 @dataclass(frozen=True)
 class IngestConfig:
@@ -73,6 +76,8 @@ class IngestConfig:
     processes: bool = True  # LocalCluster of processes (False: threads in this process, for tests/debugging)
     dates_per_task: int | None = None  # init dates per dask task; None: about 64 MB of member data (1 at 0.5 deg)
     checkpoint_dates: int = 16  # fold the per-date partial statistics into one file every this many dates
+    statistics: str = "auto"  # one-pass | two-pass | auto (one-pass while a date's partials fit the budget below)
+    one_pass_max_gb: float = 1.0  # auto: largest partial statistics of one date (GB) held in a worker's memory
     overwrite: bool = False  # rebuild a complete store
     restart: bool = False  # discard an interrupted ingest with other settings
     progress: bool = True
@@ -88,6 +93,9 @@ class IngestConfig:
         if self.checkpoint_dates < 1:
             msg = f"checkpoint_dates={self.checkpoint_dates}: need at least 1"
             raise ConfigError(msg)
+        if self.statistics not in STATISTICS_MODES:
+            msg = f"statistics={self.statistics!r}: use one of {', '.join(STATISTICS_MODES)}"
+            raise ConfigError(msg)
         if self.dates_per_task is not None and self.dates_per_task < 1:
             msg = f"dates_per_task={self.dates_per_task}: need at least 1 (or leave it unset: automatic)"
             raise ConfigError(msg)
@@ -101,7 +109,7 @@ class IngestConfig:
         """Hash of everything that determines the store's content (not how it is computed)."""
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("scheduler", "workers", "processes", "dates_per_task", "checkpoint_dates",
-                             "overwrite", "restart", "progress", "out")}
+                             "statistics", "one_pass_max_gb", "overwrite", "restart", "progress", "out")}
         keep["source"] = str(Path(self.source).resolve())
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -450,13 +458,18 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         oracle_vars = found.oracle.variables() if found.oracle else []
         store, done_dir = _prepare(cfg, plan, partial, truth_vars, oracle_vars)
         train = frozenset(np.flatnonzero(cfg.splits.mask(pd.DatetimeIndex(plan.init_times), "train")).tolist())
-        todo, prior, covered = _resume_state(plan, done_dir, partial / STATS_DIR, train)
+        one_pass = _one_pass(cfg, plan)
+        todo, prior, covered = _resume_state(plan, done_dir, partial / STATS_DIR, train if one_pass else frozenset())
         log.info("%d of %d init dates to ingest (%d already done)", len(todo), len(plan.init_times),
                  len(plan.init_times) - len(todo))
-        merged = _run_tasks(client, cfg, found, plan, todo, store, done_dir, train, prior, covered)
-        if train:
+        merged = _run_tasks(client, cfg, found, plan, todo, store, done_dir, train if one_pass else frozenset(),
+                            prior, covered)
+        if train and not one_pass:  # one dask reduction over the written store, in bounded memory
+            stats = statistics.compute_statistics(io.open_zarr(store, chunks=_stats_chunks(plan)), cfg.splits)
+        elif train:
             stats = statistics.from_partials(io.open_zarr(store), merged or {},
                                              np.asarray(plan.init_times)[sorted(train)], cfg.splits)
+        if train:
             io.write_zarr(stats, store, group=contract.STATISTICS_GROUP, mode="w")
         else:  # e.g. an operational store of new forecasts: models carry their own statistics
             log.warning("no init date in the training years %s: the store gets no statistics", cfg.splits.train)
@@ -531,6 +544,36 @@ def checkpoint_partials(parts: statistics.FieldPartials | None, path: str, dates
         for f in folded:
             io.remove(Path(f))
     return parts
+
+
+def partial_bytes(plan: sources.Plan) -> int:
+    """Memory of one date's partial statistics: per grid point of every statistics field slice
+    (members, ensemble mean and std per variable, level and step; truth per step), count, mean,
+    M2, min and max, 8 bytes each."""
+    slices = sum((len(plan.levels) if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE else 1)
+                 for v in plan.variables) * 3 * len(plan.steps_h) + len(schema.TARGETS) * len(plan.steps_h)
+    return slices * plan.grid.shape[0] * plan.grid.shape[1] * 5 * 8
+
+
+def _one_pass(cfg: IngestConfig, plan: sources.Plan) -> bool:
+    """Whether the training statistics come from the date tasks' partials (one pass) or from a dask
+    reduction over the finished store (two passes, bounded memory): a date's partial plus the
+    running merge must fit in a worker (~8 GB per date at full ENS-10 0.5 deg shape)."""
+    if cfg.statistics != "auto":
+        return cfg.statistics == "one-pass"
+    need = partial_bytes(plan) / 1e9
+    if need > cfg.one_pass_max_gb:
+        log.info("statistics in a second pass over the store: one date's partial statistics take %.1f GB, over "
+                 "one_pass_max_gb=%g (raise it for workers with room for about three times that)",
+                 need, cfg.one_pass_max_gb)
+        return False
+    return True
+
+
+def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[str, int]:
+    """Read chunks for the two-pass statistics: many init dates per dask task (few, large tasks)."""
+    per_date = 4 * plan.grid.shape[0] * plan.grid.shape[1] * len(plan.members) * len(plan.steps_h)
+    return {schema.INIT_TIME: int(max(1, min(len(plan.init_times), target_bytes // per_date)))}
 
 
 def _run_tasks(client: Any, cfg: IngestConfig, found: sources.Discovered, plan: sources.Plan, todo: list[int],

@@ -1,5 +1,6 @@
 """Ingestion end to end through temporary zarr stores: values, sizes, chunks, statistics, resume."""
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import xarray as xr
 
 from postcast.datasets import conventions, ingest, io, schema, sources, statistics, synthetic
 from postcast.datasets import store as contract
+from postcast.datasets.errors import ConfigError
 from postcast.datasets.ingest import IngestConfig
 
 
@@ -281,6 +283,34 @@ def test_one_pass_statistics_equal_the_two_pass_ones_without_reading_the_store(s
             pmean = np.nanmean(x, axis=paxes)
         np.testing.assert_allclose(st[f"{name}_point_mean"].values, pmean.astype(np.float32), rtol=2.0**-23)
     assert np.isnan(st["sst_point_mean"].values).any()  # land never has SST
+
+
+def test_auto_statistics_take_the_second_pass_when_a_dates_partials_would_not_fit(synth_zarr, tmp_path):
+    """The full ENS-10 shape at 0.5 deg needs ~8 GB of partial statistics per date (the scale run's worker
+    died merging them at a 16 GB limit): over ``one_pass_max_gb`` the statistics come from the bounded-
+    memory reduction over the store instead, with the same figures. ``partial_bytes`` is checked against
+    the bytes of a real date's partials."""
+    cfg = IngestConfig(source=str(synth_zarr), out=str(tmp_path / "x.zarr"), processes=False, progress=False,
+                       variables=("t", "sst"))
+    found = sources.discover(cfg.source, truth=cfg.truth)
+    plan = found.forecast.plan(cfg.expectation)
+    day = ingest._load_date(found.forecast, found.truth, found.oracle, plan, 0)
+    real = sum(a.nbytes for p in statistics.dataset_partials(day).values() for a in p.values()
+               if np.ndim(a) and a.size >= plan.grid.shape[0] * plan.grid.shape[1])  # per-point arrays
+    assert 0.5 < real / ingest.partial_bytes(plan) <= 1.0, (real, ingest.partial_bytes(plan))
+    assert ingest._one_pass(cfg, plan)
+    tiny = dataclasses.replace(cfg, one_pass_max_gb=1e-9)
+    assert not ingest._one_pass(tiny, plan)
+    full = dataclasses.replace(plan, grid=schema.Grid(0.5), levels=schema.LEVELS,
+                               variables=tuple(schema.VARIABLES), steps_h=schema.STEPS_H)
+    assert 6e9 < ingest.partial_bytes(full) < 1e10 and not ingest._one_pass(cfg, full)
+    out = []
+    for mode, c in (("two", tiny), ("one", dataclasses.replace(cfg, statistics="one-pass"))):
+        ingest.ingest(dataclasses.replace(c, out=str(tmp_path / f"{mode}.zarr")))
+        out.append(contract.open_statistics(tmp_path / f"{mode}.zarr"))
+    _assert_same_statistics(out[1], out[0])
+    with pytest.raises(ConfigError, match="statistics='fast'"):
+        IngestConfig(source="x", out="y", statistics="fast")
 
 
 def test_resume_redoes_training_dates_marked_done_without_a_partial(synth_zarr, tmp_path):
