@@ -26,10 +26,60 @@ import xarray as xr
 import zarr
 from zarr.codecs import BloscCodec
 
+from postcast.datasets import schema
 from postcast.datasets.errors import OutputError
 
-# zstd level 1: level 3 compressed weather fields no better and was 1.6x slower
-ZARR_COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")
+# Every array is blosc-lz4 with byte shuffle, written through the zarrs Rust codec pipeline when it is
+# installed: measured per array kind by benchmarks/store_codecs.py (docs/store.md "Encoding"). At 0.5 deg
+# lz4 writes member fields 1.8-2x faster than zstd level 1 and reads them ~2x faster, for 2.08x
+# compression instead of 2.35x; zarrs writes the 1-3 MB ensemble-statistics and truth chunks 1.3-2x faster.
+ZARR_COMPRESSOR = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+ZARRS_PIPELINE = "zarrs.ZarrsCodecPipeline"
+
+
+def zarrs_available() -> bool:
+    """Whether the zarrs Rust codec pipeline can be imported."""
+    try:
+        import zarrs  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_zarrs() -> bool:
+    """Make zarr-python encode and decode through zarrs when it is installed (zarrs itself falls back
+    to zarr-python's pipeline for anything it does not support); True when it is in use.
+    ``POSTCAST_ZARRS=0`` in the environment keeps zarr-python's own pipeline (to compare, or to
+    rule zarrs out). The one place postcast configures zarr: called when this module is imported,
+    so every process that reads or writes a store (dask workers included) uses the same pipeline.
+    Either pipeline reads what the other wrote: the store does not record which one wrote it."""
+    if os.environ.get("POSTCAST_ZARRS", "1") == "0" or not zarrs_available():
+        return False
+    zarr.config.set({"codec_pipeline.path": ZARRS_PIPELINE})
+    return True
+
+
+ZARRS_IN_USE = use_zarrs()
+
+
+def compressors_for(kind: str) -> list[Any]:
+    """The compressors of an array kind: ``member`` (member fields) or ``field`` (ensemble
+    statistics, truth, oracle). Both are blosc-lz4 today; the kinds are kept apart because the
+    measurements are made per kind."""
+    if kind not in ("member", "field"):
+        msg = f"array kind {kind!r}: use 'member' or 'field'"
+        raise ValueError(msg)
+    return [ZARR_COMPRESSOR]
+
+
+def codec_name(compressors: list[Any]) -> str:
+    """A short name of a compressor list: blosc-zstd1, blosc-lz4, zstd1, none."""
+    if not compressors:
+        return "none"
+    c = compressors[0]
+    if isinstance(c, BloscCodec):
+        return f"blosc-{c.cname.value}{c.clevel}" if c.cname.value == "zstd" else f"blosc-{c.cname.value}"
+    return f"{type(c).__name__.removesuffix('Codec').lower()}{getattr(c, 'level', '')}"
 
 
 def _tmp_sibling(path: Path) -> Path:
@@ -138,7 +188,8 @@ def zarr_encoding(ds: xr.Dataset, chunks: Mapping[str, tuple[int, ...]]) -> dict
     """Chunking + compression for every data variable (``chunks`` maps name -> chunk shape)."""
     enc: dict[str, dict[str, Any]] = {}
     for name, v in ds.data_vars.items():
-        e: dict[str, Any] = {"compressors": [ZARR_COMPRESSOR]}
+        kind = "member" if schema.MEMBER in v.dims else "field"
+        e: dict[str, Any] = {"compressors": compressors_for(kind)}
         if str(name) in chunks:
             e["chunks"] = chunks[str(name)]
         if np.issubdtype(v.dtype, np.floating):
