@@ -58,9 +58,11 @@ from zarr.storage import LocalStore
 from zarr.testing.store import LatencyStore
 
 from postcast.datasets import schema
+from postcast.datasets import store as contract
 from postcast.datasets.io import write_json
 from postcast.datasets.loaders import prefetch
-from postcast.datasets.loaders.datamodule import SPLIT_CODE, DataConfig, StoreDataset
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
+from postcast.datasets.sample import SampleSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIABLES = ("t", "z", "q", "w", "d", "u", "v")
@@ -78,7 +80,7 @@ def array_names() -> list[str]:
 
 def train_rows(path: str) -> np.ndarray:
     g = zarr.open_group(path, mode="r")
-    return np.flatnonzero(np.asarray(g["split"][:]) == SPLIT_CODE["train"])
+    return np.flatnonzero(np.asarray(g["split"][:]) == contract.split_code("train"))
 
 
 def open_lazy(path: str, latency_ms: float) -> xr.Dataset:
@@ -133,14 +135,15 @@ def case_xbatcher(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, li
 
 
 def store_dataset(args: argparse.Namespace) -> StoreDataset:
-    cfg = DataConfig(store=args.store, target="t850", variables=VARIABLES, batch_size=args.batch_size)
+    cfg = DataConfig(store=args.store, sample=SampleSpec(target="t850", variables=VARIABLES),
+                     batch_size=args.batch_size)
     return StoreDataset(cfg, "train", source=slow_store(args.store, args.latency_ms))
 
 
 def case_direct(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, list[float], int]:
     loader = DataLoader(store_dataset(args), batch_size=args.batch_size, shuffle=True,
                         generator=torch.Generator().manual_seed(0))
-    return run_epochs(lambda e: loader, args.epochs, lambda b: len(b["x"]))
+    return run_epochs(lambda e: loader, args.epochs, lambda b: len(b["fields"]))
 
 
 def case_clairvoyant(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, list[float], int]:
@@ -157,7 +160,7 @@ def case_clairvoyant(args: argparse.Namespace, rows: np.ndarray) -> tuple[float,
         sampler.set_epoch(e)
         return loader
 
-    out = run_epochs(epoch, args.epochs, lambda b: len(b["x"]))
+    out = run_epochs(epoch, args.epochs, lambda b: len(b["fields"]))
     data.close()
     case_clairvoyant.stats = [st.summary(base.sample_nbytes()) for st in data.stats]  # type: ignore[attr-defined]
     return out
