@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -198,10 +199,25 @@ def zarr_encoding(ds: xr.Dataset, chunks: Mapping[str, tuple[int, ...]]) -> dict
     return enc
 
 
+@contextlib.contextmanager
+def os_errors(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Give an operating-system error the zarrs (Rust) codec pipeline reports as a ``RuntimeError``
+    ("File too large (os error 27)") back its ``OSError`` form, so a full disk is told apart from a
+    bug (exit 74, not a traceback) whichever pipeline writes."""
+    try:
+        yield
+    except RuntimeError as err:
+        found = re.search(r"\(os error (\d+)\)", str(err))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from err
+
+
 def write_zarr(ds: xr.Dataset, path: str | os.PathLike[str], *, chunks: Mapping[str, tuple[int, ...]] | None = None,
                group: str | None = None, mode: str = "w", compute: bool = True) -> None:
     """Write a whole dataset (or a template with ``compute=False``) as zarr format 3."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), os_errors(path):
         warnings.simplefilter("ignore", category=UserWarning)
         ds.to_zarr(path, mode=mode, group=group, zarr_format=3, consolidated=False, compute=compute,  # type: ignore[call-overload]
                    encoding=zarr_encoding(ds, chunks or {}))
@@ -213,7 +229,7 @@ def write_region(ds: xr.Dataset, path: str | os.PathLike[str], region: Mapping[s
     keep = [n for n, v in ds.data_vars.items() if dims & set(v.dims)]
     sub = ds[keep]
     sub = sub.drop_vars([c for c in sub.coords])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), os_errors(path):
         warnings.simplefilter("ignore", category=UserWarning)
         sub.to_zarr(path, region=dict(region), mode="r+", zarr_format=3, consolidated=False)
 
