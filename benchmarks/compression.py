@@ -1,48 +1,63 @@
-"""Neural-field compression against SZ3 and ZFP on the same fields, and the downstream cost of
-training a post-processor from the compressed data.
+"""Neural-field compression against SZ3, ZFP and EBCC on the same fields, the levers that move the
+network's ratio, and the downstream cost of training a post-processor from compressed data.
 
-Part 1 (comparison): Z500 and T850 of the synthetic world's state (``oracle_mean_*``: the smooth,
-large-scale part of the truth) at ``--resolution`` degrees over ``--dates`` init dates of 2016. The
-neural compressor at several widths, SZ3 (pysz) at absolute bounds and ZFP (zfpy) by tolerance and by
-rate; ratio (every byte of the artefact counted), cos-latitude weighted RMSE, MAE, max abs error,
-PSNR, encode/decode MB/s; one plot of ratio against weighted RMSE per field.
-``ratio_vs_sz3_at_equal_wrmse``: for each field, the best neural point at a ratio >= 100, divided by
-SZ3's ratio at the same weighted RMSE (log-log interpolation between SZ3 settings); the smaller of the
-two fields (NaN when no neural point reaches 100x inside SZ3's range).
+Part 1 (comparison, item 1 of issue 19): Z500 and T850 of the synthetic world's state
+(``oracle_mean_*``: the smooth, large-scale part of the truth) at ``--resolution`` degrees (1 by
+default) over ``--dates`` init dates of 2016, picked evenly from ENS-10's 105 (26: one a fortnight).
+The network is fitted once per width in fp32; every storage lever is the same network stored another
+way (errors always measured after the cast): fp16, fp16 + lzma, per-row q8/q6/q4 + lzma. The hybrid
+``neural+sz3`` adds an SZ3 residual at a relative bound (the error-bounded mode) to one lever.
+SZ3 (pysz) and EBCC (numcodecs-wasm-ebcc) at absolute bounds, ZFP (zfpy) by tolerance and by rate.
+Every row: ratio (every byte counted), cos-latitude weighted RMSE, MAE, max abs error, PSNR, encode
+seconds per GB (for the network: the fit), decode MB/s.
+``ratio_vs_sz3_at_equal_wrmse`` (``..._maxerr``): per field, the best neural point with a ratio in
+[100, 1000] divided by SZ3's ratio at the same weighted RMSE (max abs error), log-log interpolated
+between SZ3 settings; the smaller of the two fields (NaN: no neural point in that range within SZ3's).
+``ratio_vs_ebcc_at_equal_wrmse`` (an extra key): the same against EBCC.
+A steps sweep at one width shows what a longer fit buys.
 
-Part 2 (downstream): the U-Net T850 preset trained for ``--epochs`` from the original store and
-from one artefact of its training split (:class:`postcast.compression.loader.CompressedDataModule`;
-validation and test on the original store), same seed; ``downstream_crps_penalty_pct`` is the
-relative test-CRPS increase with the network-only artefact. Two error-bounded variants of the same
-network (no refit: :meth:`Artefact.with_error_bounds`) show the other end of the trade-off:
-``bounded_head`` bounds the target and the Gaussian head's fields (``--head-bounds``), ``bounded_all``
-bounds every field at ``--relative-bound`` times its std; their ratios and penalties are extra keys.
+Part 2 (downstream, item 3): the U-Net T850 preset trained for ``--epochs`` from (a) the store,
+(b) the compressed loader over a network of its training fields (network only, at each
+``--down-widths``; and network + SZ3 residual at each ``--down-bounds``), (c) the same loader over
+SZ3-compressed fields (:class:`postcast.compression.loader.SZ3Split`) at each ``--sz3-bounds``.
+One rule for both codecs' error bounds: each field at r x its std. Validation and test on the
+original store, same seed. ``downstream_ratio_at_2pct``: the largest neural ratio whose test-CRPS
+penalty stays below 2 %; ``downstream_ratio_vs_sz3_loader``: that over SZ3's largest such ratio.
 
-    python benchmarks/compression.py                  # ~20 min on 2 CPU cores
+Reruns skip finished work (fitted networks, artefacts and trained variants are cached under --out).
+
+    python benchmarks/compression.py                       # ~60 min on 2 CPU cores
     python benchmarks/compression.py --skip-downstream
 
-Last line: ``RESULT ratio_vs_sz3_at_equal_wrmse=<x> downstream_crps_penalty_pct=<x>``.
+Last line: ``RESULT ratio_vs_sz3_at_equal_wrmse=<x> ratio_vs_sz3_at_equal_maxerr=<x>
+downstream_ratio_at_2pct=<x> downstream_ratio_vs_sz3_loader=<x>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from common import DEFAULT_STORE, require_store
 
-from postcast.compression import report
+from postcast.compression import baselines, report
 from postcast.compression.artefact import Artefact
-from postcast.compression.field import FieldConfig, Fields, to_fields
+from postcast.compression.field import FieldConfig, FieldNet, Fields, to_fields, train_network
 from postcast.datasets.io import write_json
 from postcast.datasets.synthetic import SynthConfig, truth_dataset
 
 FIELDS = ("z500", "t850")
+LEVERS = (("fp16", "none"), ("fp16", "lzma"), ("q8", "lzma"), ("q6", "lzma"), ("q4", "lzma"))
+Net = tuple[FieldNet, np.ndarray, np.ndarray, float]  # network (fp32), mean, std, fit seconds
 
 
 def comparison_fields(resolution: float, dates: int, target: str) -> Fields:
@@ -51,129 +66,230 @@ def comparison_fields(resolution: float, dates: int, target: str) -> Fields:
     return to_fields(ds.drop_vars([c for c in ds.coords if c not in ds.dims]).load())
 
 
-def fitted(path: Path, fields: Fields, cfg: FieldConfig) -> Artefact | None:
-    """An artefact of an earlier run with the same settings on the same fields (reruns skip the fit)."""
-    if not path.exists():
-        return None
-    art = Artefact.load(path)
-    same = art.config == cfg and art.raw_bytes == fields.data.nbytes
-    return art if same else None
+def lever_name(cfg: FieldConfig) -> str:
+    return cfg.weights + ("" if cfg.entropy == "none" else f"+{cfg.entropy}")
 
 
-def compare_field(target: str, a: argparse.Namespace, out: Path) -> tuple[list[dict[str, Any]], float]:
+def fitted_net(path: Path, fields: Fields, cfg: FieldConfig) -> Net:
+    """The fp32 network of ``cfg`` on ``fields``: from an earlier run's artefact when the settings and
+    data shape match (its fit time in a sidecar JSON), else fitted and saved."""
+    cfg = replace(cfg, weights="fp32", entropy="none", error_bound=None, error_bounds={})
+    side = path.with_suffix(".json")
+    if path.exists() and side.exists():
+        art = Artefact.load(path)
+        if art.config == cfg and art.header["shape"] == list(fields.data.shape):
+            return art.network(), art.arrays["norm.mean"], art.arrays["norm.std"], json.loads(side.read_text())["fit_s"]
+    t0 = time.perf_counter()
+    net, mean, std = train_network(fields, cfg, progress=True)
+    fit_s = time.perf_counter() - t0
+    Artefact.from_network(fields, cfg, net, mean, std, fit_s).save(path)
+    write_json(side, {"fit_s": fit_s, "threads": torch.get_num_threads()})
+    return net, mean, std, fit_s
+
+
+def neural_rows(fields: Fields, a: argparse.Namespace, target: str, out: Path) -> list[dict[str, Any]]:
+    rows = []
+    std = float(fields.data.std())
+    sweep = [(a.sweep_width, s) for s in a.sweep_steps] if target == FIELDS[0] else []  # first field only
+    for width, steps in [(w, a.steps) for w in a.widths] + sweep:
+        cfg = FieldConfig(width=width, depth=a.depth, steps=steps, sigma=a.sigma, batch_points=a.batch_points)
+        net, mean, std_, fit_s = fitted_net(out / f"{target}_w{width}_s{steps}.pcnf", fields, cfg)
+        in_sweep = (width, steps) in sweep and (width not in a.widths or steps != a.steps)
+        for weights, entropy in ([tuple(a.hybrid_lever)] if in_sweep else LEVERS):
+            art = Artefact.from_network(fields, replace(cfg, weights=weights, entropy=entropy), net, mean, std_, fit_s)
+            codec = f"neural {lever_name(art.config)}" + (" steps" if in_sweep else "")
+            rows.append(report.neural_row(fields, art, f"w={width} d={a.depth} {steps} steps", codec))
+            if not in_sweep and (weights, entropy) == tuple(a.hybrid_lever):
+                for f in a.hybrid_bounds:
+                    hyb = art.with_error_bounds(fields, {fields.variables[0]: f * std})
+                    hyb.fit_seconds = fit_s
+                    rows.append(report.neural_row(fields, hyb, f"w={width} {lever_name(art.config)} "
+                                                  f"sz3<={f:g}std", "neural+sz3"))
+    return rows
+
+
+def compare_field(target: str, a: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     fields = comparison_fields(a.resolution, a.dates, target)
     std = float(fields.data.std())
-    rows = []
-    for width in a.widths:
-        cfg = FieldConfig(width=width, depth=a.depth, steps=a.steps, sigma=a.sigma)
-        path = out / f"{target}_w{width}.pcnf"
-        art = fitted(path, fields, cfg)
-        if art is None:
-            art = Artefact.build(fields, cfg, progress=True)
-            art.save(path)
-        rows.append(report.neural_row(fields, art, f"w={width} d={a.depth}"))
-    bounds = [f * std for f in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)]
-    rows += report.baseline_rows(fields, bounds, bounds[1::2], [0.5, 1.0, 2.0, 4.0])
-    report.plot(rows, out / f"ratio_vs_wrmse_{target}.png", f"{target} ({fields.data.shape[1]} dates, "
-                f"{a.resolution} deg)")
-    best = float("nan")
-    for r in rows:
-        if r["codec"] == "neural" and r["ratio"] >= 100:
-            gain = r["ratio"] / report.ratio_at_equal_error(rows, "sz3", r["wrmse"])
-            best = gain if np.isnan(best) else max(best, gain)
+    rows = neural_rows(fields, a, target, out)
+    ebcc = [f * std for f in a.ebcc_bounds] if baselines.ebcc_available() else []
+    sz3 = [f * std for f in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)]  # to the networks' error range
+    rows += report.baseline_rows(fields, sz3, [f * std for f in (0.003, 0.03, 0.3)], [0.5, 1.0, 2.0], ebcc)
     for r in rows:
         r["field"] = target
-    return rows, best
+    return rows
+
+
+def best_gain(rows: list[dict[str, Any]], key: str, ref: str = "sz3") -> float:
+    """Best neural (or hybrid) ratio in [100, 1000] over ``ref``'s ratio at the same error ``key``."""
+    gains = [r["ratio"] / report.ratio_at_equal_error(rows, ref, r[key], key) for r in rows
+             if r["codec"].startswith("neural") and not r["codec"].endswith("steps") and 100 <= r["ratio"] <= 1000]
+    finite = [g for g in gains if math.isfinite(g)]
+    return max(finite) if finite else float("nan")
+
+
+# --- part 2: downstream ----------------------------------------------------------------------------
+def downstream_sources(a: argparse.Namespace, out: Path, cfg: Any) -> dict[str, tuple[str, Any]]:
+    """name -> (codec, decoded-fields source) for every compressed variant (one bound rule: r x std)."""
+    from postcast.compression.loader import SZ3Split, split_fields
+
+    fields = to_fields(split_fields(cfg, "train"))
+    std = {v: float(fields.data[i].std()) for i, v in enumerate(fields.variables)}
+    srcs: dict[str, tuple[str, Any]] = {}
+    for width in a.down_widths:
+        fcfg = FieldConfig(width=width, depth=a.depth, steps=a.down_steps, sigma=a.sigma, batch_points=a.batch_points)
+        net, mean, sd, fit_s = fitted_net(out / f"unet_t850_train_w{width}.pcnf", fields, fcfg)
+        art = Artefact.from_network(fields, replace(fcfg, weights=a.down_lever[0], entropy=a.down_lever[1]),
+                                    net, mean, sd, fit_s)
+        srcs[f"neural w={width}"] = ("neural", art)
+        if width == max(a.down_widths):
+            for r in a.down_bounds:
+                srcs[f"neural w={width}+sz3 r={r:g}"] = ("neural+sz3", art.with_error_bounds(
+                    fields, {v: r * s for v, s in std.items()}))
+    for r in a.sz3_bounds:
+        srcs[f"sz3 r={r:g}"] = ("sz3", SZ3Split.build(fields, {v: r * s for v, s in std.items()}))
+    return srcs
+
+
+def train_variant(name: str, src: Any, a: argparse.Namespace, out: Path, cfg: Any, model_args: Any) -> dict[str, Any]:
+    """Test CRPS of the U-Net trained from ``src`` (None: the store); cached per name and settings."""
+    import lightning as L
+
+    from postcast.compression.loader import CompressedDataModule
+    from postcast.datasets.loaders.datamodule import StoreDataModule
+    from postcast.models.module import PostProcessor
+
+    ratio = 1.0 if src is None else float(src.ratio)
+    key = {"name": name, "ratio": round(ratio, 3), "epochs": a.epochs, "store": a.store}
+    cache = out / "downstream" / (name.replace(" ", "_").replace("=", "").replace("+", "_") + ".json")
+    if cache.exists() and json.loads(cache.read_text())["key"] == key:
+        res: dict[str, Any] = json.loads(cache.read_text())
+        return res
+    dm = StoreDataModule(cfg) if src is None else CompressedDataModule(cfg, src)
+    L.seed_everything(0)
+    model = PostProcessor(**model_args, sample=cfg.sample.to_dict(), grid=dm.grid, n_members=dm.n_members)
+    trainer = L.Trainer(max_epochs=a.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=out / "downstream")
+    t0 = time.perf_counter()
+    trainer.fit(model, dm)
+    res = {"key": key, "ratio": ratio, "train_s": time.perf_counter() - t0,
+           "test_crps": trainer.test(model, dm, verbose=False)[0]["test_crps"]}
+    write_json(cache, res)
+    return res
 
 
 def downstream(a: argparse.Namespace, out: Path) -> dict[str, Any]:
-    import lightning as L
-
-    from postcast.compression.loader import CompressedDataModule, compress_split, split_fields
-    from postcast.datasets.loaders.datamodule import StoreDataModule
-    from postcast.models.module import PostProcessor
     from postcast.pipeline.train import data_config, resolve
 
     args = ["-c", "configs/train/unet_t850.yaml", "--data.cfg.store", a.store]
     model_args, cfg = resolve(args)["model"], data_config(args)
-    fields = to_fields(split_fields(cfg, "train"))
-    fcfg = FieldConfig(width=a.downstream_width, depth=a.depth, steps=a.downstream_steps, sigma=a.sigma)
-    path = out / "unet_t850_train.pcnf"
-    art = fitted(path, fields, fcfg)
-    if art is None:
-        art = compress_split(cfg, fcfg)
-        art.save(path)
-    res: dict[str, Any] = {"ratio": art.ratio, "artefact_bytes": art.nbytes, "fit_s": art.header["fit_seconds"],
-                           "fields": len(art.header["variables"]), "errors": art.header["errors"], "variants": {}}
-    variants = {"original": ("store", None), "compressed": ("network only", path)}
-    std = {v: float(fields.data[i].std()) for i, v in enumerate(fields.variables)}
-    bounds = {"bounded_head": {v: b for v, b in a.head_bounds.items()},  # the head's fields and the target
-              "bounded_all": {v: a.relative_bound * s for v, s in std.items()}}  # every field, rel. to its std
-    for name, spec in bounds.items():
-        bounded = art.with_error_bounds(fields, spec)
-        bounded.save(out / f"unet_t850_train_{name}.pcnf")
-        variants[name] = (", ".join(f"{v}<={b:.3g}" for v, b in spec.items()), out / f"unet_t850_train_{name}.pcnf")
-        res["variants"][name] = {"ratio": bounded.ratio, "bytes": bounded.nbytes, "bounds": spec}
-    for name, (what, src) in variants.items():
-        dm = StoreDataModule(cfg) if src is None else CompressedDataModule(cfg, str(src))
-        L.seed_everything(0)
-        model = PostProcessor(**model_args, sample=cfg.sample.to_dict(), grid=dm.grid, n_members=dm.n_members)
-        trainer = L.Trainer(max_epochs=a.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, default_root_dir=out / name)
-        t0 = time.perf_counter()
-        trainer.fit(model, dm)
-        res[f"{name}_train_s"] = time.perf_counter() - t0
-        res[f"{name}_test_crps"] = trainer.test(model, dm, verbose=False)[0]["test_crps"]
-        res["variants"].setdefault(name, {"ratio": art.ratio if src else 1.0, "bytes": art.nbytes if src else None})
-        res["variants"][name].update(what=what, test_crps=res[f"{name}_test_crps"],
-                                     penalty_pct=100 * (res[f"{name}_test_crps"] / res["original_test_crps"] - 1))
-    res["penalty_pct"] = 100 * (res["compressed_test_crps"] / res["original_test_crps"] - 1)
-    return res
+    variants: dict[str, dict[str, Any]] = {"store": {"codec": "store", **train_variant("store", None, a, out, cfg,
+                                                                                         model_args)}}
+    for name, (codec, src) in downstream_sources(a, out, cfg).items():
+        variants[name] = {"codec": codec, "bytes": src.nbytes, **train_variant(name, src, a, out, cfg, model_args)}
+        print(f"  {name}: ratio {variants[name]['ratio']:.1f}, test CRPS {variants[name]['test_crps']:.4f}", flush=True)
+    base = variants["store"]["test_crps"]
+    for v in variants.values():
+        v["penalty_pct"] = 100 * (v["test_crps"] / base - 1)
+    return variants
+
+
+def largest_ratio_below(variants: dict[str, dict[str, Any]], prefix: str, pct: float) -> float:
+    ok = [v["ratio"] for v in variants.values() if v["codec"].startswith(prefix) and v["penalty_pct"] < pct]
+    return max(ok) if ok else float("nan")
+
+
+def plot_downstream(variants: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from postcast.datasets import io
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for codec, marker in (("neural", "o"), ("neural+sz3", "D"), ("sz3", "s")):
+        pts = sorted((v["ratio"], v["penalty_pct"]) for v in variants.values() if v["codec"] == codec)
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=marker, label=codec)
+    ax.axhline(2.0, color="k", lw=0.8, ls="--", label="2 % penalty")
+    ax.set(xscale="log", xlabel="compression ratio of the training fields", ylabel="test CRPS penalty (%)",
+           title=title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with io.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--resolution", type=float, default=1.0)
+    p.add_argument("--dates", type=int, default=26, help="init dates of 2016, evenly among ENS-10's 105")
+    p.add_argument("--widths", type=int, nargs="+", default=[24, 48])
+    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-points", type=int, default=8192)
+    p.add_argument("--sigma", type=float, default=1.6)
+    p.add_argument("--sweep-width", type=int, default=24)
+    p.add_argument("--sweep-steps", type=int, nargs="*", default=[300, 2000],
+                   help="a fit-length sweep on the first field (Z500)")
+    p.add_argument("--hybrid-lever", nargs=2, default=["q6", "lzma"], metavar=("WEIGHTS", "ENTROPY"))
+    p.add_argument("--hybrid-bounds", type=float, nargs="*", default=[0.003, 0.01, 0.03], help="x field std")
+    p.add_argument("--ebcc-bounds", type=float, nargs="*", default=[0.01, 0.1, 1.0], help="x field std")
+    p.add_argument("--store", default=str(DEFAULT_STORE))
+    p.add_argument("--epochs", type=int, default=4, help="U-Net epochs (the preset has 12)")
+    p.add_argument("--down-widths", type=int, nargs="+", default=[32])
+    p.add_argument("--down-steps", type=int, default=800)
+    p.add_argument("--down-lever", nargs=2, default=["q6", "lzma"], metavar=("WEIGHTS", "ENTROPY"))
+    p.add_argument("--down-bounds", type=float, nargs="*", default=[0.01, 0.03, 0.05, 0.1, 0.3],
+                   help="neural+sz3: x field std")
+    p.add_argument("--sz3-bounds", type=float, nargs="*", default=[0.003, 0.01, 0.03, 0.05, 0.1, 0.3],
+                   help="sz3 loader: x field std")
+    p.add_argument("--skip-comparison", action="store_true")
+    p.add_argument("--skip-downstream", action="store_true")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/compression"))
+    return p.parse_args()
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--resolution", type=float, default=2.0)
-    p.add_argument("--dates", type=int, default=24, help="init dates of 2016")
-    p.add_argument("--widths", type=int, nargs="+", default=[16, 24, 32])
-    p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--sigma", type=float, default=1.6)
-    p.add_argument("--store", default=str(DEFAULT_STORE))
-    p.add_argument("--epochs", type=int, default=12, help="U-Net epochs (the preset's)")
-    p.add_argument("--downstream-width", type=int, default=64)
-    p.add_argument("--downstream-steps", type=int, default=3000)
-    p.add_argument("--head-bounds", nargs="*", default=["truth_t850=0.25", "ens_mean_t=0.1", "ens_std_t=0.05"],
-                   metavar="VAR=BOUND", help="downstream 'bounded_head' variant: SZ3 bounds (K) on these fields")
-    p.add_argument("--relative-bound", type=float, default=0.01,
-                   help="downstream 'bounded_all' variant: every field bounded at this fraction of its std")
-    p.add_argument("--skip-downstream", action="store_true")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/compression"))
-    a = p.parse_args()
+    a = parse()
     a.store = require_store(a.store)
-    a.head_bounds = {k: float(v) for k, v in (b.split("=", 1) for b in a.head_bounds)}
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning").setLevel(logging.WARNING)
     a.out.mkdir(parents=True, exist_ok=True)
-    rows, gains = [], {}
-    for target in FIELDS:
-        r, gains[target] = compare_field(target, a, a.out)
-        rows += r
-        print(f"\n{target}\n{report.format_table(r)}", flush=True)
-    gain = min(gains.values())
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    print(f"torch threads: {torch.get_num_threads()}; EBCC installed: {baselines.ebcc_available()}", flush=True)
+    rows: list[dict[str, Any]] = []
+    gains: dict[str, dict[str, float]] = {"wrmse": {}, "max_abs": {}, "ebcc_wrmse": {}}
+    if not a.skip_comparison:
+        for target in FIELDS:
+            r = compare_field(target, a, a.out)
+            rows += r
+            for key in ("wrmse", "max_abs"):
+                gains[key][target] = best_gain(r, key)
+            gains["ebcc_wrmse"][target] = best_gain(r, "wrmse", "ebcc")
+            print(f"\n{target}\n{report.format_table(r)}", flush=True)
+        report.plot_panels(rows, a.out / "ratio_vs_error.png", list(FIELDS),
+                           f"{a.dates} dates of 2016, {a.resolution} deg, {a.steps} CPU steps per fit")
     down = {} if a.skip_downstream else downstream(a, a.out)
+    result = {k: float(np.min(list(v.values()))) if v else float("nan") for k, v in gains.items()}  # NaN wins
+    at2 = largest_ratio_below(down, "neural", 2.0) if down else float("nan")
+    sz3_at2 = largest_ratio_below(down, "sz3", 2.0) if down else float("nan")
     if down:
-        print(f"\ndownstream (U-Net T850, {a.epochs} epochs, {down['fields']} training fields; network fit "
-              f"{down['fit_s']:.0f} s)\n{'variant':<14}{'ratio':>8}{'test CRPS':>11}{'penalty %':>11}  bounds")
-        for name, v in down["variants"].items():
-            print(f"{name:<14}{v['ratio']:>8.1f}{v['test_crps']:>11.4f}{v['penalty_pct']:>11.2f}  {v['what']}")
+        print(f"\ndownstream (U-Net T850, {a.epochs} epochs; bounds r x field std for both codecs)\n"
+              f"{'variant':<26}{'ratio':>8}{'test CRPS':>11}{'penalty %':>11}")
+        for name, v in down.items():
+            print(f"{name:<26}{v['ratio']:>8.1f}{v['test_crps']:>11.4f}{v['penalty_pct']:>11.2f}")
+        plot_downstream(down, a.out / "downstream_penalty.png", f"U-Net T850, {a.epochs} epochs")
     write_json(a.out / "compression.json", {"rows": rows, "ratio_vs_sz3": gains, "downstream": down,
                                             "args": {k: str(v) for k, v in vars(a).items()}})
-    var = down.get("variants", {})
-    extra = "".join(f" {n}_ratio={v['ratio']:.1f} {n}_penalty_pct={v['penalty_pct']:.2f}"
-                    for n, v in var.items() if n.startswith("bounded"))
-    penalty = var.get("compressed", {}).get("penalty_pct", float("nan"))
-    print(f"RESULT ratio_vs_sz3_at_equal_wrmse={gain:.3f} downstream_crps_penalty_pct={penalty:.2f}{extra}")
+    print(f"RESULT ratio_vs_sz3_at_equal_wrmse={result['wrmse']:.3f} "
+          f"ratio_vs_sz3_at_equal_maxerr={result['max_abs']:.3f} downstream_ratio_at_2pct={at2:.1f} "
+          f"downstream_ratio_vs_sz3_loader={at2 / sz3_at2:.3f} ratio_vs_ebcc_at_equal_wrmse={result['ebcc_wrmse']:.3f}")
 
 
 if __name__ == "__main__":

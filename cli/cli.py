@@ -504,7 +504,9 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--depth", type=int, default=3, help="residual blocks")
     p.add_argument("--steps", type=int, default=2000, help="optimiser steps")
     p.add_argument("--sigma", type=float, default=1.6, help="std of the Fourier matrices")
-    p.add_argument("--weights", default="fp16", choices=["fp16", "int8", "fp32"])
+    p.add_argument("--weights", default="fp16", choices=["fp16", "int8", "fp32", "q8", "q6", "q4"],
+                   help="weight storage: int8 one scale per matrix; qN N bits with one scale per row")
+    p.add_argument("--entropy", default="none", choices=["none", "lzma"], help="lossless coding of the artefact")
     p.add_argument("--error-bound", type=float, help="guaranteed max absolute error (data units), via SZ3")
     p.add_argument("--error-bound-var", action="append", default=[], metavar="VAR=BOUND",
                    help="a bound for one variable (repeatable; overrides --error-bound for it)")
@@ -530,7 +532,7 @@ def _run_compress(a: argparse.Namespace) -> int:
     try:
         per_var = dict(_var_bound(item) for item in a.error_bound_var)
         cfg = FieldConfig(width=a.width, depth=a.depth, steps=a.steps, sigma=a.sigma, weights=a.weights,
-                          error_bound=a.error_bound, error_bounds=per_var)
+                          entropy=a.entropy, error_bound=a.error_bound, error_bounds=per_var)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     sel = Selection(a.source, tuple(a.variables), tuple(a.levels), a.step_hours, a.member)

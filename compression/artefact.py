@@ -1,7 +1,8 @@
 """The compressed artefact: one self-describing file that alone reproduces the decode.
 
 Layout: ``b"PCNF"``, format version (uint16), header length (uint32), CRC32 of everything after
-the fixed prefix (uint32), a JSON header, then the raw arrays it lists (offset, dtype, shape). The
+the fixed prefix (uint32), then (format 3) one codec byte (0: none, 1: raw LZMA2) and, coded by it,
+a JSON header and the raw arrays it lists (offset, dtype, shape). The
 header holds the format version, the :class:`FieldConfig`, variable names and units, the time
 axis, levels, the grid (a regular-grid spec, or the latitudes when irregular), the per-(variable,
 level) normalisation, the measured error summary and, in the error-bounded mode, the SZ3 residual
@@ -11,6 +12,7 @@ layer and the exact fix-ups. The compression ratio is raw float32 bytes over the
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import os
 import struct
@@ -32,8 +34,10 @@ from postcast.datasets import io, schema
 from postcast.datasets.errors import BadInputError, ConfigError
 
 MAGIC = b"PCNF"
-FORMAT_VERSION = 2  # 2: the residual layer is one SZ3 stream per variable, each with its own bound
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # 3: a codec byte (0 none, 1 lzma) then the header and arrays, coded together
+READABLE_VERSIONS = (1, 2, 3)  # 2: residual layer one SZ3 stream per variable; 1: one stream for all
+CODECS = {"none": 0, "lzma": 1}
+MAX_PAYLOAD = 2**34  # an lzma payload that expands beyond 16 GiB is refused as corrupt (no decompression bomb)
 SUFFIX = ".pcnf"
 _PREFIX = struct.Struct("<4sHII")  # magic, version, header bytes, crc32
 DECODE_POINTS = 65536  # points per decoder batch (fixed: the error-bounded layer relies on a repeatable decode)
@@ -61,11 +65,35 @@ class ArtefactError(BadInputError):
     input, exit code 65 (still a ``ValueError``)."""
 
 
+_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+
+
+def _decode_payload(body: bytes, name: str) -> bytes:
+    """Format 3: codec byte + (header + arrays), lossless-coded as the byte says."""
+    codec = body[0] if body else -1
+    if codec == CODECS["none"]:
+        return body[1:]
+    if codec != CODECS["lzma"]:
+        msg = f"{name}: unknown payload codec {codec}; this postcast knows {CODECS}"
+        raise ArtefactError(msg)
+    dec = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+    try:
+        out = dec.decompress(body[1:], max_length=MAX_PAYLOAD)
+    except lzma.LZMAError as err:
+        msg = f"{name}: corrupt artefact payload ({err}); recompress the source"
+        raise ArtefactError(msg) from err
+    if not dec.eof:
+        msg = f"{name}: truncated or oversized artefact payload; recompress the source"
+        raise ArtefactError(msg)
+    return out
+
+
 @dataclass
 class Artefact:
     header: dict[str, Any]
     arrays: dict[str, np.ndarray]
     path: str | None = None
+    fit_seconds: float | None = dc_field(default=None, compare=False)  # wall clock of the fit (not stored)
     _residual_cache: list[np.ndarray] = dc_field(default_factory=list, repr=False, compare=False)
 
     # --- construction ------------------------------------------------------------------------------
@@ -74,7 +102,13 @@ class Artefact:
         """Fit the network, quantise its weights, measure the errors and (optionally) add the residual layer."""
         t0 = time.perf_counter()
         net, mean, std = field.train_network(fields, cfg, progress)
-        fit_seconds = time.perf_counter() - t0
+        return cls.from_network(fields, cfg, net, mean, std, time.perf_counter() - t0)
+
+    @classmethod
+    def from_network(cls, fields: Fields, cfg: FieldConfig, net: FieldNet, mean: np.ndarray, std: np.ndarray,
+                     fit_seconds: float | None = None) -> Artefact:
+        """The artefact of a trained fp32 network stored as ``cfg`` says (weights format, lossless
+        coding, error bounds): one fit, many storage settings. Errors are measured after the cast."""
         arrays: dict[str, np.ndarray] = {"norm.mean": mean, "norm.std": std}
         for name, tensor in net.state_dict().items():
             if name == "bmat":
@@ -99,9 +133,9 @@ class Artefact:
             "levels": [None if math.isnan(v) else float(v) for v in fields.levels],
             "grid": grid_spec(fields.lat, fields.lon),
             "shape": list(fields.data.shape),
-            "fit_seconds": round(fit_seconds, 2),
         }
         art = cls(header, arrays)
+        art.fit_seconds = fit_seconds  # not in the header: the artefact's bytes depend on the data and settings only
         decoded = art.decode_array()
         bounds = cfg.bounds_for(fields.variables)
         if any(b is not None for b in bounds):
@@ -152,7 +186,11 @@ class Artefact:
             blobs.append(raw)
             offset += len(raw)
         head = json.dumps({**self.header, "arrays": table}, separators=(",", ":")).encode()
-        body = head + b"".join(blobs)
+        codec = self.header["config"].get("entropy", "none")
+        payload = head + b"".join(blobs)
+        if codec == "lzma":  # raw LZMA2 stream: no container bytes; settings are fixed by the format
+            payload = lzma.compress(payload, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+        body = bytes([CODECS[codec]]) + payload
         return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head), zlib.crc32(body)) + body
 
     def save(self, path: str | os.PathLike[str]) -> int:
@@ -183,8 +221,13 @@ class Artefact:
             msg = f"{name}: artefact format version {version}; this postcast reads versions {READABLE_VERSIONS}"
             raise ArtefactError(msg)
         body = data[_PREFIX.size:]
-        if len(body) < head_len or zlib.crc32(body) != crc:
+        if zlib.crc32(body) != crc:
             msg = f"{name}: corrupt or truncated artefact (checksum mismatch); recompress the source"
+            raise ArtefactError(msg)
+        if version >= 3:
+            body = _decode_payload(body, name)
+        if len(body) < head_len:
+            msg = f"{name}: corrupt or truncated artefact (header longer than the file); recompress the source"
             raise ArtefactError(msg)
         try:  # the header length is outside the checksum: a damaged one shows as an unparsable header
             header = json.loads(body[:head_len])
@@ -224,9 +267,7 @@ class Artefact:
         for name in net.state_dict():
             if name == "bmat":
                 continue
-            arr = self.arrays[f"w.{name}"].astype(np.float32)
-            if f"w.{name}.scale" in self.arrays:
-                arr = arr * self.arrays[f"w.{name}.scale"][0]
+            arr = field.dequantise(self.arrays[f"w.{name}"], self.arrays.get(f"w.{name}.scale"))
             state[name] = torch.from_numpy(arr)
         b = torch.zeros_like(net.bmat)
         ft, fl = cfg.time_features, cfg.level_features

@@ -1,5 +1,6 @@
 """Classical error-bounded compressors on the same arrays: SZ3 (pysz, through
-:mod:`postcast.compression.sz3`) and ZFP (zfpy).
+:mod:`postcast.compression.sz3`), ZFP (zfpy) and EBCC (JPEG2000 base + error-bounded residual, the
+``numcodecs-wasm-ebcc`` package, when it is installed).
 
 Each returns the compressed size in bytes (including what the format needs to decode: pysz does not
 store shape and dtype, so 16 bytes of our own metadata are counted), the decoded array and the encode
@@ -52,3 +53,31 @@ def zfp(data: np.ndarray, *, tolerance: float | None = None, rate: float | None 
     t2 = time.perf_counter()
     setting = f"tol={tolerance:g}" if tolerance is not None else f"rate={rate:g}"
     return Result("zfp", setting, len(blob), back, t1 - t0, t2 - t1)
+
+
+EBCC_MIN_SIDE = 32  # smaller latitude/longitude sides make the codec fail (measured with 0.3.0)
+
+
+def ebcc_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("numcodecs_wasm_ebcc") is not None
+
+
+def ebcc(data: np.ndarray, abs_bound: float, base_cr: float = 100.0) -> Result:
+    """EBCC with an absolute max-error bound (JPEG2000 base at ``base_cr``, residual coded to the
+    bound); arrays of more than 3 dims are coded as 3-D slices (..., H, W) by the codec itself. The
+    stream records its shape (numcodecs), so nothing is added to the size."""
+    from numcodecs_wasm_ebcc import Ebcc
+
+    x = np.ascontiguousarray(data, dtype=np.float32)
+    if min(x.shape[-2:]) < EBCC_MIN_SIDE:
+        msg = f"ebcc: fields of {x.shape[-2:]} points; EBCC (JPEG2000 tiles) needs >= {EBCC_MIN_SIDE} per side"
+        raise ValueError(msg)
+    codec = Ebcc(residual="absolute", error=float(abs_bound), base_cr=base_cr)
+    t0 = time.perf_counter()
+    blob = np.asarray(codec.encode(x))  # the codec's byte stream (uint8)
+    t1 = time.perf_counter()
+    back = np.asarray(codec.decode(blob), dtype=np.float32).reshape(x.shape)
+    t2 = time.perf_counter()
+    return Result("ebcc", f"abs={abs_bound:g}", int(blob.nbytes), back, t1 - t0, t2 - t1)

@@ -8,8 +8,8 @@ nearly independent fields; the table interpolates linearly between dates) feed a
 with one output per variable. Targets are normalised per (variable, level) by mean and std.
 Training points are scrambled-Sobol draws uniform *on the sphere*, continuous in time, so the plain
 mean squared error over them is an area-weighted loss; targets are the trilinear (time, lat, lon)
-interpolant of the grid. After training the weights are stored in fp16 (or int8 per tensor) and
-every reported error is measured after that cast.
+interpolant of the grid. After training the weights are stored in fp16 (or int8 per tensor, or
+N-bit per output channel, optionally lzma-coded) and every reported error is measured after that cast.
 
 Core functions take and return ``xr.Dataset`` / tensors: :func:`fit` (dataset -> artefact) and
 :meth:`postcast.compression.artefact.Artefact.decode` (artefact -> dataset).
@@ -33,7 +33,8 @@ from postcast.datasets import schema
 from postcast.models import kernels
 
 log = logging.getLogger(__name__)
-WEIGHT_FORMATS = ("fp16", "int8", "fp32")
+WEIGHT_FORMATS = ("fp16", "int8", "fp32", "q8", "q6", "q4")  # qN: N-bit per output channel (rows)
+ENTROPY_CODECS = ("none", "lzma")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class FieldConfig:
     batch_points: int = 8192
     lr: float = 5e-3
     seed: int = 0
-    weights: str = "fp16"  # fp16 | int8 | fp32: storage of the trained weights
+    weights: str = "fp16"  # fp16 | int8 (per tensor) | fp32 | q8/q6/q4 (per row, N bits): stored weights
+    entropy: str = "none"  # none | lzma: lossless coding of the artefact's header and arrays
     error_bound: float | None = None  # absolute max error (data units) guaranteed by an SZ3 residual layer
     error_bounds: dict[str, float] = field(default_factory=dict)  # per variable, overriding error_bound
 
@@ -59,16 +61,20 @@ class FieldConfig:
         if self.weights not in WEIGHT_FORMATS:
             msg = f"weights={self.weights!r}: use one of {WEIGHT_FORMATS}"
             raise ValueError(msg)
+        if self.entropy not in ENTROPY_CODECS:
+            msg = f"entropy={self.entropy!r}: use one of {ENTROPY_CODECS}"
+            raise ValueError(msg)
         for name in ("width", "depth", "steps", "batch_points", "space_features"):
             if getattr(self, name) < 1:
                 msg = f"{name}={getattr(self, name)} must be >= 1"
                 raise ValueError(msg)
-        if self.error_bound is not None and not self.error_bound > 0:
-            msg = f"error_bound={self.error_bound}: give a positive absolute bound in data units, or none"
+        if self.error_bound is not None and not _positive_finite(self.error_bound):
+            msg = (f"error_bound={self.error_bound}: give a positive absolute bound (a finite number) in data "
+                   "units, or none")
             raise ValueError(msg)
-        bad = {k: v for k, v in self.error_bounds.items() if not (isinstance(v, int | float) and v > 0)}
+        bad = {k: v for k, v in self.error_bounds.items() if not _positive_finite(v)}
         if bad:
-            msg = f"error_bounds {bad}: give positive absolute bounds in each variable's units"
+            msg = f"error_bounds {bad}: give positive absolute bounds (finite numbers) in each variable's units"
             raise ValueError(msg)
 
     def bounds_for(self, variables: list[str]) -> list[float | None]:
@@ -81,6 +87,11 @@ class FieldConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _positive_finite(value: object) -> bool:
+    """A usable error bound: a real number in (0, inf) (0, NaN and inf promise nothing)."""
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
 # --- the network -----------------------------------------------------------------------------------
@@ -123,7 +134,9 @@ class FieldNet(nn.Module):
             i0 = t_index.floor().clamp(0, self.embed.shape[0] - 1)
             i1 = (i0 + 1).clamp(max=self.embed.shape[0] - 1)
             frac = (t_index - i0).unsqueeze(-1)
-            h = h + (1 - frac) * self.embed[i0.long()] + frac * self.embed[i1.long()]
+            # F.embedding, not self.embed[idx]: advanced indexing's backward is a parallel scatter-add
+            # whose float sums depend on thread timing, so two fits with one seed would differ
+            h = h + (1 - frac) * F.embedding(i0.long(), self.embed) + frac * F.embedding(i1.long(), self.embed)
         for block in self.blocks:
             h = block(h)
         out: torch.Tensor = self.head(F.gelu(h))
@@ -275,13 +288,33 @@ def train_network(fields: Fields, cfg: FieldConfig, progress: bool = True) -> tu
 
 
 def quantise(tensor: torch.Tensor, fmt: str) -> tuple[dict[str, np.ndarray], torch.Tensor]:
-    """Stored arrays for one weight tensor and the fp32 tensor the decoder will see."""
+    """Stored arrays for one weight tensor and the fp32 tensor the decoder will see.
+
+    ``int8``: one symmetric scale per matrix; ``q8``/``q6``/``q4``: one fp16 scale per output row
+    (per channel) and integers in [-(2^(N-1) - 1), 2^(N-1) - 1] stored as int8 (the artefact's lossless
+    coding squeezes the unused bits). Vectors (biases) stay fp16."""
     if fmt == "fp32":
         a = tensor.detach().float().numpy()
         return {"": a}, torch.from_numpy(a)
-    if fmt == "fp16" or tensor.dim() < 2:  # int8 applies to matrices; vectors stay fp16
+    if fmt == "fp16" or tensor.dim() < 2:
         h = tensor.detach().half().numpy()
         return {"": h}, torch.from_numpy(h.astype(np.float32))
-    scale = max(float(tensor.abs().max()) / 127.0, 1e-12)
-    q = torch.round(tensor.detach() / scale).clamp(-127, 127).to(torch.int8).numpy()
-    return {"": q, ".scale": np.array([scale], np.float32)}, torch.from_numpy(q.astype(np.float32) * scale)
+    w = tensor.detach().float()  # (out, in)
+    if fmt == "int8":
+        scale = max(float(w.abs().max()) / 127.0, 1e-12)
+        q = torch.round(w / scale).clamp(-127, 127).to(torch.int8).numpy()
+        return {"": q, ".scale": np.array([scale], np.float32)}, torch.from_numpy(q.astype(np.float32) * scale)
+    qmax = 2 ** (int(fmt[1:]) - 1) - 1
+    rows = torch.from_numpy((w.abs().amax(dim=1) / qmax).clamp(min=1e-8).half().numpy().astype(np.float32))  # (out,)
+    q = torch.round(w / rows[:, None]).clamp(-qmax, qmax).to(torch.int8).numpy()
+    back = q.astype(np.float32) * rows.numpy()[:, None]
+    return {"": q, ".scale": rows.numpy().astype(np.float16)}, torch.from_numpy(back)
+
+
+def dequantise(q: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    """The fp32 weights of the arrays :func:`quantise` stored (scale: one per tensor, or one per row)."""
+    arr = q.astype(np.float32)
+    if scale is None:
+        return arr
+    s = scale.astype(np.float32)
+    return arr * (s[0] if s.size == 1 else s.reshape(-1, *([1] * (arr.ndim - 1))))

@@ -8,11 +8,15 @@ same :class:`~postcast.datasets.sample.SampleSpec`), so batches have the same ke
 :class:`CompressedDataModule` trains from the
 artefact and validates and tests on the original store, the protocol of the neural-compression
 paper's dataloader experiment (train on decoded data, score on the original).
+:class:`SZ3Split` is the classical twin of an artefact (every field SZ3-compressed at its own absolute
+bound): the same dataset and datamodule read it, so the two loaders differ only in the codec.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -20,8 +24,9 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader, Dataset
 
-from postcast.compression.artefact import Artefact
-from postcast.compression.field import FieldConfig, to_fields
+from postcast.compression import sz3
+from postcast.compression.artefact import Artefact, grid_arrays, grid_spec
+from postcast.compression.field import FieldConfig, Fields, to_fields
 from postcast.datasets import schema
 from postcast.datasets import store as contract
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset, to_tensors
@@ -64,13 +69,67 @@ def compress_split(cfg: DataConfig, field_cfg: FieldConfig, split: str = "train"
     return art
 
 
+class DecodedFields(Protocol):
+    """What the compressed loader reads: an :class:`Artefact` or an :class:`SZ3Split`."""
+
+    header: dict[str, Any]
+    path: str | None
+
+    def lat_lon(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def decode_array(self, times: list[int] | None = None) -> np.ndarray: ...
+
+
+@dataclass
+class SZ3Split:
+    """The fields of a split, each variable one SZ3 stream over (time, level, lat, lon) at its own
+    absolute bound; ``nbytes`` counts the streams plus 16 bytes of shape per variable (as the
+    baselines do), so ratios compare with an artefact's."""
+
+    header: dict[str, Any]  # variables, times, grid, shape, bounds
+    streams: list[np.ndarray]
+    path: str | None = None
+    _decoded: list[np.ndarray] = dc_field(default_factory=list, repr=False)
+
+    @classmethod
+    def build(cls, fields: Fields, bounds: dict[str, float]) -> SZ3Split:
+        missing = sorted(set(fields.variables) - set(bounds))
+        if missing:
+            msg = f"SZ3Split: no bound for {missing}; give one per variable in its units"
+            raise ValueError(msg)
+        streams = [sz3.encode(fields.data[v], bounds[name]) for v, name in enumerate(fields.variables)]
+        header = {"variables": fields.variables, "times": [str(t) for t in fields.times.astype("datetime64[s]")],
+                  "grid": grid_spec(fields.lat, fields.lon), "shape": list(fields.data.shape),
+                  "bounds": [bounds[v] for v in fields.variables]}
+        return cls(header, streams)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(s.nbytes) + 16 for s in self.streams)
+
+    @property
+    def ratio(self) -> float:
+        return 4 * int(np.prod(self.header["shape"])) / self.nbytes
+
+    def lat_lon(self) -> tuple[np.ndarray, np.ndarray]:
+        return grid_arrays(self.header["grid"])
+
+    def decode_array(self, times: list[int] | None = None) -> np.ndarray:
+        """(V, T', L, H, W) float32; the streams are decoded once per object."""
+        if not self._decoded:
+            shape = tuple(self.header["shape"][1:])
+            self._decoded.append(np.stack([sz3.decode(s, shape) for s in self.streams]))
+        out = self._decoded[0]
+        return out if times is None else out[:, list(times)]
+
+
 class CompressedDataset(Dataset[dict[str, torch.Tensor]]):
     """Samples decoded from an artefact: one init date per item, same fields as ``StoreDataset``
     (physical units; the model normalises them)."""
 
-    def __init__(self, cfg: DataConfig, artefact: Artefact | str):
+    def __init__(self, cfg: DataConfig, artefact: DecodedFields | str):
         self.cfg, self.spec = cfg, cfg.sample
-        self.art = artefact if isinstance(artefact, Artefact) else Artefact.load(artefact)
+        self.art: DecodedFields = Artefact.load(artefact) if isinstance(artefact, str) else artefact
         names = self.art.header["variables"]
         missing = [n for n, _, _ in _channels(self.spec) if n not in names]
         if missing:
@@ -81,7 +140,6 @@ class CompressedDataset(Dataset[dict[str, torch.Tensor]]):
         self.sampler = Sampler(self.spec, lat, lon)
         self.lat, self.lon = self.sampler.lat, self.sampler.lon
         self.times = np.array(self.art.header["times"], dtype="datetime64[ns]")
-        self._net = self.art.network()
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -122,7 +180,7 @@ class CompressedDataModule(StoreDataModule):
     """Trains from the artefact, validates and tests on ``cfg.store`` (the model normalises with the
     store's statistics, copied at fit start)."""
 
-    def __init__(self, cfg: DataConfig, artefact: str):
+    def __init__(self, cfg: DataConfig, artefact: DecodedFields | str):
         super().__init__(cfg)
         self.artefact = artefact
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,31 +85,36 @@ def selection_of(art: Artefact) -> Selection:
     return Selection(src["source"], tuple(src["variables"]), tuple(src["levels"]), src["step_h"], src["member"])
 
 
-def neural_row(fields: Fields, art: Artefact, label: str) -> dict[str, Any]:
+def neural_row(fields: Fields, art: Artefact, label: str, codec: str = "neural") -> dict[str, Any]:
     t0 = time.perf_counter()
     decoded = art.decode_array()
     dt = time.perf_counter() - t0
     err = field_errors(fields.data, decoded, fields.lat)
     mb = fields.data.nbytes / 1e6
-    return {"codec": "neural", "setting": label, "ratio": fields.data.nbytes / art.nbytes, "bytes": art.nbytes,
-            **err, "encode_MBps": mb / art.header.get("fit_seconds", float("nan")), "decode_MBps": mb / dt}
+    fit_s = art.fit_seconds or art.header.get("fit_seconds", float("nan"))
+    return {"codec": codec, "setting": label, "ratio": fields.data.nbytes / art.nbytes, "bytes": art.nbytes,
+            **err, "encode_MBps": mb / fit_s, "decode_MBps": mb / dt, "encode_s_per_GB": fit_s / (mb / 1e3)}
 
 
 def baseline_rows(fields: Fields, sz3: list[float], zfp_tol: list[float],
-                  zfp_rate: list[float]) -> list[dict[str, Any]]:
-    """SZ3 and ZFP on the same (V, T, L, H, W) array (one call per variable, sizes summed)."""
+                  zfp_rate: list[float], ebcc: Sequence[float] = ()) -> list[dict[str, Any]]:
+    """SZ3, ZFP and EBCC (absolute bounds) on the same (V, T, L, H, W) array (one call per variable,
+    sizes summed; a single level is dropped so that every codec sees (time, lat, lon))."""
     runs = ([lambda x, b=b: baselines.sz3(x, b) for b in sz3] + [lambda x, t=t: baselines.zfp(x, tolerance=t)
-            for t in zfp_tol] + [lambda x, r=r: baselines.zfp(x, rate=r) for r in zfp_rate])
+            for t in zfp_tol] + [lambda x, r=r: baselines.zfp(x, rate=r) for r in zfp_rate] +
+            [lambda x, b=b: baselines.ebcc(x, b) for b in ebcc])
     rows = []
+    n_l = fields.data.shape[2]
     for run in runs:
-        parts = [run(fields.data[v]) for v in range(fields.data.shape[0])]
-        decoded = np.stack([p.decoded for p in parts])
+        parts = [run(fields.data[v, :, 0] if n_l == 1 else fields.data[v]) for v in range(fields.data.shape[0])]
+        decoded = np.stack([p.decoded for p in parts]).reshape(fields.data.shape)
         nbytes = sum(p.nbytes for p in parts)
         mb = fields.data.nbytes / 1e6
         rows.append({"codec": parts[0].codec, "setting": parts[0].setting, "ratio": fields.data.nbytes / nbytes,
                      "bytes": nbytes, **field_errors(fields.data, decoded, fields.lat),
                      "encode_MBps": mb / sum(p.encode_s for p in parts),
-                     "decode_MBps": mb / sum(p.decode_s for p in parts)})
+                     "decode_MBps": mb / sum(p.decode_s for p in parts),
+                     "encode_s_per_GB": sum(p.encode_s for p in parts) / (mb / 1e3)})
     return rows
 
 
@@ -122,12 +128,15 @@ def compare(artefacts: list[str], sz3: list[float], zfp_tol: list[float],
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'codec':7} {'setting':28} {'ratio':>8} {'wRMSE':>10} {'MAE':>10} {'max abs':>10} {'PSNR dB':>8} "
-            f"{'enc MB/s':>9} {'dec MB/s':>9}")
+    width = max([7, *(len(r["codec"]) for r in rows)])
+    head = (f"{'codec':{width}} {'setting':28} {'ratio':>8} {'wRMSE':>10} {'MAE':>10} {'max abs':>10} {'PSNR dB':>8} "
+            f"{'enc MB/s':>9} {'enc s/GB':>9} {'dec MB/s':>9}")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['codec']:7} {r['setting'][:28]:28} {r['ratio']:>8.1f} {r['wrmse']:>10.4g} {r['mae']:>10.4g} "
-                     f"{r['max_abs']:>10.4g} {r['psnr_db']:>8.1f} {r['encode_MBps']:>9.3g} {r['decode_MBps']:>9.3g}")
+        enc_s_gb = r.get("encode_s_per_GB", 1e3 / r["encode_MBps"])
+        lines.append(f"{r['codec']:{width}} {r['setting'][:28]:28} {r['ratio']:>8.1f} {r['wrmse']:>10.4g} "
+                     f"{r['mae']:>10.4g} {r['max_abs']:>10.4g} {r['psnr_db']:>8.1f} {r['encode_MBps']:>9.3g} "
+                     f"{enc_s_gb:>9.3g} {r['decode_MBps']:>9.3g}")
     return "\n".join(lines)
 
 
@@ -153,11 +162,41 @@ def plot(rows: list[dict[str, Any]], path: str | os.PathLike[str], title: str = 
     plt.close(fig)
 
 
-def ratio_at_equal_error(rows: list[dict[str, Any]], codec: str, wrmse: float) -> float:
-    """The ``codec``'s compression ratio at a given weighted RMSE, interpolated log-log between its
-    settings (NaN outside their range)."""
-    pts = sorted((r["wrmse"], r["ratio"]) for r in rows if r["codec"] == codec)
-    if len(pts) < 2 or not pts[0][0] <= wrmse <= pts[-1][0]:
+def ratio_at_equal_error(rows: list[dict[str, Any]], codec: str, error: float, key: str = "wrmse") -> float:
+    """The ``codec``'s compression ratio at a given error (``key``: "wrmse", "max_abs", ...),
+    interpolated log-log between its settings (NaN outside their range)."""
+    pts = sorted((r[key], r["ratio"]) for r in rows if r["codec"] == codec)
+    if len(pts) < 2 or not pts[0][0] <= error <= pts[-1][0]:
         return float("nan")
     e, c = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    return float(np.exp(np.interp(np.log(wrmse), e, c)))
+    return float(np.exp(np.interp(np.log(error), e, c)))
+
+
+def plot_panels(rows: list[dict[str, Any]], path: str | os.PathLike[str], fields: list[str], title: str = "") -> None:
+    """Ratio against weighted RMSE (top) and against max abs error (bottom), one column per field,
+    one line per codec (log-log); rows carry a "field" key."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(fields), figsize=(5.5 * len(fields), 8), squeeze=False)
+    codecs = sorted({r["codec"] for r in rows}, key=lambda c: (c.split("+")[0] != "neural", c))
+    colours = {c: plt.get_cmap("tab20" if len(codecs) > 10 else "tab10")(i) for i, c in enumerate(codecs)}
+    for col, name in enumerate(fields):
+        for row, key in enumerate(("wrmse", "max_abs")):
+            ax = axes[row, col]
+            for codec in codecs:
+                pts = sorted((r[key], r["ratio"]) for r in rows if r["codec"] == codec and r["field"] == name)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", ms=4, label=codec, color=colours[codec])
+            ax.axhspan(100, 1000, color="0.9", zorder=0)
+            ax.set(xscale="log", yscale="log", ylabel="compression ratio", title=f"{name}",
+                   xlabel="cos-latitude weighted RMSE" if key == "wrmse" else "max abs error")
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    with io.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)

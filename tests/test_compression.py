@@ -236,3 +236,140 @@ def test_baselines_meet_their_bounds_and_refuse_two_modes():
     assert rows[0]["wrmse"] < rows[1]["wrmse"] and rows[0]["ratio"] < rows[1]["ratio"]
     assert report.ratio_at_equal_error(rows, "sz3", rows[0]["wrmse"]) == pytest.approx(rows[0]["ratio"])
 
+
+
+def test_two_fits_with_the_same_seed_give_identical_artefacts():
+    """Same fields, seed and settings on one machine -> the same weights and the same bytes (no wall
+    clock in the header, no non-deterministic scatter-add in the embedding's backward)."""
+    from postcast.compression.field import train_network
+
+    fields = to_fields(smooth_fields())
+    cfg = FieldConfig(**{**FAST.to_dict(), "steps": 25, "batch_points": 4096})
+    nets = [train_network(fields, cfg, progress=False)[0].state_dict() for _ in range(2)]
+    for name, tensor in nets[0].items():
+        assert torch.equal(tensor, nets[1][name]), f"{name} differs between two fits with seed {cfg.seed}"
+    first, second = (Artefact.build(fields, cfg, progress=False).to_bytes() for _ in range(2))
+    assert first == second
+
+
+@pytest.mark.parametrize("bound", ["0", "nan", "inf", "-inf", "-1"])
+def test_cli_refuses_error_bounds_that_are_not_positive_finite_numbers(bound, tmp_path, capsys):
+    from postcast.cli import main
+
+    src = tmp_path / "f.nc"
+    smooth_fields().to_netcdf(src)
+    out = tmp_path / "f.pcnf"
+    for flag in (f"--error-bound={bound}", f"--error-bound-var=t={bound}"):  # '=': argparse reads -inf as an option
+        code = main(["--no-progress", "compress", str(src), "--var", "t", "--steps", "1", flag, "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and bound in err.lower(), (flag, code, err)
+        assert not out.exists()
+    with pytest.raises(ValueError, match="positive"):
+        FieldConfig(error_bound=float(bound))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """One fp32 network on the smooth fields (the levers store it in other ways: no refit)."""
+    from postcast.compression.field import train_network
+
+    fields = to_fields(smooth_fields())
+    cfg = FieldConfig(**{**FAST.to_dict(), "steps": 60, "weights": "fp32"})
+    return (fields, cfg, *train_network(fields, cfg, progress=False))
+
+
+def test_per_row_quantisation_and_lzma_shrink_the_artefact_and_errors_are_measured_after(trained, tmp_path):
+    from postcast.compression.field import quantise
+
+    fields, cfg, net, mean, std = trained
+    sizes = {}
+    for weights, entropy in (("fp16", "none"), ("fp16", "lzma"), ("q8", "lzma"), ("q4", "lzma")):
+        art = Artefact.from_network(fields, FieldConfig(**{**cfg.to_dict(), "weights": weights, "entropy": entropy}),
+                                    net, mean, std)
+        path = tmp_path / f"{weights}_{entropy}.pcnf"
+        sizes[weights, entropy] = art.save(path)
+        back = Artefact.load(path)
+        assert back.config.weights == weights and back.config.entropy == entropy
+        assert all(np.array_equal(back.arrays[k], v) for k, v in art.arrays.items())  # lossless coding
+        decoded = back.decode_array()
+        for v in range(2):  # the stated errors are those of the decode, i.e. after quantisation
+            err = np.abs(decoded[v] - fields.data[v]).max()
+            assert err == pytest.approx(art.header["errors"][f"var{v}"]["max_abs"], rel=1e-6)
+    assert sizes["fp16", "none"] > sizes["fp16", "lzma"] > sizes["q8", "lzma"] > sizes["q4", "lzma"]
+    w = net.blocks[0].lin1.weight.detach()  # (out, in): per-row scale max|row| / 7, error <= half a step
+    stored, seen = quantise(w, "q4")
+    assert stored[""].dtype == np.int8 and np.abs(stored[""]).max() <= 7
+    step = w.abs().amax(dim=1, keepdim=True).numpy() / 7
+    assert np.all(np.abs(seen.numpy() - w.numpy()) <= 0.5 * step * 1.002 + 1e-7)  # fp16 scale rounding
+
+
+def test_a_damaged_lzma_payload_is_a_clean_error(trained):
+    import struct
+    import zlib
+
+    fields, cfg, net, mean, std = trained
+    art = Artefact.from_network(fields, FieldConfig(**{**cfg.to_dict(), "weights": "q8", "entropy": "lzma"}),
+                                net, mean, std)
+    good = art.to_bytes()
+    head = struct.Struct("<4sHII")
+    magic, version, head_len, _ = head.unpack_from(good)
+    body = bytearray(good[head.size:])
+    body[len(body) // 2] ^= 0xFF  # damaged, with a checksum that matches the damage
+    forged = head.pack(magic, version, head_len, zlib.crc32(bytes(body))) + bytes(body)
+    with pytest.raises(ArtefactError, match="corrupt artefact"):
+        Artefact.from_bytes(forged)
+    unknown = bytes([7]) + bytes(body[1:])
+    with pytest.raises(ArtefactError, match="unknown payload codec 7"):
+        Artefact.from_bytes(head.pack(magic, version, head_len, zlib.crc32(unknown)) + unknown)
+    with pytest.raises(ValueError, match="entropy='zip'"):
+        FieldConfig(entropy="zip")
+
+
+def test_the_sz3_loader_yields_the_sz3_decoded_fields(compressed_store):
+    from postcast.compression import sz3
+    from postcast.compression.loader import SZ3Split
+
+    cfg, _ = compressed_store
+    fields = to_fields(split_fields(cfg))
+    bounds = {v: 0.05 * float(fields.data[i].std()) for i, v in enumerate(fields.variables)}
+    split = SZ3Split.build(fields, bounds)
+    ds = CompressedDataset(cfg, split)
+    k = fields.variables.index("truth_t850")
+    ref = sz3.decode(sz3.encode(fields.data[k], bounds["truth_t850"]), fields.data[k].shape)  # (T, L, H, W)
+    for i in (0, len(ds) - 1):
+        np.testing.assert_array_equal(ds[i]["y"].numpy(), ref[i, 0])
+    decoded = split.decode_array()
+    for i, v in enumerate(fields.variables):
+        assert np.abs(decoded[i] - fields.data[i]).max() <= bounds[v] * (1 + 1e-6)
+    assert split.nbytes == sum(int(sz3.encode(fields.data[i], bounds[v]).nbytes) + 16
+                               for i, v in enumerate(fields.variables))
+    assert split.ratio == pytest.approx(fields.data.nbytes / split.nbytes)
+    with pytest.raises(ValueError, match="no bound for"):
+        SZ3Split.build(fields, {"truth_t850": 1.0})
+
+
+@pytest.mark.slow
+def test_ebcc_baseline_decodes_near_its_bound():
+    pytest.importorskip("numcodecs_wasm_ebcc")
+    x = smooth_fields(noise=0.2)["t"].values  # (4, 31, 60): below EBCC's smallest side
+    with pytest.raises(ValueError, match=">= 32 per side"):
+        baselines.ebcc(x, 0.5)
+    x = np.repeat(np.repeat(x, 2, axis=1), 2, axis=2)  # (4, 62, 120)
+    r = baselines.ebcc(x, 0.5)
+    assert r.decoded.shape == x.shape and r.nbytes < x.nbytes
+    assert np.abs(r.decoded - x).max() <= 2 * 0.5  # EBCC's bound is not exact in this build: measured, not assumed
+
+
+def test_cli_compress_stores_quantised_lzma_artefacts(tmp_path, capsys):
+    from postcast.cli import main
+
+    src = tmp_path / "f.nc"
+    smooth_fields().rename(t="a", z="b").to_netcdf(src)  # not ENS-10 names: the fields as they are
+    out = tmp_path / "f.pcnf"
+    code = main(["--no-progress", "compress", str(src), "--var", "a", "--var", "b", "--steps", "5", "--width", "16",
+                 "--weights", "q4", "--entropy", "lzma", "--out", str(out)])
+    assert code == 0 and "ratio" in capsys.readouterr().out
+    art = Artefact.load(out)
+    assert (art.config.weights, art.config.entropy) == ("q4", "lzma")
+    assert out.read_bytes()[14] == 1  # the codec byte after the 14-byte prefix: lzma
+    assert np.isfinite(art.decode_array()).all()
