@@ -205,7 +205,6 @@ def plot_downstream(variants: dict[str, dict[str, Any]], path: Path, title: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from postcast.datasets import io
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for codec, marker in (("neural", "o"), ("neural+sz3", "D"), ("sz3", "s")):
@@ -217,10 +216,7 @@ def plot_downstream(variants: dict[str, dict[str, Any]], path: Path, title: str)
            title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    report.save_png(fig, path, dpi=110)
 
 
 def parse() -> argparse.Namespace:

@@ -156,9 +156,16 @@ def plot(rows: list[dict[str, Any]], path: str | os.PathLike[str], title: str = 
     ax.set(xscale="log", yscale="log", xlabel="cos-latitude weighted RMSE", ylabel="compression ratio", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    save_png(fig, path, dpi=120)
+
+
+def save_png(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> None:
+    """Lay out, write atomically as PNG and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+        fig.savefig(tmp, format="png", dpi=dpi)
     plt.close(fig)
 
 
@@ -196,7 +203,4 @@ def plot_panels(rows: list[dict[str, Any]], path: str | os.PathLike[str], fields
             ax.grid(True, which="both", alpha=0.3)
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)

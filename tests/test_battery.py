@@ -375,3 +375,4 @@ def test_battery_count():
     print(f"\nBATTERY cases={len(TALLY)} clean={clean} data_safe={safe}")
     for case, (c, s) in sorted(TALLY.items()):
         print(f"  {'ok ' if c and s else 'BAD'} {case}")
+    assert clean == safe == len(TALLY), {case: cs for case, cs in TALLY.items() if not all(cs)}
