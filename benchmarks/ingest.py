@@ -191,11 +191,13 @@ def breakdown(src: Path, work: Path) -> dict[str, float]:
     out["decode_and_assemble"] = load_s - out["checks"]
     t0 = time.perf_counter()
     ens = ingest.ensemble_statistics(ds)
-    out["ens_stats"] = time.perf_counter() - t0
+    out["ens_stats_alone"] = time.perf_counter() - t0
     extras = [e.load(t, plan) for e in (found.truth, found.oracle) if e is not None]
     t0 = time.perf_counter()
-    statistics.dataset_partials(ds.merge(ens))
-    out["train_statistics"] = time.perf_counter() - t0
+    for name in ds.data_vars:  # what the task does: ensemble statistics and partials in one sweep per slice
+        mean, std, _ = statistics.ensemble_moments(ds[name].values)
+        statistics.value_partial(mean), statistics.value_partial(std)
+    out["ens_stats_and_partials"] = time.perf_counter() - t0
     region = {schema.INIT_TIME: slice(0, 1)}
     t0 = time.perf_counter()
     io.write_region(ds, store, region)

@@ -134,6 +134,7 @@ def _write_messages(f: object, template: int, da: xr.DataArray, init: pd.Timesta
 def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     """One row per GRIB message (headers only): identity, byte offset, length and grid."""
     rows = []
+    grids: dict[str, list[object]] = {}
     path = Path(path)
     with open(path, "rb") as f:
         i = 0
@@ -146,7 +147,7 @@ def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
             if h is None:
                 break
             try:
-                rows.append(_header_row(h, path, i))
+                rows.append(_header_row(h, path, i, grids))
             finally:
                 eccodes.codes_release(h)
             i += 1
@@ -190,16 +191,32 @@ _GRID_KEYS = ("latitudeOfFirstGridPointInDegrees", "latitudeOfLastGridPointInDeg
 
 def _get_long(h: int, key: str, default: int) -> int:
     """A key that some editions or local definitions lack (``number`` of an analysis, ``Ni`` of a
-    reduced grid): ``default`` when absent or missing."""
+    reduced grid): ``default`` when absent or missing. One eccodes call when the key is there (the
+    index asks ~10 keys of each of millions of messages: calls, not decoding, are its cost)."""
     try:
-        if not eccodes.codes_is_defined(h, key) or eccodes.codes_is_missing(h, key):
-            return default
-        return int(eccodes.codes_get_long(h, key))
+        value = int(eccodes.codes_get_long(h, key))
     except Exception:  # eccodes raises several types for absent keys
         return default
+    return default if value == eccodes.CODES_MISSING_LONG else value
 
 
-def _header_row(h: int, path: Path, i: int) -> list[object]:
+def _get_string(h: int, key: str) -> str:
+    try:
+        return str(eccodes.codes_get_string(h, key))
+    except Exception:  # absent key
+        return ""
+
+
+def _grid_keys(h: int) -> list[object]:
+    """ni, nj, first/last latitude and longitude, gridType and number of points of a message."""
+    ni, nj = _get_long(h, "Ni", 0), _get_long(h, "Nj", 0)
+    grid = [eccodes.codes_get_double(h, k) for k in _GRID_KEYS]
+    return [ni, nj, *grid, eccodes.codes_get_string(h, "gridType"), _get_long(h, "numberOfPoints", ni * nj)]
+
+
+def _header_row(h: int, path: Path, i: int, grids: dict[str, list[object]]) -> list[object]:
+    """The index row of one message. ``grids`` caches the grid keys by the grid section's MD5 (one call
+    instead of eight for every message on a grid already seen)."""
     try:
         short = eccodes.codes_get_string(h, "shortName")
         var = schema.BY_SHORT_NAME.get(short)
@@ -214,12 +231,15 @@ def _header_row(h: int, path: Path, i: int) -> list[object]:
         number = _get_long(h, "number", 0)  # analyses and deterministic forecasts: member 0
         step = _get_long(h, "endStep", 0)
         init = pd.Timestamp(year=date // 10000, month=date // 100 % 100, day=date % 100, hour=hhmm // 100)
-        grid = [eccodes.codes_get_double(h, k) for k in _GRID_KEYS]
-        ni, nj = _get_long(h, "Ni", 0), _get_long(h, "Nj", 0)
-        gtype = eccodes.codes_get_string(h, "gridType")
-        dtype = eccodes.codes_get_string(h, "dataType") if eccodes.codes_is_defined(h, "dataType") else ""
-        n_values = _get_long(h, "numberOfPoints", ni * nj)
-        return [var.name, level if pl else 0, number, init, step, offset, length, ni, nj, *grid, gtype, n_values,
+        md5 = _get_string(h, "md5GridSection")
+        grid = grids.get(md5) if md5 else None
+        if grid is None:
+            grid = _grid_keys(h)
+            if md5:
+                grids[md5] = grid
+        ni, nj, *corners, gtype, n_values = grid
+        dtype = _get_string(h, "dataType")
+        return [var.name, level if pl else 0, number, init, step, offset, length, ni, nj, *corners, gtype, n_values,
                 dtype]
     except BadInputError:
         raise
@@ -270,9 +290,26 @@ def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape:
     storage order."""
     rows = list(rows)
     out = np.empty((len(rows), *shape), dtype=np.float32)
+    decode_into(path, rows, out, range(len(rows)))
+    return out
+
+
+def _values(h: int) -> np.ndarray:
+    """A message's values as float32 (eccodes >= 2.30 decodes to float directly: one copy less)."""
+    try:
+        return np.asarray(eccodes.codes_get_float_array(h, "values"))
+    except AttributeError:  # an older eccodes
+        return np.asarray(eccodes.codes_get_values(h), dtype=np.float32)
+
+
+def decode_into(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], out: np.ndarray,
+                positions: Iterable[int]) -> None:
+    """Decode the messages at (offset, length) of ``rows`` into ``out[positions]`` (each (*shape) float32,
+    as :func:`decode` lays them out), without an intermediate array per file."""
+    shape = out.shape[1:]
     size = int(np.prod(shape))
     with open(path, "rb") as f:
-        for k, (offset, length) in enumerate(rows):
+        for (offset, length), k in zip(rows, positions, strict=True):
             f.seek(offset)
             buf = f.read(length)
             try:
@@ -281,10 +318,10 @@ def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape:
                 msg = f"{path}: corrupt GRIB message at byte {offset}: {err}"
                 raise BadInputError(msg) from err
             try:
-                values = eccodes.codes_get_values(h)
-                if eccodes.codes_get(h, "bitmapPresent"):
-                    values[values == eccodes.codes_get(h, "missingValue")] = np.nan
-                jpos = eccodes.codes_get(h, "jScansPositively") if len(shape) == 2 else 1
+                values = _values(h)
+                if eccodes.codes_get_long(h, "bitmapPresent"):
+                    values[values == np.float32(eccodes.codes_get_double(h, "missingValue"))] = np.nan
+                jpos = eccodes.codes_get_long(h, "jScansPositively") if len(shape) == 2 else 1
             except Exception as err:
                 msg = f"{path}: cannot decode GRIB message at byte {offset}: {err}"
                 raise BadInputError(msg) from err
@@ -295,7 +332,6 @@ def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape:
                 raise BadInputError(msg)
             field = values.reshape(shape)
             out[k] = field if jpos else field[::-1]
-    return out
 
 
 def copy_messages(src: str | os.PathLike[str], dst: str | os.PathLike[str],

@@ -19,13 +19,15 @@ coarse grids), each writing whole chunks and returning the partial statistics of
 the partials are merged on the workers as tasks finish and the statistics group is written from them,
 without reading the store back. Progress (dates, MB/s, ETA) goes to the log and the bar.
 Crash safety: the store is built at ``OUT.partial/store.zarr`` with one marker file per finished
-date under ``OUT.partial/done/`` (and, for training dates, its partial statistics in
-``OUT.partial/stats/DATE.npz``, written before the marker); a rerun with the same settings
-resumes; only a finished store is renamed to ``OUT``, so a store at ``OUT`` is always complete.
+date under ``OUT.partial/done/``; every ``checkpoint_dates`` training dates the merged partial statistics
+are saved to ``OUT.partial/stats/merged.npz`` with the dates they cover. A rerun with the same settings
+resumes: it reads back from the store only the training dates finished after the last checkpoint; only a
+finished store is renamed to ``OUT``, so a store at ``OUT`` is always complete.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 import json
@@ -75,9 +77,9 @@ class IngestConfig:
     workers: int = 2  # LocalCluster workers
     processes: bool = True  # LocalCluster of processes (False: threads in this process, for tests/debugging)
     dates_per_task: int | None = None  # init dates per dask task; None: about 64 MB of member data (1 at 0.5 deg)
-    checkpoint_dates: int = 16  # fold the per-date partial statistics into one file every this many dates
-    statistics: str = "auto"  # one-pass | two-pass | auto (one-pass while a date's partials fit the budget below)
-    one_pass_max_gb: float = 1.0  # auto: largest partial statistics of one date (GB) held in a worker's memory
+    checkpoint_dates: int = 16  # save the merged partial statistics every this many training dates
+    statistics: str = "auto"  # one-pass | two-pass | auto (one-pass while it fits the budget below)
+    one_pass_max_gb: float | None = None  # auto: GB one-pass may use per worker; None: 60% of a worker's memory
     overwrite: bool = False  # rebuild a complete store
     restart: bool = False  # discard an interrupted ingest with other settings
     progress: bool = True
@@ -95,6 +97,9 @@ class IngestConfig:
             raise ConfigError(msg)
         if self.statistics not in STATISTICS_MODES:
             msg = f"statistics={self.statistics!r}: use one of {', '.join(STATISTICS_MODES)}"
+            raise ConfigError(msg)
+        if self.one_pass_max_gb is not None and self.one_pass_max_gb <= 0:
+            msg = f"one_pass_max_gb={self.one_pass_max_gb}: need a positive size in GB (or leave it unset: automatic)"
             raise ConfigError(msg)
         if self.dates_per_task is not None and self.dates_per_task < 1:
             msg = f"dates_per_task={self.dates_per_task}: need at least 1 (or leave it unset: automatic)"
@@ -196,46 +201,70 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
 
 # --- the per-date task (runs on dask workers) ----------------------------------------------------
 def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
-    """Per-sample ensemble mean and population std (ddof 0) of every member field."""
+    """Per-sample ensemble mean and population std (ddof 0) of every member field, accumulated in float64
+    and stored as float32 (numpy or dask). Ingest computes the same bits in one sweep with the training
+    partials (:func:`statistics.ensemble_moments`), so a model sees at forecast time what it trained on."""
     out = {}
     for name, x in ds.data_vars.items():
         # skipna=False: missing SST is missing in every member, and NaN-aware reductions are slow
-        out[contract.ens_mean(str(name))] = x.mean(schema.MEMBER, skipna=False).astype(np.float32)
-        out[contract.ens_std(str(name))] = x.std(schema.MEMBER, ddof=0, skipna=False).astype(np.float32)
+        out[contract.ens_mean(str(name))] = x.mean(schema.MEMBER, skipna=False, dtype=np.float64).astype(np.float32)
+        out[contract.ens_std(str(name))] = x.std(schema.MEMBER, ddof=0, skipna=False,
+                                                 dtype=np.float64).astype(np.float32)
     return xr.Dataset(out)
 
 
 def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
                  oracle: sources.TruthSource | None, plan: sources.Plan, indices: list[int], store: str,
-                 done_dir: str, train: frozenset[int] = frozenset(), stats_dir: str | None = None,
-                 ) -> statistics.FieldPartials | None:
-    """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks);
-    then, for each date, save the partial statistics of the training dates (in ``train``) to
-    ``stats_dir`` and mark it done (partial first, marker second: a marked training date always has
-    its partial). Returns the merged partials of this batch's training dates (None: none of them)."""
-    parts = [_load_date(forecast, truth, oracle, plan, i) for i in indices]
+                 done_dir: str, train: frozenset[int] = frozenset()) -> statistics.FieldPartials | None:
+    """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks), then
+    mark each done. Returns the merged partial statistics of this batch's training dates (in ``train``;
+    None: none of them), computed from the values in hand in the same sweep as the ensemble statistics."""
+    loaded = [_load_date(forecast, truth, oracle, plan, i, partials=i in train) for i in indices]
+    parts = [day for day, _ in loaded]
     full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
     io.write_region(full, store, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
     merged: statistics.FieldPartials | None = None
-    for i, part in zip(indices, parts, strict=True):
-        stamp = _stamp(plan.init_times[i])
-        if i in train and stats_dir is not None:
-            mine = statistics.dataset_partials(part)  # from the values in hand, cast to the store's float32
-            with io.atomic_path(Path(stats_dir) / f"{stamp}.npz") as tmp:
-                statistics.save_partials(mine, tmp)
-            merged = statistics.combine_fields(merged, mine)
-        io.write_text(Path(done_dir) / stamp, "done\n")
+    for i, (_, mine) in zip(indices, loaded, strict=True):
+        merged = statistics.combine_fields(merged, mine)
+        io.write_text(Path(done_dir) / _stamp(plan.init_times[i]), "done\n")
     return merged
 
 
 def _load_date(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
-               oracle: sources.TruthSource | None, plan: sources.Plan, i: int) -> xr.Dataset:
-    """One init date as the store holds it: members, their ensemble statistics, truth and oracle."""
+               oracle: sources.TruthSource | None, plan: sources.Plan, i: int, *, partials: bool = False,
+               ) -> tuple[xr.Dataset, statistics.FieldPartials | None]:
+    """One init date as the store holds it (members, their ensemble statistics, truth and oracle) and, with
+    ``partials``, the partial statistics of its fields (from the float32 values the store gets)."""
     t = plan.init_times[i]
     ds = forecast.load(t, plan)
-    pieces = [ds, ensemble_statistics(ds)]
+    ens: dict[str, xr.Variable] = {}
+    parts: statistics.FieldPartials = {}
+    for name, x in ds.data_vars.items():
+        name = str(name)
+        if x.dims[1] != schema.MEMBER or x.dims[-2:] != (schema.LAT, schema.LON):
+            msg = f"{name}: dims {x.dims}, expected (init_time, member, ..., latitude, longitude)"
+            raise AssertionError(msg)
+        mean, std, p = statistics.ensemble_moments(np.asarray(x.values, dtype=np.float32), with_partial=partials)
+        dims = tuple(d for d in x.dims if d != schema.MEMBER)
+        ens[contract.ens_mean(name)] = xr.Variable(dims, mean)
+        ens[contract.ens_std(name)] = xr.Variable(dims, std)
+        if p is not None:
+            parts |= {name: p, contract.ens_mean(name): statistics.value_partial(mean),
+                      contract.ens_std(name): statistics.value_partial(std)}
+    pieces = [ds, xr.Dataset(ens)]
     pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
-    return xr.merge(pieces, compat="override", join="override")
+    day = xr.merge(pieces, compat="override", join="override")
+    if partials:
+        parts |= statistics.date_partials(day[[n for n in statistics.statistic_fields(day) if n not in parts]])
+    return day, parts if partials else None
+
+
+def stored_partials(store: str, index: int) -> statistics.FieldPartials:
+    """The partial statistics of init date ``index`` read back from the store: a resumed ingest's training
+    dates finished after its last checkpoint of merged partials (the same float32 values, the same
+    partials as the task that wrote them computed)."""
+    ds = io.open_zarr(store)
+    return statistics.date_partials(ds[statistics.statistic_fields(ds)].isel({schema.INIT_TIME: [index]}).load())
 
 
 def _stamp(t: Any) -> str:
@@ -458,7 +487,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         oracle_vars = found.oracle.variables() if found.oracle else []
         store, done_dir = _prepare(cfg, plan, partial, truth_vars, oracle_vars)
         train = frozenset(np.flatnonzero(cfg.splits.mask(pd.DatetimeIndex(plan.init_times), "train")).tolist())
-        one_pass = _one_pass(cfg, plan)
+        one_pass = _one_pass(cfg, plan, worker_memory_gb(client))
         todo, prior, covered = _resume_state(plan, done_dir, partial / STATS_DIR, train if one_pass else frozenset())
         log.info("%d of %d init dates to ingest (%d already done)", len(todo), len(plan.init_times),
                  len(plan.init_times) - len(todo))
@@ -481,91 +510,124 @@ def ingest(cfg: IngestConfig) -> IngestResult:
                         len(todo) * date_bytes(plan))
 
 
-STATS_DIR = "stats"  # OUT.partial/stats/<init date>.npz: each finished training date's partial statistics
-MERGED = "merged.npz"  # OUT.partial/stats/merged.npz: the partials of many dates, merged (it lists them)
+STATS_DIR = "stats"  # OUT.partial/stats/merged.npz: the merged partials of the training dates it lists
+MERGED = "merged.npz"
+MERGE_PRIORITY = 10  # dask task priority of merges and checkpoints (date tasks: 0)
 
 
 def _resume_state(plan: sources.Plan, done_dir: Path, stats_dir: Path,
-                  train: frozenset[int]) -> tuple[list[int], list[Path], list[str]]:
-    """(indices of the dates to ingest, partial-statistics files of the training dates already done
-    and not in merged.npz, the dates merged.npz covers). A training date marked done with no partial
-    (an ingest from before one-pass statistics) is ingested again rather than read back."""
+                  train: frozenset[int]) -> tuple[list[int], list[int], list[str]]:
+    """(indices of the dates to ingest, indices of the training dates done but not in merged.npz, whose
+    partials are read back from the store, the dates merged.npz covers)."""
     done = {p.name for p in done_dir.iterdir()}
     merged = stats_dir / MERGED
     covered = set(statistics.partial_dates(merged)) if merged.exists() else set()
     todo, prior = [], []
     for i, t in enumerate(plan.init_times):
         stamp = _stamp(t)
-        saved = stats_dir / f"{stamp}.npz"
-        if stamp in covered:
-            io.remove(saved)  # a leftover of a checkpoint killed before it cleaned up
-        elif stamp in done and (i not in train or saved.exists()):
-            prior += [saved] if i in train else []
-        else:
+        if stamp not in done:
             todo.append(i)
+        elif i in train and stamp not in covered:
+            prior.append(i)
     return todo, prior, sorted(covered)
 
 
 class _Merger:
-    """The running merge of training partials, as a dask future on the workers; every ``every``
-    dates it is saved to merged.npz (with the dates it covers) and the per-date
-    files it folds in are deleted, so the partials on disk stay bounded however long the ingest."""
+    """The running merge of training partials, as a dask future on the workers; every ``every`` dates it
+    is saved to merged.npz with the dates it covers (a checkpoint: a resumed ingest reads back from the
+    store only the training dates finished after it)."""
 
     def __init__(self, client: Any, stats_dir: Path, covered: list[str], every: int) -> None:
         self.client, self.stats_dir, self.every = client, stats_dir, every
         self.covered = list(covered)  # dates in self.acc
-        self.unsaved: list[str] = []  # dates in self.acc whose partials are only in per-date files
+        self.unsaved = 0  # dates in self.acc since the last checkpoint
         self.acc: Any = None  # a future of the merged partials (None: nothing merged yet)
         if covered:
             self.acc = client.submit(statistics.load_partials, str(stats_dir / MERGED), pure=False)
 
     def add(self, fut: Any, stamps: list[str]) -> None:
+        if not stamps:
+            return
+        # merges and checkpoints run before waiting date tasks (priority): a finished date's partials are
+        # folded in at once, not held until the queue drains
         self.acc = fut if self.acc is None else self.client.submit(statistics.combine_fields, self.acc, fut,
-                                                                    pure=False)
+                                                                    pure=False, priority=MERGE_PRIORITY)
         self.covered += stamps
-        self.unsaved += stamps
-        if len(self.unsaved) >= self.every:
-            folded = [str(self.stats_dir / f"{s}.npz") for s in self.unsaved]
+        self.unsaved += len(stamps)
+        if self.unsaved >= self.every:
             self.acc = self.client.submit(checkpoint_partials, self.acc, str(self.stats_dir / MERGED),
-                                          sorted(self.covered), folded, pure=False)
-            self.unsaved = []
+                                          sorted(self.covered), pure=False, priority=MERGE_PRIORITY)
+            self.unsaved = 0
 
     def result(self) -> statistics.FieldPartials | None:
         return None if self.acc is None else self.acc.result()
 
 
-def checkpoint_partials(parts: statistics.FieldPartials | None, path: str, dates: list[str],
-                        folded: list[str]) -> statistics.FieldPartials | None:
-    """Save merged partials (and the dates they cover) atomically, then delete the per-date files folded
-    into them; returns ``parts`` (a pass-through link in the chain of merges)."""
+def checkpoint_partials(parts: statistics.FieldPartials | None, path: str,
+                        dates: list[str]) -> statistics.FieldPartials | None:
+    """Save merged partials (and the dates they cover) atomically; returns ``parts`` (a pass-through link
+    in the chain of merges)."""
     if parts is not None:
         with io.atomic_path(path) as tmp:
             statistics.save_partials(parts, tmp, dates=dates)
-        for f in folded:
-            io.remove(Path(f))
     return parts
 
 
 def partial_bytes(plan: sources.Plan) -> int:
-    """Memory of one date's partial statistics: per grid point of every statistics field slice
-    (members, ensemble mean and std per variable, level and step; truth per step), count, mean,
-    M2, min and max, 8 bytes each."""
-    slices = sum((len(plan.levels) if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE else 1)
-                 for v in plan.variables) * 3 * len(plan.steps_h) + len(schema.TARGETS) * len(plan.steps_h)
-    return slices * plan.grid.shape[0] * plan.grid.shape[1] * 5 * 8
+    """Memory of the merged partial statistics (the accumulator a worker holds): per grid point of every
+    statistics field slice (members, ensemble mean and std per variable, level and step; truth per step),
+    mean and M2 in float64, min and max in float32 (a count that is the same everywhere is one number)."""
+    return _slices(plan) * plan.grid.shape[0] * plan.grid.shape[1] * (8 + 8 + 4 + 4)
 
 
-def _one_pass(cfg: IngestConfig, plan: sources.Plan) -> bool:
+def _slices(plan: sources.Plan) -> int:
+    fields = sum((len(plan.levels) if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE else 1)
+                 for v in plan.variables)
+    return fields * 3 * len(plan.steps_h) + len(schema.TARGETS) * len(plan.steps_h)
+
+
+def one_pass_bytes(plan: sources.Plan) -> int:
+    """Peak memory of a worker on the one-pass path: the accumulator twice (while a merge makes the next
+    one), and a date's decoded fields with their ensemble statistics and partials (twice the date)."""
+    return 2 * partial_bytes(plan) + 2 * date_bytes(plan)
+
+
+def worker_memory_gb(client: Any) -> float | None:
+    """The smallest memory a worker of the cluster may use (GB): its dask memory limit or, for a worker
+    without one (the LocalCluster ``ingest`` starts), its host's RAM shared by the workers on that host;
+    None when there is no worker."""
+    info = client.scheduler_info().get("workers", {})
+    limits = {addr: float(w.get("memory_limit") or 0) for addr, w in info.items()}
+    unlimited = [addr for addr, lim in limits.items() if lim <= 0]
+    if unlimited:
+        ram = client.run(_host_memory, workers=unlimited)
+        per_host = collections.Counter(w.get("host") for w in info.values())
+        limits |= {addr: ram[addr] / per_host[info[addr].get("host")] for addr in unlimited}
+    return min(limits.values()) / 1e9 if limits else None
+
+
+def _host_memory() -> float:
+    import psutil  # a dependency of dask.distributed
+
+    return float(psutil.virtual_memory().total)
+
+
+def _one_pass(cfg: IngestConfig, plan: sources.Plan, worker_gb: float | None = None) -> bool:
     """Whether the training statistics come from the date tasks' partials (one pass) or from a dask
-    reduction over the finished store (two passes, bounded memory): a date's partial plus the
-    running merge must fit in a worker (~8 GB per date at full ENS-10 0.5 deg shape)."""
+    reduction over the finished store (two passes, bounded memory): in auto mode, one pass while
+    :func:`one_pass_bytes` fits ``one_pass_max_gb``, by default 60% of the smallest worker's memory
+    limit ``worker_gb`` (dask's own target fraction; see :func:`worker_memory_gb`); two passes when
+    neither is known."""
     if cfg.statistics != "auto":
         return cfg.statistics == "one-pass"
-    need = partial_bytes(plan) / 1e9
-    if need > cfg.one_pass_max_gb:
-        log.info("statistics in a second pass over the store: one date's partial statistics take %.1f GB, over "
-                 "one_pass_max_gb=%g (raise it for workers with room for about three times that)",
-                 need, cfg.one_pass_max_gb)
+    need = one_pass_bytes(plan) / 1e9
+    budget = cfg.one_pass_max_gb if cfg.one_pass_max_gb is not None else (
+        0.6 * worker_gb if worker_gb is not None else None)
+    if budget is None or need > budget:
+        source = "one_pass_max_gb" if cfg.one_pass_max_gb is not None else "60% of a worker's memory"
+        why = "no worker reports its memory" if budget is None else f"over {budget:.1f} GB ({source})"
+        log.info("statistics in a second pass over the store: one-pass statistics would take %.1f GB per worker, "
+                 "%s; workers with more memory (or a larger one_pass_max_gb) take the one-pass path", need, why)
         return False
     return True
 
@@ -577,17 +639,18 @@ def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[st
 
 
 def _run_tasks(client: Any, cfg: IngestConfig, found: sources.Discovered, plan: sources.Plan, todo: list[int],
-               store: Path, done_dir: Path, train: frozenset[int], prior: list[Path],
+               store: Path, done_dir: Path, train: frozenset[int], prior: list[int],
                covered: list[str]) -> statistics.FieldPartials | None:
     """Ingest ``todo`` on the cluster, merging the training partials on the workers as tasks finish
     (the merged partial travels to this process once, at the end); ``prior`` and ``covered`` are what
-    an earlier, interrupted run saved (per-date partials, and the dates merged.npz holds)."""
+    an earlier, interrupted run left (training dates done after its last checkpoint, whose partials are
+    read back from the store, and the dates merged.npz holds)."""
     merger = _Merger(client, store.parent / STATS_DIR, covered, cfg.checkpoint_dates)
-    for path in prior:
-        merger.add(client.submit(statistics.load_partials, str(path), pure=False), [path.stem])
+    for i in prior:
+        merger.add(client.submit(stored_partials, str(store), i, pure=False), [_stamp(plan.init_times[i])])
     work = batches(todo, cfg.dates_per_task or batch_size(plan))
     futures = [client.submit(ingest_dates, found.forecast, found.truth, found.oracle, plan, b, str(store),
-                             str(done_dir), train, str(store.parent / STATS_DIR), pure=False) for b in work]
+                             str(done_dir), train, pure=False) for b in work]
     stamps = {f.key: [_stamp(plan.init_times[i]) for i in b if i in train] for f, b in zip(futures, work, strict=True)}
     meter = Progress(len(plan.init_times), len(plan.init_times) - len(todo), date_bytes(plan))
     for fut, _n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest", meter):

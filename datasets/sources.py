@@ -187,7 +187,8 @@ def check_values(ds: xr.Dataset, source: str) -> None:
     for name, da in ds.data_vars.items():
         var = schema.VARIABLES[str(name)]
         values = np.asarray(da.values)
-        nan = np.isnan(values)
+        lo, hi = float(values.min()), float(values.max())  # NaN when any value is: one pass, no mask
+        nan = np.isnan(values) if np.isnan(lo) or np.isnan(hi) else np.zeros((), dtype=bool)
         if nan.any() and not var.missing_over_land:
             _missing_slices(da, source)
             where = {d: str(da[d].values[i]) for d, i in zip(da.dims, np.argwhere(nan)[0], strict=True)
@@ -198,7 +199,8 @@ def check_values(ds: xr.Dataset, source: str) -> None:
             msg = f"{source}: {name!r} is entirely missing"
             raise BadInputError(msg)
         _check_plausible(da, source)
-        lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
+        if nan.any():
+            lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
         if lo < var.valid_min or hi > var.valid_max:
             msg = (f"{source}: {name!r} spans {lo:.4g}..{hi:.4g} {var.units}, outside the plausible "
                    f"{var.valid_min:g}..{var.valid_max:g}: wrong units or corrupt data?")
@@ -320,12 +322,12 @@ class GribSource(ForecastSource):
             levels = plan.levels if pl else (0,)
             keys = list(itertools.product([v], levels, plan.members, plan.steps_h))
             sel = rows.loc[keys]
-            arrays: list[np.ndarray] = []
-            for f, part in sel.groupby("file", sort=False):
-                arrays.append(grib.decode(str(f), zip(part.offset, part.length, strict=True), shape))
-            order = np.concatenate([np.flatnonzero((sel.file == f).values) for f in sel.file.unique()])
-            flat = np.empty((len(keys), *shape), dtype=np.float32)
-            flat[order] = np.concatenate(arrays)
+            flat = np.empty((len(keys), *shape), dtype=np.float32)  # (fields, *source grid)
+            files = sel.file.to_numpy()
+            for f in pd.unique(files):
+                at = np.flatnonzero(files == f)
+                msgs = zip(sel.offset.to_numpy()[at].tolist(), sel.length.to_numpy()[at].tolist(), strict=True)
+                grib.decode_into(str(f), msgs, flat, at.tolist())
             if plan.source_grid is not None:  # (fields, *source) -> (fields, lat, lon)
                 flat = regrid.to_grid(flat, plan.source_grid, plan.grid, plan.method)
             # keys are (level, member, step): reorder to (member, step, level)

@@ -77,6 +77,69 @@ def _moments(x: np.ndarray, ok: np.ndarray | None, axes: tuple[int, ...]) -> Mom
     return n, mean.squeeze(axes), np.sum(np.square(d, out=d), axis=axes), lo, hi
 
 
+def ensemble_moments(x: np.ndarray, *, with_partial: bool = True
+                     ) -> tuple[np.ndarray, np.ndarray, Partial | None]:
+    """One init date of a member field, ``x`` (1, member, *outer, lat, lon) float32, in one sweep per
+    (step, level) slice: its ensemble mean and population std (float32, (1, *outer, lat, lon), NaN where
+    any member is) and, with ``with_partial``, the field's partial moments (per grid point over the
+    members, per variable/level over members and grid points). Mean and std are numpy's
+    ``mean``/``std(ddof=0)`` with ``dtype=float64``, operation for operation, cast to float32: the same
+    bits as :func:`postcast.datasets.ingest.ensemble_statistics` gives at forecast time."""
+    nm, outer, grid = x.shape[1], x.shape[2:-2], x.shape[-2:]
+    ens_mean = np.empty((1, *outer, *grid), dtype=np.float32)
+    ens_std = np.empty_like(ens_mean)
+    keys = ("pn", "pmean", "pm2", "pmin", "pmax")
+    point: dict[str, np.ndarray] = {}
+    if with_partial:
+        point = {"pmean": np.empty((*outer, *grid)), "pm2": np.empty((*outer, *grid)),
+                 "pmin": np.empty((*outer, *grid), dtype=x.dtype), "pmax": np.empty((*outer, *grid), dtype=x.dtype)}
+    counts: dict[tuple[int, ...], np.ndarray] = {}
+    for idx in np.ndindex(*outer):
+        block = x[(0, slice(None), *idx)]  # (member, lat, lon)
+        mean = np.add.reduce(block, axis=0, dtype=np.float64) / nm  # numpy's mean, operation for operation
+        dev = np.subtract(block, mean)  # float64
+        m2 = np.add.reduce(np.multiply(dev, dev, out=dev), axis=0)
+        ens_mean[(0, *idx)] = mean
+        ens_std[(0, *idx)] = np.sqrt(m2 / nm)
+        if not with_partial:
+            continue
+        lo, hi = block.min(axis=0), block.max(axis=0)
+        if np.isnan(lo).any():  # SST over land: NaN-aware moments of this slice
+            n, pm, pm2, lo, hi = _moments(block, np.isfinite(block), (0,))
+            counts[idx] = n
+            mean, m2 = pm, pm2
+        point["pmean"][idx], point["pm2"][idx], point["pmin"][idx], point["pmax"][idx] = mean, m2, lo, hi
+    if not with_partial:
+        return ens_mean, ens_std, None
+    if counts:
+        n_all = np.full((*outer, *grid), nm, dtype=np.int64)
+        for idx, n in counts.items():
+            n_all[idx] = n
+    else:  # the common case: no NaN, one count for every point (a view: no memory)
+        n_all = np.broadcast_to(np.int64(nm), (*outer, *grid))
+    moments = (n_all, point["pmean"], point["pm2"], point["pmin"], point["pmax"])
+    spatial = (len(outer), len(outer) + 1)
+    return ens_mean, ens_std, dict(zip(keys, moments, strict=True)) | _merge_over(*moments, spatial)
+
+
+def value_partial(values: np.ndarray) -> Partial:
+    """The partial of one init date of a field without members, ``values`` (1, *outer, lat, lon): one value
+    per point, so count 1 (0 where NaN), mean = min = max = the value and m2 zero, held as views of
+    ``values`` (float32; :func:`combine` computes in float64) wherever no value is NaN."""
+    v = values[0]
+    shape = v.shape
+    if np.isnan(v).any():
+        valid = np.isfinite(v)
+        n = valid.astype(np.int64)
+        mean = np.where(valid, v, 0).astype(v.dtype)
+        lo, hi = np.where(valid, v, np.inf).astype(v.dtype), np.where(valid, v, -np.inf).astype(v.dtype)
+    else:
+        n, mean, lo, hi = np.broadcast_to(np.int64(1), shape), v, v, v
+    moments = (n, mean, np.broadcast_to(np.float64(0.0), shape), lo, hi)
+    out = dict(zip(("pn", "pmean", "pm2", "pmin", "pmax"), moments, strict=True))
+    return out | _merge_over(*moments, (v.ndim - 2, v.ndim - 1))
+
+
 def partial(block: np.ndarray, global_axes: tuple[int, ...], point_axes: tuple[int, ...]) -> Partial:
     """The partial moments of one block of a field (float32 or float64), per variable/level over
     ``global_axes`` and per grid point over ``point_axes``. Computed one (step, level) slice at a time
@@ -121,23 +184,42 @@ def _merge_over(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray,
                 axes: tuple[int, ...]) -> Partial:
     """Merge partial moments laid out along ``axes`` into one (the global keys)."""
     total = n.sum(axes, keepdims=True)
-    grand = np.sum(n * mean, axis=axes, keepdims=True) / np.maximum(total, 1)
-    dev = mean - grand
+    grand = np.sum(np.multiply(n, mean, dtype=np.float64), axis=axes, keepdims=True) / np.maximum(total, 1)
+    dev = np.subtract(mean, grand, dtype=np.float64)
     return {"n": total.squeeze(axes), "mean": grand.squeeze(axes), "m2": np.sum(m2 + n * dev * dev, axis=axes),
             "min": lo.min(axes), "max": hi.max(axes)}
 
 
+def _constant(a: np.ndarray) -> Any:
+    """The value of an array that is one number broadcast (every stride 0: a view), else None."""
+    return a.flat[0] if a.size and not any(a.strides) else None
+
+
 def combine(a: Partial, b: Partial) -> Partial:
-    """Merge two partials of disjoint data (Chan et al.'s pairwise update)."""
+    """Merge two partials of disjoint data (Chan et al.'s pairwise update), in float64. Counts that are one
+    number per slice (no NaN anywhere) stay one number, so the shares are scalars and a merge costs a few
+    passes over the means and m2."""
     out: Partial = {}
     for pre in _PREFIXES:
         na, nb = a[pre + "n"], b[pre + "n"]
-        n = na + nb
-        w = np.where(n > 0, nb / np.maximum(n, 1), 0.0)  # share of b in the merged count
-        delta = b[pre + "mean"] - a[pre + "mean"]
-        out[pre + "n"] = n
-        out[pre + "mean"] = a[pre + "mean"] + delta * w
-        out[pre + "m2"] = a[pre + "m2"] + b[pre + "m2"] + delta * delta * (na * w)  # na*nb/n
+        ca, cb = _constant(na), _constant(nb)
+        if ca is not None and cb is not None and na.shape == nb.shape:
+            n = np.broadcast_to(np.int64(ca + cb), na.shape)
+            w: Any = cb / (ca + cb) if ca + cb > 0 else 0.0  # share of b in the merged count
+            share: Any = ca * w  # na * nb / n
+        else:
+            n = na + nb
+            w = np.where(n > 0, nb / np.maximum(n, 1), 0.0)
+            share = na * w
+        delta = np.subtract(b[pre + "mean"], a[pre + "mean"], dtype=np.float64)
+        mean = np.multiply(delta, w)
+        mean += a[pre + "mean"]
+        m2 = np.multiply(delta, delta, out=delta)
+        m2 *= share
+        m2 += a[pre + "m2"]
+        if _constant(b[pre + "m2"]) != 0:
+            m2 += b[pre + "m2"]
+        out[pre + "n"], out[pre + "mean"], out[pre + "m2"] = n, mean, m2
         out[pre + "min"] = np.minimum(a[pre + "min"], b[pre + "min"])
         out[pre + "max"] = np.maximum(a[pre + "max"], b[pre + "max"])
     return out
@@ -167,6 +249,25 @@ def dataset_partials(ds: xr.Dataset) -> FieldPartials:
     for name in statistic_fields(ds):
         da = ds[name]
         out[name] = partial(np.asarray(da.values, dtype=np.float32), *field_axes(tuple(map(str, da.dims))))
+    return out
+
+
+def date_partials(ds: xr.Dataset) -> FieldPartials:
+    """The partials of every statistics field of one init date (``init_time`` of length 1, the store's
+    layout: member second, latitude and longitude last), by the kernels ingest uses
+    (:func:`ensemble_moments`, :func:`value_partial`) on the float32 values; equal to
+    :func:`dataset_partials` to float64 round-off."""
+    out: FieldPartials = {}
+    for name in statistic_fields(ds):
+        da = ds[name]
+        values = np.asarray(da.values, dtype=np.float32)
+        if da.sizes.get(schema.INIT_TIME) != 1 or da.dims[-2:] != (schema.LAT, schema.LON):
+            msg = f"{name}: date_partials takes one init date laid out as the store's, got {dict(da.sizes)}"
+            raise ValueError(msg)
+        if schema.MEMBER in da.dims:
+            out[name] = ensemble_moments(values)[2] or {}
+        else:
+            out[name] = value_partial(values)
     return out
 
 

@@ -176,8 +176,8 @@ def test_distributed_two_worker_local_cluster(synth_zarr, tmp_path):
 
 def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
     """Kill `postcast ingest` mid-run: OUT never looks complete; a rerun resumes, writes only the unfinished
-    dates, reads none of the finished ones back for the statistics, and ends with the statistics of the store
-    ingested in one go (issue 18: each date's partial moments are kept next to its done-marker)."""
+    dates, reads back only the training dates finished after the last checkpoint of merged partials, and ends
+    with the statistics of the store ingested in one go (issue 18)."""
     out = tmp_path / "killed.zarr"
     partial = tmp_path / "killed.zarr.partial"
     preset = tmp_path / "ingest.yaml"  # one date per task; per-date partials folded into merged.npz every 2 dates
@@ -190,7 +190,7 @@ def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
         done = list((partial / "done").glob("[!.]*")) if (partial / "done").exists() else []
         if len(done) >= 2 and (partial / "stats" / "merged.npz").exists():  # kill after a checkpoint
             break
-        time.sleep(0.05)
+        time.sleep(0.002)
     assert proc.poll() is None, "ingest finished before it could be killed"
     import os
 
@@ -203,13 +203,18 @@ def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
     with pytest.raises(Exception, match=r"incomplete|not a postcast store"):
         contract.open_store(out)
     covered = set(statistics.partial_dates(partial / "stats" / "merged.npz"))
-    assert covered and covered <= {p.name for p in (partial / "done").glob("[!.]*")}
+    done = {p.name for p in (partial / "done").glob("[!.]*")}
+    assert covered and covered <= done
+    times = pd.DatetimeIndex(contract.open_store(store).init_time.values)
+    train = {f"{t:%Y%m%dT%H}" for t in times if schema.Splits().split_of(t.year) == "train"}
+    after = sorted(times.get_loc(pd.Timestamp(f"{d[:8]} {d[9:]}:00")) for d in (done - covered) & train)
     reads = _spy_store_reads(monkeypatch)
     res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), workers=1, processes=False,
                                      progress=False, dates_per_task=1, checkpoint_dates=2))
     assert res.n_written == 18 - n_done  # only the unfinished dates
     assert not partial.exists()
-    assert _member_chunk_reads(reads, partial / "store.zarr") == []
+    read = _member_chunk_reads(reads, partial / "store.zarr")
+    assert sorted({int(k.split("/")[2]) for k in read}) == after  # init-time chunk index of each read
     a, b = contract.open_store(out), contract.open_store(store)
     for v in ("t", "ens_std_t2m", "truth_z500", "oracle_mean_t2m"):
         np.testing.assert_array_equal(a[v].values, b[v].values)
@@ -286,24 +291,29 @@ def test_one_pass_statistics_equal_the_two_pass_ones_without_reading_the_store(s
 
 
 def test_auto_statistics_take_the_second_pass_when_a_dates_partials_would_not_fit(synth_zarr, tmp_path):
-    """The full ENS-10 shape at 0.5 deg needs ~8 GB of partial statistics per date (the scale run's worker
-    died merging them at a 16 GB limit): over ``one_pass_max_gb`` the statistics come from the bounded-
-    memory reduction over the store instead, with the same figures. ``partial_bytes`` is checked against
-    the bytes of a real date's partials."""
+    """The full ENS-10 shape at 0.5 deg needs ~15 GB per worker for one-pass statistics (the accumulator of
+    merged partials, twice while a merge makes the next one): over ``one_pass_max_gb`` (by default 60% of
+    the smallest worker's memory limit) the statistics come from the bounded-memory reduction over the store
+    instead, with the same figures. ``partial_bytes`` is checked against a real accumulator's bytes."""
     cfg = IngestConfig(source=str(synth_zarr), out=str(tmp_path / "x.zarr"), processes=False, progress=False,
                        variables=("t", "sst"))
     found = sources.discover(cfg.source, truth=cfg.truth)
     plan = found.forecast.plan(cfg.expectation)
-    day = ingest._load_date(found.forecast, found.truth, found.oracle, plan, 0)
-    real = sum(a.nbytes for p in statistics.dataset_partials(day).values() for a in p.values()
-               if np.ndim(a) and a.size >= plan.grid.shape[0] * plan.grid.shape[1])  # per-point arrays
-    assert 0.5 < real / ingest.partial_bytes(plan) <= 1.0, (real, ingest.partial_bytes(plan))
-    assert ingest._one_pass(cfg, plan)
+    days = [ingest._load_date(found.forecast, found.truth, found.oracle, plan, i, partials=True)[1] for i in (0, 1)]
+    acc = statistics.combine_fields(*days)
+    points = plan.grid.shape[0] * plan.grid.shape[1]
+    real = sum(a.nbytes if any(a.strides) else a.itemsize  # a broadcast count is one number
+               for p in acc.values() for a in p.values() if np.ndim(a) and a.size >= points)
+    assert 0.9 < real / ingest.partial_bytes(plan) <= 1.15, (real, ingest.partial_bytes(plan))  # + SST counts
+    need = ingest.one_pass_bytes(plan) / 1e9
+    assert ingest._one_pass(cfg, plan, worker_gb=2 * need) and not ingest._one_pass(cfg, plan, worker_gb=need)
+    assert not ingest._one_pass(cfg, plan, worker_gb=None)  # no limit known: the bounded path
     tiny = dataclasses.replace(cfg, one_pass_max_gb=1e-9)
-    assert not ingest._one_pass(tiny, plan)
+    assert not ingest._one_pass(tiny, plan, worker_gb=1e3)
     full = dataclasses.replace(plan, grid=schema.Grid(0.5), levels=schema.LEVELS,
                                variables=tuple(schema.VARIABLES), steps_h=schema.STEPS_H)
-    assert 6e9 < ingest.partial_bytes(full) < 1e10 and not ingest._one_pass(cfg, full)
+    assert 1e10 < ingest.one_pass_bytes(full) < 2e10 and not ingest._one_pass(cfg, full, worker_gb=16)
+    assert ingest._one_pass(cfg, full, worker_gb=32)  # a 32 GB worker takes the full shape in one pass
     out = []
     for mode, c in (("two", tiny), ("one", dataclasses.replace(cfg, statistics="one-pass"))):
         ingest.ingest(dataclasses.replace(c, out=str(tmp_path / f"{mode}.zarr")))
@@ -444,3 +454,40 @@ def test_progress_is_logged_during_an_ingest(synth_zarr, tmp_path, caplog):
     assert all(int(m[2]) == round(100 * int(m[1]) / 18) for m in lines)
     assert lines[-1][4] == "0:00:00"
     assert res.bytes_read == 18 * 4 * 19 * 36 * 10 * 3 * 2  # t: 10 members, 3 steps, 2 levels, 10 deg grid
+
+
+def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
+    """Issue 18: the task computes ensemble mean/std and the training partials in one sweep per slice
+    (`statistics.ensemble_moments`). Its mean/std are the bits numpy's float64 mean/std(ddof=0) give and
+    the bits `ensemble_statistics` (the forecast path) gives; its partials equal the general kernel's
+    (`dataset_partials`) to float64 round-off, SST's land NaNs included."""
+    src = sources.discover(str(synth_zarr)).forecast
+    plan = src.plan(IngestConfig(source=str(synth_zarr), out="unused", variables=("t", "sst")).expectation)
+    day = src.load(plan.init_times[0], plan)
+    ref = ingest.ensemble_statistics(day)
+    for name in ("t", "sst"):
+        x = day[name].values
+        mean, std, part = statistics.ensemble_moments(x)
+        x64 = x.astype(np.float64)
+        np.testing.assert_array_equal(mean, np.mean(x, axis=1, dtype=np.float64).astype(np.float32))
+        np.testing.assert_array_equal(std, np.std(x, axis=1, dtype=np.float64).astype(np.float32))
+        np.testing.assert_array_equal(mean, ref[f"ens_mean_{name}"].values)
+        np.testing.assert_array_equal(std, ref[f"ens_std_{name}"].values)
+        want = statistics.dataset_partials(day[[name]])[name]
+        assert part is not None and set(part) == set(want)
+        scale = float(np.nanmax(np.abs(x64)))
+        for key in want:
+            got, exp = np.asarray(part[key]), np.asarray(want[key])
+            if key.endswith("n"):  # counts: exact
+                np.testing.assert_array_equal(got.astype(np.int64), exp.astype(np.int64), err_msg=key)
+            else:  # m2 of a slice is ~1e8 x a value: an absolute float64 round-off floor
+                np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-9 * scale, err_msg=key)
+        for stat, values in (("ens_mean", mean), ("ens_std", std)):
+            got = statistics.value_partial(values)
+            exp = statistics.dataset_partials(xr.Dataset({"f": (("init_time", *ref[f"{stat}_{name}"].dims[1:]),
+                                                                values)}))["f"]
+            for key in exp:
+                np.testing.assert_allclose(np.asarray(got[key], dtype=np.float64),
+                                           np.asarray(exp[key], dtype=np.float64), rtol=1e-12, atol=0,
+                                           err_msg=f"{stat}_{name} {key}")
+    assert np.isnan(day["sst"].values).any()  # the NaN branch ran
