@@ -35,7 +35,8 @@ import logging
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -217,16 +218,19 @@ def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | 
                  oracle: sources.TruthSource | None, plan: sources.Plan, indices: list[int], store: str,
                  done_dir: str, train: frozenset[int] = frozenset()) -> statistics.FieldPartials | None:
     """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks), then
-    mark each done. Returns the merged partial statistics of this batch's training dates (in ``train``;
-    None: none of them), computed from the values in hand in the same sweep as the ensemble statistics."""
+    mark each done (the marker holds the checksums of the date's chunk files). Returns the merged partial
+    statistics of this batch's training dates (in ``train``; None: none of them), computed from the values
+    in hand in the same sweep as the ensemble statistics."""
     loaded = [_load_date(forecast, truth, oracle, plan, i, partials=i in train) for i in indices]
     parts = [day for day, _ in loaded]
     full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
     io.write_region(full, store, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
     merged: statistics.FieldPartials | None = None
+    arrays = [str(n) for n in full.data_vars]
     for i, (_, mine) in zip(indices, loaded, strict=True):
         merged = statistics.combine_fields(merged, mine)
-        io.write_text(Path(done_dir) / _stamp(plan.init_times[i]), "done\n")
+        chunks = integrity.date_chunks(store, arrays, i)  # hashed now, while in the page cache
+        io.write_json(Path(done_dir) / _stamp(plan.init_times[i]), {"chunks": chunks})
     return merged
 
 
@@ -491,18 +495,18 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         todo, prior, covered = _resume_state(plan, done_dir, partial / STATS_DIR, train if one_pass else frozenset())
         log.info("%d of %d init dates to ingest (%d already done)", len(todo), len(plan.init_times),
                  len(plan.init_times) - len(todo))
+        sums = _source_checksums(client, plan, found)  # on the workers, after the dates (low priority)
+        t_dates = time.perf_counter()
         merged = _run_tasks(client, cfg, found, plan, todo, store, done_dir, train if one_pass else frozenset(),
-                            prior, covered)
-        if train and not one_pass:  # one dask reduction over the written store, in bounded memory
-            stats = statistics.compute_statistics(io.open_zarr(store, chunks=_stats_chunks(plan)), cfg.splits)
-        elif train:
-            stats = statistics.from_partials(io.open_zarr(store), merged or {},
-                                             np.asarray(plan.init_times)[sorted(train)], cfg.splits)
-        if train:
-            io.write_zarr(stats, store, group=contract.STATISTICS_GROUP, mode="w")
-        else:  # e.g. an operational store of new forecasts: models carry their own statistics
-            log.warning("no init date in the training years %s: the store gets no statistics", cfg.splits.train)
-        _finalise(cfg, plan, store, found, truth_vars)
+                            prior, covered, (lambda: statistics_template(store)) if train and one_pass else None)
+        t_written = time.perf_counter()
+        _statistics(client, cfg, plan, store, sorted(train), one_pass, merged)
+        del merged
+        t_stats = time.perf_counter()
+        _finalise(cfg, plan, store, found, truth_vars, dict(zip(sums[0], client.gather(sums[1]), strict=True)),
+                  _written_chunks(done_dir))
+        log.info("dates written in %.1f s; statistics group %.1f s; checksums and metadata %.1f s",
+                 t_written - t_dates, t_stats - t_written, time.perf_counter() - t_stats)
     io.replace(store, out)
     io.remove(partial)
     log.info("wrote %s (%d init dates)", out, len(plan.init_times))
@@ -558,9 +562,6 @@ class _Merger:
             self.acc = self.client.submit(checkpoint_partials, self.acc, str(self.stats_dir / MERGED),
                                           sorted(self.covered), pure=False, priority=MERGE_PRIORITY)
             self.unsaved = 0
-
-    def result(self) -> statistics.FieldPartials | None:
-        return None if self.acc is None else self.acc.result()
 
 
 def checkpoint_partials(parts: statistics.FieldPartials | None, path: str,
@@ -640,11 +641,12 @@ def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[st
 
 def _run_tasks(client: Any, cfg: IngestConfig, found: sources.Discovered, plan: sources.Plan, todo: list[int],
                store: Path, done_dir: Path, train: frozenset[int], prior: list[int],
-               covered: list[str]) -> statistics.FieldPartials | None:
-    """Ingest ``todo`` on the cluster, merging the training partials on the workers as tasks finish
-    (the merged partial travels to this process once, at the end); ``prior`` and ``covered`` are what
-    an earlier, interrupted run left (training dates done after its last checkpoint, whose partials are
-    read back from the store, and the dates merged.npz holds)."""
+               covered: list[str], meanwhile: Callable[[], None] | None = None) -> Any:
+    """Ingest ``todo`` on the cluster, merging the training partials on the workers as tasks finish;
+    returns the future of the merged partials (None: no training date), which stays on its worker.
+    ``prior`` and ``covered`` are what an earlier, interrupted run left (training dates done after its
+    last checkpoint, whose partials are read back from the store, and the dates merged.npz holds).
+    ``meanwhile`` runs in a thread of this process once the tasks are submitted."""
     merger = _Merger(client, store.parent / STATS_DIR, covered, cfg.checkpoint_dates)
     for i in prior:
         merger.add(client.submit(stored_partials, str(store), i, pure=False), [_stamp(plan.init_times[i])])
@@ -653,11 +655,15 @@ def _run_tasks(client: Any, cfg: IngestConfig, found: sources.Discovered, plan: 
                              str(done_dir), train, pure=False) for b in work]
     stamps = {f.key: [_stamp(plan.init_times[i]) for i in b if i in train] for f, b in zip(futures, work, strict=True)}
     meter = Progress(len(plan.init_times), len(plan.init_times) - len(todo), date_bytes(plan))
-    for fut, _n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest", meter):
-        if fut.status != "finished":
-            fut.result()  # raises the task's error here
-        merger.add(fut, stamps.pop(fut.key))
-    return merger.result()
+    with ThreadPoolExecutor(1) as pool:  # ``meanwhile`` beside the loop that submits merges as dates finish
+        side = pool.submit(meanwhile) if meanwhile is not None else None
+        for fut, _n in _progress(futures, [len(b) for b in work], cfg.progress, "ingest", meter):
+            if fut.status != "finished":
+                fut.result()  # raises the task's error here
+            merger.add(fut, stamps.pop(fut.key))
+        if side is not None:
+            side.result()
+    return merger.acc
 
 
 def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: list[str],
@@ -686,13 +692,61 @@ def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: l
     return store, done_dir
 
 
-def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources.Discovered,
-              truth_vars: list[str]) -> None:
+def _statistics(client: Any, cfg: IngestConfig, plan: sources.Plan, store: Path, train: list[int], one_pass: bool,
+                merged: Any) -> None:
+    """Write the statistics group: from the merged partials (future ``merged``) on the worker that holds
+    them (they never travel), or by one dask reduction over the written store in bounded memory."""
+    if train and not one_pass:
+        stats = statistics.compute_statistics(io.open_zarr(store, chunks=_stats_chunks(plan)), cfg.splits)
+        io.write_zarr(stats, store, group=contract.STATISTICS_GROUP, mode="w")
+    elif train:
+        client.submit(write_statistics, merged, str(store), np.asarray(plan.init_times)[train], cfg.splits,
+                      pure=False, priority=MERGE_PRIORITY).result()
+    else:  # e.g. an operational store of new forecasts: models carry their own statistics
+        log.warning("no init date in the training years %s: the store gets no statistics", cfg.splits.train)
+
+
+def write_statistics(parts: statistics.FieldPartials | None, store: str, train_times: np.ndarray,
+                     splits: schema.Splits) -> None:
+    """Write the statistics group from the merged partials (a task: it runs where they are) into the arrays
+    :func:`statistics_template` created."""
+    stats = statistics.from_partials(io.open_zarr(store), parts or {}, train_times, splits)
+    io.write_into(stats, store, group=contract.STATISTICS_GROUP)
+
+
+def statistics_template(store: Path) -> None:
+    """Create the statistics group's arrays (metadata only; zarr takes milliseconds per array, and a store
+    has hundreds), here in the client while the workers ingest the dates."""
+    tmpl, chunks = statistics.template(io.open_zarr(store))
+    io.write_zarr(tmpl, store, chunks=chunks, group=contract.STATISTICS_GROUP, mode="w", compute=False)
+
+
+def _source_checksums(client: Any, plan: sources.Plan, found: sources.Discovered) -> tuple[list[str], list[Any]]:
+    """(source paths, futures of their checksums), computed on the workers after the date tasks."""
     files = list(plan.files)
     if found.truth is not None:
         files += list(found.truth.paths)
     if found.oracle is not None:
         files += list(found.oracle.paths)
+    files = [str(f) for f in files]
+    return files, client.map(_checksum, files, pure=False, priority=-MERGE_PRIORITY)
+
+
+def _written_chunks(done_dir: Path) -> dict[str, dict[str, Any]]:
+    """The chunk checksums the date tasks left in their done-markers (none in a marker of an older ingest)."""
+    out: dict[str, dict[str, Any]] = {}
+    for marker in done_dir.iterdir():
+        if marker.name.startswith("."):
+            continue
+        try:
+            out.update(json.loads(marker.read_text()).get("chunks", {}))
+        except (ValueError, AttributeError):  # "done\n": the chunks are hashed at the end instead
+            continue
+    return out
+
+
+def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources.Discovered,
+              truth_vars: list[str], sums: dict[str, str], written: dict[str, dict[str, Any]]) -> None:
     attrs = {
         contract.VERSION_ATTR: contract.FORMAT_VERSION,
         contract.COMPLETE_ATTR: True,
@@ -701,7 +755,7 @@ def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "code_version": _code_version(),
         "source_kind": found.forecast.kind,
-        "sources": {f: _checksum(f) for f in files},
+        "sources": sums,
         "plan": {k: v for k, v in plan.to_dict().items() if k not in ("init_times", "files")},
         **plan.regridding,
         "n_init_times": len(plan.init_times),
@@ -714,4 +768,4 @@ def _finalise(cfg: IngestConfig, plan: sources.Plan, store: Path, found: sources
         attrs["has_oracle"] = True
     io.update_zarr_attrs(store, json.loads(json.dumps(attrs, default=str)))
     io.consolidate(store)
-    integrity.record(store)  # chunk checksums for `postcast inspect --verify`
+    integrity.record(store, written)  # chunk checksums for `postcast inspect --verify`

@@ -31,11 +31,35 @@ def _chunk_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and "c" in p.relative_to(root).parts[:-1])
 
 
-def record(store: str | os.PathLike[str]) -> int:
-    """Write the chunk manifest of a freshly written store; returns the number of chunks recorded."""
+def chunk_record(root: Path, path: Path) -> tuple[str, dict[str, Any]]:
+    """(key relative to the store root, {"size", "sha256"}) of one chunk file."""
+    return path.relative_to(root).as_posix(), {"size": path.stat().st_size, "sha256": io.sha256_file(path)}
+
+
+def date_chunks(store: str | os.PathLike[str], arrays: list[str], index: int) -> dict[str, dict[str, Any]]:
+    """The records of the chunk files of init date ``index`` (the chunk row ``ARRAY/c/index/...``) of
+    ``arrays``, arrays chunked one init date per chunk along their first axis: what an ingest task hashes
+    right after writing them, while they are in the page cache."""
     root = Path(store)
-    chunks = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": io.sha256_file(p)}
-              for p in _chunk_files(root)}
+    out: dict[str, dict[str, Any]] = {}
+    for name in arrays:
+        row = root / name / "c" / str(index)
+        files = [row] if row.is_file() else sorted(p for p in row.rglob("*") if p.is_file())
+        out.update(chunk_record(root, p) for p in files)
+    return out
+
+
+def record(store: str | os.PathLike[str], known: dict[str, dict[str, Any]] | None = None) -> int:
+    """Write the chunk manifest of a freshly written store; returns the number of chunks recorded. ``known``
+    holds records made when the chunks were written (:func:`date_chunks`); a chunk file of the same size is
+    taken from it, every other one is hashed here."""
+    root = Path(store)
+    known = known or {}
+    chunks: dict[str, dict[str, Any]] = {}
+    for p in _chunk_files(root):
+        key = p.relative_to(root).as_posix()
+        rec = known.get(key)
+        chunks[key] = rec if rec is not None and rec["size"] == p.stat().st_size else chunk_record(root, p)[1]
     io.write_json(root / MANIFEST, {"version": MANIFEST_VERSION, "chunks": chunks})
     return len(chunks)
 

@@ -234,6 +234,17 @@ def write_region(ds: xr.Dataset, path: str | os.PathLike[str], region: Mapping[s
         sub.to_zarr(path, region=dict(region), mode="r+", zarr_format=3, consolidated=False)
 
 
+def write_into(ds: xr.Dataset, path: str | os.PathLike[str], *, group: str | None = None) -> None:
+    """Write the data variables of ``ds`` into arrays that already exist with the same shapes (created from
+    a template with ``write_zarr(..., compute=False)``), and its attributes onto the group."""
+    sub = ds.drop_vars(list(ds.coords))
+    with warnings.catch_warnings(), os_errors(path):
+        warnings.simplefilter("ignore", category=UserWarning)
+        sub.to_zarr(path, group=group, mode="r+", zarr_format=3, consolidated=False)
+    target = zarr.open_group(str(path), mode="r+", zarr_format=3, path=group or "")
+    target.attrs.update(dict(ds.attrs))
+
+
 def update_zarr_attrs(path: str | os.PathLike[str], attrs: Mapping[str, Any]) -> None:
     group = zarr.open_group(str(path), mode="r+", zarr_format=3)
     group.attrs.update(dict(attrs))

@@ -77,48 +77,56 @@ def _moments(x: np.ndarray, ok: np.ndarray | None, axes: tuple[int, ...]) -> Mom
     return n, mean.squeeze(axes), np.sum(np.square(d, out=d), axis=axes), lo, hi
 
 
+ROWS = 16  # latitude rows per sweep of ensemble_moments: the float64 temporaries stay in the CPU cache
+
+
 def ensemble_moments(x: np.ndarray, *, with_partial: bool = True
                      ) -> tuple[np.ndarray, np.ndarray, Partial | None]:
     """One init date of a member field, ``x`` (1, member, *outer, lat, lon) float32, in one sweep per
-    (step, level) slice: its ensemble mean and population std (float32, (1, *outer, lat, lon), NaN where
-    any member is) and, with ``with_partial``, the field's partial moments (per grid point over the
-    members, per variable/level over members and grid points). Mean and std are numpy's
-    ``mean``/``std(ddof=0)`` with ``dtype=float64``, operation for operation, cast to float32: the same
-    bits as :func:`postcast.datasets.ingest.ensemble_statistics` gives at forecast time."""
-    nm, outer, grid = x.shape[1], x.shape[2:-2], x.shape[-2:]
-    ens_mean = np.empty((1, *outer, *grid), dtype=np.float32)
+    (step, level) slice and band of latitude rows: its ensemble mean and population std (float32,
+    (1, *outer, lat, lon), NaN where any member is) and, with ``with_partial``, the field's partial
+    moments (per grid point over the members, per variable/level over members and grid points). Mean and
+    std are numpy's ``mean``/``std(ddof=0)`` with ``dtype=float64``, operation for operation (the same
+    sum order over members), cast to float32: the bits
+    :func:`postcast.datasets.ingest.ensemble_statistics` gives at forecast time."""
+    nm, outer, (ny, nx) = x.shape[1], x.shape[2:-2], x.shape[-2:]
+    ens_mean = np.empty((1, *outer, ny, nx), dtype=np.float32)
     ens_std = np.empty_like(ens_mean)
-    keys = ("pn", "pmean", "pm2", "pmin", "pmax")
-    point: dict[str, np.ndarray] = {}
-    if with_partial:
-        point = {"pmean": np.empty((*outer, *grid)), "pm2": np.empty((*outer, *grid)),
-                 "pmin": np.empty((*outer, *grid), dtype=x.dtype), "pmax": np.empty((*outer, *grid), dtype=x.dtype)}
+    point = {"pmean": np.empty((*outer, ny, nx)), "pm2": np.empty((*outer, ny, nx)),
+             "pmin": np.empty((*outer, ny, nx), dtype=x.dtype),
+             "pmax": np.empty((*outer, ny, nx), dtype=x.dtype)} if with_partial else {}
+    dev = np.empty((nm, min(ROWS, ny), nx))  # float64 scratch, reused
     counts: dict[tuple[int, ...], np.ndarray] = {}
     for idx in np.ndindex(*outer):
         block = x[(0, slice(None), *idx)]  # (member, lat, lon)
-        mean = np.add.reduce(block, axis=0, dtype=np.float64) / nm  # numpy's mean, operation for operation
-        dev = np.subtract(block, mean)  # float64
-        m2 = np.add.reduce(np.multiply(dev, dev, out=dev), axis=0)
-        ens_mean[(0, *idx)] = mean
-        ens_std[(0, *idx)] = np.sqrt(m2 / nm)
-        if not with_partial:
-            continue
-        lo, hi = block.min(axis=0), block.max(axis=0)
-        if np.isnan(lo).any():  # SST over land: NaN-aware moments of this slice
+        for r0 in range(0, ny, ROWS):
+            rows = slice(r0, min(r0 + ROWS, ny))
+            b, d = block[:, rows], dev[:, :min(ROWS, ny - r0)]
+            mean = np.add.reduce(b, axis=0, dtype=np.float64)
+            mean /= nm  # numpy's mean, operation for operation
+            np.subtract(b, mean, out=d)
+            m2 = np.add.reduce(np.multiply(d, d, out=d), axis=0)
+            ens_mean[(0, *idx, rows)] = mean
+            ens_std[(0, *idx, rows)] = np.sqrt(m2 / nm)
+            if with_partial:
+                point["pmean"][(*idx, rows)], point["pm2"][(*idx, rows)] = mean, m2
+                np.minimum.reduce(b, axis=0, out=point["pmin"][(*idx, rows)])
+                np.maximum.reduce(b, axis=0, out=point["pmax"][(*idx, rows)])
+        if with_partial and np.isnan(point["pmin"][idx]).any():  # SST over land: NaN-aware moments
             n, pm, pm2, lo, hi = _moments(block, np.isfinite(block), (0,))
             counts[idx] = n
-            mean, m2 = pm, pm2
-        point["pmean"][idx], point["pm2"][idx], point["pmin"][idx], point["pmax"][idx] = mean, m2, lo, hi
+            point["pmean"][idx], point["pm2"][idx], point["pmin"][idx], point["pmax"][idx] = pm, pm2, lo, hi
     if not with_partial:
         return ens_mean, ens_std, None
     if counts:
-        n_all = np.full((*outer, *grid), nm, dtype=np.int64)
+        n_all = np.full((*outer, ny, nx), nm, dtype=np.int64)
         for idx, n in counts.items():
             n_all[idx] = n
     else:  # the common case: no NaN, one count for every point (a view: no memory)
-        n_all = np.broadcast_to(np.int64(nm), (*outer, *grid))
+        n_all = np.broadcast_to(np.int64(nm), (*outer, ny, nx))
     moments = (n_all, point["pmean"], point["pm2"], point["pmin"], point["pmax"])
     spatial = (len(outer), len(outer) + 1)
+    keys = ("pn", "pmean", "pm2", "pmin", "pmax")
     return ens_mean, ens_std, dict(zip(keys, moments, strict=True)) | _merge_over(*moments, spatial)
 
 
@@ -183,6 +191,16 @@ def _partial_block(block: np.ndarray, global_axes: tuple[int, ...], point_axes: 
 def _merge_over(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                 axes: tuple[int, ...]) -> Partial:
     """Merge partial moments laid out along ``axes`` into one (the global keys)."""
+    const = _constant(n)
+    if const is not None and const > 0:  # one count everywhere: plain means, no weights
+        points = int(np.prod([n.shape[i] for i in axes]))
+        grand: np.ndarray = np.asarray(np.sum(mean, axis=axes, keepdims=True, dtype=np.float64)) / points
+        dev = np.subtract(mean, grand, dtype=np.float64)
+        dev *= dev
+        return {"n": np.full(grand.squeeze(axes).shape, const * points, dtype=np.int64),
+                "mean": grand.squeeze(axes),
+                "m2": np.sum(m2, axis=axes) + const * np.sum(dev, axis=axes),
+                "min": lo.min(axes), "max": hi.max(axes)}
     total = n.sum(axes, keepdims=True)
     grand = np.sum(np.multiply(n, mean, dtype=np.float64), axis=axes, keepdims=True) / np.maximum(total, 1)
     dev = np.subtract(mean, grand, dtype=np.float64)
@@ -347,8 +365,18 @@ def _tree(parts: list[Any]) -> Any:
 
 
 def _finish(n: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) from partial moments; NaN where nothing was counted."""
+    const = _constant(n)
+    if const is not None and const > 0:  # one count everywhere (no NaN): no masks
+        return mean, np.sqrt(m2 / const)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, mean, np.nan), np.sqrt(m2 / n)
+
+
+def _valid(n: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``x`` where something was counted, NaN elsewhere (min/max of a never-valid point: land for SST)."""
+    const = _constant(n)
+    return x if const is not None and const > 0 else np.where(n > 0, x, np.nan)
 
 
 def _field_partials(da: xr.DataArray) -> Any:
@@ -360,21 +388,43 @@ def _field_partials(da: xr.DataArray) -> Any:
     return _tree(blocks)
 
 
-def _to_arrays(name: str, da: xr.DataArray, p: Partial) -> dict[str, xr.DataArray]:
+def _to_variables(name: str, da: xr.DataArray, p: Partial) -> dict[str, xr.Variable]:
     gdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)]
-    coords = {d: da[d].values for d in gdims}
     mean, std = _finish(p["n"], p["mean"], p["m2"])
-    lo, hi = (np.where(p["n"] > 0, p[k], np.nan).astype(np.float64) for k in ("min", "max"))
-    out = {f"{name}_{k}": xr.DataArray(v, dims=gdims, coords=coords)
-           for k, v in (("mean", mean), ("std", std), ("min", lo), ("max", hi))}
+    lo, hi = (np.where(p["n"] > 0, p[k], np.nan).astype(np.float64) for k in ("min", "max"))  # per slice: small
+    out = {f"{name}_{k}": xr.Variable(gdims, v) for k, v in (("mean", mean), ("std", std), ("min", lo), ("max", hi))}
     pdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER)]
-    pcoords = {d: da[d].values for d in pdims}
     pmean, pstd = _finish(p["pn"], p["pmean"], p["pm2"])
-    pmin = np.where(p["pn"] > 0, p["pmin"], np.nan)  # never-valid points (land for SST) stay NaN
-    pmax = np.where(p["pn"] > 0, p["pmax"], np.nan)
+    pmin, pmax = _valid(p["pn"], p["pmin"]), _valid(p["pn"], p["pmax"])  # never-valid points stay NaN
     for k, v in (("mean", pmean), ("std", pstd), ("min", pmin), ("max", pmax)):
-        out[f"{name}_point_{k}"] = xr.DataArray(v.astype(np.float32), dims=pdims, coords=pcoords)
+        out[f"{name}_point_{k}"] = xr.Variable(pdims, v.astype(np.float32, copy=False))
     return out
+
+
+def template(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
+    """The statistics group :func:`from_partials` makes from ``ds``, as lazy NaN arrays (metadata only:
+    written with ``compute=False`` before the data exist, so the arrays are created while the dates are
+    still being ingested), and its chunk shapes: one 2-D field per chunk per grid point, whole arrays per
+    variable/level."""
+    out: dict[str, xr.Variable] = {}
+    chunks: dict[str, tuple[int, ...]] = {}
+    dims: set[str] = set()
+    for name in statistic_fields(ds):
+        da = ds[name]
+        dims |= {str(d) for d in da.dims}
+        for kinds, drop, dtype in ((STAT_KINDS, (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON), np.float64),
+                                   (tuple(f"point_{k}" for k in STAT_KINDS), (schema.INIT_TIME, schema.MEMBER),
+                                    np.float32)):
+            vdims = [str(d) for d in da.dims if d not in drop]
+            shape = tuple(ds.sizes[d] for d in vdims)
+            chunk = tuple(n if d in (schema.LAT, schema.LON) or dtype is np.float64 else 1
+                          for d, n in zip(vdims, shape, strict=True))
+            for k in kinds:
+                out[f"{name}_{k}"] = xr.Variable(vdims, dask.array.full(shape, np.nan, dtype=dtype,
+                                                                        chunks=chunk or -1))
+                chunks[f"{name}_{k}"] = chunk
+    coords = {d: ds[d].variable for d in sorted(dims - {schema.INIT_TIME, schema.MEMBER}) if d in ds.coords}
+    return xr.Dataset(out, coords=coords), chunks
 
 
 def from_partials(ds: xr.Dataset, parts: FieldPartials, train_times: np.ndarray,
@@ -382,14 +432,16 @@ def from_partials(ds: xr.Dataset, parts: FieldPartials, train_times: np.ndarray,
     """The statistics group from merged partials. ``ds`` supplies each field's dimensions and
     coordinates only (a lazily opened store: no data chunk is read); ``train_times`` are the training
     init times the partials cover (recorded in the attributes)."""
-    out: dict[str, xr.DataArray] = {}
+    out: dict[str, xr.Variable] = {}
+    dims: set[str] = set()
     for name in statistic_fields(ds):
         if name not in parts:
             msg = f"no partial statistics for field {name!r}: the partials cover {sorted(parts)}"
             raise ValueError(msg)
-        out.update(_to_arrays(name, ds[name], parts[name]))
-    stats = xr.Dataset(out)
-    stats = stats.drop_vars([c for c in stats.coords if c not in stats.dims])
+        out.update(_to_variables(name, ds[name], parts[name]))
+        dims |= {str(d) for d in ds[name].dims}
+    coords = {d: ds[d].variable for d in sorted(dims - {schema.INIT_TIME, schema.MEMBER}) if d in ds.coords}
+    stats = xr.Dataset(out, coords=coords)  # variables and index coordinates only: no alignment per field
     times = np.asarray(train_times, dtype="datetime64[ns]")
     stats.attrs.update({
         "statistics_split": "train",

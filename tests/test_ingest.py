@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import conventions, ingest, io, schema, sources, statistics, synthetic
+from postcast.datasets import conventions, ingest, integrity, io, schema, sources, statistics, synthetic
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError
 from postcast.datasets.ingest import IngestConfig
@@ -323,10 +323,11 @@ def test_auto_statistics_take_the_second_pass_when_a_dates_partials_would_not_fi
         IngestConfig(source="x", out="y", statistics="fast")
 
 
-def test_resume_redoes_training_dates_marked_done_without_a_partial(synth_zarr, tmp_path):
-    """An interrupted ingest from before one-pass statistics marked dates done without saving partials: the
-    resume ingests those training dates again (never reads them back) and the statistics stay exact; dates
-    outside the training years keep their marks."""
+def test_resume_reads_back_training_dates_done_without_merged_partials(synth_zarr, tmp_path):
+    """An interrupted ingest left dates marked done (old-style markers, "done", without chunk checksums) and
+    no merged partials: the resume writes only the other dates, reads the done training dates back from the
+    store for their partials, and the statistics stay exact; the chunk manifest still covers every chunk
+    (the old markers' chunks are hashed at the end), so `inspect --verify` passes."""
     out = tmp_path / "old.zarr"
     cfg = IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False, variables=("t",))
     found = sources.discover(cfg.source, truth=cfg.truth)
@@ -336,13 +337,15 @@ def test_resume_redoes_training_dates_marked_done_without_a_partial(synth_zarr, 
     store_dir, done_dir = ingest._prepare(cfg, plan, contract.partial_path(out), truth, oracle)
     years = pd.DatetimeIndex(plan.init_times).year
     old = [int(i) for i in np.flatnonzero(years == 2012)] + [int(i) for i in np.flatnonzero(years == 2016)]
-    for i in old:  # the old task: data and marker, no partial
+    for i in old:  # the old task: data and a bare marker
         ingest.ingest_dates(found.forecast, found.truth, found.oracle, plan, [i], str(store_dir), str(done_dir))
-    io.remove(contract.partial_path(out) / "stats")
+        io.write_text(done_dir / ingest._stamp(plan.init_times[i]), "done\n")
     res = ingest.ingest(cfg)
-    assert res.n_written == 18 - int((years == 2016).sum())  # the 2012 dates again, the 2016 ones not
+    assert res.n_written == 18 - len(old)
     ds = contract.open_store(out)
     _assert_same_statistics(contract.open_statistics(out), statistics.compute_statistics(ds, schema.Splits()))
+    report = integrity.verify(out)
+    assert report.ok and report.recorded and report.checked > 0, report.to_dict()
 
 
 def test_partial_moments_merge_associatively_and_match_numpy(tmp_path):
@@ -491,3 +494,18 @@ def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
                                            np.asarray(exp[key], dtype=np.float64), rtol=1e-12, atol=0,
                                            err_msg=f"{stat}_{name} {key}")
     assert np.isnan(day["sst"].values).any()  # the NaN branch ran
+
+
+def test_chunk_checksums_made_by_the_date_tasks_equal_hashing_the_finished_store(synth_zarr, tmp_path):
+    """Issue 18: the date tasks hash their chunk files right after writing them (in the page cache, in
+    parallel) instead of the client hashing the whole store at the end; the manifest equals the one a plain
+    pass over the finished store writes, entry for entry."""
+    out = tmp_path / "h.zarr"
+    ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
+                               variables=("t", "sst")))
+    made = json.loads((out / integrity.MANIFEST).read_text())
+    integrity.record(out)  # every chunk hashed here, none taken from the tasks
+    again = json.loads((out / integrity.MANIFEST).read_text())
+    assert made == again and len(made["chunks"]) > 100
+    keys = list(made["chunks"])
+    assert any(k.startswith("t/c/") for k in keys) and any(k.startswith("statistics/") for k in keys)
