@@ -221,6 +221,7 @@ def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | 
     mark each done (the marker holds the checksums of the date's chunk files). Returns the merged partial
     statistics of this batch's training dates (in ``train``; None: none of them), computed from the values
     in hand in the same sweep as the ensemble statistics."""
+    keep_freed_memory()
     loaded = [_load_date(forecast, truth, oracle, plan, i, partials=i in train) for i in indices]
     parts = [day for day, _ in loaded]
     full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
@@ -232,6 +233,31 @@ def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | 
         chunks = integrity.date_chunks(store, arrays, i)  # hashed now, while in the page cache
         io.write_json(Path(done_dir) / _stamp(plan.init_times[i]), {"chunks": chunks})
     return merged
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+KEEP_FREED_BYTES = 1 << 30  # free heap memory a worker keeps for the next temporaries
+MMAP_ABOVE_BYTES = 32 << 20  # blocks larger than this are mapped and unmapped (glibc's largest threshold)
+
+
+def keep_freed_memory() -> bool:
+    """Let this process reuse freed memory for its next temporaries instead of handing it back to the
+    kernel. dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes glibc's mmap
+    threshold at 128 kB: every float64 temporary of a slice (a few MB) is then a fresh mapping whose pages
+    the kernel faults in and zeroes again, a third of an ingest's CPU time on a virtual machine
+    (docs/ingest.md). Blocks up to 32 MB now come from the heap, which keeps up to 1 GB free; larger
+    blocks (a date's member array) are still returned at once. No-op (False) outside glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_ABOVE_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
 
 
 def _load_date(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
@@ -710,15 +736,16 @@ def write_statistics(parts: statistics.FieldPartials | None, store: str, train_t
                      splits: schema.Splits) -> None:
     """Write the statistics group from the merged partials (a task: it runs where they are) into the arrays
     :func:`statistics_template` created."""
+    keep_freed_memory()
     stats = statistics.from_partials(io.open_zarr(store), parts or {}, train_times, splits)
     io.write_into(stats, store, group=contract.STATISTICS_GROUP)
 
 
 def statistics_template(store: Path) -> None:
-    """Create the statistics group's arrays (metadata only; zarr takes milliseconds per array, and a store
-    has hundreds), here in the client while the workers ingest the dates."""
+    """Create the statistics group's arrays (metadata only: hundreds of arrays, ~0.5 s), here in the client
+    while the workers ingest the dates."""
     tmpl, chunks = statistics.template(io.open_zarr(store))
-    io.write_zarr(tmpl, store, chunks=chunks, group=contract.STATISTICS_GROUP, mode="w", compute=False)
+    io.write_template(tmpl, store, chunks=chunks, group=contract.STATISTICS_GROUP)
 
 
 def _source_checksums(client: Any, plan: sources.Plan, found: sources.Discovered) -> tuple[list[str], list[Any]]:

@@ -408,6 +408,7 @@ def template(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
     variable/level."""
     out: dict[str, xr.Variable] = {}
     chunks: dict[str, tuple[int, ...]] = {}
+    lazy: dict[tuple[Any, ...], dask.array.Array] = {}
     dims: set[str] = set()
     for name in statistic_fields(ds):
         da = ds[name]
@@ -419,9 +420,11 @@ def template(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
             shape = tuple(ds.sizes[d] for d in vdims)
             chunk = tuple(n if d in (schema.LAT, schema.LON) or dtype is np.float64 else 1
                           for d, n in zip(vdims, shape, strict=True))
+            key = (shape, np.dtype(dtype).str, chunk)
+            if key not in lazy:  # one lazy array per layout, shared (a dask array per variable: ~3 ms each)
+                lazy[key] = dask.array.full(shape, np.nan, dtype=dtype, chunks=chunk or -1)
             for k in kinds:
-                out[f"{name}_{k}"] = xr.Variable(vdims, dask.array.full(shape, np.nan, dtype=dtype,
-                                                                        chunks=chunk or -1))
+                out[f"{name}_{k}"] = xr.Variable(vdims, lazy[key])
                 chunks[f"{name}_{k}"] = chunk
     coords = {d: ds[d].variable for d in sorted(dims - {schema.INIT_TIME, schema.MEMBER}) if d in ds.coords}
     return xr.Dataset(out, coords=coords), chunks

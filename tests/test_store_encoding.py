@@ -76,3 +76,68 @@ def test_postcast_zarrs_0_falls_back_to_zarr_python_and_still_writes(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "POSTCAST_ZARRS": "0"}, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _stats_like() -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
+    """A small statistics-group-like template: many arrays sharing three layouts (lazy NaNs, one shared
+    dask array per layout, as ``statistics.template`` makes them), with coordinates."""
+    import dask.array
+
+    lat, lon = np.linspace(90, -90, 7), np.arange(0, 360, 40.0)
+    coords = {schema.STEP: np.array([0, 24, 48]), schema.LEVEL: np.array([500, 850]), schema.LAT: lat,
+              schema.LON: lon}
+    layouts = [((schema.STEP,), (3,), np.float64, (3,)),
+               ((schema.STEP, schema.LEVEL), (3, 2), np.float64, (3, 2)),
+               ((schema.STEP, schema.LAT, schema.LON), (3, 7, 9), np.float32, (1, 7, 9))]
+    data, chunks = {}, {}
+    for k, (dims, shape, dtype, chunk) in enumerate(layouts):
+        lazy = dask.array.full(shape, np.nan, dtype=dtype, chunks=chunk)
+        for name in ("t", "z", "u", "ens_mean_t"):
+            data[f"{name}_{k}"] = xr.Variable(dims, lazy)
+            chunks[f"{name}_{k}"] = chunk
+    return xr.Dataset(data, coords=coords), chunks
+
+
+def _metadata(path) -> dict[str, dict]:
+    import json
+    from pathlib import Path
+
+    root = Path(path)
+    return {p.parent.relative_to(root).as_posix(): json.loads(p.read_text()) for p in root.rglob("zarr.json")}
+
+
+def test_write_template_creates_exactly_the_arrays_xarray_creates(tmp_path):
+    """The fast template (a prototype per layout through xarray, the rest from its metadata through
+    zarr.create_hierarchy) leaves every zarr.json as xarray's own compute=False write does."""
+    ds, chunks = _stats_like()
+    for path in (tmp_path / "a.zarr", tmp_path / "b.zarr"):  # an existing root group, as in an ingest
+        io.write_zarr(xr.Dataset({"x": ("n", np.zeros(2))}), path)
+    io.write_zarr(ds, tmp_path / "a.zarr", chunks=chunks, group="statistics", compute=False)
+    io.write_template(ds, tmp_path / "b.zarr", chunks=chunks, group="statistics")
+    want, got = _metadata(tmp_path / "a.zarr"), _metadata(tmp_path / "b.zarr")
+    assert len(got) == 1 + 1 + 1 + 12 + 4  # root, its array x, the group, 12 arrays, 4 coordinates
+    assert got == want
+    back = io.open_zarr(tmp_path / "b.zarr", group="statistics")
+    assert set(back.data_vars) == set(ds.data_vars) and np.isnan(back["t_2"].values).all()
+
+
+def test_write_into_writes_what_xarray_writes_and_refuses_a_shape_mismatch(tmp_path):
+    """The concurrent write into template arrays gives the same chunk files, byte for byte, and the same
+    values and attributes as xarray's write of the same data; data of another shape is refused by name."""
+    ds, chunks = _stats_like()
+    rng = np.random.default_rng(0)
+    filled = xr.Dataset({n: (v.dims, rng.normal(size=v.shape).astype(v.dtype)) for n, v in ds.data_vars.items()},
+                        coords=ds.coords, attrs={"train_init_times": 3})
+    filled["t_2"][0, 0, 0] = np.nan  # a never-valid point
+    for path in (tmp_path / "a.zarr", tmp_path / "b.zarr"):
+        io.write_template(ds, path, chunks=chunks, group="statistics")
+    io.write_zarr(filled, tmp_path / "a.zarr", chunks=chunks, group="statistics", mode="w")
+    io.write_into(filled, tmp_path / "b.zarr", group="statistics")
+    files = sorted(p.relative_to(tmp_path / "a.zarr") for p in (tmp_path / "a.zarr").rglob("c/**/*") if p.is_file())
+    assert len(files) == 4 * (1 + 1 + 3) + 4  # and the four coordinates
+    for rel in files:
+        assert (tmp_path / "b.zarr" / rel).read_bytes() == (tmp_path / "a.zarr" / rel).read_bytes(), rel
+    xr.testing.assert_identical(io.open_zarr(tmp_path / "b.zarr", group="statistics").load(),
+                                io.open_zarr(tmp_path / "a.zarr", group="statistics").load())
+    with pytest.raises(ValueError, match=r"t_1.*recreate the template"):
+        io.write_into(xr.Dataset({"t_1": (("a", "b"), np.zeros((2, 2)))}), tmp_path / "b.zarr", group="statistics")
