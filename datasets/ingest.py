@@ -294,7 +294,8 @@ def stored_partials(store: str, index: int) -> statistics.FieldPartials:
     dates finished after its last checkpoint of merged partials (the same float32 values, the same
     partials as the task that wrote them computed)."""
     ds = io.open_zarr(store)
-    return statistics.date_partials(ds[statistics.statistic_fields(ds)].isel({schema.INIT_TIME: [index]}).load())
+    day = ds[statistics.statistic_fields(ds)].isel({schema.INIT_TIME: [index]}).load(scheduler="synchronous")
+    return statistics.date_partials(day)
 
 
 def _stamp(t: Any) -> str:
@@ -521,10 +522,12 @@ def ingest(cfg: IngestConfig) -> IngestResult:
         todo, prior, covered = _resume_state(plan, done_dir, partial / STATS_DIR, train if one_pass else frozenset())
         log.info("%d of %d init dates to ingest (%d already done)", len(todo), len(plan.init_times),
                  len(plan.init_times) - len(todo))
-        sums = _source_checksums(client, plan, found)  # on the workers, after the dates (low priority)
         t_dates = time.perf_counter()
-        merged = _run_tasks(client, cfg, found, plan, todo, store, done_dir, train if one_pass else frozenset(),
-                            prior, covered, (lambda: statistics_template(store)) if train and one_pass else None)
+        kept = train if one_pass else frozenset()
+        submitted = _submit_dates(client, cfg, found, plan, todo, store, done_dir, kept)
+        sums = _source_checksums(client, plan, found)  # on the workers, after the dates (lower priority)
+        merged = _run_tasks(client, cfg, plan, todo, submitted, store, kept, prior, covered,
+                            (lambda: statistics_template(store)) if train and one_pass else None)
         t_written = time.perf_counter()
         _statistics(client, cfg, plan, store, sorted(train), one_pass, merged)
         del merged
@@ -665,20 +668,27 @@ def _stats_chunks(plan: sources.Plan, target_bytes: int = 64 * 2**20) -> dict[st
     return {schema.INIT_TIME: int(max(1, min(len(plan.init_times), target_bytes // per_date)))}
 
 
-def _run_tasks(client: Any, cfg: IngestConfig, found: sources.Discovered, plan: sources.Plan, todo: list[int],
-               store: Path, done_dir: Path, train: frozenset[int], prior: list[int],
-               covered: list[str], meanwhile: Callable[[], None] | None = None) -> Any:
-    """Ingest ``todo`` on the cluster, merging the training partials on the workers as tasks finish;
-    returns the future of the merged partials (None: no training date), which stays on its worker.
-    ``prior`` and ``covered`` are what an earlier, interrupted run left (training dates done after its
-    last checkpoint, whose partials are read back from the store, and the dates merged.npz holds).
-    ``meanwhile`` runs in a thread of this process once the tasks are submitted."""
-    merger = _Merger(client, store.parent / STATS_DIR, covered, cfg.checkpoint_dates)
-    for i in prior:
-        merger.add(client.submit(stored_partials, str(store), i, pure=False), [_stamp(plan.init_times[i])])
+def _submit_dates(client: Any, cfg: IngestConfig, found: sources.Discovered, plan: sources.Plan, todo: list[int],
+                  store: Path, done_dir: Path, train: frozenset[int]) -> tuple[list[Any], list[list[int]]]:
+    """Submit the date tasks of ``todo`` (batches of consecutive dates); (futures, their batches)."""
     work = batches(todo, cfg.dates_per_task or batch_size(plan))
     futures = [client.submit(ingest_dates, found.forecast, found.truth, found.oracle, plan, b, str(store),
                              str(done_dir), train, pure=False) for b in work]
+    return futures, work
+
+
+def _run_tasks(client: Any, cfg: IngestConfig, plan: sources.Plan, todo: list[int], submitted: tuple[list[Any],
+               list[list[int]]], store: Path, train: frozenset[int], prior: list[int], covered: list[str],
+               meanwhile: Callable[[], None] | None = None) -> Any:
+    """Wait for the date tasks ``submitted``, merging the training partials on the workers as tasks finish;
+    returns the future of the merged partials (None: no training date), which stays on its worker.
+    ``prior`` and ``covered`` are what an earlier, interrupted run left (training dates done after its
+    last checkpoint, whose partials are read back from the store, and the dates merged.npz holds).
+    ``meanwhile`` runs in a thread of this process while the tasks run."""
+    futures, work = submitted
+    merger = _Merger(client, store.parent / STATS_DIR, covered, cfg.checkpoint_dates)
+    for i in prior:
+        merger.add(client.submit(stored_partials, str(store), i, pure=False), [_stamp(plan.init_times[i])])
     stamps = {f.key: [_stamp(plan.init_times[i]) for i in b if i in train] for f, b in zip(futures, work, strict=True)}
     meter = Progress(len(plan.init_times), len(plan.init_times) - len(todo), date_bytes(plan))
     with ThreadPoolExecutor(1) as pool:  # ``meanwhile`` beside the loop that submits merges as dates finish
@@ -711,7 +721,7 @@ def _prepare(cfg: IngestConfig, plan: sources.Plan, partial: Path, truth_vars: l
     partial.mkdir(parents=True)
     (partial / STATS_DIR).mkdir()
     tmpl = template(plan, truth=truth_vars, oracle=oracle_vars, splits=cfg.splits)
-    io.write_zarr(tmpl, store, chunks=_chunks(plan), compute=False)
+    io.write_template(tmpl, store, chunks=_chunks(plan))
     io.update_zarr_attrs(store, {contract.COMPLETE_ATTR: False, contract.VERSION_ATTR: contract.FORMAT_VERSION})
     done_dir.mkdir()
     io.write_json(meta, fingerprint)

@@ -489,7 +489,7 @@ class XarraySource(ForecastSource):
                                schema.STEP: pd.to_timedelta(list(plan.steps_h), unit="h")}
         if plan.levels and schema.LEVEL in ds.dims:  # a surface-only selection (T2m) has no level dim
             sel[schema.LEVEL] = list(plan.levels)
-        out = ds.sel(sel).load()
+        out = ds.sel(sel).load(scheduler="synchronous")  # in this task (no sub-tasks through a cluster)
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
         if plan.source_grid is not None:
             out = _regridded(out, plan)
@@ -546,7 +546,7 @@ class TruthSource:
             valid = [init_time + s for s in steps]
             out = _select_existing(ds, {schema.VALID_TIME: valid}).rename({schema.VALID_TIME: schema.STEP})
             out = out.assign_coords({schema.STEP: steps}).expand_dims({schema.INIT_TIME: [init_time]})
-        out = out.load().astype(np.float32)
+        out = out.load(scheduler="synchronous").astype(np.float32)
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
         out = self._on_grid(out, plan)
         dims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
@@ -584,7 +584,7 @@ def _select_existing(ds: xr.Dataset, wanted: dict[str, Any]) -> xr.Dataset:
     """``ds.reindex(wanted)`` that touches only the existing labels of a lazily indexed dataset."""
     pos = {d: pd.Index(ds[d].values).get_indexer(pd.Index(v)) for d, v in wanted.items()}
     have = {d: p[p >= 0] for d, p in pos.items()}
-    part = ds.isel(have).load()
+    part = ds.isel(have).load(scheduler="synchronous")  # read here, inside a worker's task too
     return part.reindex({d: list(v) for d, v in wanted.items()})
 
 

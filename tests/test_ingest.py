@@ -160,19 +160,28 @@ def test_forecast_only_input_works(tmp_path, synth_zarr):
     assert "q" not in ds
 
 
-def test_distributed_two_worker_local_cluster(synth_zarr, tmp_path):
-    """The default path (a LocalCluster of 2 worker processes) and an external scheduler address."""
-    from dask.distributed import Client, LocalCluster
+INGEST_TASKS = {"ingest_dates", "combine_fields", "checkpoint_partials", "write_statistics", "_checksum",
+                "index_file", "stored_partials", "load_partials"}
+
+
+def test_distributed_two_worker_local_cluster(synth_grib, tmp_path):
+    """The default path (a LocalCluster of 2 worker processes) and an external scheduler address. The
+    cluster runs postcast's tasks only: a date task reads its forecast, truth and oracle itself (before,
+    each `.load()` inside a task sent dozens of small dask tasks through the scheduler and waited on them)."""
+    from dask.distributed import Client, LocalCluster, get_task_stream
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+            Client(cluster) as client, get_task_stream(client) as stream:
         out = tmp_path / "dist.zarr"
-        res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), scheduler=cluster.scheduler_address,
+        res = ingest.ingest(IngestConfig(source=str(synth_grib), out=str(out), scheduler=cluster.scheduler_address,
                                          progress=False, variables=("t", "t2m", "tp")))
         assert res.n_written == res.n_dates == 18
         assert len(client.scheduler_info()["workers"]) == 2
+    names = {str(r["key"][0] if isinstance(r["key"], tuple) else r["key"]).split("-")[0] for r in stream.data}
+    assert "ingest_dates" in names and names <= INGEST_TASKS, sorted(names - INGEST_TASKS)[:8]
     ds = contract.open_store(out)
-    assert np.isfinite(ds["t"].values).all() and np.isfinite(ds["truth_t2m"].values).all()
+    truth = ds["truth_t2m"].sel({schema.STEP: pd.Timedelta(hours=schema.TARGET_STEP_H)})  # ERA5 at 48 h
+    assert np.isfinite(ds["t"].values).all() and np.isfinite(truth.values).all()
 
 
 def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
@@ -535,3 +544,22 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     assert tuned == "True"
     assert int(before) >= 50, before  # at least one fault per temporary under dask's setting
     assert int(after) < 10, (before, after)
+
+
+def test_store_template_metadata_equals_xarrays_own_write(synth_zarr, tmp_path):
+    """The store's template (63 arrays with their own CF attributes, a few layouts) created through
+    ``io.write_template`` has every zarr.json xarray's compute=False write gives it."""
+    cfg = IngestConfig(source=str(synth_zarr), out=str(tmp_path / "x.zarr"))
+    found = sources.discover(cfg.source, truth=cfg.truth)
+    plan = found.forecast.plan(cfg.expectation)
+    tmpl = ingest.template(plan, truth=found.truth.variables(), oracle=[], splits=cfg.splits)
+    io.write_zarr(tmpl, tmp_path / "a.zarr", chunks=ingest._chunks(plan), compute=False)
+    io.write_template(tmpl, tmp_path / "b.zarr", chunks=ingest._chunks(plan))
+
+    def metadata(root: Path) -> dict[str, dict]:
+        return {p.parent.relative_to(root).as_posix(): json.loads(p.read_text()) for p in root.rglob("zarr.json")}
+
+    want, got = metadata(tmp_path / "a.zarr"), metadata(tmp_path / "b.zarr")
+    assert len(got) > 40 and got == want
+    back = io.open_zarr(tmp_path / "b.zarr")
+    assert {n: tmpl[n].attrs for n in tmpl.data_vars} == {n: v.attrs for n, v in back.data_vars.items()}

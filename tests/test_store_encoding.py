@@ -85,7 +85,7 @@ def _stats_like() -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
 
     lat, lon = np.linspace(90, -90, 7), np.arange(0, 360, 40.0)
     coords = {schema.STEP: np.array([0, 24, 48]), schema.LEVEL: np.array([500, 850]), schema.LAT: lat,
-              schema.LON: lon}
+              schema.LON: lon, schema.MEMBER: np.arange(3)}  # member: a coordinate no array uses
     layouts = [((schema.STEP,), (3,), np.float64, (3,)),
                ((schema.STEP, schema.LEVEL), (3, 2), np.float64, (3, 2)),
                ((schema.STEP, schema.LAT, schema.LON), (3, 7, 9), np.float32, (1, 7, 9))]
@@ -115,7 +115,7 @@ def test_write_template_creates_exactly_the_arrays_xarray_creates(tmp_path):
     io.write_zarr(ds, tmp_path / "a.zarr", chunks=chunks, group="statistics", compute=False)
     io.write_template(ds, tmp_path / "b.zarr", chunks=chunks, group="statistics")
     want, got = _metadata(tmp_path / "a.zarr"), _metadata(tmp_path / "b.zarr")
-    assert len(got) == 1 + 1 + 1 + 12 + 4  # root, its array x, the group, 12 arrays, 4 coordinates
+    assert len(got) == 1 + 1 + 1 + 12 + 5  # root, its array x, the group, 12 arrays, 5 coordinates
     assert got == want
     back = io.open_zarr(tmp_path / "b.zarr", group="statistics")
     assert set(back.data_vars) == set(ds.data_vars) and np.isnan(back["t_2"].values).all()
@@ -134,7 +134,7 @@ def test_write_into_writes_what_xarray_writes_and_refuses_a_shape_mismatch(tmp_p
     io.write_zarr(filled, tmp_path / "a.zarr", chunks=chunks, group="statistics", mode="w")
     io.write_into(filled, tmp_path / "b.zarr", group="statistics")
     files = sorted(p.relative_to(tmp_path / "a.zarr") for p in (tmp_path / "a.zarr").rglob("c/**/*") if p.is_file())
-    assert len(files) == 4 * (1 + 1 + 3) + 4  # and the four coordinates
+    assert len(files) == 4 * (1 + 1 + 3) + 5  # and the five coordinates
     for rel in files:
         assert (tmp_path / "b.zarr" / rel).read_bytes() == (tmp_path / "a.zarr" / rel).read_bytes(), rel
     xr.testing.assert_identical(io.open_zarr(tmp_path / "b.zarr", group="statistics").load(),
