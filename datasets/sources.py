@@ -493,7 +493,7 @@ class XarraySource(ForecastSource):
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
         if plan.source_grid is not None:
             out = _regridded(out, plan)
-        out = out.astype(np.float32)
+        out = out.astype(np.float32, copy=False)  # float32 sources as they are (a copy: ~1 s per 0.5 deg date)
         check_values(out, f"{self.path} {init_time:%Y-%m-%d}")
         return out
 
@@ -546,7 +546,7 @@ class TruthSource:
             valid = [init_time + s for s in steps]
             out = _select_existing(ds, {schema.VALID_TIME: valid}).rename({schema.VALID_TIME: schema.STEP})
             out = out.assign_coords({schema.STEP: steps}).expand_dims({schema.INIT_TIME: [init_time]})
-        out = out.load(scheduler="synchronous").astype(np.float32)
+        out = out.load(scheduler="synchronous").astype(np.float32, copy=False)
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
         out = self._on_grid(out, plan)
         dims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
