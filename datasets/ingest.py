@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
@@ -241,6 +242,7 @@ KEEP_FREED_BYTES = 1 << 30  # free heap memory a worker keeps for the next tempo
 MMAP_ABOVE_BYTES = 32 << 20  # blocks larger than this are mapped and unmapped (glibc's largest threshold)
 
 
+@functools.cache  # once per process (finding libc can run ldconfig)
 def keep_freed_memory() -> bool:
     """Let this process reuse freed memory for its next temporaries instead of handing it back to the
     kernel. dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes glibc's mmap
@@ -752,7 +754,7 @@ def write_statistics(parts: statistics.FieldPartials | None, store: str, train_t
 
 
 def statistics_template(store: Path) -> None:
-    """Create the statistics group's arrays (metadata only: hundreds of arrays, ~0.5 s), here in the client
+    """Create the statistics group's arrays (metadata only: hundreds of arrays, ~1 s), here in the client
     while the workers ingest the dates."""
     tmpl, chunks = statistics.template(io.open_zarr(store))
     io.write_template(tmpl, store, chunks=chunks, group=contract.STATISTICS_GROUP)
