@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from postcast.datasets import store as contract
 from postcast.datasets.errors import MissingInputError
 from postcast.datasets.ingest import IngestConfig
 
-DASK = shutil.which("dask")
+DASK = shutil.which("dask", path=Path(sys.executable).parent)
 pytestmark = pytest.mark.skipif(DASK is None, reason="the `dask` command line (dask[distributed]) is not installed")
 
 

@@ -63,7 +63,7 @@ def torch_in_core(root: Path) -> list[str]:
 
 
 def test_ruff_clean():
-    ruff = shutil.which("ruff")
+    ruff = shutil.which("ruff", path=Path(sys.executable).parent)
     if ruff is None:
         pytest.fail("ruff is not installed: run scripts/setup.sh")
     proc = subprocess.run([ruff, "check", "."], cwd=ROOT, capture_output=True, text=True, check=False)
