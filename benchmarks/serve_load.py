@@ -121,7 +121,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_forecasts(Path(tmp), n=3, resolution=a.resolution)
         write_forecasts(Path(tmp), target="z500", n=1, resolution=a.bbox_resolution)
-        with running_server(Path(tmp), workers=a.workers) as url:
+        with running_server(Path(tmp), workers=a.workers, extra=("--no-access-log",)) as url:
             phases.append(run_phase("point", url, point_queries(a.requests, 0), 16, a.time_limit, is_point))
             phases.append(run_phase("point", url, point_queries(a.requests, 1), 64, a.time_limit, is_point))
             box = "/forecast/bbox?target=z500&lat_min=-90&lat_max=90&lon_min=0&lon_max=359.99"

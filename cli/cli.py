@@ -39,6 +39,18 @@ exit codes: 0 ok or already done | 1 internal error | 2 bad usage or config |
 """
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option's help ends with its default where it has one
+    and does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.option_strings and not action.required and "default" not in text
+        if shown and action.default not in (None, False, [], (), argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
 def _int_tuple(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -336,11 +348,15 @@ def _progress(enabled: bool, unit: str) -> Callable[[Any], Any]:
 # --- run -----------------------------------------------------------------------------------------
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "run", help="run the staged pipeline of a YAML config (synth/ingest -> train -> evaluate)",
-        description="Run every stage of a pipeline config (kind: pipeline): synthesise or ingest, train each "
-                    "preset, evaluate. WORKDIR/manifest.json records each stage's config hash, inputs and outputs: "
+        "run", help="run the staged pipeline of a YAML config (synth/ingest -> train -> evaluate -> forecast -> "
+                    "compress)",
+        description="Run every stage of a pipeline config (kind: pipeline): download (optional), synthesise or "
+                    "ingest, train each preset, evaluate (metrics and report), batch-forecast the trained models "
+                    "(forecast_from..forecast_to, optional) and compress the fields a preset reads (optional). "
+                    "WORKDIR/manifest.json records each stage's config hash, inputs and outputs: "
                     "a rerun skips finished stages, --force reruns one, a killed run resumes (training from its "
-                    "last.ckpt). Logs: WORKDIR/logs/pipeline.log; summary: WORKDIR/summary.json.",
+                    "last.ckpt). Logs: WORKDIR/logs/pipeline.log; summary: WORKDIR/summary.json (each stage's "
+                    "time, kept across reruns; each compressed field's errors; the work directory's size).",
         epilog="examples:\n  postcast run configs/quickstart.yaml\n"
                "  postcast run configs/quickstart.yaml --force train:unet_t850\n"
                "  postcast run configs/quickstart.yaml --dry-run",
@@ -369,6 +385,9 @@ def _run_run(a: argparse.Namespace) -> int:
             print(f"    {len(st['files'])} files, ~{known / 1e12:.2f} TB expected where the size is known")
     if "report" in summary:
         print(f"report: {summary['report']}")
+    if not a.dry_run:
+        print(f"work directory {summary['workdir']}: {summary['disk_bytes'] / 1e9:.2f} GB in {summary['disk_files']} "
+              f"files; the outputs took {summary['seconds']:.0f} s")
     return 0
 
 
@@ -443,7 +462,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                "  curl 'http://127.0.0.1:8000/forecast/point?target=t850&lat=47.5&lon=8.5'",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("forecasts", help="directory written by `postcast forecast`")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port, 1..65535")
     p.add_argument("--token", help="bearer token (default: $POSTCAST_TOKEN; none: no auth)")
     p.add_argument("--public-metrics", action="store_true", help="leave /metrics open when a token is set")
@@ -454,6 +473,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-alive-timeout", type=int, default=5, help="seconds an idle connection is kept (default 5)")
     p.add_argument("--limit-concurrency", type=int, default=1000,
                    help="connections + requests before answering 503 (default 1000)")
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="no line per request on stderr (the address, startup and shutdown are still logged)")
     p.set_defaults(func=_run_serve)
 
 
@@ -464,7 +485,8 @@ def _run_serve(a: argparse.Namespace) -> int:
     from postcast.serve.server import ServeOptions, run
 
     opts = ServeOptions(host=a.host, port=a.port, workers=a.workers, header_timeout=a.header_timeout,
-                        keep_alive_timeout=a.keep_alive_timeout, limit_concurrency=a.limit_concurrency)
+                        keep_alive_timeout=a.keep_alive_timeout, limit_concurrency=a.limit_concurrency,
+                        access_log=a.access_log)
     if not 0.0 <= a.watch <= 86400.0:
         msg = f"--watch {a.watch}: give seconds in [0, 86400] (0: rescan on every request)"
         raise ConfigError(msg)
@@ -476,7 +498,11 @@ def _run_serve(a: argparse.Namespace) -> int:
     os.environ["POSTCAST_PUBLIC_METRICS"] = "1" if a.public_metrics else "0"
     if a.token:
         os.environ["POSTCAST_TOKEN"] = a.token
+    log.info("serving the forecasts in %s at http://%s:%d (%s); Ctrl-C stops", a.forecasts, a.host, a.port,
+             "token required" if a.token or os.environ.get("POSTCAST_TOKEN") else "no token: open to anyone who "
+             "can connect")
     run("postcast.serve.app:app_from_env", opts)
+    log.info("postcast serve stopped")
     return 0
 
 
@@ -500,7 +526,7 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step-hours", type=int, default=48, help="lead time when the source has one (default 48)")
     p.add_argument("--member", default="mean", help="'mean' (ensemble mean) or a member index, for member fields")
     p.add_argument("--out", required=True, help="artefact path (.pcnf)")
-    p.add_argument("--width", type=int, default=48)
+    p.add_argument("--width", type=int, default=48, help="neurons per hidden layer")
     p.add_argument("--depth", type=int, default=3, help="residual blocks")
     p.add_argument("--steps", type=int, default=2000, help="optimiser steps")
     p.add_argument("--sigma", type=float, default=1.6, help="std of the Fourier matrices")
@@ -510,6 +536,9 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--error-bound", type=float, help="guaranteed max absolute error (data units), via SZ3")
     p.add_argument("--error-bound-var", action="append", default=[], metavar="VAR=BOUND",
                    help="a bound for one variable (repeatable; overrides --error-bound for it)")
+    p.add_argument("--error-bound-std", type=float, metavar="FRACTION",
+                   help="guaranteed max absolute error as a fraction of each variable's weighted std, e.g. 0.1 "
+                        "(weighted RMSE / std then stays <= 0.1), for variables without an absolute bound")
     p.set_defaults(func=_run_compress, input_errors=(ValueError, KeyError), input_path="source")
 
 
@@ -532,7 +561,8 @@ def _run_compress(a: argparse.Namespace) -> int:
     try:
         per_var = dict(_var_bound(item) for item in a.error_bound_var)
         cfg = FieldConfig(width=a.width, depth=a.depth, steps=a.steps, sigma=a.sigma, weights=a.weights,
-                          entropy=a.entropy, error_bound=a.error_bound, error_bounds=per_var)
+                          entropy=a.entropy, error_bound=a.error_bound, error_bounds=per_var,
+                          error_bound_std=a.error_bound_std)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     sel = Selection(a.source, tuple(a.variables), tuple(a.levels), a.step_hours, a.member)
@@ -591,7 +621,8 @@ def _add_compress_report(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artefacts", nargs="+")
     p.add_argument("--sz3", type=_float_list, default=[0.1, 0.5, 2.0], help="absolute bounds (comma-separated)")
-    p.add_argument("--zfp-tolerance", type=_float_list, default=[0.5, 2.0])
+    p.add_argument("--zfp-tolerance", type=_float_list, default=[0.5, 2.0],
+                   help="ZFP absolute tolerances (comma-separated)")
     p.add_argument("--zfp-rate", type=_float_list, default=[1.0, 4.0], help="bits per value")
     p.add_argument("--plot", help="write the ratio-vs-wRMSE plot here (PNG)")
     p.add_argument("--json", help="write the rows as JSON here")
@@ -674,12 +705,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="postcast", description="Post-processing of ensemble weather forecasts (ENS-10).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"postcast {postcast.__version__}")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars (batch logs)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="lowest level of log lines on stderr")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bars (there are none when stderr is not a terminal: log lines report "
+                             "progress)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
+    _use_formatter(parser)
     return parser
+
+
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    """:class:`HelpFormatter` for the parser and every verb's (and sub-verb's) parser."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _use_formatter(sub)
 
 
 def exit_code(err: BaseException, input_errors: tuple[type[BaseException], ...] = ()) -> int | None:
@@ -730,11 +774,35 @@ class _NoTaskFailureReports(logging.Filter):
         return not str(record.msg).startswith("Compute Failed")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line as a namespace. ``train`` hands every word after it to the Lightning CLI
+    verbatim (``postcast train --help`` included); other verbs refuse unknown arguments."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(words)
+    # bars only on a terminal: in a log file their carriage returns run into the log lines
+    args.progress = args.progress and sys.stderr.isatty()
+    if args.command == "train":
+        args.lightning_args = words[words.index("train") + 1:]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _log_handler(level: str) -> logging.Handler:
+    """One handler on the root logger, on this call's stderr: every library's records (Lightning's,
+    uvicorn's, dask's) are printed once, in one format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    handler = _log_handler(args.log_level)
     # a failed dask task is re-raised here and reported once, as one line (with its traceback at DEBUG)
     logging.getLogger("distributed.worker").addFilter(_NoTaskFailureReports())
     try:
@@ -756,6 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         log.debug("traceback of the error above", exc_info=err)
         return code
+    finally:
+        logging.getLogger().removeHandler(handler)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ class FieldConfig:
     entropy: str = "none"  # none | lzma: lossless coding of the artefact's header and arrays
     error_bound: float | None = None  # absolute max error (data units) guaranteed by an SZ3 residual layer
     error_bounds: dict[str, float] = field(default_factory=dict)  # per variable, overriding error_bound
+    # max abs error as a fraction of each variable's spread (the smallest cos-latitude weighted std over
+    # its levels), for variables without an absolute bound: 0.1 keeps every weighted RMSE / std <= 0.1
+    error_bound_std: float | None = None
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_FORMATS:
@@ -72,18 +75,29 @@ class FieldConfig:
             msg = (f"error_bound={self.error_bound}: give a positive absolute bound (a finite number) in data "
                    "units, or none")
             raise ValueError(msg)
+        if self.error_bound_std is not None and not (_positive_finite(self.error_bound_std)
+                                                     and self.error_bound_std < 1):
+            msg = (f"error_bound_std={self.error_bound_std}: give a fraction of each field's standard deviation "
+                   "in (0, 1), e.g. 0.1, or none")
+            raise ValueError(msg)
         bad = {k: v for k, v in self.error_bounds.items() if not _positive_finite(v)}
         if bad:
             msg = f"error_bounds {bad}: give positive absolute bounds (finite numbers) in each variable's units"
             raise ValueError(msg)
 
-    def bounds_for(self, variables: list[str]) -> list[float | None]:
-        """The guaranteed max abs error of each variable (None: the network alone)."""
+    def bounds_for(self, variables: list[str], spreads: list[float] | None = None) -> list[float | None]:
+        """The guaranteed max abs error of each variable (None: the network alone): its own bound, else
+        ``error_bound``, else ``error_bound_std`` times its spread (``spreads``, in data units)."""
         unknown = sorted(set(self.error_bounds) - set(variables))
         if unknown:
             msg = f"error_bounds names {unknown}, which are not among the compressed variables {variables}"
             raise ValueError(msg)
-        return [float(self.error_bounds[v]) if v in self.error_bounds else self.error_bound for v in variables]
+        relative: list[float | None] = [None] * len(variables)
+        if self.error_bound_std is not None and spreads is not None:
+            relative = [self.error_bound_std * s if s > 0 else None for s in spreads]
+        return [float(self.error_bounds[v]) if v in self.error_bounds
+                else self.error_bound if self.error_bound is not None else rel
+                for v, rel in zip(variables, relative, strict=True)]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

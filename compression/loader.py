@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from postcast.compression import sz3
 from postcast.compression.artefact import Artefact, grid_arrays, grid_spec
 from postcast.compression.field import FieldConfig, Fields, to_fields
+from postcast.compression.report import store_fields
 from postcast.datasets import schema
 from postcast.datasets import store as contract
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset, to_tensors
@@ -50,22 +51,15 @@ def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
         msg = "compressed training reads ensemble statistics only: set data.cfg.sample.members: false"
         raise ValueError(msg)
     src = StoreDataset(cfg, split)
-    ds = contract.open_store(cfg.store)
-    rows = ds.isel({schema.INIT_TIME: src.indices}).sel({schema.STEP: pd.Timedelta(hours=cfg.sample.step_h)})
-    out = xr.Dataset()
-    for art_name, var, lv in _channels(cfg.sample):
-        da = rows[var]
-        if lv is not None:
-            da = da.sel({schema.LEVEL: lv})
-        out[art_name] = da.drop_vars([c for c in da.coords if c not in da.dims]).load()
-    return out
+    return store_fields(cfg.store, src.indices, cfg.sample.step_h, _channels(cfg.sample))
 
 
 def compress_split(cfg: DataConfig, field_cfg: FieldConfig, split: str = "train", progress: bool = True) -> Artefact:
     """Fit one neural field to every field the samples of ``split`` read."""
     art = Artefact.build(to_fields(split_fields(cfg, split)), field_cfg, progress)
     art.header["source"] = {"store": cfg.store, "split": split, "target": cfg.sample.target,
-                            "variables": list(cfg.sample.input_variables), "step_h": cfg.sample.step_h}
+                            "variables": list(cfg.sample.input_variables), "step_h": cfg.sample.step_h,
+                            "channels": [list(c) for c in _channels(cfg.sample)]}
     return art
 
 

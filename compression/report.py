@@ -19,7 +19,8 @@ from postcast.compression.artefact import Artefact
 from postcast.compression.field import Fields, to_fields
 from postcast.compression.metrics import field_errors
 from postcast.datasets import conventions, io, schema
-from postcast.datasets.errors import MissingInputError
+from postcast.datasets import store as contract
+from postcast.datasets.errors import BadInputError, MissingInputError
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,39 @@ def select(sel: Selection) -> xr.Dataset:
     return out.drop_vars([c for c in out.coords if c not in keep]).load()
 
 
-def selection_of(art: Artefact) -> Selection:
-    src = art.header.get("selection")
-    if not src:
-        msg = "this artefact records no source selection: pass the fields explicitly"
-        raise ValueError(msg)
-    return Selection(src["source"], tuple(src["variables"]), tuple(src["levels"]), src["step_h"], src["member"])
+def store_fields(store: str, rows: Sequence[int] | np.ndarray, step_h: int,
+                 channels: Sequence[Sequence[Any]]) -> xr.Dataset:
+    """Fields of a training store as (init_time, lat, lon) variables: ``rows`` (init-time indices) at
+    lead ``step_h``, one variable per channel ``(name, store variable, level or None)``."""
+    ds = contract.open_store(store)
+    rows_ds = ds.isel({schema.INIT_TIME: list(rows)}).sel({schema.STEP: pd.Timedelta(hours=step_h)})
+    out = xr.Dataset()
+    for name, var, lv in channels:
+        da = rows_ds[var]
+        if lv is not None:
+            da = da.sel({schema.LEVEL: lv})
+        out[name] = da.drop_vars([c for c in da.coords if c not in da.dims]).load()
+    return out
+
+
+def source_fields(art: Artefact) -> Fields:
+    """The fields ``art`` was fitted to, reopened from what it records: a selection of a file or store
+    (``postcast compress``) or a split of a training store (``postcast run``'s compress stage)."""
+    sel, src = art.header.get("selection"), art.header.get("source")
+    if sel:
+        return to_fields(select(Selection(sel["source"], tuple(sel["variables"]), tuple(sel["levels"]),
+                                          sel["step_h"], sel["member"])))
+    if src and "channels" in src:
+        times = pd.DatetimeIndex(np.asarray(art.header["times"], dtype="datetime64[ns]"))
+        index = pd.DatetimeIndex(contract.open_store(src["store"])[schema.INIT_TIME].values)
+        missing = times.difference(index)
+        if len(missing):
+            msg = f"{src['store']}: lacks the init times {list(missing.astype(str)[:3])} this artefact was fitted to"
+            raise MissingInputError(msg)
+        return to_fields(store_fields(src["store"], index.get_indexer(times), src["step_h"], src["channels"]))
+    msg = (f"{art.path or 'this artefact'} records neither a source selection nor a store split: "
+           "regenerate it with `postcast compress` or `postcast run`")
+    raise BadInputError(msg)
 
 
 def neural_row(fields: Fields, art: Artefact, label: str, codec: str = "neural") -> dict[str, Any]:
@@ -122,7 +150,7 @@ def compare(artefacts: list[str], sz3: list[float], zfp_tol: list[float],
             zfp_rate: list[float]) -> list[dict[str, Any]]:
     """Rows for every artefact and baseline setting, on the fields of the first artefact's source."""
     arts = [Artefact.load(p) for p in artefacts]
-    fields = to_fields(select(selection_of(arts[0])))
+    fields = source_fields(arts[0])
     rows = [neural_row(fields, a, f"{Path(a.path or '').name} w={a.config.width}") for a in arts]
     return rows + baseline_rows(fields, sz3, zfp_tol, zfp_rate)
 

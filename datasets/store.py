@@ -123,6 +123,24 @@ def open_statistics(path: str | os.PathLike[str]) -> xr.Dataset | None:
         return None
 
 
+CLIMATE_QUANTILES = (0.1, 0.5, 0.9)  # default exceedance thresholds of forecasts
+
+
+def truth_quantiles(ds: xr.Dataset, target: str, step_h: int,
+                    quantiles: tuple[float, ...] = CLIMATE_QUANTILES) -> tuple[float, ...]:
+    """Quantiles of the training split's truth of ``target`` at ``step_h``, pooled over dates and grid
+    points, in the target's units, to 4 significant digits (a forecast's default exceedance thresholds:
+    cold/dry, typical, warm/wet); () when the training split has no truth."""
+    rows = split_rows(ds, "train", target=target, step_h=step_h)
+    if not rows.size:
+        return ()
+    da = ds[truth_name(target)].sel({schema.STEP: pd.Timedelta(hours=step_h)})
+    if schema.LEVEL in da.dims:
+        da = da.sel({schema.LEVEL: schema.TARGETS[target].level})
+    y = da.isel({schema.INIT_TIME: rows}).values
+    return tuple(float(f"{q:.4g}") for q in np.nanquantile(y, quantiles))
+
+
 def split_rows(ds: xr.Dataset, split: str, *, target: str | None = None,
                step_h: int = schema.TARGET_STEP_H) -> np.ndarray:
     """Row indices (along init_time) of ``split``; with ``target``, only rows with its truth at

@@ -76,6 +76,9 @@ class PostProcessor(L.LightningModule):
         self.norm_std: torch.Tensor
         self.register_buffer("norm_mean", torch.zeros(spec.n_fields, *grid))
         self.register_buffer("norm_std", torch.ones(spec.n_fields, *grid))
+        # default exceedance thresholds of forecasts (target units): quantiles of the training truth, set
+        # at fit start and carried in the checkpoint's metadata
+        self.thresholds: list[float] = []
 
     def set_normalisation(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         """Record the statistics the inputs are normalised with (they travel in the checkpoint)."""
@@ -88,6 +91,8 @@ class PostProcessor(L.LightningModule):
         if dm is not None and hasattr(dm, "normalisation"):
             mean, std = dm.normalisation()
             self.set_normalisation(torch.from_numpy(mean), torch.from_numpy(std))
+        if dm is not None and hasattr(dm, "climate_thresholds"):
+            self.thresholds = list(dm.climate_thresholds())
 
     def normalise(self, batch: Batch) -> Batch:
         """The network's view of a physical batch: ``x`` (B, C, H, W) = normalised fields (NaN, e.g.
@@ -150,8 +155,11 @@ class PostProcessor(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning calls this hook last, once "state_dict" and "hyper_parameters" are in place
         meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "family": self.hparams["family"],
-                "sample": self.spec.to_dict()}
+                "sample": self.spec.to_dict(), "thresholds": self.thresholds}
         checkpoint["postcast"] = {**meta, "checksum": content_checksum(checkpoint, meta)}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.thresholds = list(checkpoint.get("postcast", {}).get("thresholds", []))
 
 
 def _check_finite(batch: Batch, ok: torch.Tensor, split: str) -> None:

@@ -298,7 +298,7 @@ def score_target(store: xr.Dataset, target: str, split: str, preds: list[Predict
                 msg = f"{name}: predicted init times differ from the verification dates of {target} at +{h} h"
                 raise ValueError(msg)
             ver = add_forecast(ver, name, mu, sigma)
-        log.info("scoring %s +%d h: %s", target, h, list(ver["forecast"].values))
+        log.info("scoring %s +%d h: %s", target, h, ", ".join(map(str, ver["forecast"].values)))
         res = score_lead(ver, efi_fields(store, ver), thresholds=climate_thresholds(store, target, h),
                          bootstrap=bootstrap)
         per_lead.append(res.expand_dims(lead=[h]))

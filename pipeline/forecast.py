@@ -61,7 +61,7 @@ class ForecastConfig:
     init_time: str  # first init time (ISO), inclusive
     end: str | None = None  # last init time, inclusive (None: just init_time)
     quantiles: tuple[float, ...] = DEFAULT_QUANTILES
-    thresholds: tuple[float, ...] = ()  # in the target's units; none: none written
+    thresholds: tuple[float, ...] = ()  # in the target's units; none: the checkpoint's (training-truth quantiles)
     formats: tuple[str, ...] = ("netcdf",)  # netcdf and/or zarr
     overwrite: bool = False
     name: str | None = None  # the model's name in the output paths (None: the checkpoint's model family)
@@ -156,6 +156,7 @@ class _Run:
     name: str
     ckpt_hash: str
     reason: str  # why the model cannot run ("" when it can)
+    thresholds: tuple[float, ...]  # --thresholds, else the checkpoint's climatological defaults
 
 
 def forecast(cfg: ForecastConfig) -> ForecastResult:
@@ -180,7 +181,8 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
         msg = f"{cfg.input}: no init time between {start} and {end} (it has {len(plan.init_times)} dates)"
         raise MissingInputError(msg)
     run = _Run(cfg, model, Sampler(spec, plan.grid.latitudes(), plan.grid.longitudes()), found.forecast, plan,
-               cfg.name or str(model.hparams["family"]), io.sha256_file(cfg.checkpoint), reason)
+               cfg.name or str(model.hparams["family"]), io.sha256_file(cfg.checkpoint), reason,
+               cfg.thresholds or tuple(meta.get("thresholds", ())))
     result = ForecastResult()
     for init in inits:
         _one(run, init, result)
@@ -222,7 +224,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         lat, lon = back.latitudes(), back.longitudes()
         attrs["output_grid"] = "input"
     ds = products(mu, sigma, target=spec.target, init=init, step_h=spec.step_h, lat=lat, lon=lon,
-                  quantiles=cfg.quantiles, thresholds=cfg.thresholds, attrs=attrs)
+                  quantiles=cfg.quantiles, thresholds=run.thresholds, attrs=attrs)
     for path in paths[product]:
         write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)
         result.written.append(str(path))

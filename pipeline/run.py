@@ -32,6 +32,7 @@ from postcast.datasets.synthetic import SynthConfig
 log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
+MAX_WRMSE_OVER_STD = 0.1  # a compressed field worth having: weighted RMSE at most a tenth of its spread
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class Stage:
     inputs: list[str]  # names of upstream stages
     action: Callable[[bool], list[str]]  # runs the stage (argument: fresh, i.e. forced), returns outputs
     listing: Callable[[], list[dict[str, Any]]] | None = None  # files a dry run lists (download)
+    details: Callable[[list[str]], dict[str, Any]] | None = None  # measures of the outputs, kept in the summary
 
 
 def _identity(path: str) -> str:
@@ -189,7 +191,8 @@ class Manifest:
 
     def record(self, stage: Stage, outputs: list[str], seconds: float) -> None:
         self.stages[stage.name] = {"hash": "", "outputs": outputs, "seconds": round(seconds, 2),
-                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": stage.settings}
+                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": stage.settings,
+                                   **(stage.details(outputs) if stage.details is not None else {})}
         self.stages[stage.name]["hash"] = self.stage_hash(stage)  # inputs are upstream outputs: stable now
         self.save()
 
@@ -282,9 +285,27 @@ def _compress(cfg: PipelineConfig, job: CompressJob, progress: bool) -> list[str
     out = cfg.root / "compressed" / f"{job.name}.pcnf"
     size = art.save(out)
     psnr = min(e["psnr_db"] for e in art.header["errors"].values())
-    log.info("compress %s: %d fields, %d bytes, ratio %.0fx, lowest PSNR %.1f dB", job.name,
+    log.info("compress %s: %d fields, %d bytes, ratio %.1fx, lowest PSNR %.1f dB", job.name,
              len(art.header["variables"]), size, art.ratio, psnr)
     return [str(out)]
+
+
+def compressed_fields(outputs: list[str]) -> dict[str, Any]:
+    """Each compressed field's errors (weighted RMSE, its ratio to the field's std, max abs error) and the
+    artefact's ratio, for the summary; a field whose weighted RMSE / std exceeds 0.1 is warned about
+    (at 1 the artefact is no better than the field's mean)."""
+    from postcast.compression.artefact import Artefact
+
+    art = Artefact.load(outputs[0])
+    fields = {v: {"wrmse": round(e["wrmse"], 6), "wrmse_over_std": round(e["wrmse_over_std"], 4),
+                  "max_abs": round(e["max_abs"], 6)}
+              for v, e in zip(art.header["variables"], art.header["errors"].values(), strict=True)}
+    for v, e in fields.items():
+        if e["wrmse_over_std"] > MAX_WRMSE_OVER_STD:
+            log.warning("compress: %s has weighted RMSE / std %.3f (> %.1f): the artefact barely beats the field's "
+                        "mean; set field.error_bound_std: 0.1 (or fit longer)", v, e["wrmse_over_std"],
+                        MAX_WRMSE_OVER_STD)
+    return {"ratio": round(art.ratio, 2), "fields": fields}
 
 
 def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stage]:
@@ -322,7 +343,8 @@ def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stag
     for job in cfg.compress:
         settings = {"preset_text": Path(job.preset).read_text(), "split": job.split, "field": dict(job.field)}
         out.append(Stage(f"compress:{job.name}", settings, [first],
-                         lambda fresh, j=job: _compress(cfg, j, progress)))  # type: ignore[misc]
+                         lambda fresh, j=job: _compress(cfg, j, progress),  # type: ignore[misc]
+                         details=compressed_fields))
     return out
 
 
@@ -338,7 +360,7 @@ def run(cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = Tr
         msg = f"--force {unknown}: no such stage; stages are {[s.name for s in plan]}"
         raise ConfigError(msg)
     summary: dict[str, Any] = {"workdir": str(cfg.root), "stages": {}, "status": "ok"}
-    start = time.perf_counter()
+    started, start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
     try:
         for stage in plan:
             forced = stage.name in force or "all" in force
@@ -365,7 +387,8 @@ def run(cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = Tr
             summary["stages"][stage.name] = {"status": "ran", **manifest.stages[stage.name]}
             log.info("stage %s: finished in %.1f s", stage.name, time.perf_counter() - t0)
     finally:
-        summary["seconds"] = round(time.perf_counter() - start, 2)
+        _finish_summary(summary, cfg.root / "summary.json", started, time.perf_counter() - start)
+        summary["disk_bytes"], summary["disk_files"] = _disk_use(cfg.root)
         if "evaluate" in manifest.stages:
             summary["report"] = manifest.stages["evaluate"]["outputs"][-1]
         if not dry_run:
@@ -373,6 +396,26 @@ def run(cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = Tr
         logging.getLogger().removeHandler(handler)
         handler.close()
     return summary
+
+
+def _finish_summary(summary: dict[str, Any], previous: Path, started: str, seconds: float) -> None:
+    """Totals and history. Each stage's ``seconds`` is what its current outputs took, from the run
+    that made them (a skipped stage keeps its first run's time); ``seconds`` is their sum, the cost of
+    the outputs; ``runs`` lists every run in this work directory (start, wall time, stages run)."""
+    try:
+        runs = json.loads(previous.read_text()).get("runs", []) if previous.exists() else []
+    except (OSError, ValueError, AttributeError):
+        runs = []  # an unreadable earlier summary loses its history, not this run
+    ran = [n for n, st in summary["stages"].items() if st["status"] in ("ran", "failed")]
+    summary["seconds"] = round(sum(st.get("seconds", 0.0) for st in summary["stages"].values()), 2)
+    summary["runs"] = [*runs, {"started": started, "seconds": round(seconds, 2), "ran": ran,
+                               "status": summary["status"]}]
+
+
+def _disk_use(root: Path) -> tuple[int, int]:
+    """Bytes and files under the work directory (inputs, store, runs, reports, forecasts, artefacts)."""
+    sizes = [p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    return sum(sizes), len(sizes)
 
 
 def _log_file(root: Path) -> logging.Handler:

@@ -10,6 +10,7 @@ start, so checkpoints are self-describing.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -132,6 +133,32 @@ def validate_preset(path: str) -> str | None:
     return None
 
 
+class _NoAdverts(logging.Filter):
+    """Drops Lightning's "💡 Tip: ... try installing [another package]" records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡")
+
+
+def quiet_lightning() -> None:
+    """Each of Lightning's log records once, in the application's format, and no noise a user cannot act on.
+
+    * Lightning adds a console handler of its own to the ``lightning`` logger at import and lets records
+      propagate, so an application that logs to the root logger (the ``postcast`` command, a pipeline's
+      log file) printed every record twice; with a root handler in place, Lightning's is removed.
+    * Its tips advertise other packages (litlogger, litmodels).
+    * ``isinstance(treespec, LeafSpec) is deprecated``: torch warns about Lightning's own code.
+    """
+    import warnings
+
+    if logging.getLogger().handlers:
+        logging.getLogger("lightning").handlers.clear()
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoAdverts) for f in rank_zero.filters):
+        rank_zero.addFilter(_NoAdverts())
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
 def run(args: Sequence[str]) -> PostcastCLI:
     """Run the Lightning CLI on ``args``; returns the CLI (``cli.trainer.checkpoint_callback
     .best_model_path`` after ``fit``). ``sys.argv`` is left alone: DDP's launcher re-runs it for the
@@ -139,9 +166,10 @@ def run(args: Sequence[str]) -> PostcastCLI:
     import warnings
 
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # by design, see above
+    quiet_lightning()
     paths = paths_file()
     defaults = {sub: {"default_config_files": [str(paths)]} for sub in SUBCOMMANDS} if paths else {}
-    if paths is None and not any(str(a).startswith("--data.cfg.store") for a in args):
+    if paths is None and not any(str(a).startswith("--data.cfg.store") or a in ("-h", "--help") for a in args):
         import sys
 
         print("postcast train: no configs/paths.yaml in this directory and $POSTCAST_PATHS is unset: the store "

@@ -36,6 +36,7 @@ class ServeOptions:
     header_timeout: float = 10.0  # seconds to send a request's headers
     keep_alive_timeout: int = 5  # seconds an idle keep-alive connection is kept
     limit_concurrency: int = 1000  # connections + tasks before uvicorn answers 503
+    access_log: bool = True  # one line per request on stderr (client, method, path, status)
 
     def __post_init__(self) -> None:
         checks = [
@@ -104,11 +105,29 @@ def uvicorn_kwargs(opts: ServeOptions) -> dict[str, Any]:
     os.environ[HEADER_TIMEOUT_ENV] = str(opts.header_timeout)  # read by the protocol, in every worker
     return {"host": opts.host, "port": opts.port, "workers": opts.workers, "http": DeadlineHttpToolsProtocol,
             "loop": "uvloop", "timeout_keep_alive": opts.keep_alive_timeout,
-            "limit_concurrency": opts.limit_concurrency, "log_level": "warning", "access_log": False}
+            "limit_concurrency": opts.limit_concurrency, "log_level": "info", "access_log": opts.access_log}
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived (uvicorn re-raises it after its graceful shutdown)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
 
 
 def run(app: str, opts: ServeOptions) -> None:
-    """Run the ASGI application factory ``app`` (``module:function``) with uvicorn until stopped."""
+    """Run the ASGI application factory ``app`` (``module:function``) with uvicorn until stopped. SIGTERM
+    (a service manager's stop) ends it normally once uvicorn has shut down gracefully: uvicorn re-raises
+    the signal afterwards, which would otherwise kill the process before it can say it stopped."""
+    import signal
+
     import uvicorn
 
-    uvicorn.run(app, factory=True, **uvicorn_kwargs(opts))
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        uvicorn.run(app, factory=True, **uvicorn_kwargs(opts))
+    except _Terminated:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -105,38 +105,46 @@ def running_trivial_server(workers: int = 1, timeout: float = 60.0) -> Iterator[
     """:func:`trivial_app` run with the same server setup as ``postcast serve`` (``serve/server.py``)."""
     port = free_port()
     code = ("from postcast.serve.server import ServeOptions, run; "
-            f"run('postcast.serve.testing:trivial_app', ServeOptions(port={port}, workers={workers}))")
+            f"run('postcast.serve.testing:trivial_app', "
+            f"ServeOptions(port={port}, workers={workers}, access_log=False))")
     with _running([sys.executable, "-c", code], port, timeout) as url:
         yield url
 
 
 @contextmanager
 def _running(cmd: list[str], port: int, timeout: float) -> Iterator[str]:
-    import httpx
+    import tempfile
 
     env = {k: v for k, v in os.environ.items() if k != "POSTCAST_TOKEN"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                msg = f"{cmd[1:4]} exited with {proc.returncode}: {err[-2000:]}"
-                raise RuntimeError(msg)
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.time() > deadline:
-                msg = f"{cmd[1:4]} did not answer /health in {timeout} s"
-                raise TimeoutError(msg)
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
+    # its log (one access line per request) goes to a file: a pipe nobody reads would fill and block the server
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            yield _wait_healthy(proc, log, f"http://127.0.0.1:{port}", f"{cmd[1:4]}", timeout)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], log: Any, url: str, name: str, timeout: float) -> str:
+    """``url`` once its /health answers 200; the process's log in the error when it exits or times out."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            msg = f"{name} exited with {proc.returncode}: {log.read().decode()[-2000:]}"
+            raise RuntimeError(msg)
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return url
+        except httpx.TransportError:
+            pass
+        if time.time() > deadline:
+            msg = f"{name} did not answer /health in {timeout} s"
+            raise TimeoutError(msg)
+        time.sleep(0.2)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 # Triton kernels run on the CPU through the interpreter; the variable is read when a kernel is
@@ -13,6 +16,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
+from postcast.cli import main
 from postcast.datasets import synthfiles
 from postcast.datasets.ingest import IngestConfig, ingest
 from postcast.datasets.synthetic import SynthConfig
@@ -23,8 +27,32 @@ TINY = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3
 
 
 def run_cli(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the real ``postcast`` console entry point in a subprocess."""
+    """Run the ``postcast`` command in this process: :func:`postcast.cli.main` with stdout and stderr
+    captured, answered like a process (exit code; an escaped exception is exit 1 with its traceback on
+    stderr). Importing torch and Lightning costs 8 s a process, so the CLI's behaviour is tested here;
+    tests whose subject is the process itself (signals, kill and resume, the installed entry point,
+    servers) start real ones. ``timeout`` is pytest-timeout's job in-process (kept for the signature)."""
+    out, err = io.StringIO(), io.StringIO()
+    environ = dict(os.environ)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["--no-progress", *args])
+        except SystemExit as stop:  # argparse and the Lightning CLI's parser exit
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except Exception:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os.environ.clear()  # a verb may export settings for its workers (serve, ingest)
+            os.environ.update(environ)
+    proc = subprocess.CompletedProcess(["postcast", *args], code, out.getvalue(), err.getvalue())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"postcast {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
 
+
+def run_process(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the real ``postcast`` entry point in a subprocess (where the process is the subject)."""
     proc = subprocess.run([sys.executable, "-m", "postcast", "--no-progress", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"}, check=False)
     if check and proc.returncode != 0:
@@ -70,5 +98,5 @@ def store(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cli():
-    """``cli("ingest", ...)`` runs the real ``postcast`` command in a subprocess."""
+    """``cli("ingest", ...)`` runs the ``postcast`` command in this process (:func:`run_cli`)."""
     return run_cli

@@ -75,7 +75,7 @@ def test_quickstart_cli_chain(cli, tmp_path):
 
 
 def test_console_script_installed():
-    exe = shutil.which("postcast")
+    exe = shutil.which("postcast", path=Path(sys.executable).parent)
     assert exe, "the `postcast` console script is not on PATH: run scripts/setup.sh"
     proc = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
     assert proc.stdout.startswith("postcast ")
@@ -142,3 +142,75 @@ def test_paths_live_in_one_file_and_presets_stack():
     data = data_config(cfg)
     assert data.store == "runs/quickstart/store.zarr" and data.loader == "clairvoyant" and data.batch_size == 2
     assert data.sample.target == "t850" and data.sample.variables == ("t", "z", "q", "w", "d", "u", "v", "tcc")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_train_help_is_lightnings(cli, flag):
+    """`postcast train --help` reaches the Lightning CLI (it was refused as an unrecognized argument)."""
+    proc = cli("train", flag)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage: postcast train" in proc.stdout and "{fit,validate,test,predict}" in proc.stdout
+    assert "no configs/paths.yaml" not in proc.stderr
+
+
+def test_unknown_arguments_are_still_refused(cli):
+    proc = cli("inspect", "s.zarr", "--colour", "blue")
+    assert proc.returncode == 2 and "unrecognized arguments: --colour blue" in proc.stderr
+
+
+def _options(parser, where="postcast"):
+    """(verb, action) for every option of every verb and sub-verb."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, f"{where} {name}")
+        elif action.option_strings and not isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            yield where, action
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    from postcast.cli import HelpFormatter, build_parser
+
+    fmt = HelpFormatter("postcast")
+    undocumented = [f"{v} {a.option_strings[0]}" for v, a in _options(build_parser()) if not a.help]
+    no_default = [f"{v} {a.option_strings[0]}" for v, a in _options(build_parser())
+                  if a.default not in (None, False, [], ()) and not a.required
+                  and "default" not in fmt._get_help_string(a)]
+    assert undocumented == [] and no_default == []
+    text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    assert "--host HOST" in text and "(default: 127.0.0.1)" in text
+
+
+def test_run_help_describes_every_stage(cli):
+    out = cli("run", "--help", check=True).stdout
+    for stage in ("download", "ingest", "train", "evaluate", "forecast", "compress"):
+        assert stage in out.split("positional arguments")[0], stage
+
+
+def test_progress_bars_only_on_a_terminal(synth_zarr, tmp_path):
+    """In a log file (stderr not a terminal) the ingest's bar ran into its log lines; now there is none,
+    and the log lines report progress."""
+    import contextlib
+    import io
+
+    from postcast.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["ingest", str(synth_zarr), "--out", str(tmp_path / "s.zarr"), "--threads"]) == 0
+    text = err.getvalue()
+    assert "\r" not in text and "date/s" not in text and "it/s" not in text
+    assert "ingest: 18/18 dates (100%)" in text
+    assert all(ln[:4].isdigit() for ln in text.splitlines() if ln.strip()), text[-2000:]  # every line a log line
+
+
+def test_lightning_logs_each_line_once_without_adverts(store, tmp_path):
+    """A real `postcast train fit` process: Lightning printed each line twice (its own handler and the
+    root's), advertised litlogger/litmodels and passed on a torch deprecation about its own code."""
+    cmd = [sys.executable, "-m", "postcast", "train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+           "--data.cfg.store", str(store), "--trainer.default_root_dir", str(tmp_path), "--trainer.max_epochs", "1"]
+    err = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stderr
+    assert err.count("GPU available") == 1 and err.count("`Trainer.fit` stopped") == 1, err
+    assert "💡" not in err and "litlogger" not in err and "LeafSpec" not in err, err

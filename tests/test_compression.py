@@ -4,6 +4,7 @@ bad artefacts give clean errors; the CLI verbs end to end; the classical baselin
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -15,6 +16,7 @@ from postcast.compression import baselines, report
 from postcast.compression.artefact import Artefact, ArtefactError
 from postcast.compression.field import FieldConfig, to_fields
 from postcast.compression.loader import CompressedDataModule, CompressedDataset, compress_split, split_fields
+from postcast.compression.metrics import relative_wrmse, weighted_std
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 
@@ -373,3 +375,48 @@ def test_cli_compress_stores_quantised_lzma_artefacts(tmp_path, capsys):
     assert (art.config.weights, art.config.entropy) == ("q4", "lzma")
     assert out.read_bytes()[14] == 1  # the codec byte after the 14-byte prefix: lzma
     assert np.isfinite(art.decode_array()).all()
+
+
+def test_compress_report_works_on_a_split_artefact(compressed_store, tmp_path, cli):
+    """The pipeline's compress stage writes split artefacts; compress-report refused them ("records no
+    source selection"). It now reopens the store's split, and its neural row equals the artefact's own."""
+    _, art = compressed_store
+    path = tmp_path / "split.pcnf"
+    art.save(path)
+    proc = cli("compress-report", str(path), "--sz3", "0.5", "--zfp-tolerance", "1", "--zfp-rate", "4",
+               "--json", str(tmp_path / "rows.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    neural = next(r for r in rows if r["codec"] == "neural")
+    stated = art.header["errors"]
+    assert neural["max_abs"] == pytest.approx(max(e["max_abs"] for e in stated.values()), rel=1e-5)
+
+
+def test_relative_error_bound_keeps_every_field_within_a_tenth_of_its_spread(compressed_store):
+    """error_bound_std=0.1: max |error| <= 0.1 x the field's weighted std, so weighted RMSE / std <= 0.1;
+    without it, this short fit leaves at least one field far above that."""
+    cfg, plain = compressed_store
+    fields = to_fields(split_fields(cfg))
+    bounded = Artefact.build(fields, FieldConfig(width=16, depth=1, steps=40, batch_points=2048,
+                                                 error_bound_std=0.1), progress=False)
+    decoded = bounded.decode_array()
+    for v, name in enumerate(fields.variables):
+        data = fields.data[v]
+        spread = weighted_std(data[:, 0], fields.lat)
+        assert np.abs(decoded[v] - data).max() <= 0.1 * spread * (1 + 1e-6), name
+        assert bounded.header["errors"][f"var{v}"]["wrmse_over_std"] <= 0.1
+    assert max(e["wrmse_over_std"] for e in plain.header["errors"].values()) > 0.1
+
+
+def test_relative_wrmse_is_one_for_the_mean_field_and_matches_a_hand_computation():
+    lat = np.array([-60.0, 0.0, 60.0])
+    rng = np.random.default_rng(0)
+    data = rng.normal(280, 5, size=(4, 2, 3, 5))  # (T, L, H, W)
+    w = np.cos(np.deg2rad(lat))[None, :, None] * np.ones((4, 3, 5))
+    means = [np.average(data[:, lv], weights=w) for lv in range(2)]
+    flat = np.stack([np.full((4, 3, 5), m) for m in means], axis=1)
+    assert relative_wrmse(data, flat, lat) == pytest.approx(1.0, rel=1e-12)
+    noisy = data + rng.normal(0, 0.5, size=data.shape)
+    by_hand = max(np.sqrt(np.average((noisy[:, lv] - data[:, lv]) ** 2, weights=w))
+                  / np.sqrt(np.average((data[:, lv] - means[lv]) ** 2, weights=w)) for lv in range(2))
+    assert relative_wrmse(data, noisy, lat) == pytest.approx(by_hand, rel=1e-12)

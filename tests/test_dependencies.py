@@ -118,7 +118,59 @@ def test_the_environment_is_the_lock():
     assert off == [], "refresh the lock (docs in scripts/lock.sh) or rerun scripts/setup.sh:\n" + "\n".join(off)
 
 
-def test_the_lock_still_resolves(tmp_path):
+def unmet_requirements(pyproject: Path, pins: dict[str, str]) -> list[str]:
+    """Every requirement reachable from pyproject's ``dev`` extra (through extras, markers evaluated here)
+    that the lock's pins do not satisfy: a pin missing or outside the range. Dependencies of pinned
+    distributions are read from their installed metadata."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    own = canonicalize_name(project["name"])
+    todo = [(Requirement(f"{own}[dev]"), "pyproject.toml")]
+    seen: set[tuple[str, str]] = set()
+    bad = []
+    while todo:
+        req, parent = todo.pop()
+        name = canonicalize_name(req.name)
+        if name != own and name not in pins:
+            bad.append(f"{req} (from {parent}): not in the lock")
+            continue
+        if name != own and not req.specifier.contains(pins[name], prereleases=True):
+            bad.append(f"{req} (from {parent}): the lock pins {pins[name]}")
+            continue
+        for extra in ["", *sorted(req.extras)]:  # an extra adds to the base requirements
+            if (name, extra) in seen:  # every requirement is checked; each distribution's are read once
+                continue
+            seen.add((name, extra))
+            if name == own:  # the project itself: its dependencies, or one of its extras
+                reqs = project["optional-dependencies"][extra] if extra else project["dependencies"]
+                todo += [(Requirement(r), f"{own}[{extra}]") for r in reqs
+                         if Requirement(r).marker is None or Requirement(r).marker.evaluate()]
+                continue
+            for dep in md.requires(req.name) or []:
+                r = Requirement(dep)
+                if r.marker is None or r.marker.evaluate({"extra": extra}):
+                    todo.append((r, f"{name}[{extra}]" if extra else name))
+    return bad
+
+
+def test_the_lock_satisfies_every_requirement():
+    """Offline: the lock is a consistent resolution of pyproject's ranges, every requirement of the project
+    and of each pinned distribution met by a pin (pip's own check, a registry round trip, is
+    ``test_pip_still_resolves_the_lock`` in the slow tier)."""
+    assert unmet_requirements(ROOT / "pyproject.toml", lock_pins(LOCK)) == []
+
+
+def test_a_range_outside_the_lock_is_caught(tmp_path):
+    pins = lock_pins(LOCK)
+    text = (ROOT / "pyproject.toml").read_text().replace('"numpy>=1.26,<3"', '"numpy>=1.26,<2"')
+    (tmp_path / "pyproject.toml").write_text(text)
+    assert unmet_requirements(tmp_path / "pyproject.toml", pins) == [
+        f"numpy<2,>=1.26 (from postcast[]): the lock pins {pins['numpy']}"]
+    del pins["scipy"]
+    assert "scipy<2,>=1.11 (from postcast[]): not in the lock" in unmet_requirements(ROOT / "pyproject.toml", pins)
+
+
+@pytest.mark.slow  # ~40 s of resolving against the package indexes
+def test_pip_still_resolves_the_lock(tmp_path):
     """pip resolves pyproject's declared ranges under the lock, without installing anything: a range
     edited out of the lock's reach, or a pin that a registry no longer serves, fails here."""
     report = tmp_path / "report.json"

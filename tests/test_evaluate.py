@@ -79,6 +79,8 @@ def test_evaluate_cli_writes_metrics_and_report(cli, trained, store, tmp_path):
         assert (out / png).stat().st_size > 1000
     assert "crps_map_t850.png" in html and "scorecard.png" in html and "unet_smoe_t850" in html
     assert "transformer_t850" in proc.stdout and "report:" in proc.stdout
+    scoring = [ln for ln in proc.stderr.splitlines() if "scoring t850 +48 h:" in ln]  # names, not numpy reprs
+    assert scoring and all("np.str_" not in ln and "oracle" in ln for ln in scoring), scoring
 
 
 def test_evaluate_rejects_bad_checkpoints(cli, store, tmp_path):

@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +45,37 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     np.testing.assert_allclose(ds["t850_std"].sel(forecast_reference_time=times).values, sigma, rtol=1e-4, atol=1e-5)
     z = xr.open_zarr(out / "postprocessed/mlp/t850" / files[0].name.replace(".nc", ".zarr"), consolidated=False)
     np.testing.assert_array_equal(z["t850_mean"].values, xr.open_dataset(files[0])["t850_mean"].values)
-    checker = shutil.which("compliance-checker")
+    checker = shutil.which("compliance-checker", path=Path(sys.executable).parent)
     assert checker, "compliance-checker is not installed: run scripts/setup.sh"
     cf = subprocess.run([checker, "--test", "cf:1.8", "--criteria", "normal", str(files[0])], capture_output=True,
                         text=True, check=False)
     assert cf.returncode == 0 and "All tests passed" in cf.stdout, cf.stdout[-2000:]
     again = cli(*args, check=True)  # idempotent: nothing rewritten
     assert "written 0 (0 fallback), kept 12 existing" in again.stdout
+
+
+def test_forecasts_carry_climatological_exceedance_thresholds_by_default(cli, checkpoint, synth_zarr, store,
+                                                                        tmp_path):
+    """Without --thresholds the files had an empty threshold dimension (the service answered
+    "exceedance": {}); now they carry the 10/50/90 % quantiles of the training truth, recorded in the
+    checkpoint at fit, and the service answers with them."""
+    import httpx
+
+    from postcast.serve.testing import running_server
+
+    out = tmp_path / "fc"
+    cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
+        "--end", "2017-12-31", "--out", str(out), check=True)
+    ds = xr.open_dataset(sorted((out / "postprocessed/mlp/t850").glob("*.nc"))[0])
+    store_ds = xr.open_zarr(store, consolidated=False)
+    train = store_ds["split"].values == 0  # the training rows (2012-2013): quantiles by hand, numpy alone
+    y = store_ds["truth_t850"].sel(step=np.timedelta64(48, "h")).values[train]
+    expected = np.quantile(y[np.isfinite(y[:, 0, 0])], [0.1, 0.5, 0.9])
+    np.testing.assert_allclose(ds["threshold"].values, expected, rtol=1e-3)
+    assert ds["t850_exceedance_probability"].shape[0] == 3
+    with running_server(out) as url:
+        body = httpx.get(f"{url}/forecast/point", params={"target": "t850", "lat": 45, "lon": 10}).json()
+    assert len(body["exceedance"]) == 3 and all(0 <= p <= 1 for p in body["exceedance"].values())
 
 
 def test_fallback_when_model_inputs_are_missing(cli, checkpoint, synth_zarr, tmp_path):

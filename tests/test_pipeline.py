@@ -23,7 +23,8 @@ def pipeline_yaml(tmp: Path, presets: list[str], train_args: list[str]) -> Path:
            "train_args": ["--data.cfg.batch_size", "2", *train_args], "bootstrap": 50,
            "forecast_from": "2017-06-01", "forecast_to": "2017-12-31",
            "compress": [{"preset": str(ROOT / "configs/train/emos_t850.yaml"),
-                         "field": {"width": 8, "depth": 1, "steps": 20, "batch_points": 512}}]}
+                         "field": {"width": 8, "depth": 1, "steps": 20, "batch_points": 512,
+                                   "error_bound_std": 0.1}}]}
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -49,8 +50,20 @@ def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
     art = Artefact.load(work / "compressed/emos_t850_train.pcnf")  # the fields EMOS reads, train dates only
     assert art.header["source"]["split"] == "train" and art.ratio > 1
     assert "truth_t850" in art.header["variables"] and art.decode_array().shape[1] == 6  # train: 2012-13 x 3
+    first = json.loads((work / "summary.json").read_text())
+    fields = first["stages"]["compress:emos_t850_train"]["fields"]  # every field's error, all worth having
+    assert set(fields) == set(art.header["variables"]) and all(0 < f["wrmse_over_std"] <= 0.1 for f in fields.values())
+    files = [p for p in work.rglob("*") if p.is_file()]
+    assert first["disk_files"] == len(files) - 1  # all but summary.json itself, written after the count
+    assert first["disk_bytes"] == sum(p.stat().st_size for p in files if p.name != "summary.json")
+    assert f"work directory {work}:" in out.stdout
     cli("run", str(cfg), check=True)
     assert set(statuses(work).values()) == {"skipped"}
+    again = json.loads((work / "summary.json").read_text())  # a rerun keeps what the outputs took
+    assert {n: s["seconds"] for n, s in again["stages"].items()} == \
+        {n: s["seconds"] for n, s in first["stages"].items()}
+    assert again["seconds"] == first["seconds"] > 0
+    assert [sorted(r["ran"]) for r in again["runs"]] == [sorted(first["stages"]), []]
     cli("run", str(cfg), "--force", "train:emos_t850", check=True)
     assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran",
                               "train:mlp_t850": "skipped", "evaluate": "ran", "forecast": "ran",

@@ -78,3 +78,38 @@ def test_bearer_token(forecasts):
         ok = httpx.get(f"{url}/forecast/point", params=q, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and ok.json()["target"] == "t850"
         assert httpx.get(f"{url}/health").status_code == 200  # health stays open for probes
+
+
+def test_serve_says_where_it_listens_logs_each_request_and_says_when_it_stopped(forecasts, tmp_path):
+    """A real ``postcast serve`` process: its address at start, one access line per request, a line when
+    SIGTERM stops it, exit 0 (it printed nothing at all before)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from postcast.serve.testing import free_port
+
+    port, log = free_port(), tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", str(port)],
+                                stdout=err, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while f"http://127.0.0.1:{port}" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.2)
+        while True:  # the address is announced just before uvicorn binds it
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/forecasts").status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.time() < deadline, log.read_text()
+                time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    text = log.read_text()
+    assert code == 0, text
+    assert '"GET /forecasts HTTP/1.1" 200' in text
+    assert "Traceback" not in text and text.rstrip().splitlines()[-1].endswith("postcast serve stopped")

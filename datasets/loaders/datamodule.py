@@ -162,6 +162,12 @@ class StoreDataModule(L.LightningDataModule):
             raise ValueError(msg)
         return self.cfg.sample.normalisation(stats)
 
+    def climate_thresholds(self) -> tuple[float, ...]:
+        """Default exceedance thresholds for the model's forecasts: quantiles of the training truth of the
+        target (:func:`postcast.datasets.store.truth_quantiles`)."""
+        spec = self.cfg.sample
+        return contract.truth_quantiles(_open(self.cfg.store)[0], spec.target, spec.step_h)
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:
         return DataLoader(StoreDataset(self.cfg, split), batch_size=self.cfg.batch_size, shuffle=shuffle,
                           num_workers=self.cfg.num_workers, persistent_workers=self.cfg.num_workers > 0)
