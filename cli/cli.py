@@ -1,8 +1,9 @@
 """The ``postcast`` command line: one entry point, one small adapter per verb.
 
 Each verb turns flags (and an optional YAML preset) into a typed config and calls one library
-function. Exit codes: 0 ok (also "already done"), 1 internal error, 2 bad usage/config,
-65 invalid input data, 66 missing input (retryable), 130 interrupted. :func:`main` is the one place
+function. Exit codes: 0 ok (also "already done"), 2 bad usage/config, 65 invalid input data,
+66 missing input (retryable), 70 internal error (a bug: the traceback goes to a log file), 74 cannot
+write the output, 130 interrupted. :func:`main` is the one place
 that turns exceptions into exit codes and the one-line ``postcast: error: ...`` (see
 :func:`exit_code`); a verb raises and, where the library's plain ``ValueError`` means bad data,
 declares it with ``set_defaults(input_errors=..., input_path=<argument naming the input>)``.
@@ -15,6 +16,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import postcast
@@ -22,6 +24,7 @@ from postcast.datasets.errors import BadInputError, ConfigError, MissingInputErr
 
 log = logging.getLogger("postcast")
 INTERRUPTED = 130  # exit code after Ctrl-C (128 + SIGINT)
+INTERNAL = 70  # EX_SOFTWARE: a bug in postcast, never the user's data
 
 EPILOG = """\
 quickstart (synthetic ENS-10, coarse grid), all stages at once:
@@ -33,9 +36,9 @@ or step by step:
   postcast train fit -c configs/train/unet_t850.yaml
   postcast evaluate data/store.zarr --checkpoints runs/unet_t850/lightning_logs/version_0/checkpoints/best*.ckpt
 
-exit codes: 0 ok or already done | 1 internal error | 2 bad usage or config |
-            65 invalid input data | 66 missing input (retryable) | 74 cannot write output (disk full) |
-            130 interrupted
+exit codes: 0 ok or already done | 2 bad usage or config | 65 invalid input data |
+            66 missing input (retryable) | 70 internal error (a bug; the trace is in a log file) |
+            74 cannot write output (disk full) | 130 interrupted
 """
 
 
@@ -303,8 +306,6 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(a: argparse.Namespace) -> int:
-    from pathlib import Path
-
     missing = [c for c in [a.store, *a.checkpoints] if not Path(c).exists()]
     if missing:  # before the heavy imports: a missing file is answered at once
         msg = f"not found: {', '.join(missing)}"
@@ -433,8 +434,6 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_forecast(a: argparse.Namespace) -> int:
-    from pathlib import Path
-
     if not Path(a.checkpoint).exists():  # before the heavy imports: a missing file is answered at once
         msg = f"checkpoint {a.checkpoint}: no such file"
         raise MissingInputError(msg)
@@ -480,7 +479,6 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 def _run_serve(a: argparse.Namespace) -> int:
     import os
-    from pathlib import Path
 
     from postcast.serve.server import ServeOptions, run
 
@@ -726,9 +724,46 @@ def _use_formatter(parser: argparse.ArgumentParser) -> None:
                 _use_formatter(sub)
 
 
+def internal_error(err: BaseException) -> int:
+    """A bug, not the user's fault: one line naming the log file that holds the traceback, exit 70."""
+    import traceback
+
+    path = _crash_log()
+    text = "".join(traceback.format_exception(err))
+    try:
+        path.write_text(f"postcast {postcast.__version__}, argv {sys.argv!r}\n{text}")
+        where = str(path)
+    except OSError:  # nowhere to write: the trace goes to stderr after the line
+        where = "stderr, below"
+    print(f"postcast: internal error: {type(err).__name__}: {err} (details in {where}; please report)",
+          file=sys.stderr)
+    if where != str(path):
+        print(text, file=sys.stderr)
+    return INTERNAL
+
+
+def _crash_log() -> Path:
+    """A new file for one internal error's traceback: under $POSTCAST_LOG_DIR, else
+    $XDG_STATE_HOME/postcast (~/.local/state/postcast); the system's temporary folder if neither can be made."""
+    import os
+    import tempfile
+    import time
+
+    base = os.environ.get("POSTCAST_LOG_DIR") or str(
+        Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "postcast")
+    name = f"internal-error-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    for folder in (Path(base), Path(tempfile.gettempdir()) / "postcast"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder / name
+        except OSError:
+            continue
+    return Path(tempfile.gettempdir()) / name
+
+
 def exit_code(err: BaseException, input_errors: tuple[type[BaseException], ...] = ()) -> int | None:
-    """The exit code of an exception that escaped a verb; None for an internal error (exit 1 with the
-    traceback). The CLI's one mapping, first match wins:
+    """The exit code of an exception that escaped a verb; None for an internal error (exit 70, the
+    traceback in a log file: :func:`internal_error`). The CLI's one mapping, first match wins:
 
     * :class:`PostcastError` carries its own code: ``ConfigError`` 2, ``BadInputError`` 65 (the
       compression ``ArtefactError`` is one), ``MissingInputError`` 66;
@@ -818,7 +853,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         code = exit_code(err, getattr(args, "input_errors", ()))
         if code is None:
-            raise
+            return internal_error(err)
         input_path = getattr(args, "input_path", None)  # the name of the argument holding the input
         print(f"postcast: error: {_message(err, getattr(args, input_path) if input_path else None)}",
               file=sys.stderr)

@@ -297,8 +297,7 @@ def compressed_fields(outputs: list[str]) -> dict[str, Any]:
     from postcast.compression.artefact import Artefact
 
     art = Artefact.load(outputs[0])
-    fields = {v: {"wrmse": round(e["wrmse"], 6), "wrmse_over_std": round(e["wrmse_over_std"], 4),
-                  "max_abs": round(e["max_abs"], 6)}
+    fields = {v: {k: float(f"{e[k]:.4g}") for k in ("wrmse", "wrmse_over_std", "max_abs")}
               for v, e in zip(art.header["variables"], art.header["errors"].values(), strict=True)}
     for v, e in fields.items():
         if e["wrmse_over_std"] > MAX_WRMSE_OVER_STD:

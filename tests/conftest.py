@@ -60,6 +60,30 @@ def run_process(*args: str, check: bool = False, timeout: float = 300) -> subpro
     return proc
 
 
+def planted_bug(*args, **kwargs):
+    raise RuntimeError("planted bug")
+
+
+@pytest.fixture
+def internal_error(tmp_path, monkeypatch):
+    """(planted_bug, check): a function that raises a plain RuntimeError, to be planted where a bug could be,
+    and ``check(proc)``, which asserts the command's answer to it. Logs go to tmp_path/logs."""
+    monkeypatch.setenv("POSTCAST_LOG_DIR", str(tmp_path / "logs"))
+    return planted_bug, lambda proc: assert_internal_error(proc, tmp_path / "logs")
+
+
+def assert_internal_error(proc, log_dir):
+    """Exit 70, one line naming the log file, no traceback on stderr; the file holds the traceback."""
+    assert proc.returncode == 70, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("postcast:")]
+    assert lines == [ln for ln in lines if ln.startswith("postcast: internal error: RuntimeError: planted bug")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr and "please report" in lines[0]
+    logs = list(log_dir.glob("internal-error-*.log"))
+    assert len(logs) == 1 and str(logs[0]) in lines[0]
+    text = logs[0].read_text()
+    assert "Traceback (most recent call last)" in text and "planted bug" in text and "planted_bug" in text
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg() -> SynthConfig:
     return TINY

@@ -214,3 +214,12 @@ def test_lightning_logs_each_line_once_without_adverts(store, tmp_path):
     err = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stderr
     assert err.count("GPU available") == 1 and err.count("`Trainer.fit` stopped") == 1, err
     assert "💡" not in err and "litlogger" not in err and "LeafSpec" not in err, err
+
+
+def test_a_bug_inside_ingest_is_an_internal_error_with_a_log(cli, synth_zarr, tmp_path, monkeypatch,
+                                                              internal_error):
+    """A bug is not the user's bad data (65) and not a traceback (1): exit 70, the trace in a log file."""
+    planted_bug, assert_internal_error = internal_error
+    monkeypatch.setattr("postcast.datasets.ingest._load_date", planted_bug)  # runs in the date tasks
+    proc = cli("ingest", str(synth_zarr), "--out", str(tmp_path / "s.zarr"), "--threads")
+    assert_internal_error(proc)

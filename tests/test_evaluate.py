@@ -117,3 +117,12 @@ def test_score_matches_the_metric_definitions(store, backend):
     assert s["bias"] == pytest.approx(raw_g["bias"] + 0.5)
     lo, hi = s["crps_minus_raw"]["ci95"]
     assert lo <= s["crps_minus_raw"]["mean"] <= hi
+
+
+def test_a_bug_inside_evaluate_is_an_internal_error_with_a_log(cli, trained, store, tmp_path, monkeypatch,
+                                                                internal_error):
+    planted_bug, assert_internal_error = internal_error
+    monkeypatch.setattr("postcast.pipeline.evaluate.score_lead", planted_bug)
+    proc = cli("evaluate", str(store), "--checkpoints", str(trained["emos_t850"]), "--out", str(tmp_path / "e"),
+               "--bootstrap", "20")
+    assert_internal_error(proc)

@@ -170,3 +170,13 @@ def test_t2m_forecast_from_zarr_input(t2m_checkpoint, synth_zarr, tmp_path):
     assert rc == 0
     files = sorted((tmp_path / "o/postprocessed/emos/t2m").glob("*.nc"))
     assert len(files) == 6 and np.isfinite(xr.open_dataset(files[0])["t2m_mean"].values).all()
+
+
+def test_a_bug_inside_forecast_is_an_internal_error_with_a_log(cli, checkpoint, synth_zarr, tmp_path, monkeypatch,
+                                                                internal_error):
+    planted_bug, assert_internal_error = internal_error
+    monkeypatch.setattr("postcast.pipeline.forecast.products", planted_bug)
+    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
+               "--end", "2017-12-31", "--out", str(tmp_path / "fc"))
+    assert_internal_error(proc)
+    assert not list((tmp_path / "fc").rglob("*.nc"))
