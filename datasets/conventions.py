@@ -197,6 +197,7 @@ def _fix_dims(ds: xr.Dataset) -> xr.Dataset:
         var = schema.VARIABLES.get(str(name))
         if var is None:
             continue
+        order: tuple[str, ...]
         if var.level_type is schema.LevelType.PRESSURE:
             if schema.LEVEL in da.coords and schema.LEVEL not in da.dims:
                 da = da.expand_dims(schema.LEVEL)

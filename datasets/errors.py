@@ -34,6 +34,10 @@ class BadInputError(PostcastError, ValueError):
 class MissingInputError(PostcastError, FileNotFoundError):
     exit_code = 66
 
+    def __init__(self, *args: object, missing: list[str] | None = None) -> None:
+        super().__init__(*args)
+        self.missing: list[str] = missing if missing is not None else [str(a) for a in args]
+
 
 class OutputError(PostcastError, OSError):
     """The output cannot be written (disk full, file size limit, quota); the CLI also maps a plain

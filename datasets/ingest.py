@@ -182,6 +182,7 @@ def template(plan: sources.Plan, *, truth: list[str], oracle: list[str], splits:
         var = schema.VARIABLES[v]
         attrs = schema.cf_attrs(var)
         shape: tuple[int, ...]
+        dims: tuple[str, ...]
         if var.level_type is schema.LevelType.PRESSURE:
             dims, shape = schema.PL_DIMS, (n_t, nm, ns, nl, ny, nx)
         else:
@@ -513,7 +514,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
             plan = found.forecast.plan(cfg.expectation)
         except MissingInputError as err:
             report = contract.missing_report_path(out)
-            io.write_json(report, {"source": cfg.source, "missing": getattr(err, "missing", [str(err)])})
+            io.write_json(report, {"source": cfg.source, "missing": err.missing})
             log.error("completeness report written to %s", report)
             raise
         truth_vars = found.truth.variables() if found.truth else []

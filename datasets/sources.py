@@ -161,9 +161,8 @@ def _raise_missing(missing: list[str], source: str, what: str = "forecast fields
         return
     shown = "; ".join(missing[:MAX_REPORTED])
     more = f" ... and {len(missing) - MAX_REPORTED} more" if len(missing) > MAX_REPORTED else ""
-    err = MissingInputError(f"{source}: {len(missing)} {what} missing: {shown}{more}")
-    err.missing = missing
-    raise err
+    msg = f"{source}: {len(missing)} {what} missing: {shown}{more}"
+    raise MissingInputError(msg, missing=missing)
 
 
 def _missing_slices(da: xr.DataArray, source: str) -> None:

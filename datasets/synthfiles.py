@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 def _zarr_chunks(ds: xr.Dataset) -> dict[str, tuple[int, ...]]:
     whole = ("number", schema.MEMBER, schema.LAT, schema.LON)
     grow = ("isobaricInhPa", schema.LEVEL, schema.STEP)
-    return {str(n): io.chunk_shape(v.dims, v.shape, whole=whole, grow=grow)
+    return {str(n): io.chunk_shape(tuple(map(str, v.dims)), v.shape, whole=whole, grow=grow)
             for n, v in ds.data_vars.items()}
 
 

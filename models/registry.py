@@ -38,6 +38,7 @@ class NetIO:
 
 
 class Family(Protocol):
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a (frozen) dataclass: its options travel in checkpoints
     name: ClassVar[str]
     needs_members: ClassVar[bool]
 

@@ -247,7 +247,7 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
         args += ["--ckpt_path", str(lasts[-1])]
     cli = lightning(args)
     callback = cli.trainer.checkpoint_callback  # the first ModelCheckpoint: val_crps (see postcast.pipeline.train)
-    best = (callback.best_model_path if callback is not None else "") or _best_checkpoint(root)
+    best = getattr(callback, "best_model_path", "") or _best_checkpoint(root)
     if not best:
         msg = f"{preset}: training finished without a checkpoint under {root}"
         raise PostcastError(msg)

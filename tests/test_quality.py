@@ -75,6 +75,26 @@ def test_mypy_clean():
     assert proc.returncode == 0, proc.stdout[-4000:]
 
 
+def test_mypy_sees_across_modules(tmp_path):
+    """mypy read every `postcast.*` import as Any (the folders are installed under other names), so a call
+    with the wrong type into another module passed; through scripts/typecheck it is caught."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    shutil.copytree(ROOT / "scripts" / "typecheck", tmp_path / "scripts" / "typecheck", symlinks=True)
+    for layer in ("cli", *LAYERS):
+        shutil.copytree(ROOT / layer, tmp_path / layer, ignore=shutil.ignore_patterns("__pycache__"))
+    cache = ROOT / ".mypy_cache"
+    if cache.is_dir():  # incremental: only the planted file is checked again
+        shutil.copytree(cache, tmp_path / ".mypy_cache")
+    run = tmp_path / "pipeline" / "run.py"
+    run.write_text(run.read_text() + "\n\ndef _planted() -> None:\n"
+                   "    io.chunk_shape('init_time', (1,), whole=(), grow=())  # a str where a tuple of dims goes\n")
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    errors = [ln for ln in proc.stdout.splitlines() if ": error:" in ln]
+    assert len(errors) == 1 and "pipeline/run.py" in errors[0] and '"chunk_shape" has incompatible type "str"' in \
+        errors[0], proc.stdout[-2000:]
+
+
 def test_imports_go_one_way():
     assert upward_imports(ROOT) == []
 

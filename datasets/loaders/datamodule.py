@@ -207,6 +207,7 @@ class StoreDataModule(L.LightningDataModule):
             base, spec, batch_size=self.cfg.batch_size, sample_bytes=base.sample_nbytes(),
             ram_bytes=self.cfg.cache_bytes, disk_bytes=self.cfg.disk_cache_bytes, disk_dir=disk_dir,
             epochs=min(max(stop - start, 1), PLAN_EPOCHS_MAX), start_epoch=start, threads=self.cfg.prefetch_threads)
+        assert isinstance(loader.dataset, prefetch.ClairvoyantDataset)  # what clairvoyant_loader builds
         self.clairvoyant = loader.dataset
         return loader
 

@@ -10,6 +10,7 @@ or NCCL schedule the transfer, so the plugins compare on one scale:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -50,12 +51,12 @@ def timeout(seconds: float) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def flat_grads(params: list[torch.Tensor]) -> torch.Tensor:
+def flat_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """All gradients as one float32 vector (N,); missing gradients count as zeros."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
 
 
-def write_flat_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+def write_flat_grads(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Inverse of :func:`flat_grads`: copy the (N,) vector back into each ``p.grad``."""
     off = 0
     for p in params:

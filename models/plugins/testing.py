@@ -148,7 +148,7 @@ def prog_lion(rank: int, world: int) -> dict[str, Any]:
     want = torch.sign(torch.stack(_gathered(u)).sum(0))
     u1 = torch.where(u == 0, torch.ones_like(u), u)  # 1-bit votes carry no zeros
     want1 = torch.sign(torch.stack(_gathered(u1)).sum(0))
-    res = {"vote8": bool(torch.equal(lion.vote(u, bits=8), want)),
+    res: dict[str, Any] = {"vote8": bool(torch.equal(lion.vote(u, bits=8), want)),
            "vote1": bool(torch.equal(lion.vote(u1, bits=1), want1))}
     torch.manual_seed(0)
     model = nn.Linear(5, 3)
