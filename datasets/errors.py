@@ -6,11 +6,13 @@ Exit codes (documented in the README, after BSD sysexits.h):
 code  class                meaning
 ====  ===================  ==========================================================
 0     -                    success, including "already done"
-1     (other exceptions)   internal failure
 2     ConfigError          bad command line or configuration
 65    BadInputError        input data exist but are invalid (corrupt, wrong grid, NaNs, units)
 66    MissingInputError    input files, variables, levels, members or dates are missing (retryable)
+70    (other exceptions)   internal error: a bug in postcast (EX_SOFTWARE); the traceback goes to a log
+                           file, the user sees one line naming it
 74    OutputError          the output cannot be written: disk full, file size limit, quota (EX_IOERR)
+130   KeyboardInterrupt    interrupted (128 + SIGINT)
 ====  ===================  ==========================================================
 """
 

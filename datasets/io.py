@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -353,7 +352,3 @@ def sha256_tree(path: str | os.PathLike[str]) -> str:
         h.update(str(p.relative_to(root)).encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
-
-
-def make_temp_dir(prefix: str = "postcast-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -42,7 +42,6 @@ VALID_TIME = "valid_time"
 
 PL_DIMS = (INIT_TIME, MEMBER, STEP, LEVEL, LAT, LON)  # pressure-level member fields
 SFC_DIMS = (INIT_TIME, MEMBER, STEP, LAT, LON)  # surface member fields
-TRUTH_DIMS = (INIT_TIME, LAT, LON)  # verifying analysis at the target lead (48 h)
 
 GRAVITY = 9.80665  # m s-2, WMO standard gravity (geopotential = g * geopotential height)
 

@@ -140,10 +140,6 @@ class Plan:
     method: str = "bilinear"
 
     @property
-    def pl_variables(self) -> list[str]:
-        return [v for v in self.variables if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE]
-
-    @property
     def regridding(self) -> dict[str, str]:
         """Provenance of the horizontal grid, for the store and the forecast files."""
         if self.source_grid is None:

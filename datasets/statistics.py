@@ -469,12 +469,3 @@ def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
     names = statistic_fields(ds)
     merged = dask.compute(*[_field_partials(train[n]) for n in names])  # on the active scheduler
     return from_partials(train, dict(zip(names, merged, strict=True)), train[schema.INIT_TIME].values, splits)
-
-
-def normalise_field(
-    da: xr.DataArray, stats: xr.Dataset, *, per_point: bool = False, eps: float = 1e-12
-) -> xr.DataArray:
-    """(x - mean) / std with the stored statistics of field ``da.name`` (global or per grid point)."""
-    key = f"{da.name}_point" if per_point else str(da.name)
-    mean, std = stats[f"{key}_mean"], stats[f"{key}_std"]
-    return (da - mean) / (std + eps)

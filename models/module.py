@@ -10,9 +10,9 @@ call the model and rebuild no scaling.
 The network is a model family (:mod:`postcast.models.registry`): ``family`` names it and ``net``
 holds that family's own options. A checkpoint carries everything inference needs: the
 hyperparameters (family, its options, the sample spec, grid, members), the statistics buffers and
-``checkpoint["postcast"]`` with the format version and (format 3) a content checksum verified on
-load (:func:`content_checksum`). Format 1 checkpoints (flat hyperparameters, normalisation outside
-the model) load through :func:`migrate`.
+``checkpoint["postcast"]`` with the format version, the default exceedance thresholds and a content
+checksum verified on load (:func:`content_checksum`). Only the current format is read: earlier ones
+carried no checksum, so they are refused with the fix (retrain), never loaded unchecked.
 """
 
 from __future__ import annotations
@@ -190,18 +190,16 @@ def content_checksum(ckpt: dict[str, Any], meta: dict[str, Any]) -> str:
 
 def verify_checksum(ckpt: dict[str, Any], path: str) -> None:
     """Refuse a checkpoint whose contents differ from the checksum recorded when it was saved (bit rot,
-    tampering). Format 3 checkpoints must carry one; formats 1 and 2 predate it and load unchecked."""
+    tampering), or that carries none (every checkpoint of the current format is saved with one)."""
     meta = ckpt["postcast"]
     recorded = meta.get("checksum")
     if recorded is None:
-        if meta.get("format_version", 0) >= 3:
-            msg = f"{path}: checkpoint has no content checksum; it was altered after saving, retrain it"
-            raise ValueError(msg)
-        return
+        msg = f"{path}: checkpoint has no content checksum; it was altered after saving: retrain it"
+        raise BadInputError(msg)
     if content_checksum(ckpt, meta) != recorded:
         msg = (f"{path}: checkpoint contents do not match the checksum recorded when it was saved (corrupted or "
                f"altered); restore it from a copy or retrain it with `postcast train fit`")
-        raise ValueError(msg)
+        raise BadInputError(msg)
 
 
 def _plain(value: Any) -> Any:
@@ -211,36 +209,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
-
-
-# --- format 1 -> 3 ---------------------------------------------------------------------------------
-_V1_NET_KEYS = {"mlp": ("hidden",), "unet": ("base_filters",), "unet_smoe": ("smoe", "base_filters"),
-                "smoe": ("smoe",), "transformer": ("width", "heads")}
-_V1_SAMPLE_KEYS = ("target", "variables", "step_h", "location_features", "season_features", "members")
-
-
-def migrate(ckpt: dict[str, Any], path: str) -> dict[str, Any]:
-    """Bring a checkpoint's hyperparameters and metadata to the current format (1 -> 2: the flat
-    constructor becomes family + net options + sample spec; the state dict is unchanged, since format 1
-    also stored the statistics as buffers)."""
-    meta = ckpt["postcast"]
-    version = meta.get("format_version", 0)
-    if version in (2, CHECKPOINT_FORMAT_VERSION):  # 2 -> 3 only added the checksum
-        return ckpt
-    if version != 1:
-        msg = (f"{path}: checkpoint format {version} cannot be read by this postcast (it reads formats 1 to "
-               f"{CHECKPOINT_FORMAT_VERSION}); retrain it with `postcast train fit`")
-        raise ValueError(msg)
-    hp = ckpt["hyper_parameters"]
-    family = hp["model"]
-    data = hp.get("data") or meta.get("data") or {}
-    new_hp = {"family": family, "net": {k: hp[k] for k in _V1_NET_KEYS.get(family, ()) if k in hp},
-              "sample": {k: data[k] for k in _V1_SAMPLE_KEYS if k in data}, "grid": tuple(hp["grid"]),
-              "n_members": hp.get("n_members", 10), "lr": hp.get("lr", 1e-3),
-              "weight_decay": hp.get("weight_decay", 0.0), "cosine": hp.get("cosine", True)}
-    return {**ckpt, "hyper_parameters": new_hp,
-            "postcast": {"format_version": CHECKPOINT_FORMAT_VERSION, "family": family, "sample": new_hp["sample"],
-                         "migrated_from": 1}}
 
 
 def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
@@ -253,17 +221,18 @@ def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
         msg = f"{path}: not a readable checkpoint ({err})"
-        raise ValueError(msg) from err
+        raise BadInputError(msg) from err
     meta = ckpt.get("postcast") if isinstance(ckpt, dict) else None
-    if meta is None:
+    if not isinstance(meta, dict):
         msg = f"{path}: not a postcast checkpoint (no 'postcast' metadata); train it with `postcast train fit`"
-        raise ValueError(msg)
-    if meta.get("format_version", 0) > CHECKPOINT_FORMAT_VERSION:
-        msg = (f"{path}: checkpoint format {meta['format_version']} is newer than this postcast "
-               f"({CHECKPOINT_FORMAT_VERSION}); upgrade postcast")
-        raise ValueError(msg)
+        raise BadInputError(msg)
+    version = meta.get("format_version")
+    if version != CHECKPOINT_FORMAT_VERSION:
+        fix = "upgrade postcast" if isinstance(version, int) and version > CHECKPOINT_FORMAT_VERSION else \
+            "retrain it with `postcast train fit` (earlier formats carry no checksum and are not read)"
+        msg = f"{path}: checkpoint format {version}, this postcast reads format {CHECKPOINT_FORMAT_VERSION}: {fix}"
+        raise BadInputError(msg)
     verify_checksum(ckpt, path)
-    ckpt = migrate(ckpt, path)
     known = set(inspect.signature(PostProcessor.__init__).parameters) - {"self"}
     model = PostProcessor(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in known})
     model.load_state_dict(ckpt["state_dict"])

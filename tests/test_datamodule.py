@@ -9,6 +9,7 @@ import torch
 
 from postcast.datasets import schema
 from postcast.datasets import store as contract
+from postcast.datasets.errors import BadInputError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models.losses import crps_gaussian as metrics_torch_crps
@@ -142,36 +143,16 @@ def test_lightning_fit_and_self_describing_checkpoint(cfg, tmp_path):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def _v1_checkpoint(ckpt: dict, cfg: DataConfig) -> dict:
-    """The same trained model as format 1 wrote it: flat constructor arguments, the data config inside."""
-    hp = ckpt["hyper_parameters"]
-    spec = cfg.sample
-    data = {"store": cfg.store, **spec.to_dict(), "batch_size": 1}
-    v1_hp = {"model": "mlp", "in_channels": spec.n_channels, "grid": list(hp["grid"]), "hidden": 16, "lr": 0.02,
-             "target_channels": [2, 3], "data": data, "n_members": 10, "n_variables": len(spec.input_variables),
-             "base_filters": 32, "smoe": {}, "width": 16, "heads": 4, "weight_decay": 0.0, "cosine": True}
-    return {**ckpt, "hyper_parameters": v1_hp, "postcast": {"format_version": 1, "model": "mlp", "data": data}}
-
-
-def test_format1_checkpoints_load_through_the_migration(cfg, tmp_path):
-    """A format-1 checkpoint (normalisation outside the model) gives the same forecasts after migration;
-    an unknown format names its version and the fix."""
+@pytest.mark.parametrize("version", [0, 1, 2, 4, None])
+def test_other_checkpoint_formats_are_refused_with_the_fix(cfg, tmp_path, version):
+    """Formats 1 and 2 loaded through a migration without their checksum checked: rewriting
+    format_version to 2 and deleting the checksum skipped tamper detection. Only the current format loads."""
     from postcast.models.module import load_checkpoint
 
     module = _model(cfg, "mlp", {"hidden": 16}, lr=0.02)
-    torch.nn.init.normal_(module.net.net[2].weight, std=0.1)  # leave the zero start: outputs differ from raw
-    path = tmp_path / "v2.ckpt"
+    path = tmp_path / "old.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-                "postcast": {"format_version": 2, "family": "mlp", "sample": cfg.sample.to_dict()}}, path)
-    v1 = tmp_path / "v1.ckpt"
-    torch.save(_v1_checkpoint(torch.load(path, weights_only=False), cfg), v1)
-    new, meta_new = load_checkpoint(str(path))
-    old, meta_old = load_checkpoint(str(v1))
-    assert meta_old["migrated_from"] == 1 and meta_old["sample"] == meta_new["sample"]
-    batch = next(iter(StoreDataModule(cfg).test_dataloader()))
-    with torch.no_grad():
-        assert all(torch.equal(a, b) for a, b in zip(new(batch), old(batch), strict=True))
-    bad = tmp_path / "v0.ckpt"
-    torch.save({**torch.load(path, weights_only=False), "postcast": {"format_version": 0}}, bad)
-    with pytest.raises(ValueError, match=r"format 0 .*retrain"):
-        load_checkpoint(str(bad))
+                "postcast": {"format_version": version, "family": "mlp", "sample": cfg.sample.to_dict()}}, path)
+    fix = "upgrade postcast" if version == 4 else "retrain it"
+    with pytest.raises(BadInputError, match=rf"checkpoint format {version}, this postcast reads format 3: {fix}"):
+        load_checkpoint(str(path))
