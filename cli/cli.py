@@ -1,9 +1,7 @@
 """The ``postcast`` command line: one entry point, one small adapter per verb.
 
 Each verb turns flags (and an optional YAML preset) into a typed config and calls one library
-function. Exit codes: 0 ok (also "already done"), 2 bad usage/config, 65 invalid input data,
-66 missing input (retryable), 70 internal error (a bug: the traceback goes to a log file), 74 cannot
-write the output, 130 interrupted. :func:`main` is the one place
+function. Exit codes: :data:`postcast.datasets.errors.EXIT_CODES`. :func:`main` is the one place
 that turns exceptions into exit codes and the one-line ``postcast: error: ...`` (see
 :func:`exit_code`); a verb raises and, where the library's plain ``ValueError`` means bad data,
 declares it with ``set_defaults(input_errors=..., input_path=<argument naming the input>)``.
@@ -20,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import postcast
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, OutputError, PostcastError
+from postcast.datasets.errors import (
+    EXIT_CODES,
+    BadInputError,
+    ConfigError,
+    MissingInputError,
+    OutputError,
+    PostcastError,
+)
 
 log = logging.getLogger("postcast")
 INTERRUPTED = 130  # exit code after Ctrl-C (128 + SIGINT)
@@ -36,10 +41,8 @@ or step by step:
   postcast train fit -c configs/train/unet_t850.yaml
   postcast evaluate data/store.zarr --checkpoints runs/unet_t850/lightning_logs/version_0/checkpoints/best*.ckpt
 
-exit codes: 0 ok or already done | 2 bad usage or config | 65 invalid input data |
-            66 missing input (retryable) | 70 internal error (a bug; the trace is in a log file) |
-            74 cannot write output (disk full) | 130 interrupted
-"""
+exit codes:
+""" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()) + "\n"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -804,10 +807,6 @@ def _message(err: BaseException, path: str | None) -> str:
     return f"{path}: {text}" if plain and path and path not in text else text
 
 
-class _NoTaskFailureReports(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Compute Failed")
-
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line as a namespace. ``train`` hands every word after it to the Lightning CLI
@@ -838,8 +837,6 @@ def _log_handler(level: str) -> logging.Handler:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     handler = _log_handler(args.log_level)
-    # a failed dask task is re-raised here and reported once, as one line (with its traceback at DEBUG)
-    logging.getLogger("distributed.worker").addFilter(_NoTaskFailureReports())
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

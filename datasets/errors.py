@@ -18,6 +18,17 @@ code  class                meaning
 
 from __future__ import annotations
 
+# The one table of exit codes: the CLI's help is built from it; README and docs are tested against it.
+EXIT_CODES: dict[int, str] = {
+    0: "ok or already done",
+    2: "bad usage or config",
+    65: "invalid input data",
+    66: "missing input (retryable)",
+    70: "internal error (a bug; the traceback is in a log file)",
+    74: "cannot write the output (disk full)",
+    130: "interrupted",
+}
+
 
 class PostcastError(Exception):
     """Base class; ``exit_code`` is what the CLI returns."""

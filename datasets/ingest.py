@@ -358,7 +358,8 @@ def dask_client(scheduler: str | None, workers: int, processes: bool = True, *,
         return
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, dashboard_address=None,
                       memory_limit=0, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-        if processes:  # our own worker processes: a failed task is reported once, by the driver
+        quiet_task_failures()  # this process (thread workers): a failed task is reported once, by the driver
+        if processes:  # and our own worker processes
             client.run(quiet_task_failures)
         yield client
 
@@ -370,8 +371,7 @@ class _NoTaskFailureReports(logging.Filter):
 
 def quiet_task_failures() -> None:
     """Drop distributed's multi-line "Compute Failed ... Traceback" report in a worker process: the
-    driver re-raises the task's error and reports it as one line (the CLI installs the same filter in
-    its own process)."""
+    driver re-raises the task's error and reports it as one line."""
     worker_log = logging.getLogger("distributed.worker")
     if not any(isinstance(f, _NoTaskFailureReports) for f in worker_log.filters):
         worker_log.addFilter(_NoTaskFailureReports())

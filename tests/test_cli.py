@@ -27,7 +27,7 @@ def test_top_level_help_lists_exit_codes(cli):
     out = cli("--help", check=True).stdout
     for verb in ("synth", "ingest", "inspect", "config"):
         assert verb in out
-    assert "66 missing input" in out
+    assert " 66  missing input" in out
 
 
 def test_presets_validate(cli):
@@ -223,3 +223,27 @@ def test_a_bug_inside_ingest_is_an_internal_error_with_a_log(cli, synth_zarr, tm
     monkeypatch.setattr("postcast.datasets.ingest._load_date", planted_bug)  # runs in the date tasks
     proc = cli("ingest", str(synth_zarr), "--out", str(tmp_path / "s.zarr"), "--threads")
     assert_internal_error(proc)
+
+
+def _codes_in(text: str, start: str) -> set[int]:
+    """The exit codes a passage (from ``start`` to the next blank line) lists as "<code> <meaning>"."""
+    import re
+
+    passage = text[text.index(start):]
+    passage = passage[:passage.find("\n\n")]
+    return {int(c) for c in re.findall(r"(?<![\w.])(\d{1,3})\s+[a-z(]", passage)}
+
+
+def test_exit_codes_come_from_one_table(cli):
+    """README, the architecture doc, --help and the error classes agree with errors.EXIT_CODES (two of five
+    former lists omitted 74)."""
+    from postcast.cli import INTERNAL, INTERRUPTED
+    from postcast.datasets import errors
+
+    table = set(errors.EXIT_CODES)
+    assert _codes_in((ROOT / "README.md").read_text(), "Exit codes (") == table
+    assert _codes_in((ROOT / "docs/architecture.md").read_text(), "codes (`errors.EXIT_CODES`") == table
+    classes = {errors.ConfigError, errors.BadInputError, errors.MissingInputError, errors.OutputError}
+    assert {c.exit_code for c in classes} | {0, INTERNAL, INTERRUPTED} == table
+    out = cli("--help", check=True).stdout
+    assert all(f"{code:>3}  {meaning}" in out for code, meaning in errors.EXIT_CODES.items())
