@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import special
 
+from postcast.datasets.errors import BadInputError
 from postcast.datasets.geo import latitude_weights as latitude_weights  # re-exported: one implementation
 
 Estimator = Literal["fair", "standard"]
@@ -176,6 +177,11 @@ def _numba_kernel() -> Any | None:
     return _NUMBA_KERNEL
 
 
+def numba_available() -> bool:
+    """Whether the numba kernels compile here (else the numpy kernels serve)."""
+    return _numba_kernel() is not None
+
+
 def crps_ensemble_pair(x: np.ndarray, y: np.ndarray, *, presorted: bool = False,
                        kernel: Literal["auto", "unrolled", "block"] = "auto") -> tuple[np.ndarray, np.ndarray]:
     """(fair, standard) ensemble CRPS of (N, M) members at (N,) outcomes in one pass (numba).
@@ -192,8 +198,8 @@ def crps_ensemble_pair(x: np.ndarray, y: np.ndarray, *, presorted: bool = False,
     ys = np.ascontiguousarray(y, dtype=np.float64).reshape(-1)  # (N,)
     m = xs.shape[1]
     if m < 2:
-        msg = f"crps_ensemble_pair: {m} member(s); the fair CRPS needs at least 2"
-        raise ValueError(msg)
+        msg = f"{m} ensemble member(s): the fair CRPS needs at least 2"
+        raise BadInputError(msg)
     if kernel == "unrolled" or (kernel == "auto" and m <= UNROLLED_MAX_MEMBERS):
         fair, std = _unrolled_kernel(m, presorted)(xs, ys)
     else:
@@ -243,8 +249,8 @@ def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Es
         msg = f"crps_ensemble: members {xm.shape[:-1]} + ({m},) do not match outcomes {y.shape}"
         raise ValueError(msg)
     if estimator == "fair" and m < 2:
-        msg = "the fair CRPS needs at least 2 members"
-        raise ValueError(msg)
+        msg = f"{m} ensemble member(s): the fair CRPS needs at least 2"
+        raise BadInputError(msg)
     fair = estimator == "fair"
     if engine == "torch" or (engine == "auto" and _cuda_available()):
         return _crps_rows_torch(xm.reshape(-1, m), y.reshape(-1), fair).reshape(y.shape)

@@ -81,7 +81,7 @@ def test_bad_shapes_and_estimators():
         metrics.crps_ensemble(np.zeros((5, 10)), np.zeros(4))
     with pytest.raises(ValueError, match="estimator"):
         metrics.crps_ensemble(np.zeros((5, 10)), np.zeros(5), estimator="pwm")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="at least 2 members"):
+    with pytest.raises(ValueError, match="the fair CRPS needs at least 2"):
         metrics.crps_ensemble(np.zeros((5, 1)), np.zeros(5))
 
 

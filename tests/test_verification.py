@@ -259,3 +259,15 @@ def test_evaluate_writes_every_lead_significance_and_decomposition(store, tmp_pa
     page = (out / "report.html").read_text()
     assert all(f"+{h} h" in page for h in (0, 24, 48)) and "reliability_t850.png" in page
     assert "decomposition_t850.png" in page and "skill_vs_lead_t850.png" in page
+
+
+def test_one_member_is_refused_not_mistaken_for_a_missing_numba():
+    """A ValueError of the numba kernel (one member: no fair CRPS) was caught as "numba missing" and the
+    numpy kernel returned inf/NaN scores; it is now bad input, named."""
+    from postcast.datasets.errors import BadInputError
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(3, 4, 5))
+    chunk = verification.Chunk(y, np.zeros_like(y), members=rng.normal(size=(3, 1, 4, 5)))  # (T, M=1, lat, lon)
+    with pytest.raises(BadInputError, match="1 ensemble member"):
+        chunk.ensemble_crps  # noqa: B018
