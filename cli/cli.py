@@ -3,8 +3,10 @@
 Each verb turns flags (and an optional YAML preset) into a typed config and calls one library
 function. Exit codes: :data:`postcast.datasets.errors.EXIT_CODES`. :func:`main` is the one place
 that turns exceptions into exit codes and the one-line ``postcast: error: ...`` (see
-:func:`exit_code`); a verb raises and, where the library's plain ``ValueError`` means bad data,
-declares it with ``set_defaults(input_errors=..., input_path=<argument naming the input>)``.
+:func:`exit_code`): the library raises a ``PostcastError`` subclass where it finds an expected
+problem (bad usage, bad or missing input, an unwritable output); anything else is a bug (exit 70).
+``set_defaults(input_path=<argument naming the input>)`` names the input in the line of a plain
+I/O error.
 """
 
 from __future__ import annotations
@@ -305,7 +307,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="default test")
     p.add_argument("--out", default="reports/eval", help="output directory (default reports/eval)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.set_defaults(func=_run_evaluate, input_errors=(ValueError,))
+    p.set_defaults(func=_run_evaluate)
 
 
 def _run_evaluate(a: argparse.Namespace) -> int:
@@ -315,11 +317,9 @@ def _run_evaluate(a: argparse.Namespace) -> int:
         raise MissingInputError(msg)
 
     from postcast.pipeline.evaluate import EvalConfig, evaluate
-    try:
-        cfg = EvalConfig(store=a.store, checkpoints=tuple(a.checkpoints), targets=a.targets, split=a.split,
-                         out=a.out, bootstrap=a.bootstrap)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
+
+    cfg = EvalConfig(store=a.store, checkpoints=tuple(a.checkpoints), targets=a.targets, split=a.split,
+                     out=a.out, bootstrap=a.bootstrap)
     if a.targets:
         _check_checkpoint_targets(a.checkpoints, a.targets)
     res = evaluate(cfg, progress=_progress(a.progress, "checkpoints"))
@@ -433,7 +433,7 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
                         "instead of the checkpoint's")
     p.add_argument("--name", help="the model's name in the output paths (default: its model family, e.g. unet); "
                                   "give each model its own so their products never share a file")
-    p.set_defaults(func=_run_forecast, input_errors=(ValueError, OSError), input_path="input")
+    p.set_defaults(func=_run_forecast, input_path="input")
 
 
 def _run_forecast(a: argparse.Namespace) -> int:
@@ -540,7 +540,7 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--error-bound-std", type=float, metavar="FRACTION",
                    help="guaranteed max absolute error as a fraction of each variable's weighted std, e.g. 0.1 "
                         "(weighted RMSE / std then stays <= 0.1), for variables without an absolute bound")
-    p.set_defaults(func=_run_compress, input_errors=(ValueError, KeyError), input_path="source")
+    p.set_defaults(func=_run_compress, input_path="source")
 
 
 def _var_bound(item: str) -> tuple[str, float]:
@@ -627,7 +627,7 @@ def _add_compress_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--zfp-rate", type=_float_list, default=[1.0, 4.0], help="bits per value")
     p.add_argument("--plot", help="write the ratio-vs-wRMSE plot here (PNG)")
     p.add_argument("--json", help="write the rows as JSON here")
-    p.set_defaults(func=_run_compress_report, input_errors=(ValueError,))
+    p.set_defaults(func=_run_compress_report)
 
 
 def _float_list(text: str) -> list[float]:
@@ -764,16 +764,17 @@ def _crash_log() -> Path:
     return Path(tempfile.gettempdir()) / name
 
 
-def exit_code(err: BaseException, input_errors: tuple[type[BaseException], ...] = ()) -> int | None:
+def exit_code(err: BaseException) -> int | None:
     """The exit code of an exception that escaped a verb; None for an internal error (exit 70, the
     traceback in a log file: :func:`internal_error`). The CLI's one mapping, first match wins:
 
     * :class:`PostcastError` carries its own code: ``ConfigError`` 2, ``BadInputError`` 65 (the
       compression ``ArtefactError`` is one), ``MissingInputError`` 66;
     * an ``OSError`` of a full disk, a file size limit or a quota, wrapped or not: 74 (``OutputError``);
-    * any other ``FileNotFoundError``: missing input, 66;
-    * the exception types a verb declares as ``input_errors`` (the plain ValueErrors the library
-      raises about the data that verb reads): invalid input, 65.
+    * any other ``FileNotFoundError``: missing input, 66.
+
+    Nothing else: a ``ValueError``, ``KeyError`` or ``OSError`` that the library did not turn into a
+    ``PostcastError`` where it found the problem is a bug, not the user's data.
     """
     if isinstance(err, PostcastError):
         return err.exit_code
@@ -781,8 +782,6 @@ def exit_code(err: BaseException, input_errors: tuple[type[BaseException], ...] 
         return OutputError.exit_code
     if isinstance(err, FileNotFoundError):
         return MissingInputError.exit_code
-    if isinstance(err, input_errors):
-        return BadInputError.exit_code
     return None
 
 
@@ -848,7 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python exits
         return 0
     except Exception as err:
-        code = exit_code(err, getattr(args, "input_errors", ()))
+        code = exit_code(err)
         if code is None:
             return internal_error(err)
         input_path = getattr(args, "input_path", None)  # the name of the argument holding the input

@@ -149,7 +149,7 @@ class Artefact:
         variable, data units) on ``fields`` (the data it was fitted to): no refit."""
         if "residual.fix_index" in self.arrays:
             msg = "this artefact already has a residual layer: start from the network-only artefact"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         cfg = FieldConfig(**{**self.header["config"], "error_bounds": dict(bounds)})
         art = Artefact({**self.header, "config": cfg.to_dict(), "format_version": FORMAT_VERSION}, dict(self.arrays))
         art.add_residual_layer(fields.data, self.decode_array(),

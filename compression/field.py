@@ -30,6 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from postcast.datasets import schema
+from postcast.datasets.errors import BadInputError, ConfigError
 from postcast.models import kernels
 
 log = logging.getLogger(__name__)
@@ -63,27 +64,27 @@ class FieldConfig:
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_FORMATS:
             msg = f"weights={self.weights!r}: use one of {WEIGHT_FORMATS}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.entropy not in ENTROPY_CODECS:
             msg = f"entropy={self.entropy!r}: use one of {ENTROPY_CODECS}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         for name in ("width", "depth", "steps", "batch_points", "space_features"):
             if getattr(self, name) < 1:
                 msg = f"{name}={getattr(self, name)} must be >= 1"
-                raise ValueError(msg)
+                raise ConfigError(msg)
         if self.error_bound is not None and not _positive_finite(self.error_bound):
             msg = (f"error_bound={self.error_bound}: give a positive absolute bound (a finite number) in data "
                    "units, or none")
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.error_bound_std is not None and not (_positive_finite(self.error_bound_std)
                                                      and self.error_bound_std < 1):
             msg = (f"error_bound_std={self.error_bound_std}: give a fraction of each field's standard deviation "
                    "in (0, 1), e.g. 0.1, or none")
-            raise ValueError(msg)
+            raise ConfigError(msg)
         bad = {k: v for k, v in self.error_bounds.items() if not _positive_finite(v)}
         if bad:
             msg = f"error_bounds {bad}: give positive absolute bounds (finite numbers) in each variable's units"
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
     def bounds_for(self, variables: list[str], spreads: list[float] | None = None) -> list[float | None]:
         """The guaranteed max abs error of each variable (None: the network alone): its own bound, else
@@ -91,7 +92,7 @@ class FieldConfig:
         unknown = sorted(set(self.error_bounds) - set(variables))
         if unknown:
             msg = f"error_bounds names {unknown}, which are not among the compressed variables {variables}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         relative: list[float | None] = [None] * len(variables)
         if self.error_bound_std is not None and spreads is not None:
             relative = [self.error_bound_std * s if s > 0 else None for s in spreads]
@@ -191,7 +192,7 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
     missing = [v for v in names if v not in ds]
     if missing:
         msg = f"variables {missing} are not in the dataset; it has {list(ds.data_vars)}"
-        raise ValueError(msg)
+        raise BadInputError(msg)
     arrays, time_dim = [], None
     levels = np.array([np.nan])
     for name in names:
@@ -200,10 +201,10 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
         if len(other) != 1 or schema.LAT not in da.dims or schema.LON not in da.dims:
             msg = (f"variable {name!r} has dims {da.dims}: compress fields with one time-like dim, an optional "
                    f"{schema.LEVEL!r} dim, {schema.LAT!r} and {schema.LON!r} (select members/steps first)")
-            raise ValueError(msg)
+            raise BadInputError(msg)
         if time_dim not in (None, other[0]):
             msg = f"variables disagree on the time dim ({time_dim!r} vs {other[0]!r})"
-            raise ValueError(msg)
+            raise BadInputError(msg)
         time_dim = other[0]
         if schema.LEVEL in da.dims:
             levels = da[schema.LEVEL].values.astype(np.float64)
@@ -213,18 +214,18 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
         msg = f"variables have different shapes {shapes}: compress them separately"
-        raise ValueError(msg)
+        raise BadInputError(msg)
     data = np.stack(arrays)
     if not np.isfinite(data).all():
         msg = "the fields contain NaN or inf: fill or mask them before compressing"
-        raise ValueError(msg)
+        raise BadInputError(msg)
     lat, lon = ds[schema.LAT].values.astype(np.float64), ds[schema.LON].values.astype(np.float64)
     if lat[0] > lat[-1]:
         lat, data = lat[::-1].copy(), data[..., ::-1, :].copy()
     dlon = np.diff(lon)
     if lon.size > 1 and not np.allclose(dlon, 360.0 / lon.size):
         msg = "longitudes must be a regular grid covering the circle (e.g. 0, 0.5, ..., 359.5)"
-        raise ValueError(msg)
+        raise BadInputError(msg)
     assert time_dim is not None
     return Fields(data, names, [str(ds[v].attrs.get("units", "")) for v in names], ds[time_dim].values, str(time_dim),
                   levels, lat, lon)

@@ -30,6 +30,7 @@ from postcast.compression.field import FieldConfig, Fields, to_fields
 from postcast.compression.report import store_fields
 from postcast.datasets import schema
 from postcast.datasets import store as contract
+from postcast.datasets.errors import BadInputError, ConfigError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset, to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
 
@@ -49,7 +50,7 @@ def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
     """The fields of ``split`` that samples read, as (init_time, lat, lon) variables."""
     if cfg.sample.members:
         msg = "compressed training reads ensemble statistics only: set data.cfg.sample.members: false"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     src = StoreDataset(cfg, split)
     return store_fields(cfg.store, src.indices, cfg.sample.step_h, _channels(cfg.sample))
 
@@ -90,7 +91,7 @@ class SZ3Split:
         missing = sorted(set(fields.variables) - set(bounds))
         if missing:
             msg = f"SZ3Split: no bound for {missing}; give one per variable in its units"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         streams = [sz3.encode(fields.data[v], bounds[name]) for v, name in enumerate(fields.variables)]
         header = {"variables": fields.variables, "times": [str(t) for t in fields.times.astype("datetime64[s]")],
                   "grid": grid_spec(fields.lat, fields.lon), "shape": list(fields.data.shape),
@@ -129,7 +130,7 @@ class CompressedDataset(Dataset[dict[str, torch.Tensor]]):
         if missing:
             msg = (f"artefact {self.art.path or ''} lacks fields {missing} needed by target {self.spec.target!r} "
                    f"with inputs {list(self.spec.input_variables)}: compress with the same data config")
-            raise ValueError(msg)
+            raise BadInputError(msg)
         lat, lon = self.art.lat_lon()
         self.sampler = Sampler(self.spec, lat, lon)
         self.lat, self.lon = self.sampler.lat, self.sampler.lon

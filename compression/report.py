@@ -20,7 +20,7 @@ from postcast.compression.field import Fields, to_fields
 from postcast.compression.metrics import field_errors
 from postcast.datasets import conventions, io, schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 
 
 @dataclass(frozen=True)
@@ -58,19 +58,19 @@ def select(sel: Selection) -> xr.Dataset:
     missing = [v for v in sel.variables if v not in ds]
     if missing:
         msg = f"{sel.source}: no variables {missing}; it has {sorted(map(str, ds.data_vars))}"
-        raise ValueError(msg)
+        raise MissingInputError(msg)
     out = ds[list(sel.variables)]
     if schema.STEP in out.dims:
         if sel.step_h is None:
             msg = "the source has lead times: pass --step-hours"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         out = out.sel({schema.STEP: pd.Timedelta(hours=sel.step_h)})
     if schema.MEMBER in out.dims:
         out = out.mean(schema.MEMBER) if sel.member == "mean" else out.isel({schema.MEMBER: int(sel.member)})
     if sel.levels:
         if schema.LEVEL not in out.dims:
             msg = f"--level {list(sel.levels)}: the variables {list(sel.variables)} have no pressure levels"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         out = out.sel({schema.LEVEL: list(sel.levels)})
         if len(sel.levels) == 1:
             out = out.squeeze(schema.LEVEL, drop=True)

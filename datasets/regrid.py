@@ -27,6 +27,7 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import schema
+from postcast.datasets.errors import ConfigError
 
 METHODS = ("bilinear", "nearest", "conservative")
 EARTH_RADIUS_M = 6_371_000.0
@@ -150,7 +151,7 @@ def _cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.nd
     if grid.resolution < 2 * res_src - 1e-9:
         msg = (f"conservative regridding averages source cells into coarser target cells ({res_src:g} deg -> "
                f"{grid.resolution:g} deg); to refine use method bilinear or nearest")
-        raise ValueError(msg)
+        raise ConfigError(msg)
     dims = [f"d{i}" for i in range(values.ndim - 2)] + ["lat", "lon"]
     w = xr.DataArray(np.clip(np.cos(np.radians(src.lat)), 1e-6, None), dims=["lat"])
     south, west = float(grid.latitudes()[0]), float(grid.longitudes()[0])
@@ -175,7 +176,7 @@ def _reduced_cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) 
     if grid.resolution < 2 * spacing - 1e-9:
         msg = (f"conservative regridding averages source cells into coarser target cells (~{spacing:.3g} deg -> "
                f"{grid.resolution:g} deg); to refine use method bilinear or nearest")
-        raise ValueError(msg)
+        raise ConfigError(msg)
     row_lat = np.asarray(rows["lat"], np.float64)
     order = np.argsort(row_lat)
     edges = np.concatenate([[-90.0], (row_lat[order][1:] + row_lat[order][:-1]) / 2, [90.0]])
@@ -248,7 +249,7 @@ def to_grid(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str 
     not cover the target (a regional source) or where the source is NaN (SST over land)."""
     if method not in METHODS:
         msg = f"regridding method {method!r}: use one of {', '.join(METHODS)}"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     values = np.asarray(values, dtype=np.float64)
     if src.kind == "regular":
         if src.is_grid(grid):
@@ -291,7 +292,7 @@ def grid_at(src: SourceGrid, resolution: float) -> schema.Grid:
         return schema.Grid(r, (float(south), float(north), float(west - shift), float(east - shift)))
     except ValueError as err:
         msg = f"{src.name}: no {r:g} deg grid fits inside this source ({err})"
-        raise ValueError(msg) from err
+        raise ConfigError(msg) from err
 
 
 def coverage(src: SourceGrid) -> str:

@@ -27,7 +27,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import conventions, grib, plausibility, regrid, schema
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 
 log = logging.getLogger(__name__)
 MAX_REPORTED = 20  # missing items printed in an error message (the JSON report has them all)
@@ -44,12 +44,12 @@ def parse_members(spec: str | int | None) -> tuple[str, int, int]:
         if not sep:
             if int(a) < 1:
                 msg = f"--members {spec}: a count must be at least 1"
-                raise ValueError(msg)
+                raise ConfigError(msg)
             return ("count", int(a), 0)
         if int(b) >= int(a):
             return ("range", int(a), int(b))
     msg = f"--members {spec!r}: give a count (10), an inclusive range (0:9 or 1:10) or all"
-    raise ValueError(msg)
+    raise ConfigError(msg)
 
 
 def _span(members: list[int] | tuple[int, ...]) -> str:
@@ -77,18 +77,18 @@ class Expectation:
         unknown = [v for v in self.variables or () if v not in schema.VARIABLES]
         if unknown:
             msg = f"unknown variables {unknown}; known: {list(schema.VARIABLES)}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.levels is not None:
             bad = [lv for lv in self.levels if lv not in schema.LEVELS]
             if bad:
                 msg = f"levels {bad} are not ENS-10 levels {list(schema.LEVELS)}"
-                raise ValueError(msg)
+                raise ConfigError(msg)
         parse_members(self.members)
         if self.grid is not None:
             schema.Grid(self.grid)  # ValueError naming usable resolutions
         if self.method not in regrid.METHODS:
             msg = f"regridding method {self.method!r}: use one of {', '.join(regrid.METHODS)}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
     def pick_members(self, have: list[int], source: str) -> tuple[int, ...]:
         """The members to read, or :class:`MissingInputError` in the user's terms with the fix."""

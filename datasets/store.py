@@ -28,7 +28,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import io, schema
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 
 FORMAT_VERSION = 1
 VERSION_ATTR = "postcast_store_version"
@@ -54,7 +54,7 @@ point_std = "{}_point_std".format
 def split_code(split: str | None) -> int:
     if split not in SPLIT_CODES:
         msg = f"split {split!r}: use one of {list(SPLITS)}"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     return SPLIT_CODES[split]
 
 

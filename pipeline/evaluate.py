@@ -30,6 +30,7 @@ import xarray as xr
 
 from postcast.datasets import io, schema
 from postcast.datasets import store as contract
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models.module import load_checkpoint
@@ -53,11 +54,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.split not in contract.SPLITS:
             msg = f"split {self.split!r}: use one of {list(contract.SPLITS)}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         for t in self.targets or ():
             if t not in schema.TARGETS:
                 msg = f"target {t!r}: use one of {list(schema.TARGETS)}"
-                raise ValueError(msg)
+                raise ConfigError(msg)
 
 
 # --- gathering forecasts ----------------------------------------------------------------------
@@ -76,7 +77,7 @@ def verification_dataset(store: xr.Dataset, target: str, split: str, step_h: int
     rows = contract.split_rows(store, split, target=target, step_h=step_h)
     if not rows.size:
         msg = f"no init date with truth for {target} at +{step_h} h in split {split!r}"
-        raise ValueError(msg)
+        raise MissingInputError(msg)
     sub = store.isel({schema.INIT_TIME: rows})
     members = _step(sub, tg.variable, step_h, tg.level)
     mu = [_step(sub, contract.ens_mean(tg.variable), step_h, tg.level)]
@@ -102,8 +103,8 @@ def verification_dataset(store: xr.Dataset, target: str, split: str, step_h: int
 def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) -> xr.Dataset:
     """Append one Gaussian forecast (init_time, lat, lon) to a verification dataset."""
     if mu.shape != ver["truth"].shape:
-        msg = f"forecast {name!r} has shape {mu.shape}, the truth {ver['truth'].shape}"
-        raise ValueError(msg)
+        msg = f"forecast {name!r} has shape {mu.shape}, the truth {ver['truth'].shape}: a checkpoint of another grid?"
+        raise BadInputError(msg)
     new = xr.Dataset({"mu": (ver["truth"].dims, mu), "sigma": (ver["truth"].dims, sigma)}).expand_dims(
         forecast=[name])
     merged = xr.concat([ver[["mu", "sigma"]], new.assign_coords(ver["truth"].coords)], dim="forecast")
@@ -288,7 +289,7 @@ def score_target(store: xr.Dataset, target: str, split: str, preds: list[Predict
     leads = leads_with_truth(store, target, split)
     if not leads:
         msg = f"no lead of {target} has truth in split {split!r}"
-        raise ValueError(msg)
+        raise MissingInputError(msg)
     for h in leads:
         ver = verification_dataset(store, target, split, step_h=h)
         for name, lead, times, mu, sigma in preds:
@@ -296,7 +297,7 @@ def score_target(store: xr.Dataset, target: str, split: str, preds: list[Predict
                 continue
             if not np.array_equal(times, ver[schema.INIT_TIME].values):
                 msg = f"{name}: predicted init times differ from the verification dates of {target} at +{h} h"
-                raise ValueError(msg)
+                raise BadInputError(msg)
             ver = add_forecast(ver, name, mu, sigma)
         log.info("scoring %s +%d h: %s", target, h, ", ".join(map(str, ver["forecast"].values)))
         res = score_lead(ver, efi_fields(store, ver), thresholds=climate_thresholds(store, target, h),

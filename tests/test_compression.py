@@ -217,7 +217,7 @@ def test_cli_compress_decompress_report(store, tmp_path, cli):
         assert codec in proc.stdout
     assert (tmp_path / "p.png").stat().st_size > 1000
     bad = cli("compress", str(store), "--var", "nope", "--out", str(tmp_path / "n.pcnf"))
-    assert bad.returncode == 65 and "nope" in bad.stderr
+    assert bad.returncode == 66 and "nope" in bad.stderr  # a variable the source lacks: missing input
     for spec, says in (("truth_t850", "give VAR=BOUND"), ("t850=0.1", "not among the compressed variables")):
         bad = cli("compress", str(store), "--var", "truth_t850", "--error-bound-var", spec,
                   "--out", str(tmp_path / "n"))
