@@ -268,7 +268,7 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
         conv = convert_units(da, schema.VARIABLES[tg.variable], source)
         out[contract.truth_name(target)] = conv.assign_attrs(target=target)
     if not out:
-        msg = f"{source}: no truth variable for z500, t850 or t2m found (have {list(ds.data_vars)})"
+        msg = f"{source}: no truth variable for {', '.join(schema.TARGETS)} found (have {list(ds.data_vars)})"
         raise MissingInputError(msg)
     return xr.Dataset(out)
 

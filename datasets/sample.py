@@ -59,8 +59,8 @@ def parse_variable(spec: str) -> tuple[str, int | None]:
 class SampleSpec:
     """What a post-processor reads (saved in its checkpoint)."""
 
-    target: str = "t850"  # z500 | t850 | t2m
-    variables: tuple[str, ...] | None = None  # None: all pressure (z500/t850) or surface (t2m) variables;
+    target: str = schema.DEFAULT_TARGET  # a key of schema.TARGETS
+    variables: tuple[str, ...] | None = None  # None: all pressure (pressure-level target) or surface variables;
     # entries "name" (pressure variables at the target level) or "name@level" ("u@850")
     step_h: int = schema.TARGET_STEP_H
     location_features: bool = True

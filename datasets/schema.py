@@ -160,6 +160,7 @@ TARGETS: dict[str, Target] = {
     "t850": Target("t850", "t", 850, error_scale=1.2),  # K
     "t2m": Target("t2m", "t2m", None, error_scale=1.3),  # K
 }
+DEFAULT_TARGET = "t850"  # what a sample spec or a preset without a target post-processes
 
 
 

@@ -480,8 +480,8 @@ class World:
         g = LEAD_GROWTH[step_h]
         shape = (0.6 * self._bias_fields[target] + 0.5 * season * np.sign(self.sinlat)
                  + 0.6 * wind_term + 0.4 * np.sin(3.0 * (2.0 * tcc - 1.0)))
-        if target == "t2m":
-            shape = shape + 0.8 * (2.0 * tcc - 1.0) * self.land  # clouds keep land nights warm
+        if tg.level is None:  # a surface target: clouds keep land nights warm
+            shape = shape + 0.8 * (2.0 * tcc - 1.0) * self.land
         beta = tg.error_scale * g * 0.55 * shape
         state = 1.0 + 0.3 * np.tanh(2.0 * wind_term + (tcc - 0.5))
         sigma = np.sqrt((UNDERDISPERSION * s * state) ** 2 + (0.25 * tg.error_scale * g) ** 2)

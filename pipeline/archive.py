@@ -38,7 +38,6 @@ POSTPROCESSED, FALLBACK = "postprocessed", "fallback_raw"
 PRODUCTS = (POSTPROCESSED, FALLBACK)
 EXTENSIONS = {"netcdf": "nc", "zarr": "zarr"}  # format name -> file extension
 DEFAULT_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
-STANDARD_NAMES = {"z500": "geopotential", "t850": "air_temperature", "t2m": "air_temperature"}
 INIT_FORMAT = "%Y%m%dT%H"
 
 
@@ -68,7 +67,7 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
     quant = mu[None] + sigma[None] * ndtri(q)[:, None, None]  # (Q, lat, lon), target units
     exceed = 1.0 - ndtr((thr[:, None, None] - mu[None]) / sigma[None])  # (T, lat, lon)
     dims = ("forecast_reference_time", schema.LAT, schema.LON)
-    std_name = STANDARD_NAMES[target]
+    std_name = schema.VARIABLES[schema.TARGETS[target].variable].standard_name
     ds = xr.Dataset(
         {
             f"{target}_mean": (dims, mu[None].astype(np.float32),

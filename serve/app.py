@@ -31,6 +31,7 @@ import html
 import io as pyio
 import json
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -50,6 +51,7 @@ from pydantic import BaseModel
 from scipy.special import ndtr
 
 import postcast
+from postcast.datasets import schema
 from postcast.pipeline import archive
 from postcast.pipeline.archive import Field, Product, Skipped
 
@@ -374,7 +376,10 @@ def _json(obj: dict[str, Any]) -> Response:
     return Response(json.dumps(obj, separators=(",", ":")).encode(), media_type="application/json")
 
 
-Target = Annotated[str, Query(description="z500, t850 or t2m", pattern="^(z500|t850|t2m)$")]
+# the targets come from the schema (one home for target facts): the pattern checks, the enum documents
+Target = Annotated[str, Query(description=f"one of {', '.join(schema.TARGETS)}",
+                              pattern="^(" + "|".join(map(re.escape, schema.TARGETS)) + ")$",
+                              json_schema_extra={"enum": list(schema.TARGETS)})]
 Lat = Annotated[float, Query(ge=-90.0, le=90.0, description="degrees north")]
 Lon = Annotated[float, Query(ge=-180.0, le=360.0, description="degrees east (-180..360)")]
 Time = Annotated[str | None, Query(description="valid time (ISO 8601, e.g. 2017-01-04T00:00); default: the latest",
@@ -467,8 +472,7 @@ def _info_routes(app: FastAPI, catalog: Catalog, stats: Stats, token: str | None
         rows = "".join(f"<tr><td>{e.target}</td><td>{e.init:%Y-%m-%d %H}</td><td>{e.valid:%Y-%m-%d %H}</td>"
                        f"<td>{html.escape(e.product)}</td><td>{html.escape(e.model)}</td></tr>"
                        for e in catalog.entries[-20:])
-        latest = catalog.entries[-1].target if catalog.entries else "t850"
-        img = f'<img src="/map.png?target={latest}" alt="latest forecast">' if token is None else (
+        img = '<img src="/map.png" alt="latest forecast">' if token is None else (
             "<p>(the map needs the bearer token: GET /map.png)</p>")
         return (f"<!doctype html><html><head><title>postcast</title></head><body><h1>postcast forecasts</h1>"
                 f"{img}<table border=1><tr><th>target</th><th>init</th><th>valid</th><th>product</th><th>model</th>"
@@ -524,7 +528,13 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
     @app.get("/map.png", response_class=PNGResponse, responses={
         200: {"content": {"image/png": {}}, "description": "a PNG map of the forecast mean"},
         **_errors(401, 404, 422, guarded=guarded, json_media=True)})
-    def map_png(target: Target = "t850", time: Time = None) -> PNGResponse:
+    def map_png(target: Target | None = None, time: Time = None) -> PNGResponse:
+        """The map of ``target`` (default: the target of the latest forecast in the archive)."""
+        if target is None:
+            catalog.watch()
+            if not catalog.entries:
+                raise HTTPException(404, "no forecast in the archive")
+            target = catalog.entries[-1].target
         return PNGResponse(_map(catalog, target, _parse_time(time)))
 
 

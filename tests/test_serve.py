@@ -113,3 +113,19 @@ def test_serve_says_where_it_listens_logs_each_request_and_says_when_it_stopped(
     assert code == 0, text
     assert '"GET /forecasts HTTP/1.1" 200' in text
     assert "Traceback" not in text and text.rstrip().splitlines()[-1].endswith("postcast serve stopped")
+
+
+def test_targets_come_from_the_schema(server):
+    """The target parameter was a hand-written regex (z500|t850|t2m) and the map defaulted to t850: both
+    now come from the schema, the OpenAPI document enumerates the targets, and the map without a target
+    shows the latest forecast's."""
+    from postcast.datasets import schema
+
+    doc = httpx.get(f"{server}/openapi.json").json()
+    for path in ("/forecast/point", "/forecast/bbox", "/map.png"):
+        params = doc["paths"][path]["get"]["parameters"]
+        target = next(p for p in params if p["name"] == "target")
+        schemas = [target["schema"], *target["schema"].get("anyOf", [])]
+        assert any(s.get("enum") == list(schema.TARGETS) for s in schemas), (path, target)
+    r = httpx.get(f"{server}/map.png")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
