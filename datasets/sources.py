@@ -18,6 +18,7 @@ import itertools
 import logging
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -388,11 +389,87 @@ def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) 
     return xr.Dataset(out, coords=coords)
 
 
+# --- source kinds: one registry, for forecasts and truth alike -----------------------------------
+NETCDF_MAGIC = (b"CDF\x01", b"CDF\x02", b"\x89HDF\r\n\x1a\n")  # netCDF classic, 64-bit offset, netCDF-4/HDF5
+GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grb1", ".grib2", ".grb2")
+
+
+def _head(p: Path, n: int = 8) -> bytes:
+    try:
+        with p.open("rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def _is_zarr(p: Path) -> bool:
+    return p.is_dir() and ((p / "zarr.json").exists() or (p / ".zgroup").exists() or p.suffix == ".zarr")
+
+
+def _is_netcdf(p: Path) -> bool:
+    return p.is_file() and (p.suffix in (".nc", ".nc4") or _head(p).startswith(NETCDF_MAGIC))
+
+
+def _is_grib(p: Path) -> bool:
+    """By name (ENS-10's ``output.pl.2018MMDD``, GRIB suffixes), else by the leading ``GRIB`` of its
+    first message; a damaged file with a GRIB name is GRIB (and refused as corrupt when decoded)."""
+    if not p.is_file() or p.suffix in (".nc", ".nc4", ".idx", ".json"):
+        return False
+    named = p.suffix in GRIB_SUFFIXES or p.name.startswith("output.")
+    return named or _head(p).startswith(b"GRIB")
+
+
+# name -> whether a path is a source of that kind (checked in this order: a zarr store is a folder)
+SOURCE_KINDS: dict[str, Callable[[Path], bool]] = {"zarr": _is_zarr, "netcdf": _is_netcdf, "grib": _is_grib}
+KIND_NAMES = {"zarr": "a zarr store", "netcdf": "netCDF files", "grib": "GRIB files"}
+
+
+def kind_of(path: str | Path) -> str | None:
+    """The source kind of one path (a file or a zarr store), or None."""
+    p = Path(path)
+    return next((name for name, test in SOURCE_KINDS.items() if test(p)), None)
+
+
+def find_sources(path: str | Path) -> tuple[str | None, list[Path]]:
+    """The sources at ``path``: itself when it is one, else the entries of a folder of the first kind
+    (registry order) that it holds, sorted; (None, []) when there are none."""
+    p = Path(path)
+    kind = kind_of(p)
+    if kind is not None:
+        return kind, [p]
+    entries = sorted(p.iterdir()) if p.is_dir() else []
+    for name, test in SOURCE_KINDS.items():
+        found = [q for q in entries if not q.name.startswith(".") and test(q)]
+        if found:
+            return name, found
+    return None, []
+
+
+def truth_paths(truth: str | Path) -> list[Path]:
+    """The truth files named by ``--truth`` (a zarr store, a netCDF file, or a folder of either).
+    Nothing found, or GRIB, is refused naming what was searched: a store written without truth would
+    only fail at training."""
+    tp = Path(truth)
+    if not tp.exists():
+        msg = f"truth {tp}: no such file or directory"
+        raise MissingInputError(msg)
+    kind, found = find_sources(tp)
+    if kind == "grib":
+        msg = (f"truth {tp}: GRIB analyses are not read as truth: convert them to netCDF (e.g. eccodes' "
+               "grib_to_netcdf) or give a zarr store")
+        raise BadInputError(msg)
+    if not found:
+        msg = (f"truth {tp}: no truth found; searched for {KIND_NAMES['zarr']} and {KIND_NAMES['netcdf']} "
+               f"(*.nc or netCDF/HDF5 content){' in this folder' if tp.is_dir() else ''}")
+        raise MissingInputError(msg)
+    return found
+
+
 # --- netCDF / zarr via xarray --------------------------------------------------------------------
 def _open_one(path: str) -> xr.Dataset:
     """One netCDF file or zarr store, lazily (dask chunks for netCDF, lazily indexed zarr)."""
     try:
-        if path.endswith(".zarr") or Path(path, "zarr.json").exists():
+        if kind_of(path) == "zarr":
             from postcast.datasets.io import open_zarr
 
             return open_zarr(path, chunks=None)  # lazily indexed: a date reads only its chunks
@@ -588,7 +665,7 @@ def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
     from postcast.datasets.io import open_zarr
 
     try:
-        if paths[0].endswith(".zarr"):
+        if kind_of(paths[0]) == "zarr":
             raw = open_zarr(paths[0], chunks=None)
         else:
             raw = xr.merge([xr.open_dataset(p, engine="netcdf4", chunks={}) for p in paths],
@@ -613,12 +690,6 @@ class Discovered:
     oracle: TruthSource | None
 
 
-def _is_grib(p: Path) -> bool:
-    if p.suffix in (".grib", ".grb", ".grib1", ".grb1"):
-        return True
-    return bool(p.name.startswith("output.") and p.suffix not in (".nc", ".idx", ".zarr", ".json"))
-
-
 def discover(path: str | Path, *, truth: str | Path | None = None) -> Discovered:
     """Find the forecast, truth and oracle sources under ``path`` (a directory written by
     ``postcast synth``, a directory of ENS-10 GRIB/netCDF files, a zarr store or a single file)."""
@@ -627,11 +698,11 @@ def discover(path: str | Path, *, truth: str | Path | None = None) -> Discovered
         msg = f"{p}: no such file or directory"
         raise MissingInputError(msg)
     forecast: ForecastSource
-    truth_paths: list[Path] = []
+    found_truth: list[Path] = []
     oracle = None
-    if p.is_dir() and not (p / "zarr.json").exists():
-        gribs = sorted(q for q in p.iterdir() if q.is_file() and _is_grib(q))
-        ncs = sorted(q for q in p.iterdir() if q.suffix == ".nc" and q.name.startswith("output."))
+    if p.is_dir() and kind_of(p) != "zarr":
+        gribs = sorted(q for q in p.iterdir() if _is_grib(q))
+        ncs = sorted(q for q in p.iterdir() if q.name.startswith("output.") and _is_netcdf(q))
         if (p / "forecast.zarr").exists():
             forecast = XarraySource([p / "forecast.zarr"])
         elif gribs:
@@ -639,23 +710,20 @@ def discover(path: str | Path, *, truth: str | Path | None = None) -> Discovered
         elif ncs:
             forecast = XarraySource(ncs)
         else:
-            msg = (f"{p}: no forecasts found; expected ENS-10 GRIB files (output.pl.2018MMDD, "
-                   "output.sfc.2018MMDD), output.*.nc files or forecast.zarr")
+            msg = (f"{p}: no forecasts found; expected GRIB files (ENS-10's output.pl.2018MMDD and "
+                   f"output.sfc.2018MMDD, or {', '.join('*' + s for s in GRIB_SUFFIXES)}), output.*.nc files or "
+                   "forecast.zarr")
             raise MissingInputError(msg)
         if (p / "era5.zarr").exists():
-            truth_paths = [p / "era5.zarr"]
+            found_truth = [p / "era5.zarr"]
         elif (p / "era5").is_dir():
-            truth_paths = sorted((p / "era5").glob("*.nc"))
+            found_truth = sorted((p / "era5").glob("*.nc"))
         if (p / "oracle.zarr").exists():
             oracle = TruthSource([p / "oracle.zarr"], oracle=True)
-    elif (p / "zarr.json").exists() or p.suffix == ".nc":
+    elif kind_of(p) in ("zarr", "netcdf"):
         forecast = XarraySource([p])
     else:
         forecast = GribSource([p])
     if truth is not None:
-        tp = Path(truth)
-        if not tp.exists():
-            msg = f"truth {tp}: no such file or directory"
-            raise MissingInputError(msg)
-        truth_paths = sorted(tp.glob("*.nc")) if tp.is_dir() and tp.suffix != ".zarr" else [tp]
-    return Discovered(forecast, TruthSource(truth_paths) if truth_paths else None, oracle)
+        found_truth = truth_paths(truth)
+    return Discovered(forecast, TruthSource(found_truth) if found_truth else None, oracle)
