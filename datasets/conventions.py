@@ -197,15 +197,11 @@ def _fix_dims(ds: xr.Dataset) -> xr.Dataset:
         var = schema.VARIABLES.get(str(name))
         if var is None:
             continue
-        order: tuple[str, ...]
-        if var.level_type is schema.LevelType.PRESSURE:
-            if schema.LEVEL in da.coords and schema.LEVEL not in da.dims:
-                da = da.expand_dims(schema.LEVEL)
-            order = schema.PL_DIMS
-        else:
-            if schema.LEVEL in da.dims:
-                da = da.squeeze(schema.LEVEL, drop=True)
-            order = schema.SFC_DIMS
+        if var.on_levels and schema.LEVEL in da.coords and schema.LEVEL not in da.dims:
+            da = da.expand_dims(schema.LEVEL)
+        elif not var.on_levels and schema.LEVEL in da.dims:
+            da = da.squeeze(schema.LEVEL, drop=True)
+        order = var.dims
         horizontal = (schema.LAT, schema.LON) if POINTS in da.dims else ()
         missing = [d for d in order if d not in da.dims and d not in horizontal]
         if missing == [schema.MEMBER]:  # deterministic forecasts and analyses: member 0, as GRIB numbers them

@@ -56,7 +56,7 @@ def _set_grid(h: int, grid: schema.Grid) -> None:
 
 def _template(var: schema.Variable, grid: schema.Grid) -> int:
     """A GRIB1 handle with everything set except date, step, member, level and values."""
-    pl = var.level_type is schema.LevelType.PRESSURE
+    pl = var.on_levels
     h = eccodes.codes_grib_new_from_samples("regular_ll_pl_grib1" if pl else "regular_ll_sfc_grib1")
     eccodes.codes_set(h, "centre", "ecmf")
     eccodes.codes_set(h, "setLocalDefinition", 1)

@@ -106,7 +106,7 @@ class SampleSpec:
         out = []
         for spec in self.input_variables:
             name, level = parse_variable(spec)
-            pressure = schema.VARIABLES[name].level_type is schema.LevelType.PRESSURE
+            pressure = schema.VARIABLES[name].on_levels
             out.append(Input(spec, name, (level or tg.level) if pressure else None, pressure))
         return out
 

@@ -74,6 +74,16 @@ class Variable:
     accumulated: bool = False  # accumulated since init (cp, tp)
     missing_over_land: bool = False  # sst
 
+    @property
+    def on_levels(self) -> bool:
+        """Whether the variable has a pressure-level dimension."""
+        return self.level_type is LevelType.PRESSURE
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """Its canonical member-field dims: (init_time, member, step[, level], latitude, longitude)."""
+        return PL_DIMS if self.on_levels else SFC_DIMS
+
 
 def _pl(name: str, pid: int, units: str, long: str, std: str | None, lo: float, hi: float) -> Variable:
     return Variable(name, name, pid, units, long, std, LevelType.PRESSURE, lo, hi)

@@ -336,7 +336,7 @@ class GribSource(ForecastSource):
 
 
 def _is_pl(v: str) -> bool:
-    return schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE
+    return schema.VARIABLES[v].on_levels
 
 
 def _pick_variables(expect: Expectation, have: set[str], source: str) -> tuple[str, ...]:
@@ -384,8 +384,7 @@ def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) 
     out = {}
     for v, arr in data.items():
         var = schema.VARIABLES[v]
-        dims = schema.PL_DIMS if var.level_type is schema.LevelType.PRESSURE else schema.SFC_DIMS
-        out[v] = xr.Variable(dims, arr, schema.cf_attrs(var))
+        out[v] = xr.Variable(var.dims, arr, schema.cf_attrs(var))
     return xr.Dataset(out, coords=coords)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -220,6 +221,20 @@ _STREAM = {"psi": 1, "h": 2, "own": 3, "events": 4, "eta": 5, "xi": 6, "eps": 7,
 _VAR_ID = {v: i + 1 for i, v in enumerate(schema.VARIABLES)}
 
 
+# variable name -> the World method that makes its member fields (member, lat, lon): one entry per
+# schema variable, registered where the method is defined
+Generator = Callable[["World", int, pd.Timestamp, int, pd.Timestamp], np.ndarray]
+GENERATORS: dict[str, Generator] = {}
+
+
+def generates(name: str) -> Callable[[Generator], Generator]:
+    def register(method: Generator) -> Generator:
+        GENERATORS[name] = method
+        return method
+
+    return register
+
+
 class World:
     """Deterministic synthetic world for one seed and grid; every method is a pure function."""
 
@@ -322,14 +337,18 @@ class World:
         """Member values (member, n_lat, n_lon), float64, canonical units; level 0 for surface.
         The returned array is cached and shared: do not modify it."""
         valid = init + pd.Timedelta(hours=step_h)
-        fn = getattr(self, f"_f_{name}")
-        out: np.ndarray = fn(level, init, step_h, valid)
+        if name not in GENERATORS:
+            msg = (f"no synthetic generator for variable {name!r}: add a World method decorated "
+                   f"@generates({name!r}) in datasets/synthetic.py")
+            raise KeyError(msg)
+        out: np.ndarray = GENERATORS[name](self, level, init, step_h, valid)
         return out
 
     def _flow_members(self, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         """psi for each member: centre + spread-scaled perturbation, (member, lat, lon)."""
         return self.latent(valid)["psi"][None] + 0.5 * self.perturbation("z", 0, init, step_h)
 
+    @generates("z")
     def _f_z(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         lat = self.latent(valid)
         h0 = _H_STD[level]
@@ -339,6 +358,7 @@ class World:
         psi_m = lat["psi"][None] + 0.065 * self.perturbation("z", level, init, step_h)
         return GRAVITY * (clim[None] + amp * self.env[None] * psi_m)
 
+    @generates("t")
     def _f_t(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         lat = self.latent(valid)
         tropo = level >= 250
@@ -355,6 +375,7 @@ class World:
         h = self.latent(valid)["h"][None] + 0.4 * self.perturbation("q", 0, init, step_h)
         return 0.15 + 0.8 * _sigmoid(1.2 * h + (self.coslat**2 - 0.5)[None])
 
+    @generates("q")
     def _f_q(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         t = self._f_t(level, init, step_h, valid)
         es = 611.2 * np.exp(17.67 * (t - 273.15) / (t - 29.65))  # Pa, Bolton (1980)
@@ -366,11 +387,13 @@ class World:
         h = self.latent(valid)["h"][None] + 0.5 * self.perturbation("w", 0, init, step_h)
         return 0.7 * h + 0.5 * np.exp(-((self.abslat / 12.0) ** 2))[None]
 
+    @generates("w")
     def _f_w(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         shape = math.sin(math.pi * min(max((level - 100.0) / 900.0, 0.0), 1.0)) + 0.05
         noise = 0.5 * self.white(_VAR_ID["w"], level, int(valid.value // 3_600_000_000_000))
         return -0.15 * shape * (self._ascent(init, step_h, valid) + noise)
 
+    @generates("d")
     def _f_d(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         sign = -1.0 if level > 600 else 1.0  # low-level convergence under ascent, divergence aloft
         noise = 0.8 * self.white(_VAR_ID["d"], level, int(valid.value // 3_600_000_000_000))
@@ -389,13 +412,16 @@ class World:
             anom = lat["psi_dlon"] / np.maximum(self.coslat, 0.5)  # damped near the poles
         return clim[None] + amp * self.env[None] * (anom[None] + pert)
 
+    @generates("u")
     def _f_u(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         return self._wind("u", level, init, step_h, valid)
 
+    @generates("v")
     def _f_v(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         return self._wind("v", level, init, step_h, valid)
 
     # surface
+    @generates("msl")
     def _f_msl(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         lat = self.latent(valid)
         clim = (101325.0 + 1500.0 * (np.exp(-(((self.abslat - 30.0) / 10.0) ** 2))
@@ -404,6 +430,7 @@ class World:
         anom = 0.8 * self._flow_members(init, step_h, valid) + 0.6 * self.own("msl", 0, valid)[None]
         return clim[None] + 900.0 * self.env[None] * anom
 
+    @generates("t2m")
     def _f_t2m(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         lat = self.latent(valid)
         t850 = self._f_t(850, init, step_h, valid)
@@ -411,10 +438,12 @@ class World:
         pert = 0.5 * self.perturbation("t2m", 0, init, step_h)
         return t850 + 6.0 + local[None] + pert
 
+    @generates("skt")
     def _f_skt(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         noise = 0.3 * self.white(_VAR_ID["skt"], 0, int(valid.value // 3_600_000_000_000))
         return self._f_t2m(0, init, step_h, valid) + 0.8 * self.own("skt", 0, valid)[None] * self.land + noise
 
+    @generates("sst")
     def _f_sst(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         lat = self.latent(valid)
         clim = 271.35 + 30.0 * np.clip(self.coslat, 0, 1) ** 2.5 + 1.5 * lat["season"] * (self.abslat < 55)
@@ -424,13 +453,16 @@ class World:
         out[:, self.land > 0.5] = np.nan  # missing over land, as in ENS-10
         return out
 
+    @generates("tcc")
     def _f_tcc(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         x = 1.5 * self._ascent(init, step_h, valid) + 0.8 * self.own("tcc", 0, valid)[None] - 0.3
         return _sigmoid(x + 0.8 * self.env[None])
 
+    @generates("tcwv")
     def _f_tcwv(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         return 3.8e3 * self._f_q(850, init, step_h, valid)  # kg m-2: ~45 in the tropics, ~4 near the poles
 
+    @generates("tcw")
     def _f_tcw(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         tcc = self._f_tcc(0, init, step_h, valid)
         return self._f_tcwv(0, init, step_h, valid) + 0.2 + 0.6 * tcc
@@ -441,12 +473,14 @@ class World:
         x = 1.6 * self._ascent(init, step_h, mid) + 0.5 * (self.coslat**2)[None] - 1.2
         return 0.004 * _softplus(x)
 
+    @generates("tp")
     def _f_tp(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         acc = np.zeros((self.members, *self.grid.shape))
         for s in range(24, step_h + 1, 24):  # accumulated since init: 0 at step 0, grows with lead
             acc = acc + self._rain_rate(init, s)
         return acc
 
+    @generates("cp")
     def _f_cp(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         frac = _sigmoid(4.0 * (self.coslat**2 - 0.6) + 0.5 * self.latent(valid)["h"])
         return self._f_tp(0, init, step_h, valid) * frac[None]
@@ -454,9 +488,11 @@ class World:
     def _surface_wind(self, comp: str, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         return (0.75 - 0.25 * self.land)[None] * self._wind(comp, 1000, init, step_h, valid)
 
+    @generates("u10")
     def _f_u10(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         return self._surface_wind("u", init, step_h, valid)
 
+    @generates("v10")
     def _f_v10(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         return self._surface_wind("v", init, step_h, valid)
 
@@ -503,7 +539,7 @@ def _member_block(cfg: SynthConfig, name: str, inits: tuple[pd.Timestamp, ...]) 
     """(init, member, step, level, lat, lon) float32 for one variable (level axis of 1 for surface)."""
     w = world(cfg.seed, cfg.resolution, cfg.members)
     var = schema.VARIABLES[name]
-    levels = cfg.sorted_levels if var.level_type is schema.LevelType.PRESSURE else (0,)
+    levels = cfg.sorted_levels if var.on_levels else (0,)
     out = np.empty((len(inits), cfg.members, len(schema.STEPS_H), len(levels), *cfg.grid.shape), np.float32)
     for i, t in enumerate(inits):
         for j, step in enumerate(schema.STEPS_H):
@@ -529,7 +565,7 @@ def _member_block_mapped(block_info: dict[Any, Any] | None = None, *, cfg: Synth
 def _lazy_variable(cfg: SynthConfig, var: schema.Variable) -> da.Array:
     """(init_time, member, step[, level], lat, lon) float32 dask array; one task per date chunk.
     Built with ``map_blocks`` so even the 2100-date, 0.5 deg graph costs milliseconds to create."""
-    nl = len(cfg.sorted_levels) if var.level_type is schema.LevelType.PRESSURE else 1
+    nl = len(cfg.sorted_levels) if var.on_levels else 1
     ny, nx = cfg.grid.shape
     chunks = (_time_chunks(cfg), (cfg.members,), (len(schema.STEPS_H),), (nl,), (ny,), (nx,))
     arr = da.map_blocks(_member_block_mapped, chunks=chunks, dtype=np.float32, meta=np.empty((0,) * 6, np.float32),
@@ -565,8 +601,7 @@ def forecast_dataset(cfg: SynthConfig, variables: list[str] | None = None) -> xr
     data_vars = {}
     for name in names:
         var = schema.VARIABLES[name]
-        dims = schema.PL_DIMS if var.level_type is schema.LevelType.PRESSURE else schema.SFC_DIMS
-        data_vars[name] = xr.Variable(dims, _lazy_variable(cfg, var), schema.cf_attrs(var))
+        data_vars[name] = xr.Variable(var.dims, _lazy_variable(cfg, var), schema.cf_attrs(var))
     ds = xr.Dataset(data_vars, coords=_coords(cfg))
     ds.attrs.update(synthetic_attrs(cfg))
     return ds

@@ -176,3 +176,14 @@ def test_config_validation():
         SynthConfig(format="csv")
     with pytest.raises(ValueError, match="does not divide"):
         SynthConfig(resolution=7.0)
+
+
+def test_every_schema_variable_has_one_registered_generator():
+    """Generators were found by getattr(f"_f_{name}"): a new variable failed deep inside with an
+    AttributeError. They are now a registry checked against the schema, with the fix in the error."""
+    from postcast.datasets import schema, synthetic
+
+    assert set(synthetic.GENERATORS) == set(schema.VARIABLES)
+    w = synthetic.world(0, 30.0)
+    with pytest.raises(KeyError, match=r"no synthetic generator for variable 'nope': add a World method decorated"):
+        w.members_field("nope", 0, pd.Timestamp("2017-01-02"), 48)
