@@ -42,7 +42,7 @@ from postcast.pipeline.archive import (
 )
 
 
-def write_forecasts(out: Path, target: str = "t850", n: int = 3, resolution: float = 5.0, seed: int = 0,
+def write_forecasts(out: Path, target: str = schema.DEFAULT_TARGET, n: int = 3, resolution: float = 5.0, seed: int = 0,
                     model: str = "unet", formats: tuple[str, ...] = ("netcdf",)) -> list[Path]:
     """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does
     (through the archive's contract, ``pipeline/archive.py``), in each of ``formats``."""
