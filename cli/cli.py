@@ -497,11 +497,15 @@ def _run_serve(a: argparse.Namespace) -> int:
     os.environ["POSTCAST_FORECASTS"] = str(a.forecasts)
     os.environ["POSTCAST_WATCH_S"] = str(a.watch)
     os.environ["POSTCAST_PUBLIC_METRICS"] = "1" if a.public_metrics else "0"
-    if a.token:
-        os.environ["POSTCAST_TOKEN"] = a.token
+    token = a.token if a.token is not None else os.environ.get("POSTCAST_TOKEN")
+    if token is not None and not token.strip():  # an empty secret would run the service open, silently
+        msg = ("the bearer token is empty (--token '' or POSTCAST_TOKEN=''): give a secret, or leave both unset "
+               "to serve without a token")
+        raise ConfigError(msg)
+    if token:
+        os.environ["POSTCAST_TOKEN"] = token
     log.info("serving the forecasts in %s at http://%s:%d (%s); Ctrl-C stops", a.forecasts, a.host, a.port,
-             "token required" if a.token or os.environ.get("POSTCAST_TOKEN") else "no token: open to anyone who "
-             "can connect")
+             "token required" if token else "no token: open to anyone who can connect")
     run("postcast.serve.app:app_from_env", opts)
     log.info("postcast serve stopped")
     return 0

@@ -9,6 +9,11 @@ Connection hygiene (see docs/serve.md):
   client that connects and sends nothing, or trickles header bytes, would hold its connection
   forever. :class:`DeadlineHttpToolsProtocol` closes a connection whose next request's headers are
   not complete within ``header_timeout`` seconds of the connection (or of the previous response);
+* **idle shedding**: the header deadline alone does not stop holders that reconnect at once, and
+  ``limit_concurrency`` counts idle connections, so a thousand of them made every real request
+  answer 503. Once the open connections exceed :data:`SHED_AT` of the limit, each new connection
+  closes the connections that have waited longest for a request's headers (idle holders, idle
+  keep-alives), oldest first; a client that sends its request promptly is never shed;
 * h11-style size limits: httptools rejects over-long request lines and headers itself (400).
 """
 
@@ -16,14 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from postcast.datasets.errors import ConfigError
 
 HEADER_TIMEOUT_ENV = "POSTCAST_HEADER_TIMEOUT"
+SHED_AT = 0.8  # fraction of --limit-concurrency above which idle connections are shed, oldest first
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,10 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
     that takes long is never cut."""
 
     _deadline: asyncio.TimerHandle | None = None
+    # this process's connections waiting for a request's headers, longest-waiting first, and those
+    # closed by shedding whose connection_lost has not run yet (still in uvicorn's connection set)
+    _waiting: ClassVar[OrderedDict[DeadlineHttpToolsProtocol, None]] = OrderedDict()
+    _closing: ClassVar[set[DeadlineHttpToolsProtocol]] = set()
 
     @staticmethod
     def header_timeout() -> float:
@@ -71,6 +82,7 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
+        self._shed()
 
     def on_headers_complete(self) -> None:
         self._disarm()
@@ -83,21 +95,36 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._closing.discard(self)
         super().connection_lost(exc)
 
     def _arm(self) -> None:
         self._disarm()
         self._deadline = self.loop.call_later(self.header_timeout(), self._expire)
+        self._waiting[self] = None
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+        self._waiting.pop(self, None)
 
     def _expire(self) -> None:
-        self._deadline = None
+        self._disarm()
         if not self.transport.is_closing():
             self.transport.close()
+            self._closing.add(self)
+
+    def _shed(self) -> None:
+        """Close the longest-waiting idle connections while more than SHED_AT of the limit are open."""
+        if self.limit_concurrency is None:
+            return
+        room = int(self.limit_concurrency * SHED_AT)
+        while len(self.connections) - len(self._closing) > room and self._waiting:
+            oldest = next(iter(self._waiting))
+            if oldest is self:  # only this new connection waits: nothing older to shed
+                break
+            oldest._expire()
 
 
 def uvicorn_kwargs(opts: ServeOptions) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def test_idle_and_header_trickling_connections_are_closed(forecasts):
         idle = [_open(port) for _ in range(20)]
         trickle = [_open(port) for _ in range(20)]
         time.sleep(0.2)
-        assert httpx.get(f"{url}/health").status_code == 503  # over the connection limit
+        assert httpx.get(f"{url}/health").status_code == 200  # over the limit, idle connections are shed
         t0 = time.monotonic()
         for k, chunk in enumerate([b"GET /health HTTP/1.1\r\n", b"Host: x\r\n", b"X-A: 1\r\n", b"X-B: 2\r\n"]):
             for s in trickle:
@@ -154,6 +154,21 @@ def test_bad_port_or_option_is_one_line_exit_2(forecasts, args, capsys):
     assert len(err) == 1 and err[0].startswith("postcast: error: ") and args[0] in err[0]
 
 
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_an_empty_token_is_refused_at_start(forecasts, capsys, monkeypatch, how):
+    """`serve --token ""` ran the service open without a word."""
+    from postcast.cli import main
+
+    if how == "flag":
+        args = ["--token", ""]
+    else:
+        monkeypatch.setenv("POSTCAST_TOKEN", "  ")
+        args = []
+    assert main(["serve", str(forecasts), "--port", "1", *args]) == 2  # refused before anything listens
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the bearer token is empty" in err[0]
+
+
 def test_out_of_range_port_is_refused_by_the_real_command(forecasts):
     cmd = [sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", "99999"]
     try:
@@ -168,3 +183,56 @@ def test_unknown_query_parameters_are_refused(forecasts):
     r = client.get("/forecast/point", params={**POINT, "tme": "2017-01-04T00:00"})  # misspelt: not the latest
     assert r.status_code == 422 and "tme" in r.json()["detail"] and "time" in r.json()["detail"]
     assert client.get("/docs", params={"x": "1"}).status_code == 200  # the framework's own pages are not checked
+
+
+def _hold_idle_connections(port: int, holders: int, stop: float, counts: dict[str, int]) -> None:
+    """``holders`` loopback connections that send nothing, each reopened as soon as the server closes it,
+    until the monotonic time ``stop`` (a bounded attack: one process, loopback only)."""
+    import asyncio
+
+    async def hold() -> None:
+        while time.monotonic() < stop:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            counts["opened"] += 1
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(reader.read(1), timeout=max(stop - time.monotonic(), 0.01))
+            writer.close()
+
+    async def main() -> None:
+        await asyncio.gather(*(hold() for _ in range(holders)))
+
+    asyncio.run(main())
+
+
+def test_a_thousand_reconnecting_idle_holders_do_not_lock_out_real_requests(forecasts):
+    """1000 idle TCP connections (no bytes, no token) made every request answer 503, and holders that
+    reconnect kept it so. Idle connections are now shed, oldest first, before the connection limit is
+    reached: /health and a point query answer 200 within 1 s throughout."""
+    import threading
+
+    with running_server(forecasts) as url:  # the default limit: 1000 connections
+        port, counts = int(url.rsplit(":", 1)[1]), {"opened": 0}
+        assert httpx.get(f"{url}/forecast/point", params=POINT).status_code == 200  # a served, warm archive
+        stop = time.monotonic() + 8.0
+        attack = threading.Thread(target=_hold_idle_connections, args=(port, 1000, stop, counts), daemon=True)
+        attack.start()
+        while counts["opened"] < 1000 and time.monotonic() < stop - 5:  # the holders are in place
+            time.sleep(0.05)
+        answers = []
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < stop - 0.5:
+                for path, params in (("/health", None), ("/forecast/point", POINT)):
+                    t0 = time.monotonic()
+                    try:
+                        status = client.get(f"{url}{path}", params=params).status_code
+                    except httpx.TransportError as err:
+                        status = type(err).__name__
+                    answers.append((path, status, time.monotonic() - t0))
+                time.sleep(0.1)
+        attack.join(timeout=15)
+    assert counts["opened"] > 1000, counts  # the holders were shed and came back
+    assert answers and all(status == 200 and dt < 1.0 for _, status, dt in answers), answers[:10]
