@@ -39,6 +39,7 @@ from postcast.pipeline import metrics, significance, verification
 log = logging.getLogger(__name__)
 
 RAW, ORACLE, ENSEMBLE = "raw", "oracle", "raw_ensemble"
+ENSEMBLE_KEYS = {"crps": "crps_fair"}  # metrics.json names the members' fair CRPS beside crps_standard
 
 
 @dataclass(frozen=True)
@@ -203,12 +204,20 @@ def score_lead(ver: xr.Dataset, efi: np.ndarray, *, thresholds: dict[str, np.nda
     return _significance(res, bootstrap)
 
 
+def _metric_values(scores: xr.DataArray, kind: str, keys: dict[str, str] | None = None) -> dict[str, float]:
+    """Every registered metric that applies to ``kind``, from the scores (metric, weighting) of one
+    forecast and region: unweighted under its name (or ``keys[name]``), then the area-weighted values
+    of the ``weighted`` metrics under that key + ``_weighted``."""
+    applies = [m for m in verification.METRICS if kind in m.kinds]
+    key = {m.name: (keys or {}).get(m.name, m.name) for m in applies}
+    out = {key[m.name]: float(scores.sel(metric=m.name, weighting="none")) for m in applies}
+    out.update({f"{key[m.name]}_weighted": float(scores.sel(metric=m.name, weighting="area"))
+                for m in applies if m.weighted})
+    return out
+
+
 def _region_summary(res: xr.Dataset, f: str, region: str) -> dict[str, Any]:
-    s = res["score"].sel(forecast=f, region=region)
-    names = ("crps", "eecrps", "bias", "rmse", "spread", "spread_skill")
-    out: dict[str, Any] = {m: float(s.sel(metric=m, weighting="none")) for m in names}
-    out.update(crps_weighted=float(s.sel(metric="crps", weighting="area")),
-               eecrps_weighted=float(s.sel(metric="eecrps", weighting="area")))
+    out: dict[str, Any] = _metric_values(res["score"].sel(forecast=f, region=region), verification.GAUSSIAN)
     raw = float(res["score"].sel(forecast=RAW, region=region, metric="crps", weighting="none"))
     out["skill_vs_raw"] = 1.0 - out["crps"] / raw
     if ORACLE in res["forecast"].values:
@@ -236,11 +245,7 @@ def summary(res: xr.Dataset) -> dict[str, Any]:
                 out["forecasts"][f][r]["pit_histogram"] = res["pit_histogram"].sel(forecast=f).values.tolist()
     ens = res["score"].sel(forecast=ENSEMBLE)
     out["raw_ensemble"] = {r: {
-        "crps_fair": float(ens.sel(region=r, metric="crps", weighting="none")),
-        "crps_fair_weighted": float(ens.sel(region=r, metric="crps", weighting="area")),
-        "crps_standard": float(ens.sel(region=r, metric="crps_standard", weighting="none")),
-        "crps_standard_weighted": float(ens.sel(region=r, metric="crps_standard", weighting="area")),
-        "spread_skill": float(ens.sel(region=r, metric="spread_skill", weighting="none")),
+        **_metric_values(ens.sel(region=r), verification.ENSEMBLE, ENSEMBLE_KEYS),
         "decomposition": {str(c): float(v) for c, v in zip(res["component"].values,
                                                            res["decomposition"].sel(forecast=ENSEMBLE, region=r).values,
                                                            strict=True)}} for r in regions}
@@ -309,10 +314,13 @@ def score_target(store: xr.Dataset, target: str, split: str, preds: list[Predict
 
 
 def results_dataset(per_target: dict[str, xr.Dataset]) -> xr.Dataset:
-    """One Dataset over targets (dim ``target``; forecasts and dates joined, NaN where absent)."""
+    """One Dataset over targets (dim ``target``; forecasts and dates joined, NaN where absent), with
+    the units of each target and of each score (``metric_units``: the target's, or 1)."""
     parts = [ds.expand_dims(target=[t]) for t, ds in per_target.items()]
     out = xr.concat(parts, dim="target", join="outer", data_vars="all", coords="different", compat="equals")
-    out = out.assign_coords(units=("target", [ds.attrs["units"] for ds in per_target.values()]))
+    units = [ds.attrs["units"] for ds in per_target.values()]
+    out = out.assign_coords(units=("target", units), metric_units=(("target", "metric"), [
+        [u if m.units else "1" for m in verification.METRICS] for u in units]))
     out["lead"].attrs["units"] = "hours"
     out.attrs = {}
     out.attrs.update(title="postcast verification", conventions="docs/verification.md",

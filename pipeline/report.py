@@ -4,7 +4,10 @@ Dataset (``results.nc``, :func:`postcast.pipeline.evaluate.results_dataset`) and
 Figures: a scorecard (CRPS skill against the raw Gaussian for every forecast, target and lead, a
 ``*`` where the difference is significant at 95 % by Diebold-Mariano), skill against lead time,
 CRPS maps, reliability diagrams of tail events at climatological thresholds, the CRPS
-decomposition, and calibration (spread/skill, the raw ensemble's rank histogram, PIT).
+decomposition, and calibration (spread/skill, the raw ensemble's rank histogram, PIT). Tables: every
+metric of :data:`postcast.pipeline.verification.METRICS` (a row each, with its label, units and
+format; their descriptions in the legend), the CRPS against the raw Gaussian, the CRPS at every lead
+and its decomposition.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import io
+from postcast.pipeline import verification
 
 FIG_DPI = 90
 ENSEMBLE = "raw_ensemble"
@@ -168,18 +172,30 @@ def calibration(target: str, res: dict[str, Any], out: Path) -> str:
     return _save(fig, out / f"calibration_{target}.png")
 
 
-def _table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    head = ["forecast", "CRPS", "CRPS (area-w.)", "EECRPS", "skill vs raw", "gap closed", "95% CI vs raw",
-            "DM p", "spread/skill", "bias"]
+def _score_table(target: str, ds: xr.Dataset, res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per registered metric (and one more for the area-weighted value of a ``weighted``
+    one), one column per forecast: global scores at the summary's lead; ``-`` where it does not apply."""
+    names = [*res["forecasts"], ENSEMBLE]
+    scores = ds["score"].sel(target=target, lead=res["lead_h"], region="global", forecast=names)
+    rows = []
+    for m in verification.METRICS:
+        units = str(ds["metric_units"].sel(target=target, metric=m.name).values)
+        for w in ("none", "area") if m.weighted else ("none",):
+            values = scores.sel(metric=m.name, weighting=w).values
+            rows.append([m.label if w == "none" else f"{m.label}, area-w.", units,
+                         *(f"{v:{m.fmt}}" if np.isfinite(v) else "-" for v in values)])
+    return ["metric", "units", *names], rows
+
+
+def _crps_vs_raw_table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    head = ["forecast", "skill vs raw", "gap closed", "95% CI vs raw", "DM p"]
     rows = []
     for f, regions in res["forecasts"].items():
         g = regions["global"]
         d = g["crps_minus_raw"]
         mark = "*" if d["significant"] else ""
-        rows.append([f, f"{g['crps']:.4g}", f"{g['crps_weighted']:.4g}", f"{g['eecrps']:.4g}",
-                     f"{100 * g['skill_vs_raw']:+.1f}%{mark}", f"{100 * g.get('gap_closed', float('nan')):.0f}%",
-                     f"[{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]", f"{d['dm_p_value']:.3g}",
-                     f"{g['spread_skill']:.2f}", f"{g['bias']:+.3g}"])
+        rows.append([f, f"{100 * g['skill_vs_raw']:+.1f}%{mark}", f"{100 * g.get('gap_closed', float('nan')):.0f}%",
+                     f"[{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]", f"{d['dm_p_value']:.3g}"])
     return head, rows
 
 
@@ -230,16 +246,22 @@ NOTES = ("`*`: the CRPS difference against the raw Gaussian is significant at 95
          "a Gaussian as its 50-quantile ensemble. Formulas: docs/verification.md.")
 
 
+def _legend() -> list[str]:
+    """``label: description`` of every registered metric."""
+    return [f"{m.label}: {m.description}" for m in verification.METRICS]
+
+
 def _target_section(target: str, ds: xr.Dataset, res: dict[str, Any], out: Path
                     ) -> tuple[list[str], list[str]]:
     lead = res["lead_h"]
-    raw = res["raw_ensemble"]["global"]
-    note = (f"Raw ensemble CRPS (members): fair {raw['crps_fair']:.4g}, standard {raw['crps_standard']:.4g}; "
-            f"mean |EFI| {raw['mean_abs_efi']:.2f}; {res['n_dates']} dates at +{lead} h; units {res['units']}.")
+    note = (f"Raw ensemble mean |EFI| {res['raw_ensemble']['global']['mean_abs_efi']:.2f}; "
+            f"{res['n_dates']} dates at +{lead} h; units {res['units']}.")
     figs = [skill_vs_lead(target, ds, out), crps_maps(target, ds, lead, out),
             reliability_diagrams(target, ds, lead, out), decomposition_figure(target, ds, lead, out),
             calibration(target, res, out)]
-    tables = [(f"scores at +{lead} h", _table(res)), ("CRPS at every lead", _lead_table(target, ds)),
+    tables = [(f"scores at +{lead} h (global)", _score_table(target, ds, res)),
+              (f"CRPS against the raw Gaussian at +{lead} h (global)", _crps_vs_raw_table(res)),
+              ("CRPS at every lead", _lead_table(target, ds)),
               ("CRPS decomposition (global, area-weighted)", _decomp_table(target, ds))]
     md, body = [f"## {target}", ""], [f"<h2>{html.escape(target)}</h2>"]
     for title, (head, rows) in tables:
@@ -254,8 +276,10 @@ def write_report(ds: xr.Dataset, results: dict[str, Any], out: Path) -> Path:
     """Write figures, ``report.md`` and ``report.html`` into ``out`` from the results Dataset and its
     JSON summary; returns the HTML path."""
     md = [f"# postcast evaluation: split `{results['split']}`", "", f"Store: `{results['store']}`", "", NOTES, ""]
+    md += ["Metrics:", "", *(f"- {line}" for line in _legend()), ""]
     body = [f"<h1>postcast evaluation: split {html.escape(results['split'])}</h1>",
-            f"<p>Store: <code>{html.escape(results['store'])}</code></p>", f"<p>{html.escape(NOTES)}</p>"]
+            f"<p>Store: <code>{html.escape(results['store'])}</code></p>", f"<p>{html.escape(NOTES)}</p>",
+            "<p>Metrics:</p><ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in _legend()) + "</ul>"]
     card = scorecard(ds, out)
     md += [f"![scorecard]({card})", ""]
     body.append(f'<img src="{card}">')

@@ -6,7 +6,8 @@ WeatherBench 2's ``Metric`` / ``Region`` / ``_metric_and_region_loop`` are the m
 :class:`Region` (area weights or none) per date, and the metric's ``finalize`` makes the score
 from those means (RMSE = sqrt(mean squared error); spread/skill = a ratio of two means). Per-date
 values and the all-dates value come from the same means, so the area-weighted mean is always
-``sum_t sum_p w_p s_tp / (T sum_p w_p)``. Adding a metric is one entry in :data:`METRICS`.
+``sum_t sum_p w_p s_tp / (T sum_p w_p)``. Adding a metric is one entry in :data:`METRICS`: the
+results Dataset, ``metrics.json`` and the report's tables loop over it.
 
 Diagnostics beside the scores: the CRPS decomposition of Hersbach (2000) (:func:`hersbach`),
 reliability diagrams of tail events at climatological thresholds (:func:`reliability`), PIT and
@@ -120,24 +121,40 @@ Stats = dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class Metric:
-    """A score: pointwise ``statistics`` of a chunk (each (T, lat, lon); None where the metric does
-    not apply to the forecast's kind) and ``finalize`` from their region means (any shape)."""
+    """A score: pointwise ``statistics`` of a chunk (each (T, lat, lon)) and ``finalize`` from their
+    region means (any shape), for the forecast ``kinds`` it applies to (NaN for the others).
+
+    How it is shown (``results.nc``, ``metrics.json``, the report's tables, all from this registry):
+    ``label`` and ``description`` name it, ``units`` says whether it is in the target's units (else
+    dimensionless), ``weighted`` adds its area-weighted value to ``metrics.json``
+    (``<name>_weighted``) and to the score table (``<label>, area-w.``), ``fmt`` formats its values."""
 
     name: str
-    statistics: Callable[[Chunk], Stats | None]
+    label: str
+    description: str
+    statistics: Callable[[Chunk], Stats]
     finalize: Callable[[Stats], np.ndarray] = lambda s: s["value"]
+    kinds: tuple[str, ...] = (GAUSSIAN, ENSEMBLE)
     units: bool = True  # False: dimensionless
+    weighted: bool = False
+    fmt: str = ".4g"
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("crps", lambda c: {"value": c.crps}),  # Gaussian closed form; members: fair estimator
-    Metric("crps_standard", lambda c: None if c.members is None else {"value": c.ensemble_crps["standard"]}),
-    Metric("eecrps", lambda c: {"value": np.abs(c.efi) * c.crps}),
-    Metric("bias", lambda c: {"value": c.mean - c.truth}),
-    Metric("rmse", lambda c: {"se": (c.mean - c.truth) ** 2}, lambda s: np.sqrt(s["se"])),
-    Metric("spread", lambda c: {"var": c.variance}, lambda s: np.sqrt(s["var"])),
-    Metric("spread_skill", lambda c: {"var": c.variance, "se": (c.mean - c.truth) ** 2},
-           lambda s: np.sqrt(s["var"] / s["se"]), units=False),
+    Metric("crps", "CRPS", "continuous ranked probability score (Gaussian closed form; members: fair estimator)",
+           lambda c: {"value": c.crps}, weighted=True),
+    Metric("crps_standard", "CRPS standard", "the members' standard (empirical CDF) CRPS",
+           lambda c: {"value": c.ensemble_crps["standard"]}, kinds=(ENSEMBLE,), weighted=True),
+    Metric("eecrps", "EECRPS", "extreme-event CRPS, |EFI| x CRPS", lambda c: {"value": np.abs(c.efi) * c.crps},
+           weighted=True),
+    Metric("bias", "bias", "mean of (forecast mean - truth)", lambda c: {"value": c.mean - c.truth}, fmt="+.3g"),
+    Metric("rmse", "RMSE", "root mean squared error of the forecast mean", lambda c: {"se": (c.mean - c.truth) ** 2},
+           lambda s: np.sqrt(s["se"])),
+    Metric("spread", "spread", "square root of the mean predictive variance", lambda c: {"var": c.variance},
+           lambda s: np.sqrt(s["var"])),
+    Metric("spread_skill", "spread/skill", "spread / RMSE (1 = calibrated)",
+           lambda c: {"var": c.variance, "se": (c.mean - c.truth) ** 2}, lambda s: np.sqrt(s["var"] / s["se"]),
+           units=False, fmt=".2f"),
 )
 
 
@@ -153,9 +170,9 @@ def score_chunk(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndar
     total = np.full((len(METRICS), len(REGIONS), len(WEIGHTINGS)), np.nan)
     per_date = np.full((*total.shape, t), np.nan)
     for i, metric in enumerate(METRICS):
-        stats = metric.statistics(chunk)
-        if stats is None:
+        if chunk.kind not in metric.kinds:
             continue
+        stats = metric.statistics(chunk)
         for j, region in enumerate(REGIONS):
             for k, weighting in enumerate(WEIGHTINGS):
                 w = region.weights(lat, lon, weighting)
@@ -284,7 +301,9 @@ def as_dataset(names: list[str], chunks: list[Chunk], lat: np.ndarray, lon: np.n
          "crps_map": (("forecast", "latitude", "longitude"), np.stack(maps)),
          "reliability": (("forecast", "event", "quantity", "prob_bin"), np.stack(rel)),
          "pit_histogram": (("forecast", "pit_bin"), np.stack(pits).astype(np.int64))},
-        coords={"forecast": names, "metric": [m.name for m in METRICS], "region": [r.name for r in REGIONS],
+        coords={"forecast": names, "metric": [m.name for m in METRICS],
+                "metric_label": ("metric", [m.label for m in METRICS]),
+                "metric_description": ("metric", [m.description for m in METRICS]), "region": [r.name for r in REGIONS],
                 "weighting": list(WEIGHTINGS), "init_time": init_time, "component": list(DECOMPOSITION),
                 "latitude": lat, "longitude": lon, "event": list(thresholds),
                 "quantity": ["forecast_probability", "observed_frequency", "count"],

@@ -4,6 +4,8 @@ constant in space, a field varying only with latitude, one date repeated T times
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import properscoring
 import pytest
@@ -11,6 +13,7 @@ import scoringrules
 import xarray as xr
 
 from postcast.datasets import geo
+from postcast.datasets import store as contract
 from postcast.pipeline import evaluate, significance, verification
 
 LAT = np.array([-75.0, -45.0, -15.0, 15.0, 45.0, 75.0])
@@ -50,9 +53,9 @@ def scores(ver: xr.Dataset, efi: np.ndarray | None = None) -> dict[str, float]:
             "crps_standard_weighted": ens["crps_standard_weighted"]}
 
 
-def weighted_mean(s: np.ndarray) -> float:
+def weighted_mean(s: np.ndarray, lat: np.ndarray = LAT) -> float:
     """Written out: sum_t sum_p w_p s_tp / (T sum_p w_p), w the area weights of the rows."""
-    w = np.broadcast_to(geo.latitude_weights(LAT)[:, None], s.shape[1:])
+    w = np.broadcast_to(geo.latitude_weights(lat)[:, None], s.shape[1:])
     return float(sum((w * s[i]).sum() for i in range(s.shape[0])) / (s.shape[0] * w.sum()))
 
 
@@ -259,6 +262,53 @@ def test_evaluate_writes_every_lead_significance_and_decomposition(store, tmp_pa
     page = (out / "report.html").read_text()
     assert all(f"+{h} h" in page for h in (0, 24, 48)) and "reliability_t850.png" in page
     assert "decomposition_t850.png" in page and "skill_vs_lead_t850.png" in page
+
+
+def md_column(text: str, header: str) -> dict[str, str]:
+    """The cells under ``header`` of the first markdown table that has it, by the row's first cell."""
+    lines = text.splitlines()
+    at = next(i for i, (ln, rule) in enumerate(itertools.pairwise(lines))
+              if rule.startswith("|---") and f"| {header} |" in ln)
+    j = [c.strip() for c in lines[at].split("|")].index(header)
+    rows = [[c.strip() for c in ln.split("|")] for ln in itertools.takewhile(str.strip, lines[at + 2:])]
+    return {r[1]: r[j] for r in rows}
+
+
+def test_a_registered_metric_reaches_metrics_json_results_nc_and_the_report(store, tmp_path, monkeypatch):
+    """One new Metric in the registry and nothing else (the mean absolute error of the forecast mean,
+    area-weighted too): evaluate writes it to metrics.json, results.nc (a value of the ``metric``
+    dim, with its label, description and units) and the report's score table and legend, with the
+    value of a hand computation."""
+    import json
+
+    mae = verification.Metric("mae", "MAE", "mean absolute error of the forecast mean",
+                              lambda c: {"value": np.abs(c.mean - c.truth)}, weighted=True)
+    monkeypatch.setattr(verification, "METRICS", (*verification.METRICS, mae))
+    out = tmp_path / "eval"
+    evaluate.evaluate(evaluate.EvalConfig(store=str(store), targets=("t850",), out=str(out), bootstrap=20))
+    summary = json.loads((out / "metrics.json").read_text())["targets"]["t850"]
+    ver = evaluate.verification_dataset(contract.open_store(store), "t850", "test", step_h=summary["lead_h"])
+    y, units = ver["truth"].values, ver.attrs["units"]
+    errors = {"raw": np.abs(ver["mu"].sel(forecast="raw").values - y),
+              evaluate.ENSEMBLE: np.abs(ver["members"].values.mean(axis=1) - y)}
+    want = {f: e.mean() for f, e in errors.items()}
+    want_w = {f: weighted_mean(e, ver["latitude"].values) for f, e in errors.items()}
+
+    in_json = {"raw": summary["forecasts"]["raw"]["global"], evaluate.ENSEMBLE: summary[evaluate.ENSEMBLE]["global"]}
+    ds = xr.open_dataset(out / "results.nc")
+    in_nc = ds["score"].sel(target="t850", lead=summary["lead_h"], region="global", metric="mae")
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    for f in errors:
+        assert (in_json[f]["mae"], in_json[f]["mae_weighted"]) == pytest.approx((want[f], want_w[f]), rel=1e-12), f
+        assert (float(in_nc.sel(forecast=f, weighting="none")), float(in_nc.sel(forecast=f, weighting="area"))
+                ) == pytest.approx((want[f], want_w[f]), rel=1e-12), f
+        in_md = md_column(md, f)
+        assert (in_md[mae.label], in_md[f"{mae.label}, area-w."]) == (f"{want[f]:{mae.fmt}}", f"{want_w[f]:{mae.fmt}}")
+    about = ds.sel(target="t850", metric="mae")
+    assert (str(about["metric_label"].values), str(about["metric_description"].values),
+            str(about["metric_units"].values)) == (mae.label, mae.description, units)
+    assert md_column(md, "units")[mae.label] == units and f"<td>{mae.label}, area-w.</td>" in page
+    assert f"- {mae.label}: {mae.description}" in md and f"<li>{mae.label}: {mae.description}</li>" in page
 
 
 def test_one_member_is_refused_not_mistaken_for_a_missing_numba():
