@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -218,7 +219,13 @@ def _softplus(x: np.ndarray) -> np.ndarray:
 
 # Latent streams: each gets its own random numbers (stable ids, never renumber).
 _STREAM = {"psi": 1, "h": 2, "own": 3, "events": 4, "eta": 5, "xi": 6, "eps": 7, "white": 8}
-_VAR_ID = {v: i + 1 for i, v in enumerate(schema.VARIABLES)}
+_VAR_ID = {v: i + 1 for i, v in enumerate(schema.VARIABLES)}  # random-stream ids of the variables at import
+
+
+def _var_id(name: str) -> int:
+    """A variable's random-stream id: fixed for the schema's variables (the synthetic world is the same
+    for a seed), and derived from the name for a variable added later, so adding one changes no other."""
+    return _VAR_ID.get(name) or 1000 + zlib.crc32(name.encode()) % 1_000_000
 
 
 # variable name -> the World method that makes its member fields (member, lat, lon): one entry per
@@ -307,7 +314,7 @@ class World:
     def own(self, name: str, level: int, valid: pd.Timestamp) -> np.ndarray:
         """A slowly varying anomaly specific to one variable and level (unit variance)."""
         year, day = self._year_day(valid)
-        return self._waves("own", year, _VAR_ID[name] * 10000 + level)(self.lat, self.lon, day)
+        return self._waves("own", year, _var_id(name) * 10000 + level)(self.lat, self.lon, day)
 
     @functools.lru_cache(maxsize=64)  # noqa: B019
     def member_patterns(self, init: pd.Timestamp) -> np.ndarray:
@@ -324,7 +331,7 @@ class World:
         """Member perturbations (member, n_lat, n_lon) of unit scale x spread factor."""
         eta = self.member_patterns(init)
         key = int(init.value // 3_600_000_000_000)
-        rng = _rng(self.seed, _STREAM["xi"], key, _VAR_ID[name], level, step_h)
+        rng = _rng(self.seed, _STREAM["xi"], key, _var_id(name), level, step_h)
         xi = static_fields(rng, self.grid, self.members, scale=5.0)
         return self.spread_factor(init, step_h)[None] * (0.8 * eta + 0.6 * xi)
 
