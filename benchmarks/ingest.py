@@ -55,7 +55,19 @@ import pyproj  # noqa: F401  (before eccodes: see datasets/grib.py)
 import eccodes
 # isort: on
 
-from postcast.datasets import download, grib, ingest, io, schema, sources, statistics, synthetic, synthfiles
+from postcast.datasets import (
+    download,
+    grib,
+    ingest,
+    ingest_layout,
+    ingest_tasks,
+    io,
+    schema,
+    sources,
+    statistics,
+    synthetic,
+    synthfiles,
+)
 from postcast.datasets import store as contract
 from postcast.datasets.synthetic import SynthConfig
 
@@ -179,8 +191,8 @@ def breakdown(src: Path, work: Path) -> dict[str, float]:
     truth_vars = found.truth.variables() if found.truth else []
     oracle_vars = found.oracle.variables() if found.oracle else []
     store = work / "breakdown.zarr"
-    io.write_zarr(ingest.template(plan, truth=truth_vars, oracle=oracle_vars, splits=schema.Splits()), store,
-                  chunks=ingest._chunks(plan), compute=False)
+    io.write_zarr(ingest_layout.template(plan, truth=truth_vars, oracle=oracle_vars, splits=schema.Splits()), store,
+                  chunks=ingest_layout.chunk_shapes(plan), compute=False)
     t = plan.init_times[0]
     t0 = time.perf_counter()
     ds = fc.load(t, plan)
@@ -190,7 +202,7 @@ def breakdown(src: Path, work: Path) -> dict[str, float]:
     out["checks"] = time.perf_counter() - t0
     out["decode_and_assemble"] = load_s - out["checks"]
     t0 = time.perf_counter()
-    ens = ingest.ensemble_statistics(ds)
+    ens = ingest_tasks.ensemble_statistics(ds)
     out["ens_stats_alone"] = time.perf_counter() - t0
     extras = [e.load(t, plan) for e in (found.truth, found.oracle) if e is not None]
     t0 = time.perf_counter()

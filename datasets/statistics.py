@@ -88,7 +88,7 @@ def ensemble_moments(x: np.ndarray, *, with_partial: bool = True
     moments (per grid point over the members, per variable/level over members and grid points). Mean and
     std are numpy's ``mean``/``std(ddof=0)`` with ``dtype=float64``, operation for operation (the same
     sum order over members), cast to float32: the bits
-    :func:`postcast.datasets.ingest.ensemble_statistics` gives at forecast time."""
+    :func:`postcast.datasets.ingest_tasks.ensemble_statistics` gives at forecast time."""
     nm, outer, (ny, nx) = x.shape[1], x.shape[2:-2], x.shape[-2:]
     ens_mean = np.empty((1, *outer, ny, nx), dtype=np.float32)
     ens_std = np.empty_like(ens_mean)

@@ -35,7 +35,7 @@ import xarray as xr
 from postcast.datasets import io, regrid, schema, sources
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError, MissingInputError
-from postcast.datasets.ingest import ensemble_statistics
+from postcast.datasets.ingest_tasks import ensemble_statistics
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
 from postcast.models.module import PostProcessor, load_checkpoint
@@ -104,8 +104,7 @@ class ForecastResult:
 
 # --- drivers -----------------------------------------------------------------------------------
 def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timestamp) -> xr.Dataset:
-    ds = source.load(init, plan)
-    sources.check_values(ds, str(init))
+    ds = source.load(init, plan)  # checked by the source (sources.check_values)
     day = xr.merge([ds, ensemble_statistics(ds)])
     return day.isel({schema.INIT_TIME: 0}) if schema.INIT_TIME in day.dims else day
 

@@ -220,7 +220,7 @@ def test_a_bug_inside_ingest_is_an_internal_error_with_a_log(cli, synth_zarr, tm
                                                               internal_error):
     """A bug is not the user's bad data (65) and not a traceback (1): exit 70, the trace in a log file."""
     planted_bug, assert_internal_error = internal_error
-    monkeypatch.setattr("postcast.datasets.ingest._load_date", planted_bug)  # runs in the date tasks
+    monkeypatch.setattr("postcast.datasets.ingest_tasks.load_date", planted_bug)  # runs in the date tasks
     proc = cli("ingest", str(synth_zarr), "--out", str(tmp_path / "s.zarr"), "--threads")
     assert_internal_error(proc)
 

@@ -22,6 +22,7 @@ import pytest
 from postcast.cli import main
 from postcast.datasets import ingest
 from postcast.datasets import store as contract
+from postcast.datasets.cluster import dask_client
 from postcast.datasets.errors import MissingInputError
 from postcast.datasets.ingest import IngestConfig
 
@@ -149,7 +150,7 @@ def test_an_unreachable_scheduler_is_one_line_and_exit_66(tmp_path):
     stale.write_text(json.dumps({"type": "Scheduler", "address": f"tcp://127.0.0.1:{port}"}))
     for scheduler in (f"tcp://127.0.0.1:{port}", str(stale)):
         with pytest.raises(MissingInputError, match=f"no dask scheduler answers at tcp://127.0.0.1:{port}") as err, \
-                ingest.dask_client(scheduler, 1, connect_timeout=0.5):
+                dask_client(scheduler, 1, connect_timeout=0.5):
             pass
         assert err.value.exit_code == 66 and "\n" not in str(err.value)
 

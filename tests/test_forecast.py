@@ -180,3 +180,16 @@ def test_a_bug_inside_forecast_is_an_internal_error_with_a_log(cli, checkpoint, 
                "--end", "2017-12-31", "--out", str(tmp_path / "fc"))
     assert_internal_error(proc)
     assert not list((tmp_path / "fc").rglob("*.nc"))
+
+
+def test_each_forecast_input_is_checked_once(cli, checkpoint, synth_zarr, tmp_path, monkeypatch):
+    """The source checked the values it loaded and the forecast checked them again."""
+    from postcast.datasets import sources
+
+    calls = []
+    check = sources.check_values
+    monkeypatch.setattr(sources, "check_values", lambda ds, where: calls.append(where) or check(ds, where))
+    cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
+        "--end", "2017-12-31", "--out", str(tmp_path / "fc"), check=True)
+    written = list((tmp_path / "fc").rglob("*.nc"))
+    assert written and len(calls) == len(written), calls

@@ -14,7 +14,20 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import conventions, ingest, integrity, io, schema, sources, statistics, synthetic
+from postcast.datasets import (
+    conventions,
+    ingest,
+    ingest_budget,
+    ingest_layout,
+    ingest_progress,
+    ingest_tasks,
+    integrity,
+    io,
+    schema,
+    sources,
+    statistics,
+    synthetic,
+)
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError
 from postcast.datasets.ingest import IngestConfig
@@ -80,7 +93,7 @@ def test_statistics_use_training_years_only(store):
 def test_pure_cores_on_numpy_and_dask(chunked, tiny_cfg):
     fc = synthetic.forecast_dataset(tiny_cfg, variables=["t", "sst"]).isel(init_time=slice(0, 4)).compute()
     fc = fc.chunk({"init_time": 1}) if chunked else fc
-    ens = ingest.ensemble_statistics(fc)
+    ens = ingest_tasks.ensemble_statistics(fc)
     assert (ens["ens_std_t"].chunks is not None) == chunked
     ref = fc["t"].values.astype(np.float64)
     np.testing.assert_allclose(ens["ens_std_t"].values, ref.std(1), rtol=1e-4)
@@ -309,21 +322,23 @@ def test_auto_statistics_take_the_second_pass_when_a_dates_partials_would_not_fi
                        variables=("t", "sst"))
     found = sources.discover(cfg.source, truth=cfg.truth)
     plan = found.forecast.plan(cfg.expectation)
-    days = [ingest._load_date(found.forecast, found.truth, found.oracle, plan, i, partials=True)[1] for i in (0, 1)]
+    days = [ingest_tasks.load_date(found.forecast, found.truth, found.oracle, plan, i, partials=True)[1]
+            for i in (0, 1)]
     acc = statistics.combine_fields(*days)
     points = plan.grid.shape[0] * plan.grid.shape[1]
     real = sum(a.nbytes if any(a.strides) else a.itemsize  # a broadcast count is one number
                for p in acc.values() for a in p.values() if np.ndim(a) and a.size >= points)
-    assert 0.9 < real / ingest.partial_bytes(plan) <= 1.15, (real, ingest.partial_bytes(plan))  # + SST counts
-    need = ingest.one_pass_bytes(plan) / 1e9
-    assert ingest._one_pass(cfg, plan, worker_gb=2 * need) and not ingest._one_pass(cfg, plan, worker_gb=need)
-    assert not ingest._one_pass(cfg, plan, worker_gb=None)  # no limit known: the bounded path
+    budget = ingest_budget
+    assert 0.9 < real / budget.partial_bytes(plan) <= 1.15, (real, budget.partial_bytes(plan))  # + SST counts
+    need = budget.one_pass_bytes(plan) / 1e9
+    assert budget.one_pass(cfg, plan, worker_gb=2 * need) and not budget.one_pass(cfg, plan, worker_gb=need)
+    assert not budget.one_pass(cfg, plan, worker_gb=None)  # no limit known: the bounded path
     tiny = dataclasses.replace(cfg, one_pass_max_gb=1e-9)
-    assert not ingest._one_pass(tiny, plan, worker_gb=1e3)
+    assert not budget.one_pass(tiny, plan, worker_gb=1e3)
     full = dataclasses.replace(plan, grid=schema.Grid(0.5), levels=schema.LEVELS,
                                variables=tuple(schema.VARIABLES), steps_h=schema.STEPS_H)
-    assert 1e10 < ingest.one_pass_bytes(full) < 2e10 and not ingest._one_pass(cfg, full, worker_gb=16)
-    assert ingest._one_pass(cfg, full, worker_gb=32)  # a 32 GB worker takes the full shape in one pass
+    assert 1e10 < budget.one_pass_bytes(full) < 2e10 and not budget.one_pass(cfg, full, worker_gb=16)
+    assert budget.one_pass(cfg, full, worker_gb=32)  # a 32 GB worker takes the full shape in one pass
     out = []
     for mode, c in (("two", tiny), ("one", dataclasses.replace(cfg, statistics="one-pass"))):
         ingest.ingest(dataclasses.replace(c, out=str(tmp_path / f"{mode}.zarr")))
@@ -342,14 +357,14 @@ def test_resume_reads_back_training_dates_done_without_merged_partials(synth_zar
     cfg = IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False, variables=("t",))
     found = sources.discover(cfg.source, truth=cfg.truth)
     plan = found.forecast.plan(cfg.expectation)
-    truth = found.truth.variables() if found.truth else []
-    oracle = found.oracle.variables() if found.oracle else []
-    store_dir, done_dir = ingest._prepare(cfg, plan, contract.partial_path(out), truth, oracle)
+    run = ingest.IngestRun(cfg, found, plan, client=None, one_pass=True)  # preparing needs no cluster
+    ingest._prepare(run)
+    store_dir, done_dir = run.store, run.done_dir
     years = pd.DatetimeIndex(plan.init_times).year
     old = [int(i) for i in np.flatnonzero(years == 2012)] + [int(i) for i in np.flatnonzero(years == 2016)]
     for i in old:  # the old task: data and a bare marker
-        ingest.ingest_dates(found.forecast, found.truth, found.oracle, plan, [i], str(store_dir), str(done_dir))
-        io.write_text(done_dir / ingest._stamp(plan.init_times[i]), "done\n")
+        ingest_tasks.ingest_dates(found.forecast, found.truth, found.oracle, plan, [i], str(store_dir), str(done_dir))
+        io.write_text(done_dir / ingest_tasks.marker_name(plan.init_times[i]), "done\n")
     res = ingest.ingest(cfg)
     assert res.n_written == 18 - len(old)
     ds = contract.open_store(out)
@@ -415,6 +430,33 @@ def test_interrupted_ingest_with_other_settings_needs_restart(synth_zarr, tmp_pa
     assert res.n_written == 18 and not partial.exists()
 
 
+# another value for every IngestConfig option: a new option fails the test below until it gets one here
+OTHER_VALUES = {
+    "source": "elsewhere", "out": "other.zarr", "truth": "era5.zarr", "variables": ("t",), "levels": (500,),
+    "members": 4, "steps": (0, 24), "grid": 2.0, "regrid_method": "nearest",
+    "splits": schema.Splits(train=(2000, 2013)), "scheduler": "tcp://127.0.0.1:8786", "workers": 3,
+    "processes": False, "dates_per_task": 2, "checkpoint_dates": 4,
+    "statistics": "two-pass", "one_pass_max_gb": 8.0, "overwrite": True, "restart": True, "progress": False,
+}
+
+
+def test_the_resume_fingerprint_covers_every_option_not_marked_execution_only():
+    """A resume continues an interrupted ingest only with the same fingerprint, so it must cover every option
+    that changes the store's content and none of those that change how (or where) it is computed. The
+    fingerprint comes from the declared fields: an option marked ``execution`` in its field's metadata
+    (workers, progress, scheduler, ...) keeps it, any other option (variables, levels, grid, ...) changes it."""
+    base = IngestConfig(source="src", out="store.zarr")
+    names = {f.name for f in dataclasses.fields(IngestConfig)}
+    assert set(OTHER_VALUES) == names, f"give OTHER_VALUES a value for {sorted(names - set(OTHER_VALUES))}"
+    execution = {f.name for f in dataclasses.fields(IngestConfig) if f.metadata.get("execution")}
+    assert {"workers", "progress", "scheduler", "out"} <= execution
+    assert not {"source", "variables", "levels", "grid", "splits"} & execution
+    for name, value in OTHER_VALUES.items():
+        other = dataclasses.replace(base, **{name: value})
+        same = other.fingerprint() == base.fingerprint()
+        assert same == (name in execution), f"{name}={value!r}: fingerprint {'kept' if same else 'changed'}"
+
+
 def test_inspect_cli(store, cli):
     proc = cli("inspect", str(store), check=True)
     assert "complete   yes" in proc.stdout and "truth_t850" in proc.stdout and "statistics (train" in proc.stdout
@@ -442,7 +484,7 @@ def test_progress_line_counts_dates_rate_and_eta():
     """Issue 18 item 5: the numbers of a progress line, on a clock the test moves (6 of 10 dates, 4 of them
     in this run in 2 s at 5 MB each: 10 MB/s; 4 dates left at 0.5 s each: 2 s)."""
     now = [100.0]
-    meter = ingest.Progress(10, 2, 5_000_000, every_s=10.0, every_dates=3, clock=lambda: now[0])
+    meter = ingest_progress.Progress(10, 2, 5_000_000, every_s=10.0, every_dates=3, clock=lambda: now[0])
     assert meter.line() == "ingest: 2/10 dates (20%), 0.0 MB/s, ETA ?"
     now[0] = 102.0
     meter.update(4)
@@ -456,7 +498,7 @@ def test_progress_is_logged_during_an_ingest(synth_zarr, tmp_path, caplog):
     import logging
     import re
 
-    caplog.set_level(logging.INFO, logger="postcast.datasets.ingest")
+    caplog.set_level(logging.INFO, logger="postcast.datasets.ingest_progress")
     out = tmp_path / "p.zarr"
     res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
                                      variables=("t",), dates_per_task=3))
@@ -477,7 +519,7 @@ def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
     src = sources.discover(str(synth_zarr)).forecast
     plan = src.plan(IngestConfig(source=str(synth_zarr), out="unused", variables=("t", "sst")).expectation)
     day = src.load(plan.init_times[0], plan)
-    ref = ingest.ensemble_statistics(day)
+    ref = ingest_tasks.ensemble_statistics(day)
     for name in ("t", "sst"):
         x = day[name].values
         mean, std, part = statistics.ensemble_moments(x)
@@ -528,14 +570,14 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     the heap: page faults counted by the kernel, not timed."""
     code = (
         "import resource, numpy as np\n"
-        "from postcast.datasets import ingest\n"
+        "from postcast.datasets import cluster\n"
         "def faults():\n"
         "    n = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    for _ in range(50):\n"
         "        a = np.ones(1 << 20); del a\n"  # an 8 MB float64 temporary, freed
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - n\n"
         "before = faults()\n"
-        "tuned = ingest.keep_freed_memory()\n"
+        "tuned = cluster.keep_freed_memory()\n"
         "faults()\n"  # the heap grows once
         "print(before, tuned, faults())\n")
     env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"}
@@ -552,9 +594,9 @@ def test_store_template_metadata_equals_xarrays_own_write(synth_zarr, tmp_path):
     cfg = IngestConfig(source=str(synth_zarr), out=str(tmp_path / "x.zarr"))
     found = sources.discover(cfg.source, truth=cfg.truth)
     plan = found.forecast.plan(cfg.expectation)
-    tmpl = ingest.template(plan, truth=found.truth.variables(), oracle=[], splits=cfg.splits)
-    io.write_zarr(tmpl, tmp_path / "a.zarr", chunks=ingest._chunks(plan), compute=False)
-    io.write_template(tmpl, tmp_path / "b.zarr", chunks=ingest._chunks(plan))
+    tmpl = ingest_layout.template(plan, truth=found.truth.variables(), oracle=[], splits=cfg.splits)
+    io.write_zarr(tmpl, tmp_path / "a.zarr", chunks=ingest_layout.chunk_shapes(plan), compute=False)
+    io.write_template(tmpl, tmp_path / "b.zarr", chunks=ingest_layout.chunk_shapes(plan))
 
     def metadata(root: Path) -> dict[str, dict]:
         return {p.parent.relative_to(root).as_posix(): json.loads(p.read_text()) for p in root.rglob("zarr.json")}

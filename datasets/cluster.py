@@ -1,0 +1,143 @@
+"""The dask.distributed cluster ingest runs on, and the set-up of its worker processes.
+
+* :func:`dask_client`: a client of the scheduler at an address or named by a scheduler file (what
+  ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi write), or of a LocalCluster;
+* :func:`quiet_task_failures`: a failed task is reported once, by the driver, not by every worker;
+* :func:`keep_freed_memory`: glibc's allocator tuned for the few-MB temporaries of a date task;
+* :func:`worker_memory_gb`: the memory the smallest worker may use (the one-pass statistics budget).
+
+See docs/ingest.md, *Clusters, started the way clusters start* and *Memory the workers reuse*.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from postcast.datasets.errors import MissingInputError
+
+
+@contextmanager
+def dask_client(scheduler: str | None, workers: int, processes: bool = True, *,
+                connect_timeout: float = 10.0) -> Iterator[Any]:
+    """A dask.distributed client: the scheduler at an address (``tcp://HOST:PORT``) or named by a
+    scheduler file (the JSON that ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi
+    write), or a LocalCluster of worker processes. A missing or unreadable scheduler file, or a
+    scheduler that does not answer within ``connect_timeout`` seconds, is a MissingInputError (66)."""
+    from dask.distributed import Client, LocalCluster
+
+    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    if scheduler:
+        address = scheduler if is_address(scheduler) else scheduler_file_address(scheduler)
+        try:
+            client = Client(address, timeout=connect_timeout)
+        except (OSError, TimeoutError) as err:
+            named = address if address == scheduler else f"{address} (from {scheduler})"
+            msg = (f"no dask scheduler answers at {named} within {connect_timeout:g} s: start it (dask scheduler "
+                   "--scheduler-file F) or pass the address of a running one with --scheduler")
+            raise MissingInputError(msg) from err
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, dashboard_address=None,
+                      memory_limit=0, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        quiet_task_failures()  # this process (thread workers): a failed task is reported once, by the driver
+        if processes:  # and our own worker processes
+            client.run(quiet_task_failures)
+        yield client
+
+
+def is_address(scheduler: str) -> bool:
+    """``tcp://HOST:PORT`` (any protocol) or ``HOST:PORT`` is an address; anything else a scheduler file."""
+    return "://" in scheduler or re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[\w.-]+):\d+", scheduler) is not None
+
+
+def scheduler_file_address(path: str) -> str:
+    """The scheduler address in a dask scheduler file (JSON with an ``address``)."""
+    fix = f"start the scheduler with `dask scheduler --scheduler-file {path}` or pass its address tcp://HOST:PORT"
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError as err:
+        msg = f"scheduler file {path} not found: {fix}"
+        raise MissingInputError(msg) from err
+    except (OSError, UnicodeDecodeError) as err:
+        msg = f"scheduler file {path} cannot be read ({err.__class__.__name__}): {fix}"
+        raise MissingInputError(msg) from err
+    try:
+        address = json.loads(text).get("address")
+    except (ValueError, AttributeError):
+        address = None
+    if not isinstance(address, str) or not address:
+        msg = (f"scheduler file {path} holds no scheduler address (JSON with \"address\", as `dask scheduler "
+               f"--scheduler-file {path}` writes it; empty while the scheduler starts): {fix}")
+        raise MissingInputError(msg)
+    return address
+
+
+class _NoTaskFailureReports(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Compute Failed")
+
+
+def quiet_task_failures() -> None:
+    """Drop distributed's multi-line "Compute Failed ... Traceback" report in a worker process: the
+    driver re-raises the task's error and reports it as one line."""
+    worker_log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _NoTaskFailureReports) for f in worker_log.filters):
+        worker_log.addFilter(_NoTaskFailureReports())
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+KEEP_FREED_BYTES = 1 << 30  # free heap memory a worker keeps for the next temporaries
+MMAP_ABOVE_BYTES = 32 << 20  # blocks larger than this are mapped and unmapped (glibc's largest threshold)
+
+
+@functools.cache  # once per process (finding libc can run ldconfig)
+def keep_freed_memory() -> bool:
+    """Let this process reuse freed memory for its next temporaries instead of handing it back to the
+    kernel. dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes glibc's mmap
+    threshold at 128 kB: every float64 temporary of a slice (a few MB) is then a fresh mapping whose pages
+    the kernel faults in and zeroes again, a third of an ingest's CPU time on a virtual machine
+    (docs/ingest.md). Blocks up to 32 MB now come from the heap, which keeps up to 1 GB free; larger
+    blocks (a date's member array) are still returned at once. No-op (False) outside glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_ABOVE_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+
+
+def worker_memory_gb(client: Any) -> float | None:
+    """The smallest memory a worker of the cluster may use (GB): its dask memory limit or, for a worker
+    without one (the LocalCluster :func:`dask_client` starts), its host's RAM shared by the workers on
+    that host; None when there is no worker."""
+    info = client.scheduler_info().get("workers", {})
+    limits = {addr: float(w.get("memory_limit") or 0) for addr, w in info.items()}
+    unlimited = [addr for addr, lim in limits.items() if lim <= 0]
+    if unlimited:
+        ram = client.run(_host_memory, workers=unlimited)
+        per_host = collections.Counter(w.get("host") for w in info.values())
+        limits |= {addr: ram[addr] / per_host[info[addr].get("host")] for addr in unlimited}
+    return min(limits.values()) / 1e9 if limits else None
+
+
+def _host_memory() -> float:
+    import psutil  # a dependency of dask.distributed
+
+    return float(psutil.virtual_memory().total)

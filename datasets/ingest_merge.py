@@ -1,0 +1,109 @@
+"""The training statistics of a one-pass ingest: the running merge of the date tasks' partial statistics
+on the workers, its checkpoints to ``OUT.partial/stats/merged.npz``, what a resumed run takes from an
+interrupted one, and the statistics group written from the merge (docs/ingest.md, *Resume*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from postcast.datasets import io, schema, sources, statistics
+from postcast.datasets import store as contract
+from postcast.datasets.cluster import keep_freed_memory
+from postcast.datasets.ingest_tasks import marker_name
+
+STATS_DIR = "stats"  # OUT.partial/stats/merged.npz: the merged partials of the training dates it lists
+MERGED = "merged.npz"
+MERGE_PRIORITY = 10  # dask task priority of merges and checkpoints (date tasks: 0)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What an earlier, interrupted run left (nothing, for a fresh run)."""
+
+    todo: list[int]  # indices of the init dates to ingest
+    prior: list[int]  # training dates done after the last checkpoint: their partials are read back from the store
+    covered: list[str]  # the dates merged.npz covers (marker names)
+
+
+def resume_state(plan: sources.Plan, done_dir: Path, stats_dir: Path, train: frozenset[int]) -> Resume:
+    """The dates left to ingest, and the training dates (indices in ``train``) whose partials are done but
+    not in merged.npz, from the done-markers and merged.npz."""
+    done = {p.name for p in done_dir.iterdir()}
+    merged = stats_dir / MERGED
+    covered = set(statistics.partial_dates(merged)) if merged.exists() else set()
+    todo, prior = [], []
+    for i, t in enumerate(plan.init_times):
+        stamp = marker_name(t)
+        if stamp not in done:
+            todo.append(i)
+        elif i in train and stamp not in covered:
+            prior.append(i)
+    return Resume(todo, prior, sorted(covered))
+
+
+class Merger:
+    """The running merge of training partials, as a dask future on the workers; every ``every`` dates it
+    is saved to merged.npz with the dates it covers (a checkpoint: a resumed ingest reads back from the
+    store only the training dates finished after it)."""
+
+    def __init__(self, client: Any, stats_dir: Path, covered: list[str], every: int) -> None:
+        self.client, self.stats_dir, self.every = client, stats_dir, every
+        self.covered = list(covered)  # dates in self.acc
+        self.unsaved = 0  # dates in self.acc since the last checkpoint
+        self.acc: Any = None  # a future of the merged partials (None: nothing merged yet)
+        if covered:
+            self.acc = client.submit(statistics.load_partials, str(stats_dir / MERGED), pure=False)
+
+    def add(self, fut: Any, stamps: list[str]) -> None:
+        """Fold the partials of future ``fut`` (covering the dates ``stamps``) into the merge."""
+        if not stamps:
+            return
+        # merges and checkpoints run before waiting date tasks (priority): a finished date's partials are
+        # folded in at once, not held until the queue drains
+        self.acc = fut if self.acc is None else self.client.submit(statistics.combine_fields, self.acc, fut,
+                                                                    pure=False, priority=MERGE_PRIORITY)
+        self.covered += stamps
+        self.unsaved += len(stamps)
+        if self.unsaved >= self.every:
+            self.acc = self.client.submit(checkpoint_partials, self.acc, str(self.stats_dir / MERGED),
+                                          sorted(self.covered), pure=False, priority=MERGE_PRIORITY)
+            self.unsaved = 0
+
+
+def checkpoint_partials(parts: statistics.FieldPartials | None, path: str,
+                        dates: list[str]) -> statistics.FieldPartials | None:
+    """Save merged partials (and the dates they cover) atomically; returns ``parts`` (a pass-through link
+    in the chain of merges)."""
+    if parts is not None:
+        with io.atomic_path(path) as tmp:
+            statistics.save_partials(parts, tmp, dates=dates)
+    return parts
+
+
+def stored_partials(store: str, index: int) -> statistics.FieldPartials:
+    """The partial statistics of init date ``index`` read back from the store: a resumed ingest's training
+    dates finished after its last checkpoint of merged partials (the same float32 values, the same
+    partials as the task that wrote them computed)."""
+    ds = io.open_zarr(store)
+    day = ds[statistics.statistic_fields(ds)].isel({schema.INIT_TIME: [index]}).load(scheduler="synchronous")
+    return statistics.date_partials(day)
+
+
+def statistics_template(store: Path) -> None:
+    """Create the statistics group's arrays (metadata only: hundreds of arrays, ~1 s), here in the client
+    while the workers ingest the dates."""
+    tmpl, chunks = statistics.template(io.open_zarr(store))
+    io.write_template(tmpl, store, chunks=chunks, group=contract.STATISTICS_GROUP)
+
+
+def write_statistics(parts: statistics.FieldPartials | None, store: str, train_times: np.ndarray,
+                     splits: schema.Splits) -> None:
+    """Write the statistics group from the merged partials (a task: it runs where they are) into the arrays
+    :func:`statistics_template` created."""
+    keep_freed_memory()
+    stats = statistics.from_partials(io.open_zarr(store), parts or {}, train_times, splits)
+    io.write_into(stats, store, group=contract.STATISTICS_GROUP)

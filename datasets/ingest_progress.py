@@ -1,0 +1,75 @@
+"""Progress of an ingest: dates done, MB/s and an ETA, as log lines and a tqdm bar (docs/ingest.md,
+*Progress*)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class Progress:
+    """Progress of a long ingest: dates done of the total, MB/s of decoded member data written (10^6
+    bytes, this run only) and an ETA from that rate. A log line (INFO) every ``every_dates`` dates
+    (default: a tenth of the run) or ``every_s`` seconds, whichever comes first, and at the end."""
+
+    def __init__(self, total: int, done: int, bytes_per_date: int, *, every_s: float = 10.0,
+                 every_dates: int | None = None, clock: Any = time.monotonic) -> None:
+        self.total, self.done, self._first = total, done, done
+        self.bytes_per_date, self.every_s = bytes_per_date, every_s
+        self.every_dates = every_dates or max(1, (total - done) // 10)
+        self._clock = clock
+        self._t0 = self._last_t = clock()
+        self._last_done = done
+
+    def rate(self) -> float:
+        """MB/s of decoded member data written so far in this run."""
+        seconds = max(self._clock() - self._t0, 1e-9)
+        return (self.done - self._first) * self.bytes_per_date / 1e6 / seconds
+
+    def eta(self) -> float | None:
+        """Seconds left at this run's pace (None before the first date of this run)."""
+        if self.done <= self._first:
+            return None
+        per_date = (self._clock() - self._t0) / (self.done - self._first)
+        return per_date * (self.total - self.done)
+
+    def line(self) -> str:
+        eta = self.eta()
+        left = "?" if eta is None else str(dt.timedelta(seconds=round(eta)))
+        pct = 100.0 * self.done / max(self.total, 1)
+        return f"ingest: {self.done}/{self.total} dates ({pct:.0f}%), {self.rate():.1f} MB/s, ETA {left}"
+
+    def update(self, n: int) -> None:
+        """``n`` more dates are done: log a line when due."""
+        self.done += n
+        now = self._clock()
+        if (self.done >= self.total or now - self._last_t >= self.every_s
+                or self.done - self._last_done >= self.every_dates):
+            log.info("%s", self.line())
+            self._last_t, self._last_done = now, self.done
+
+
+def as_completed(futures: list[Any], weights: list[int], meter: Progress, *, bar: bool,
+                 desc: str = "ingest") -> Iterator[tuple[Any, int]]:
+    """Yield (future, weight) as futures complete, with a tqdm bar (``bar``) counting weights (dates) and
+    showing MB/s, and ``meter``'s log lines. Empties ``futures``, so that each result is held only until
+    merged."""
+    from dask.distributed import as_completed as completing
+    from tqdm import tqdm
+
+    weight = {f.key: w for f, w in zip(futures, weights, strict=True)}
+    pending = completing(futures)
+    futures.clear()
+    with tqdm(total=meter.total, initial=meter.done, desc=desc, unit="date", disable=not bar,
+              mininterval=1.0) as shown:
+        for fut in pending:
+            n = weight.pop(fut.key)
+            yield fut, n
+            meter.update(n)
+            shown.set_postfix_str(f"{meter.rate():.1f} MB/s", refresh=False)
+            shown.update(n)
