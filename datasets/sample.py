@@ -30,6 +30,7 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets import store as contract
+from postcast.datasets.errors import ConfigError, MissingInputError
 
 Sample = dict[str, np.ndarray]
 
@@ -51,7 +52,7 @@ def parse_variable(spec: str) -> tuple[str, int | None]:
         return name, None
     if not level.isdigit() or int(level) not in schema.LEVELS:
         msg = f"input variable {spec!r}: level {level!r} is not one of {list(schema.LEVELS)} hPa"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     return name, int(level)
 
 
@@ -77,7 +78,7 @@ class SampleSpec:
             *([f"step_h {self.step_h}: a lead time in hours must be >= 0"] if self.step_h < 0 else []),
         ]
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SampleSpec:
@@ -136,7 +137,7 @@ class SampleSpec:
             if name == tg.variable and level in (None, tg.level):
                 return i
         msg = f"the target variable {tg.variable!r} is not among the inputs {list(self.input_variables)}"
-        raise ValueError(msg)
+        raise ConfigError(msg)
 
     def store_variables(self, *, oracle: bool = False) -> list[str]:
         """The store variables a sample reads."""
@@ -169,7 +170,7 @@ class SampleSpec:
             levels = da[schema.LEVEL].values
             if lv is not None and lv not in levels:
                 msg = f"{da.name}: level {lv} hPa is not in the data (it has {levels.tolist()})"
-                raise ValueError(msg)
+                raise MissingInputError(msg)
             sel[schema.LEVEL] = lv if lv is not None else levels[0]
         return np.asarray(da.variable.isel({d: int(da.get_index(d).get_loc(v)) for d, v in sel.items()}).values)
 

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from postcast.datasets.errors import ConfigError
+
 # --- canonical dimension names -------------------------------------------------------------------
 INIT_TIME = "init_time"
 MEMBER = "member"
@@ -288,7 +290,7 @@ def month_days_subset(n: int) -> list[tuple[int, int]]:
     all_md = ens10_month_days()
     if n <= 0:
         msg = f"dates_per_year must be positive, got {n}"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     if n >= len(all_md):
         return all_md
     idx = np.floor((np.arange(n) + 0.5) * len(all_md) / n).astype(int)  # centres of n equal parts
@@ -321,12 +323,12 @@ class Splits:
         for name, (a, b) in zip(self.names, spans, strict=True):
             if a > b:
                 msg = f"split {name!r} has start year {a} after end year {b}"
-                raise ValueError(msg)
+                raise ConfigError(msg)
         ordered = sorted(spans)
         for (_, b1), (a2, _) in itertools.pairwise(ordered):
             if a2 <= b1:
                 msg = f"splits overlap: {self.as_dict()}; give each year to one split only"
-                raise ValueError(msg)
+                raise ConfigError(msg)
 
     def as_dict(self) -> dict[str, list[int]]:
         return {"train": list(self.train), "val": list(self.val), "test": list(self.test)}
@@ -338,7 +340,7 @@ class Splits:
         unknown = set(d) - {"train", "val", "test"}
         if unknown:
             msg = f"unknown split names {sorted(unknown)}; use train, val, test"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         base = cls()
         return cls(
             train=tuple(d.get("train", base.train)),  # type: ignore[arg-type]

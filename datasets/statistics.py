@@ -28,6 +28,7 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import schema
+from postcast.datasets.errors import ConfigError
 
 STAT_KINDS = ("mean", "std", "min", "max")
 
@@ -464,7 +465,7 @@ def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
     if not mask.any():
         years = sorted(set(ds[schema.INIT_TIME].dt.year.values.tolist()))
         msg = f"no init time falls in the training years {splits.train}; the store holds years {years}"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     train = ds.isel({schema.INIT_TIME: np.flatnonzero(mask)})
     names = statistic_fields(ds)
     merged = dask.compute(*[_field_partials(train[n]) for n in names])  # on the active scheduler

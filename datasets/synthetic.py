@@ -43,6 +43,7 @@ import xarray as xr
 
 from postcast.datasets import config, schema
 from postcast.datasets import store as contract
+from postcast.datasets.errors import ConfigError
 from postcast.datasets.schema import GRAVITY, TARGETS, Grid
 
 FORMAT_VERSION = 1
@@ -80,19 +81,19 @@ class SynthConfig:
         bad = [lv for lv in self.levels if lv not in schema.LEVELS]
         if bad or not self.levels:
             msg = f"levels {bad or '[]'} are not ENS-10 levels; choose from {list(schema.LEVELS)}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.years[0] > self.years[1]:
             msg = f"years {self.years}: start after end"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if not 1 <= self.members <= 50:
             msg = f"members={self.members}: use 1..50 (ENS-10 has 10)"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.format not in ("zarr", "grib", "netcdf"):
             msg = f"format {self.format!r}: use zarr, grib or netcdf"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.dates_per_year < 1:
             msg = f"dates_per_year={self.dates_per_year}: must be >= 1"
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
     @property
     def grid(self) -> Grid:

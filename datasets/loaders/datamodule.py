@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from postcast.datasets import io, schema
 from postcast.datasets import store as contract
+from postcast.datasets.errors import ConfigError, MissingInputError
 from postcast.datasets.loaders import prefetch
 from postcast.datasets.sample import Sample, Sampler, SampleSpec
 
@@ -58,14 +59,14 @@ class DataConfig:
             object.__setattr__(self, "sample", SampleSpec.from_dict(self.sample))
         if self.loader not in LOADERS:
             msg = f"loader {self.loader!r}: use one of {list(LOADERS)}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if min(self.cache_bytes, self.disk_cache_bytes, self.prefetch_threads) < 0:
             msg = (f"cache_bytes ({self.cache_bytes}), disk_cache_bytes ({self.disk_cache_bytes}) and "
                    f"prefetch_threads ({self.prefetch_threads}) must be >= 0")
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.disk_cache_dir is None and self.disk_cache_bytes:
             msg = f"disk_cache_bytes={self.disk_cache_bytes} needs disk_cache_dir (a local directory)"
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
 
 def to_tensors(sample: Sample) -> dict[str, torch.Tensor]:
@@ -93,7 +94,7 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         self.indices = contract.split_rows(ds, split, target=self.spec.target, step_h=self.spec.step_h)
         if self.indices.size == 0:
             msg = f"{cfg.store}: no init date with truth in split {split!r} for {self.spec.target}"
-            raise ValueError(msg)
+            raise MissingInputError(msg)
         oracle = contract.oracle_mean(self.spec.target) in ds
         self.sampler = Sampler(self.spec, ds[schema.LAT].values, ds[schema.LON].values, oracle=oracle)
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
@@ -159,7 +160,7 @@ class StoreDataModule(L.LightningDataModule):
         if stats is None:
             msg = (f"{self.cfg.store} has no statistics group (no init date in the training years): "
                    "train on a store with one")
-            raise ValueError(msg)
+            raise MissingInputError(msg)
         return self.cfg.sample.normalisation(stats)
 
     def climate_thresholds(self) -> tuple[float, ...]:
