@@ -351,14 +351,14 @@ def _source_checksums(run: IngestRun) -> tuple[list[str], list[Any]]:
 
 
 def _written_chunks(done_dir: Path) -> dict[str, dict[str, Any]]:
-    """The chunk checksums the date tasks left in their done-markers (none in a marker of an older ingest)."""
+    """The chunk checksums the date tasks left in their done-markers (written atomically as JSON)."""
     out: dict[str, dict[str, Any]] = {}
     for marker in done_dir.iterdir():
         if marker.name.startswith("."):
             continue
         try:
             out.update(json.loads(marker.read_text()).get("chunks", {}))
-        except (ValueError, AttributeError):  # "done\n": the chunks are hashed at the end instead
+        except (ValueError, AttributeError):  # unreadable: that date's chunks are hashed at the end instead
             continue
     return out
 
