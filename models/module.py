@@ -27,7 +27,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from postcast.datasets.errors import BadInputError
+from postcast.datasets.errors import BadInputError, MissingInputError
 from postcast.datasets.sample import SampleSpec
 from postcast.models import postprocessors, registry
 from postcast.models.losses import crps_gaussian
@@ -211,16 +211,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
-    """A trained post-processor (eval mode, CPU) and its ``postcast`` metadata from a checkpoint alone.
-
-    Loaded with ``weights_only=True``: tensors and plain containers only, so a crafted file cannot run
-    code (Lightning's own checkpoints hold nothing else); the content checksum (format 3) refuses a
-    bit-flipped or altered file."""
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """A checkpoint's contents, verified: loaded with ``weights_only=True`` (tensors and plain containers
+    only, so a crafted file cannot run code; Lightning's own checkpoints hold nothing else), of the
+    current format, its content checksum matching. The one gate for every use of a checkpoint:
+    forecasting and evaluation (:func:`load_checkpoint`) and ``postcast train ... --ckpt_path``."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as err:
+        msg = f"{path}: no such checkpoint"
+        raise MissingInputError(msg) from err
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
-        msg = f"{path}: not a readable checkpoint ({err})"
+        reason = str(err).split("\n")[0]  # torch's first line; its advice to unpickle anyway is not ours
+        msg = f"{path}: not a readable checkpoint ({reason}); only checkpoints saved by `postcast train` load"
         raise BadInputError(msg) from err
     meta = ckpt.get("postcast") if isinstance(ckpt, dict) else None
     if not isinstance(meta, dict):
@@ -233,6 +236,13 @@ def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
         msg = f"{path}: checkpoint format {version}, this postcast reads format {CHECKPOINT_FORMAT_VERSION}: {fix}"
         raise BadInputError(msg)
     verify_checksum(ckpt, path)
+    return ckpt
+
+
+def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
+    """A trained post-processor (eval mode, CPU) and its ``postcast`` metadata from a checkpoint alone
+    (read through :func:`read_checkpoint`)."""
+    ckpt = read_checkpoint(path)
     known = set(inspect.signature(PostProcessor.__init__).parameters) - {"self"}
     model = PostProcessor(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in known})
     model.load_state_dict(ckpt["state_dict"])

@@ -22,7 +22,9 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
-from postcast.models.module import PostProcessor
+from postcast.models.module import PostProcessor, read_checkpoint
+
+LIGHTNING_CKPT_KEYWORDS = ("last", "best", "hpc")  # --ckpt_path values Lightning resolves itself
 
 
 class PostcastCLI(LightningCLI):
@@ -43,6 +45,16 @@ class PostcastCLI(LightningCLI):
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
         parser.link_arguments("data", "model.grid_area", compute_fn=lambda dm: dm.grid_area, apply_on="instantiate")
         parser.link_arguments("data", "model.n_members", compute_fn=lambda dm: dm.n_members, apply_on="instantiate")
+
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path`` goes through the gate every use of a checkpoint takes (:func:`read_checkpoint`:
+        current format, content checksum, no code in the pickle) before Lightning reads it, which it does
+        while parsing (for its hyperparameters); Lightning's keywords (last, best, hpc) pass."""
+        sub = self.config.get("subcommand")
+        path = self.config[sub].get("ckpt_path") if sub else None
+        if path and str(path) not in LIGHTNING_CKPT_KEYWORDS and not str(path).startswith("registry"):
+            read_checkpoint(str(path))
+        super()._parse_ckpt_path()
 
     def before_fit(self) -> None:
         """A fit resumed with ``--ckpt_path`` continues the run it comes from: same logger version,

@@ -247,3 +247,39 @@ def test_exit_codes_come_from_one_table(cli):
     assert {c.exit_code for c in classes} | {0, INTERNAL, INTERRUPTED} == table
     out = cli("--help", check=True).stdout
     assert all(f"{code:>3}  {meaning}" in out for code, meaning in errors.EXIT_CODES.items())
+
+
+class _Payload:
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_train_ckpt_path_goes_through_the_checkpoint_gate(cli, store, tmp_path):
+    """`train fit/test --ckpt_path` used tampered checkpoints (no checksum check) and answered a crafted
+    pickle with a traceback; it now refuses them like forecast and evaluate do: one line, exit 65."""
+    import torch
+
+    common = ["-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
+              "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "1"]
+    cli("train", "fit", *common, check=True)
+    good = next((tmp_path / "runs").rglob("last.ckpt"))
+    ckpt = torch.load(good, weights_only=True)
+    downgraded = {**ckpt, "postcast": {k: v for k, v in ckpt["postcast"].items() if k != "checksum"}}
+    downgraded["postcast"]["format_version"] = 2
+    flipped = {**ckpt, "state_dict": {k: v + (1e-3 if k == "net.coef" else 0) for k, v in ckpt["state_dict"].items()}}
+    planted = tmp_path / "created_by_the_checkpoint"
+    cases = {"downgraded": (downgraded, "checkpoint format 2"), "flipped": (flipped, "do not match the checksum"),
+             "crafted": ({"postcast": {}, "hook": _Payload(str(planted))}, "not a readable checkpoint")}
+    for name, (content, says) in cases.items():
+        path = tmp_path / f"{name}.ckpt"
+        torch.save(content, path)
+        for verb in ("fit", "test"):
+            proc = cli("train", verb, *common, "--ckpt_path", str(path))
+            lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("postcast: error:")]
+            assert proc.returncode == 65 and len(lines) == 1 and says in lines[0], (name, verb, proc.stderr[-2000:])
+            assert "weights_only=False" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not planted.exists()
+    assert cli("train", "test", *common, "--ckpt_path", str(good)).returncode == 0
