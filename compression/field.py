@@ -72,6 +72,10 @@ class FieldConfig:
             if getattr(self, name) < 1:
                 msg = f"{name}={getattr(self, name)} must be >= 1"
                 raise ConfigError(msg)
+        for name in ("sigma", "lr"):
+            if not _positive_finite(getattr(self, name)):
+                msg = f"{name}={getattr(self, name)}: give a positive finite number"
+                raise ConfigError(msg)
         if self.error_bound is not None and not _positive_finite(self.error_bound):
             msg = (f"error_bound={self.error_bound}: give a positive absolute bound (a finite number) in data "
                    "units, or none")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -61,6 +62,23 @@ def _span(members: list[int] | tuple[int, ...]) -> str:
     return f"{m[0]}-{m[-1]}" if m == list(range(m[0], m[-1] + 1)) and len(m) > 1 else ",".join(map(str, m))
 
 
+MIN_GRID_DEG = 0.1  # the finest store grid: 1801 x 3600 points
+MIN_GRID_BYTES = 4 * 1801 * 3600  # one float32 field on it
+
+
+def _distinct(name: str, values: tuple[Any, ...] | None) -> None:
+    """An asked-for list names each item once and is not empty (None: whatever the source holds)."""
+    if values is None:
+        return
+    if not values:
+        msg = f"--{name} is empty: name at least one, or leave it out to take what the source holds"
+        raise ConfigError(msg)
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        msg = f"--{name} lists {', '.join(map(str, twice))} more than once: give each once"
+        raise ConfigError(msg)
+
+
 @dataclass(frozen=True)
 class Expectation:
     """What a complete forecast source must hold for every init date; ``None`` (and members ``all``):
@@ -75,6 +93,8 @@ class Expectation:
     exact_grid: schema.Grid | None = None  # this grid and no other (a checkpoint's); the source must cover it
 
     def __post_init__(self) -> None:
+        for name, values in (("variables", self.variables), ("levels", self.levels), ("steps", self.steps_h)):
+            _distinct(name, values)
         unknown = [v for v in self.variables or () if v not in schema.VARIABLES]
         if unknown:
             msg = f"unknown variables {unknown}; known: {list(schema.VARIABLES)}"
@@ -86,6 +106,10 @@ class Expectation:
                 raise ConfigError(msg)
         parse_members(self.members)
         if self.grid is not None:
+            if not (math.isfinite(self.grid) and MIN_GRID_DEG <= self.grid <= 90.0):
+                msg = (f"--grid {self.grid}: give a resolution between {MIN_GRID_DEG} and 90 degrees (finer grids "
+                       f"exceed {MIN_GRID_BYTES / 1e6:.0f} MB per float32 field)")
+                raise ConfigError(msg)
             schema.Grid(self.grid)  # ValueError naming usable resolutions
         if self.method not in regrid.METHODS:
             msg = f"regridding method {self.method!r}: use one of {', '.join(regrid.METHODS)}"

@@ -24,6 +24,7 @@ archive's contract, ``pipeline/archive.py``, which ``postcast serve`` reads with
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -76,6 +77,13 @@ class ForecastConfig:
         if bad:
             msg = f"quantiles {bad}: each must be strictly between 0 and 1"
             raise ConfigError(msg)
+        for name, values in (("quantiles", self.quantiles), ("thresholds", self.thresholds)):
+            if not all(math.isfinite(v) for v in values):
+                msg = f"--{name} {list(values)}: give finite numbers"
+                raise ConfigError(msg)
+            if len(set(values)) != len(values):
+                msg = f"--{name} {list(values)}: give each value once"
+                raise ConfigError(msg)
         unknown = set(self.formats) - {"netcdf", "zarr"}
         if unknown or not self.formats:
             msg = f"formats {list(self.formats)}: use netcdf and/or zarr"

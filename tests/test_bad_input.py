@@ -1,6 +1,8 @@
 """Bad input: a clear one-line error naming the file and the problem, a non-zero exit code, and no
 store that looks complete."""
 
+import contextlib
+import io
 import json
 import shutil
 
@@ -159,3 +161,34 @@ def test_a_reader_that_stops_reading_gets_no_traceback(store):
     proc.stdout.close()  # long before the interpreter has started: the write meets a closed pipe
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["ingest", "SRC", "--levels", "500,500"], "--levels lists 500 more than once"),
+    (["ingest", "SRC", "--steps", "24,24"], "--steps lists 24 more than once"),
+    (["ingest", "SRC", "--variables", ""], "--variables is empty"),
+    (["ingest", "SRC", "--grid", "0"], "--grid 0.0: give a resolution between 0.1 and 90"),
+    (["ingest", "SRC", "--grid", "inf"], "--grid inf: give a resolution"),
+    (["ingest", "SRC", "--grid", "0.001"], "--grid 0.001: give a resolution between 0.1 and 90"),
+    (["forecast", "--checkpoint", "CKPT", "--input", "SRC", "--init-time", "2017-01-01", "--thresholds", "nan"],
+     "--thresholds [nan]: give finite numbers"),
+    (["forecast", "--checkpoint", "CKPT", "--input", "SRC", "--init-time", "2017-01-01", "--quantiles", "0.5,0.5"],
+     "--quantiles [0.5, 0.5]: give each value once"),
+    (["compress", "SRC", "--var", "truth_t850", "--sigma", "nan"], "sigma=nan: give a positive finite number"),
+])
+def test_values_are_checked_before_work_starts(synth_zarr, tmp_path, argv, says):
+    """Duplicates gave stores with duplicate coordinates marked complete, NaN thresholds all-NaN
+    exceedance (served as invalid JSON), a NaN sigma an all-NaN artefact, --grid 0.001 a 28 TiB
+    allocation after 74 s: each is now refused at once, one line, exit 2, nothing written."""
+    from postcast.cli import main
+
+    ckpt = tmp_path / "any.ckpt"
+    ckpt.write_bytes(b"refused before it is read")
+    out = tmp_path / "out"
+    argv = [str(synth_zarr) if a == "SRC" else str(ckpt) if a == "CKPT" else a for a in argv]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["--no-progress", *argv, "--out", str(out)])
+    lines = [ln for ln in err.getvalue().splitlines() if ln.startswith("postcast: error:")]
+    assert code == 2 and len(lines) == 1 and says in lines[0], err.getvalue()[-2000:]
+    assert not out.exists()
