@@ -831,10 +831,22 @@ def _log_handler(level: str) -> logging.Handler:
     uvicorn's, dask's) are printed once, in one format."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_AsyncioLeftovers())
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)
     return handler
+
+
+class _AsyncioLeftovers(logging.Filter):
+    """asyncio's "Future exception was never retrieved" about a library's leftover future (dask's
+    tornado timeouts at cluster shutdown), logged whenever it is garbage-collected: at DEBUG only, so
+    that an error stays one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        first = str(record.msg).split("\n", 1)[0]
+        leftover = record.name == "asyncio" and first.endswith("exception was never retrieved")
+        return not leftover or logging.getLogger().level <= logging.DEBUG
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -283,3 +283,27 @@ def test_train_ckpt_path_goes_through_the_checkpoint_gate(cli, store, tmp_path):
             assert "weights_only=False" not in proc.stderr and "Traceback" not in proc.stderr
     assert not planted.exists()
     assert cli("train", "test", *common, "--ckpt_path", str(good)).returncode == 0
+
+
+def test_asyncio_leftovers_stay_out_of_the_error_output():
+    """A library's unretrieved future, garbage-collected while a verb runs, added a multi-line ERROR to
+    the one-line answer (seen in CI: dask's tornado timeout logged during `inspect --verify`); it is
+    shown at --log-level DEBUG only."""
+    import contextlib
+    import io
+    import logging
+
+    from postcast.cli import _log_handler
+
+    root, before = logging.getLogger(), logging.getLogger().level
+    for level, shown in (("INFO", False), ("DEBUG", True)):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            handler = _log_handler(level)
+        try:
+            logging.getLogger("asyncio").error("Future exception was never retrieved\nfuture: <Future finished>")
+            logging.getLogger("postcast").error("a real error")
+        finally:
+            root.removeHandler(handler)
+            root.setLevel(before)
+        assert ("never retrieved" in err.getvalue()) == shown and "a real error" in err.getvalue()
