@@ -209,6 +209,19 @@ def scan(root: str | Path) -> tuple[list[Product], list[Skipped]]:
     return found, skipped
 
 
+def product_identity(path: Path) -> dict[str, Any]:
+    """What made a product file (netCDF or zarr): the checkpoint's SHA-256, the input, the quantile
+    levels and the thresholds; {} when it cannot be read."""
+    kw: dict[str, Any] = {"engine": "netcdf4"} if path.suffix == ".nc" else {"engine": "zarr", "consolidated": False}
+    try:
+        with xr.open_dataset(path, **kw) as ds:
+            return {"checkpoint_sha256": ds.attrs.get("checkpoint_sha256"), "inputs": ds.attrs.get("inputs"),
+                    "quantiles": [float(q) for q in ds["quantile"].values],
+                    "thresholds": [float(t) for t in ds["threshold"].values]}
+    except Exception:  # an unreadable file is one to rebuild, whatever the reason
+        return {}
+
+
 def read_field(p: Product) -> Field:
     """Load one product; :class:`ProductGone` if it was removed, :class:`UnreadableProduct` if it cannot
     be read or lacks the variables of its target."""

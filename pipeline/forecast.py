@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -45,6 +46,7 @@ from postcast.pipeline.archive import (
     EXTENSIONS,
     FALLBACK,
     POSTPROCESSED,
+    product_identity,
     product_path,
     products,
     write_product,
@@ -196,12 +198,27 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
     return result
 
 
+def _current(path: Path, run: _Run) -> bool:
+    """Whether an existing product is what this run would write: made by the same checkpoint (by
+    content) from the same input, with the same quantile levels and thresholds. A stale one is said and
+    rebuilt (idempotence by content, not by name)."""
+    if not path.exists():
+        return False
+    have = product_identity(path)
+    want = {"checkpoint_sha256": run.ckpt_hash, "inputs": str(run.cfg.input),
+            "quantiles": [float(q) for q in run.cfg.quantiles], "thresholds": [float(t) for t in run.thresholds]}
+    differs = [k for k in want if have.get(k) != want[k]]
+    if differs:
+        log.warning("%s: made with another %s; rebuilding it", path, " and ".join(differs))
+    return not differs
+
+
 def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     cfg, spec = run.cfg, run.sampler.spec
     exts = [EXTENSIONS[f] for f in cfg.formats]
     paths = {p: [product_path(cfg.out, p, run.name, spec.target, init, e) for e in exts]
              for p in (POSTPROCESSED, FALLBACK)}
-    if not cfg.overwrite and any(all(q.exists() for q in qs) for qs in paths.values()):
+    if not cfg.overwrite and any(all(_current(q, run) for q in qs) for qs in paths.values()):
         result.skipped += [str(q) for qs in paths.values() for q in qs if q.exists()]
         return
     t0 = time.perf_counter()

@@ -193,3 +193,34 @@ def test_each_forecast_input_is_checked_once(cli, checkpoint, synth_zarr, tmp_pa
         "--end", "2017-12-31", "--out", str(tmp_path / "fc"), check=True)
     written = list((tmp_path / "fc").rglob("*.nc"))
     assert written and len(calls) == len(written), calls
+
+
+def test_a_rerun_keeps_a_product_only_when_its_inputs_match(cli, checkpoint, synth_zarr, store, tmp_path, caplog):
+    """`forecast` with another checkpoint of the same family said "kept 1 existing" although the file
+    belonged to the other checkpoint. Existing products are kept only when made by the same checkpoint
+    (by content), input, quantiles and thresholds; otherwise the rerun says so and rebuilds them."""
+    import logging
+
+    import xarray as xr
+
+    from postcast.datasets import io as pio
+
+    out = tmp_path / "fc"
+    args = ["forecast", "--input", str(synth_zarr), "--init-time", "2017-06-01", "--end", "2017-12-31",
+            "--out", str(out)]
+    first = cli(*args, "--checkpoint", str(checkpoint), check=True)
+    assert "written 2 (0 fallback), kept 0" in first.stdout
+    assert "written 0 (0 fallback), kept 2" in cli(*args, "--checkpoint", str(checkpoint), check=True).stdout
+    other = tmp_path / "other.ckpt"  # the same family, other weights: a second fit of one more epoch
+    cli("train", "fit", "-c", str(ROOT / "configs/train/mlp_t850.yaml"), "--data.cfg.store", str(store),
+        "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false",
+        "--trainer.max_epochs", "1", "--data.cfg.batch_size", "2", check=True)
+    other.write_bytes(sorted((tmp_path / "runs").rglob("best*.ckpt"))[-1].read_bytes())
+    with caplog.at_level(logging.WARNING):
+        again = cli(*args, "--checkpoint", str(other), check=True)
+    assert "written 2 (0 fallback), kept 0" in again.stdout
+    assert "made with another checkpoint_sha256; rebuilding it" in caplog.text
+    for f in sorted((out / "postprocessed/mlp/t850").glob("*.nc")):
+        assert xr.open_dataset(f).attrs["checkpoint_sha256"] == pio.sha256_file(other)
+    changed = cli(*args, "--checkpoint", str(other), "--thresholds", "280", check=True)
+    assert "written 2 (0 fallback), kept 0" in changed.stdout
