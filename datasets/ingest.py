@@ -138,6 +138,22 @@ class IngestConfig:
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _same_inputs(cfg: IngestConfig, out: Path) -> None:
+    """A complete store is kept only when it was made from the same inputs and options (the resume
+    fingerprint); otherwise the rerun names what differs and refuses: "already complete" would report a
+    store of another source or other variables as done."""
+    made = contract.open_store(out).attrs
+    if made.get("ingest_fingerprint") == cfg.fingerprint():
+        return
+    before = made.get("ingest_config", {})
+    now = json.loads(json.dumps(asdict(cfg), default=str))
+    content = [f.name for f in fields(cfg) if not f.metadata.get("execution")]
+    differs = [k for k in content if before.get(k) != now.get(k)] or ["the source's resolved path"]
+    msg = (f"{out} is a complete store made from other inputs or options ({', '.join(differs)} differ): pass "
+           "--overwrite to rebuild it, or choose another --out")
+    raise ConfigError(msg)
+
+
 @dataclass
 class IngestResult:
     store: Path
@@ -209,6 +225,7 @@ def ingest(cfg: IngestConfig) -> IngestResult:
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
         if contract.is_complete(out):
+            _same_inputs(cfg, out)
             log.info("%s is already complete: nothing to do (use --overwrite to rebuild)", out)
             io.remove(contract.partial_path(out))
             return IngestResult(out, True, 0, 0, time.perf_counter() - start)
@@ -384,6 +401,7 @@ def _finalise(run: IngestRun, sums: dict[str, str], written: dict[str, dict[str,
         "targets": list(schema.TARGETS),
         "truth_missing_at_48h": found.truth.coverage(plan) if found.truth is not None else {},
         "ingest_config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
+        "ingest_fingerprint": cfg.fingerprint(),
     }
     if found.oracle is not None:
         attrs["has_oracle"] = True

@@ -224,8 +224,10 @@ def _ingest(cfg: PipelineConfig, progress: bool) -> list[str]:
     from postcast.datasets.ingest import IngestConfig, ingest
 
     source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
+    # the manifest decided that this stage runs (never done, inputs or settings changed, or forced): a
+    # complete store in the way is rebuilt, never kept as done (an interrupted one still resumes)
     ingest(IngestConfig(source=source, out=str(cfg.store), truth=cfg.truth, splits=cfg.splits, workers=cfg.workers,
-                        processes=cfg.processes, progress=progress))
+                        processes=cfg.processes, progress=progress, overwrite=True))
     return [str(cfg.store / "zarr.json")]
 
 

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -625,3 +626,19 @@ def test_a_date_from_a_zarr_source_is_read_without_a_second_copy(synth_zarr):
     held = sum(v.nbytes for v in day.data_vars.values())
     assert all(v.dtype == np.float32 for v in day.data_vars.values())
     assert peak < 1.5 * held, (peak, held)
+
+
+def test_a_complete_store_is_kept_only_for_the_same_inputs(cli, synth_zarr, tmp_path):
+    """`ingest` of another source or other variables into a complete store said "already complete",
+    exit 0. The same ingest again is still nothing to do; another one names what differs, exit 2."""
+    out = tmp_path / "s.zarr"
+    cli("ingest", str(synth_zarr), "--out", str(out), "--threads", "--variables", "t,z,t2m", check=True)
+    again = cli("ingest", str(synth_zarr), "--out", str(out), "--threads", "--variables", "t,z,t2m", "--workers", "1")
+    assert again.returncode == 0 and "already complete" in again.stdout  # execution options do not matter
+    other = cli("ingest", str(synth_zarr), "--out", str(out), "--threads", "--variables", "t,z")
+    lines = [ln for ln in other.stderr.splitlines() if ln.startswith("postcast: error:")]
+    assert other.returncode == 2 and len(lines) == 1 and "(variables differ)" in lines[0] and "--overwrite" in lines[0]
+    elsewhere = tmp_path / "copy"
+    shutil.copytree(synth_zarr, elsewhere)
+    moved = cli("ingest", str(elsewhere), "--out", str(out), "--threads", "--variables", "t,z,t2m")
+    assert moved.returncode == 2 and "(source differ)" in moved.stderr
