@@ -15,20 +15,11 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import (
-    conventions,
-    ingest,
-    ingest_budget,
-    ingest_layout,
-    ingest_progress,
-    ingest_tasks,
-    integrity,
-    io,
-    schema,
-    sources,
-    statistics,
-    synthetic,
-)
+import postcast.datasets.ingest_budget as ingest_budget
+import postcast.datasets.ingest_layout as ingest_layout
+import postcast.datasets.ingest_progress as ingest_progress
+import postcast.datasets.ingest_tasks as ingest_tasks
+from postcast.datasets import conventions, ingest, integrity, io, schema, sources, statistics, synthetic
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError
 from postcast.datasets.ingest import IngestConfig
