@@ -27,7 +27,6 @@ from postcast.datasets.errors import MissingInputError
 from postcast.datasets.ingest import IngestConfig
 
 DASK = shutil.which("dask", path=Path(sys.executable).parent)
-pytestmark = pytest.mark.skipif(DASK is None, reason="the `dask` command line (dask[distributed]) is not installed")
 
 
 class Cluster:
@@ -40,6 +39,7 @@ class Cluster:
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def _start(self, *args: str) -> subprocess.Popen[bytes]:
+        assert DASK is not None, "no `dask` command beside this Python: run scripts/setup.sh"
         log = open(self.root / f"{args[0]}-{len(self.procs)}.log", "wb")  # noqa: SIM115  (closed with the process)
         proc = subprocess.Popen([str(DASK), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 cwd=self.root)

@@ -20,8 +20,6 @@ from postcast.compression.metrics import relative_wrmse, weighted_std
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 
-pytest.importorskip("pysz")
-pytest.importorskip("zfpy")
 FAST = FieldConfig(width=32, depth=2, steps=300, batch_points=4096, sigma=1.0)
 
 
@@ -352,7 +350,6 @@ def test_the_sz3_loader_yields_the_sz3_decoded_fields(compressed_store):
 
 @pytest.mark.slow
 def test_ebcc_baseline_decodes_near_its_bound():
-    pytest.importorskip("numcodecs_wasm_ebcc")
     x = smooth_fields(noise=0.2)["t"].values  # (4, 31, 60): below EBCC's smallest side
     with pytest.raises(ValueError, match=">= 32 per side"):
         baselines.ebcc(x, 0.5)

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from postcast.models import kernels
-from postcast.models.kernels import reference
+from postcast.models.kernels import reference, triton_impl
 
-triton_impl = pytest.importorskip("postcast.models.kernels.triton_impl")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="Triton needs a GPU or TRITON_INTERPRET=1")
 F64 = torch.float64

@@ -4,7 +4,6 @@ graceful fallback to zarr-python's own pipeline."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -52,7 +51,6 @@ def test_unknown_array_kind_is_refused_naming_the_choices():
         io.compressors_for("members")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("zarrs") is None, reason="zarrs is not installed")
 def test_zarrs_is_in_use_and_zarr_python_reads_what_it_wrote(tmp_path):
     """Written through zarrs (postcast's default), read back through zarr-python's own pipeline: the
     same values (an independent decoder)."""
