@@ -26,6 +26,11 @@ from postcast.datasets.synthetic import SynthConfig
 TINY = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3, levels=(500, 850))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The battery's tally (tests/battery.py) counts the cases of every file: it runs after all of them."""
+    items.sort(key=lambda item: item.name == "test_battery_count")
+
+
 def run_cli(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the ``postcast`` command in this process: :func:`postcast.cli.main` with stdout and stderr
     captured, answered like a process (exit code; an escaped exception is exit 1 with its traceback on

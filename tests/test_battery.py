@@ -8,18 +8,16 @@ prints the tally (cases, clean, data safe) that the closing note of issue 17 quo
 
 from __future__ import annotations
 
-import os
-import resource
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from battery import TALLY, Outcome, assert_ok, in_process, subprocess_case
 
 from postcast.cli import main
 from postcast.datasets import grib, integrity, io, synthfiles
@@ -29,75 +27,6 @@ from postcast.datasets.synthetic import SynthConfig
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = SynthConfig(seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=1, levels=(500, 850), format="grib")
 PL, SFC = grib.file_name("pl", 7, 2), grib.file_name("sfc", 7, 2)
-OK_CODES = {2, 65, 66}
-DISK_FULL = {74}  # EX_IOERR: the output cannot be written (not bad or missing input; see datasets/errors.py)
-TALLY: dict[str, tuple[bool, bool]] = {}  # case -> (clean, data safe)
-
-
-@dataclass
-class Outcome:
-    code: int | None
-    err: str
-    codes: frozenset[int] = frozenset(OK_CODES)
-
-    @property
-    def error_lines(self) -> list[str]:
-        return [ln for ln in self.err.splitlines() if ln.startswith("postcast: error:") or ": INVALID:" in ln]
-
-    @property
-    def clean(self) -> bool:
-        return self.code in self.codes and len(self.error_lines) == 1 and "Traceback" not in self.err
-
-
-def _rebind_log_streams() -> None:
-    """Handlers created during an earlier test (Lightning adds its own at import) still point at that
-    test's captured, now closed, stderr; a real process has one stderr, so point them at this one."""
-    import logging
-
-    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(v, logging.Logger))]
-    for logger in loggers:
-        for h in logger.handlers:
-            if type(h) is logging.StreamHandler and getattr(h.stream, "closed", False):
-                h.stream = sys.stderr  # (setStream would flush the closed one)
-
-
-def in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outcome:
-    import logging
-
-    capsys.readouterr()
-    _rebind_log_streams()
-    root = logging.getLogger()
-    handlers = list(root.handlers)  # main's basicConfig binds a handler to this test's captured stderr
-    try:
-        code: int | None = main(["--no-progress", "--log-level", "ERROR", *argv])
-    except SystemExit as stop:  # argparse / the Lightning CLI parser
-        code = stop.code if isinstance(stop.code, int) else 2
-    except Exception as err:  # (an escaped exception is a traceback: the case is not clean)
-        code = None
-        print(f"Traceback (escaped from main): {type(err).__name__}: {err}", file=sys.stderr)
-    finally:
-        root.handlers[:] = handlers
-    return Outcome(code, capsys.readouterr().err)
-
-
-def subprocess_case(argv: list[str], *, fsize: int | None = None, timeout: float = 300) -> Outcome:
-    def limit() -> None:
-        if fsize is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-    proc = subprocess.run([sys.executable, "-m", "postcast", "--no-progress", "--log-level", "ERROR", *argv],
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=limit, check=False,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    return Outcome(proc.returncode, proc.stderr, frozenset(DISK_FULL if fsize is not None else OK_CODES))
-
-
-def assert_ok(case: str, out: Outcome, safe: bool = True) -> None:
-    TALLY[case] = (out.clean, safe)
-    assert out.code in out.codes, f"{case}: exit {out.code}\n{out.err[-3000:]}"
-    assert "Traceback" not in out.err, f"{case}:\n{out.err[-3000:]}"
-    assert len(out.error_lines) == 1, f"{case}: error lines {out.error_lines}\n{out.err[-3000:]}"
-    assert safe, f"{case}: something was left marked complete"
 
 
 # --- inputs -----------------------------------------------------------------------------------------
@@ -367,7 +296,7 @@ def test_serve_bad_folders(tmp_path, capsys):
 
 
 def test_battery_count():
-    """Runs last in this file: the tally quoted in the closing note (cases, clean, data safe)."""
+    """Runs last in the session (conftest orders it): the tally quoted in the closing note (cases, clean, data safe)."""
     if not TALLY:
         pytest.skip("run the whole file for the tally")
     clean = sum(c for c, _ in TALLY.values())

@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "scripts" / "lock-py311-linux.txt"
 SCANNED = ("cli", "datasets", "models", "compression", "pipeline", "serve", "tests", "benchmarks")
-FIRST_PARTY = {"postcast", "conftest", "common"}  # the package, pytest's conftest, benchmarks/common.py
+FIRST_PARTY = {"postcast", "conftest", "common", "battery"}  # package, conftest, benchmarks/common.py, tests/battery.py
 
 
 def declared(pyproject: Path) -> set[str]:
