@@ -277,6 +277,28 @@ def crps_ensemble_reference(x: np.ndarray, y: np.ndarray, *, axis: int = -1,
     return skill - pair / denom
 
 
+def twcrps_ensemble(x: np.ndarray, y: np.ndarray, threshold: float, *, axis: int = -1,
+                    estimator: Estimator = "fair") -> np.ndarray:
+    """Threshold-weighted CRPS of members ``x`` at outcomes ``y`` with weight 1{z >= threshold}
+    (Allen et al. 2023): the CRPS of the chained members max(x, t) against max(y, t), so only the
+    part of both distributions above ``t`` counts (the tail an extreme-event user cares about)."""
+    if not np.isfinite(threshold):
+        msg = f"twCRPS threshold {threshold}: give a finite value in the variable's units"
+        raise ValueError(msg)
+    return crps_ensemble(np.maximum(x, threshold), np.maximum(y, threshold), axis=axis, estimator=estimator)
+
+
+def ensemble_exceedance(x: np.ndarray, threshold: float, *, axis: int = -1) -> np.ndarray:
+    """P(Y > threshold) of an ensemble: the fraction of members above it."""
+    return np.asarray(np.mean(np.asarray(x) > threshold, axis=axis), dtype=np.float64)
+
+
+def brier_score(prob: np.ndarray, y: np.ndarray, threshold: float) -> np.ndarray:
+    """Brier score (P(Y > t) - 1{y > t})^2 of exceedance probabilities ``prob`` at outcomes ``y``."""
+    event = (np.asarray(y) > threshold).astype(np.float64)
+    return (np.asarray(prob, dtype=np.float64) - event) ** 2
+
+
 # --- weighting (latitude_weights: postcast.datasets.geo, re-exported above), calibration ----------
 def spread_skill_ratio(ens_std: np.ndarray, ens_mean: np.ndarray, truth: np.ndarray) -> float:
     """Mean ensemble spread over the RMSE of the ensemble mean (1 for a calibrated ensemble; the

@@ -257,3 +257,29 @@ def test_block_kernels_match_scoringrules_and_properscoring(m, kernel):
     pre_fair, pre_std = metrics.crps_ensemble_pair(np.sort(x, axis=1), y, presorted=True, kernel=kernel)
     np.testing.assert_allclose(pre_fair, fair, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(pre_std, std, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("estimator,sr_estimator", [("fair", "fair"), ("standard", "nrg")])
+def test_threshold_weighted_crps_matches_scoringrules(estimator, sr_estimator):
+    """twCRPS with weight 1{z >= t} against scoringrules' twcrps_ensemble, including thresholds below,
+    inside and above the ensemble and outcomes on either side."""
+    rng = np.random.default_rng(7)
+    x = rng.gamma(0.7, 4.0, size=(300, 12))  # (N, M) skewed, precipitation-like
+    y = rng.gamma(0.7, 4.0, size=300)
+    for t in (0.0, 1.0, 10.0, 40.0):
+        ours = metrics.twcrps_ensemble(x, y, t, estimator=estimator)
+        peer = np.asarray(scoringrules.twcrps_ensemble(y, x, a=t, estimator=sr_estimator))
+        np.testing.assert_allclose(ours, peer, rtol=1e-10, atol=1e-12)
+    assert np.all(metrics.twcrps_ensemble(x, y, 1e9) == 0.0)  # nothing above the threshold: no weight
+
+
+def test_brier_score_matches_scoringrules():
+    rng = np.random.default_rng(8)
+    x = rng.normal(5.0, 6.0, size=(400, 10))
+    y = rng.normal(5.0, 6.0, size=400)
+    for t in (1.0, 10.0):
+        prob = metrics.ensemble_exceedance(x, t)
+        np.testing.assert_allclose(prob, (x > t).sum(-1) / 10)  # the member fraction, by counting
+        ours = metrics.brier_score(prob, y, t)
+        peer = np.asarray(scoringrules.brier_score((y > t).astype(float), prob))
+        np.testing.assert_allclose(ours, peer, rtol=0, atol=1e-15)
