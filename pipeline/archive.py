@@ -11,16 +11,20 @@ products of two models never share a path. Each file holds the CF dataset :func:
 atomically by :func:`write_product` (a reader sees the old file or the new one, never half of one).
 
 Readers call :func:`scan` (what is there, and which ``.nc``/``.zarr`` entries are foreign, with the
-reason) and :func:`read_field` (one product in memory, or :class:`UnreadableProduct` /
-:class:`ProductGone`). Each :class:`Product` carries a ``signature`` (inode, mtime, size) so a reader
-can tell a replaced file from the one it cached. Hidden entries (``.name.tmp-PID``, the atomic
-writes' temporaries) and other file types are not part of the archive and are ignored silently.
+reason), :func:`read_scores` (the verification scores of the archive's models, from evaluate's
+``metrics.json`` that :func:`scores_path` finds) and :func:`read_field` (one product in memory, or
+:class:`UnreadableProduct` / :class:`ProductGone`). Each :class:`Product` carries a ``signature``
+(inode, mtime, size) so a reader can tell a replaced file from the one it cached. Hidden entries
+(``.name.tmp-PID``, the atomic writes' temporaries) and other file types are not part of the archive
+and are ignored silently.
 
 No torch here: the service imports this module.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,10 @@ PRODUCTS = (POSTPROCESSED, FALLBACK)
 EXTENSIONS = {"netcdf": "nc", "zarr": "zarr"}  # format name -> file extension
 DEFAULT_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 INIT_FORMAT = "%Y%m%dT%H"
+# evaluate's metrics.json for the archive's models: in the archive, else in WORKDIR/report beside
+# WORKDIR/forecasts (where `postcast run` writes both); the models are its forecasts of the same name
+SCORE_FILES = ("metrics.json", "../report/metrics.json")
+SCORE = "crps_weighted"  # the score read: the global area-weighted CRPS (target units, lower is better)
 
 
 def product_path(root: str | Path, product: str, model: str, target: str, init: pd.Timestamp, ext: str) -> Path:
@@ -132,10 +140,17 @@ class Product:
 
 @dataclass(frozen=True)
 class Skipped:
-    """An entry of the archive that is not served: ``path`` relative to the root, and why."""
+    """An entry of the archive that is not served: ``path`` relative to the root, and why (``reason``,
+    which may name server paths; ``public``: the same said without them, None when ``reason`` names
+    none)."""
 
     path: str
     reason: str
+    public: str | None = None
+
+    @property
+    def public_reason(self) -> str:
+        return self.reason if self.public is None else self.public
 
 
 class UnreadableProduct(BadInputError):
@@ -257,3 +272,30 @@ def _check(p: Product, f: Field) -> None:
     if not (np.isfinite(f.mean).all() and np.isfinite(f.std).all() and (f.std > 0).all()):
         msg = f"{p.path}: non-finite mean or non-positive std"
         raise UnreadableProduct(msg)
+
+
+# --- verification scores ------------------------------------------------------------------------------
+def scores_path(root: str | Path) -> tuple[str, Path] | None:
+    """The first of :data:`SCORE_FILES` under ``root`` that exists: (its name relative to the root, its
+    path); None when there is none."""
+    for name in SCORE_FILES:
+        path = Path(root) / name
+        if path.is_file():
+            return name, path
+    return None
+
+
+def read_scores(path: Path) -> dict[str, dict[str, float]]:
+    """target -> model -> :data:`SCORE` from evaluate's ``metrics.json`` (``targets.<target>.forecasts.
+    <model>.global.crps_weighted``; non-finite scores left out); :class:`BadInputError` naming the file
+    when it is not such a summary."""
+    try:
+        targets = json.loads(path.read_text())["targets"]
+        scores = {str(t): {str(m): s["global"][SCORE] for m, s in summary["forecasts"].items()}
+                  for t, summary in targets.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        msg = (f"{path}: not the metrics.json of `postcast evaluate` ({type(err).__name__}: {str(err)[:200]}); "
+               "rewrite it with `postcast evaluate` or remove it")
+        raise BadInputError(msg) from err
+    return {t: {m: float(v) for m, v in by_model.items() if isinstance(v, int | float) and math.isfinite(v)}
+            for t, by_model in scores.items()}

@@ -1,22 +1,29 @@
 """The forecast service: FastAPI over the forecast archive that ``postcast forecast`` writes
-(``pipeline/archive.py`` is the contract: layout, content, atomic writes).
+(``pipeline/archive.py`` is the contract: layout, content, atomic writes, scores).
 
 Endpoints (OpenAPI document at ``/openapi.json``, docs at ``/docs``):
 
-* ``GET /health``: liveness, the number of forecasts served, and ``degraded`` with the skipped files
-  (foreign names, unreadable content) when there are any; never needs a token;
+* ``GET /health``: liveness, the numbers of forecasts and models, and ``degraded`` with the skipped
+  entries (foreign names, unreadable content, a broken scores file) when there are any; never needs a
+  token, and shows no server path unless the token comes with it;
 * ``GET /metrics``: Prometheus text; labels are route templates and status codes only;
-* ``GET /forecasts``: what is available (target, init and valid time, product, model);
+* ``GET /forecasts``: per target its models, best first, with their CRPS and the default model; then
+  every forecast (target, init and valid time, product, model);
 * ``GET /forecast/point``: mean, std, quantiles and exceedance probabilities at the nearest grid
-  point for a target and valid time (the latest init time that covers it);
+  point for a target, model and valid time (the latest init time that covers it);
 * ``GET /forecast/bbox``: mean and std on the grid points inside a latitude/longitude box;
 * ``GET /map.png`` and ``GET /``: a map of a forecast (rendered once per file and parameters) and an
   HTML page with the latest one.
 
+``model=`` picks a model; without it the target's models are tried best first: the lowest CRPS in
+evaluate's ``metrics.json`` (``archive.SCORE_FILES``), then the unscored ones by name. The OpenAPI
+document enumerates the archive's models as they are.
+
 Every GET also answers HEAD. With a token (``--token`` or ``POSTCAST_TOKEN``) every path but
 ``/health`` (and ``/metrics`` with ``--public-metrics``) needs ``Authorization: Bearer <token>``,
 unknown paths included. Errors are ``{"detail": "<message>"}``: 401, 404 (unknown target or time, or
-only unreadable files for it), 422 (bad parameters).
+only unreadable files for it; a model without that target), 422 (bad parameters, a model not in the
+archive).
 
 The archive is watched: at most every ``watch_s`` seconds a request rescans it (cheap: names and
 ``stat``), replaced files are reloaded, removed ones dropped, and files that cannot be read are
@@ -34,7 +41,7 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -52,6 +59,7 @@ from scipy.special import ndtr
 
 import postcast
 from postcast.datasets import schema
+from postcast.datasets.errors import BadInputError
 from postcast.pipeline import archive
 from postcast.pipeline.archive import Field, Product, Skipped
 
@@ -89,12 +97,28 @@ class MapCache(LRU):
         self.render_lock = threading.Lock()  # matplotlib is not thread-safe; one render at a time
 
 
-Key = tuple[str, pd.Timestamp | None]  # (target, valid time or None = the latest)
+Key = tuple[str, str | None, pd.Timestamp | None]  # (target, model or None = any, valid time or None = the latest)
+
+
+@dataclass(frozen=True)
+class TargetModels:
+    """The models with forecasts of one target, best first (the first is the default), their scores
+    (``crps``: only the scored ones), their number of forecasts and how the default was chosen."""
+
+    order: tuple[str, ...]
+    crps: dict[str, float]
+    counts: dict[str, int]
+    chosen_by: str
+
+    def listing(self, target: str) -> dict[str, Any]:
+        return {"target": target, "default_model": self.order[0], "chosen_by": self.chosen_by,
+                "models": [{"model": m, "crps": self.crps.get(m), "forecasts": self.counts[m]} for m in self.order]}
 
 
 class Catalog:
-    """The archive under ``root``: which products exist, the best one per (target, valid time), and
-    the loaded fields (an LRU keyed by path and signature, so a replaced file is never served stale)."""
+    """The archive under ``root``: which products exist, the models of each target ranked by their
+    verification scores, the best product per (target, model, valid time), and the loaded fields (an
+    LRU keyed by path and signature, so a replaced file is never served stale)."""
 
     def __init__(self, root: str | Path, watch_s: float | None = 2.0, cache_fields: int = 32) -> None:
         self.root, self.watch_s = Path(root), watch_s
@@ -106,8 +130,14 @@ class Catalog:
         self.entries: list[Product] = []
         self.skipped: list[Skipped] = []
         self._ranked: dict[Key, list[Product]] = {}
-        self._bad_keys: set[Key] = set()
+        self._bad_keys: set[tuple[str, pd.Timestamp | None]] = set()
         self._warned: set[str] = set()
+        self.scores: dict[str, dict[str, float]] = {}  # target -> model -> archive.SCORE
+        self.scores_file: tuple[str, Path] | None = None  # (name relative to the root, path) of the scores read
+        self._scores_seen: tuple[str, archive.Signature] | None = None
+        self._scores_skip: list[Skipped] = []
+        self.models: dict[str, TargetModels] = {}  # target -> its models, best first
+        self.all_models: tuple[str, ...] = ()  # every model of the archive, sorted
         self.refresh()
 
     def refresh(self) -> None:
@@ -120,29 +150,91 @@ class Catalog:
         with self._lock:
             sigs = {p.path: p.signature for p in found}
             self._unreadable = {k: v for k, v in self._unreadable.items() if sigs.get(k) == v[0].signature}
-            self._index(found, foreign)
+            self._index(found, foreign + self._load_scores())
             self._next_scan = time.monotonic() + (self.watch_s or 0.0)
+
+    def _load_scores(self) -> list[Skipped]:
+        """Read the scores file (``archive.SCORE_FILES``) again when it changed; the skipped entry
+        saying why when it cannot be read."""
+        found = archive.scores_path(self.root)
+        try:
+            seen = (found[0], archive.signature(found[1])) if found else None
+        except FileNotFoundError:  # removed since it was found
+            found, seen = None, None
+        if seen != self._scores_seen:
+            self._scores_seen, self.scores, self.scores_file, self._scores_skip = seen, {}, None, []
+            if found is not None:
+                try:
+                    self.scores, self.scores_file = archive.read_scores(found[1]), found
+                except BadInputError as err:
+                    log.warning("no verification scores: %s", err)
+                    self._scores_skip = [Skipped(found[0], str(err), "not the metrics.json of postcast evaluate")]
+        return self._scores_skip
+
+    def _rank_models(self, good: list[Product]) -> dict[str, TargetModels]:
+        """Per target, its models best first: the scored ones by their score (lowest first), then the
+        others by name; a tie by name too."""
+        counts: dict[str, Counter[str]] = defaultdict(Counter)
+        for p in good:
+            counts[p.target][p.model] += 1
+        out = {}
+        for target in sorted(counts, key=list(schema.TARGETS).index):
+            crps = {m: v for m, v in self.scores.get(target, {}).items() if m in counts[target]}
+            order = tuple(sorted(counts[target], key=lambda m: (m not in crps, crps.get(m, 0.0), m)))
+            why = (f"the lowest {archive.SCORE} in {self.scores_file[0]}" if self.scores_file and order[0] in crps
+                   else "no verification score for its models: the first by name")
+            out[target] = TargetModels(order, crps, dict(counts[target]), why)
+        return out
 
     def _index(self, found: list[Product], foreign: list[Skipped]) -> None:
         good = [p for p in found if p.path not in self._unreadable]
-        bad = [Skipped(str(path.relative_to(self.root)), why) for path, (_, why) in self._unreadable.items()]
+        bad = [Skipped(str(path.relative_to(self.root)), why, "an unreadable forecast file (see the log)")
+               for path, (_, why) in self._unreadable.items()]
         self._bad_keys = {(p.target, p.valid) for p, _ in self._unreadable.values()}
+        models = self._rank_models(good)
+        rank = {(t, m): k for t, tm in models.items() for k, m in enumerate(tm.order)}
         ranked: dict[Key, list[Product]] = defaultdict(list)
-        # later init first, then postprocessed over fallback, then the model written last
-        for p in sorted(good, key=lambda p: (p.init, p.product == archive.POSTPROCESSED, p.signature[1]), reverse=True):
-            ranked[(p.target, p.valid)].append(p)
-            ranked[(p.target, None)].append(p)
+        # the target's better model first, then later init, then postprocessed over fallback, then written last
+        for p in sorted(good, key=lambda p: (-rank[(p.target, p.model)], p.init, p.product == archive.POSTPROCESSED,
+                                              p.signature[1]), reverse=True):
+            for model in (None, p.model):
+                ranked[(p.target, model, p.valid)].append(p)
+                ranked[(p.target, model, None)].append(p)
+        self.models, self.all_models = models, tuple(sorted({p.model for p in good}))
         self.entries, self.skipped, self._ranked = sorted(good, key=lambda p: (p.target, p.init)), foreign + bad, ranked
 
     def watch(self) -> None:
         if self.watch_s is not None and time.monotonic() >= self._next_scan:
             self.refresh()
 
-    def resolve(self, target: str, valid: pd.Timestamp | None) -> tuple[Product, Served]:
-        """The best readable product for ``target`` at ``valid`` (None: the latest) and its field;
-        404 when there is none."""
+    def check_model(self, target: str | None, model: str | None) -> None:
+        """422 when ``model`` is not in the archive, 404 when it has no forecast of ``target``; both name
+        the models there are."""
+        if model is None:
+            return
+        if model not in self.all_models:
+            raise HTTPException(422, f"model {model!r} is not in the archive; its models: "
+                                     f"{', '.join(self.all_models) or 'none'}")
+        have = self.models[target].order if target in self.models else ()
+        if target is not None and model not in have:
+            raise HTTPException(404, f"no {target} forecast of model {model!r}; the models of {target}: "
+                                     f"{', '.join(have) or 'none'}")
+
+    def latest_target(self, model: str | None) -> str:
+        """The target of the last forecast listed (of ``model`` if given); 404 when there is none."""
         self.watch()
-        for p in list(self._ranked.get((target, valid), ())):
+        self.check_model(None, model)
+        entries = [e for e in self.entries if model in (None, e.model)]
+        if not entries:
+            raise HTTPException(404, "no forecast in the archive")
+        return entries[-1].target
+
+    def resolve(self, target: str, model: str | None, valid: pd.Timestamp | None) -> tuple[Product, Served]:
+        """The best readable product for ``target`` of ``model`` (None: the best-ranked model that has
+        one) at ``valid`` (None: the latest) and its field; 404 when there is none."""
+        self.watch()
+        self.check_model(target, model)
+        for p in list(self._ranked.get((target, model, valid), ())):
             try:
                 return p, self.field(p)
             except archive.ProductGone:
@@ -151,8 +243,9 @@ class Catalog:
                 log.warning("skipping %s", err)
                 self._drop(p, str(err))
         what = f"valid time {valid}" if valid is not None else "any time"
+        of = f" of model {model!r}" if model is not None else ""
         why = " (its files are unreadable; see /health)" if (target, valid) in self._bad_keys else "; see /forecasts"
-        raise HTTPException(404, f"no {target} forecast for {what}{why}")
+        raise HTTPException(404, f"no {target} forecast{of} for {what}{why}")
 
     def field(self, p: Product) -> Served:
         key = (p.path, p.signature)
@@ -217,11 +310,7 @@ class Gate:
         return sorted({k for k, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True)} - allowed)
 
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        for name, value in headers:
-            if name == b"authorization":
-                scheme, _, cred = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(cred.strip(), self.token or b"")
-        return False
+        return bearer_ok(next((v for k, v in headers if k == b"authorization"), None), self.token)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -251,6 +340,14 @@ class Gate:
         finally:
             self.stats.count[(label, status)] += 1
             self.stats.seconds[label] += time.perf_counter() - t0
+
+
+def bearer_ok(authorization: bytes | None, token: bytes | None) -> bool:
+    """Whether an ``Authorization`` header value carries the bearer ``token`` (never when no token is set)."""
+    if authorization is None or token is None:
+        return False
+    scheme, _, cred = authorization.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(cred.strip(), token)
 
 
 async def _problem(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
@@ -296,10 +393,16 @@ class BoxAnswer(BaseModel):
 
 
 class Health(BaseModel):
+    """Counts and names for anyone; the archive's and the scores file's paths and the full reasons of
+    the skipped entries only with the token."""
+
     status: str
     forecasts: int
+    models: int
     version: str
     skipped: list[dict[str, str]]
+    archive: str | None = None
+    scores: str | None = None
 
 
 class Listed(BaseModel):
@@ -308,6 +411,24 @@ class Listed(BaseModel):
     valid_time: str
     product: str
     model: str
+
+
+class ModelListed(BaseModel):
+    model: str
+    crps: float | None  # archive.SCORE from the scores file; None: not scored
+    forecasts: int
+
+
+class TargetListed(BaseModel):
+    target: str
+    default_model: str
+    chosen_by: str
+    models: list[ModelListed]  # best first
+
+
+class Listing(BaseModel):
+    targets: list[TargetListed]
+    forecasts: list[Listed]
 
 
 class PNGResponse(Response):
@@ -380,13 +501,16 @@ def _json(obj: dict[str, Any]) -> Response:
 Target = Annotated[str, Query(description=f"one of {', '.join(schema.TARGETS)}",
                               pattern="^(" + "|".join(map(re.escape, schema.TARGETS)) + ")$",
                               json_schema_extra={"enum": list(schema.TARGETS)})]
+# the models come from the archive: the OpenAPI document enumerates them as they are (see _document)
+Model = Annotated[str | None, Query(description="the model (see /forecasts); default: the target's best-verified "
+                                                "model, then the next one that has a forecast for that time")]
 Lat = Annotated[float, Query(ge=-90.0, le=90.0, description="degrees north")]
 Lon = Annotated[float, Query(ge=-180.0, le=360.0, description="degrees east (-180..360)")]
 Time = Annotated[str | None, Query(description="valid time (ISO 8601, e.g. 2017-01-04T00:00); default: the latest",
                                    json_schema_extra={"format": "date-time"})]
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "missing or wrong bearer token"},
-    404: {"model": Problem, "description": "no readable forecast for that target and time"},
+    404: {"model": Problem, "description": "no readable forecast for that target, model and time"},
     422: {"model": Problem, "description": "invalid parameters"},
 }
 
@@ -426,40 +550,64 @@ def create_app(forecasts: str | Path, token: str | None = None, *, public_metric
     for r in app.routes:
         params = getattr(getattr(r, "dependant", None), "query_params", None)
         routes[getattr(r, "path", "")] = frozenset(p.alias for p in params) if params is not None else None
-    if token is not None:
-        _document_bearer(app, set(routes) - open_paths)
+    _document(app, catalog, set(routes) - open_paths if token is not None else set())
     app.state.catalog = catalog
     return app
 
 
-def _document_bearer(app: FastAPI, guarded: set[str]) -> None:
-    """Declare the bearer scheme in the OpenAPI document and require it on the guarded operations
-    (the check itself is :class:`Gate`'s)."""
+def _document(app: FastAPI, catalog: Catalog, guarded: set[str]) -> None:
+    """The OpenAPI document: the archive's models as the enum of every ``model`` parameter (built again
+    when they change), and the bearer scheme required on the ``guarded`` operations (the check itself
+    is :class:`Gate`'s)."""
     build = app.openapi
+    shown: list[tuple[str, ...]] = []  # the models the cached document enumerates
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            spec = build()
-            spec.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-                "type": "http", "scheme": "bearer"}
-            for path, operations in spec["paths"].items():
-                if path in guarded:
-                    for op in operations.values():
-                        op["security"] = [{"bearer": []}]
-            app.openapi_schema = spec
-        return app.openapi_schema
+        catalog.watch()
+        models, spec = catalog.all_models, app.openapi_schema
+        if spec is None or shown != [models]:
+            app.openapi_schema = None  # FastAPI's build returns the document it cached
+            spec = _annotate(build(), models, guarded)
+            app.openapi_schema, shown[:] = spec, [models]
+        return spec
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _annotate(spec: dict[str, Any], models: tuple[str, ...], guarded: set[str]) -> dict[str, Any]:
+    """``spec`` with ``models`` as the enum of every ``model`` parameter and the bearer scheme required on
+    the ``guarded`` operations."""
+    for path, operations in spec["paths"].items():
+        for op in operations.values():
+            for param in op.get("parameters", ()):
+                if param["name"] == "model":
+                    param["schema"] = {"type": "string", "title": "Model", **({"enum": list(models)} if models else {})}
+            if path in guarded:
+                op["security"] = [{"bearer": []}]
+    if guarded:
+        spec.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {"type": "http",
+                                                                                         "scheme": "bearer"}
+    return spec
+
+
 def _info_routes(app: FastAPI, catalog: Catalog, stats: Stats, token: str | None, *, guarded: bool,
                  metrics_guarded: bool) -> None:
+    secret = token.encode() if token else None
+
     @app.get("/health", response_model=Health, responses=_errors(422, guarded=False))
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        """Open to probes: counts and names only (no server path); with the token, the details."""
         catalog.watch()
-        skipped = [{"path": s.path, "reason": s.reason} for s in catalog.skipped]
-        return _json({"status": "degraded" if skipped else "ok", "forecasts": len(catalog.entries),
-                      "version": postcast.__version__, "skipped": skipped})
+        header = request.headers.get("authorization")
+        full = bearer_ok(header.encode("latin-1") if header is not None else None, secret)
+        out: dict[str, Any] = {"status": "degraded" if catalog.skipped else "ok", "forecasts": len(catalog.entries),
+                               "models": len(catalog.all_models), "version": postcast.__version__,
+                               "skipped": [{"path": s.path, "reason": s.reason if full else s.public_reason}
+                                           for s in catalog.skipped]}
+        if full:
+            out.update(archive=str(catalog.root.absolute()),
+                       scores=str(catalog.scores_file[1].resolve()) if catalog.scores_file else None)
+        return _json(out)
 
     @app.get("/metrics", response_class=PlainTextResponse,
              responses=_errors(401, 422, guarded=metrics_guarded, json_media=True))
@@ -480,21 +628,23 @@ def _info_routes(app: FastAPI, catalog: Catalog, stats: Stats, token: str | None
 
 
 def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
-    @app.get("/forecasts", response_model=list[Listed], responses=_errors(401, 422, guarded=guarded))
+    @app.get("/forecasts", response_model=Listing, responses=_errors(401, 422, guarded=guarded))
     async def forecasts_list(refresh: bool = False) -> Response:
+        """Per target its models, best first, with their scores and the default; then every forecast."""
         if refresh:
             catalog.refresh()
         else:
             catalog.watch()
-        return Response(json.dumps([{"target": e.target, "init_time": e.init.isoformat(),
+        return _json({"targets": [tm.listing(t) for t, tm in catalog.models.items()],
+                      "forecasts": [{"target": e.target, "init_time": e.init.isoformat(),
                                      "valid_time": e.valid.isoformat(), "product": e.product, "model": e.model}
-                                    for e in catalog.entries]).encode(), media_type="application/json")
+                                    for e in catalog.entries]})
 
     @app.get("/forecast/point", response_model=PointAnswer, responses=_errors(401, 404, 422, guarded=guarded))
-    async def point(target: Target, lat: Lat, lon: Lon, time: Time = None,
+    async def point(target: Target, lat: Lat, lon: Lon, time: Time = None, model: Model = None,
                     threshold: Annotated[float | None, Query(description="exceedance threshold, target units",
                                                              allow_inf_nan=False)] = None) -> Response:
-        entry, s = catalog.resolve(target, _parse_time(time))
+        entry, s = catalog.resolve(target, model, _parse_time(time))
         f = s.field
         i, j = s.lat(lat), s.lon(lon % 360.0)
         mu, sd = float(f.mean[i, j]), float(f.std[i, j])
@@ -511,8 +661,8 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
 
     @app.get("/forecast/bbox", response_model=BoxAnswer, responses=_errors(401, 404, 422, guarded=guarded))
     async def bbox(target: Target, lat_min: Lat, lat_max: Lat, lon_min: Lon, lon_max: Lon,
-                   time: Time = None) -> Response:
-        entry, s = catalog.resolve(target, _parse_time(time))
+                   time: Time = None, model: Model = None) -> Response:
+        entry, s = catalog.resolve(target, model, _parse_time(time))
         f = s.field
         rows = (f.lat >= lat_min) & (f.lat <= lat_max)
         lo, hi = lon_min % 360.0, lon_max % 360.0
@@ -528,19 +678,15 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
     @app.get("/map.png", response_class=PNGResponse, responses={
         200: {"content": {"image/png": {}}, "description": "a PNG map of the forecast mean"},
         **_errors(401, 404, 422, guarded=guarded, json_media=True)})
-    def map_png(target: Target | None = None, time: Time = None) -> PNGResponse:
-        """The map of ``target`` (default: the target of the latest forecast in the archive)."""
-        if target is None:
-            catalog.watch()
-            if not catalog.entries:
-                raise HTTPException(404, "no forecast in the archive")
-            target = catalog.entries[-1].target
-        return PNGResponse(_map(catalog, target, _parse_time(time)))
+    def map_png(target: Target | None = None, time: Time = None, model: Model = None) -> PNGResponse:
+        """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given)."""
+        target = target or catalog.latest_target(model)
+        return PNGResponse(_map(catalog, target, model, _parse_time(time)))
 
 
-def _map(catalog: Catalog, target: str, valid: pd.Timestamp | None) -> bytes:
-    """The PNG of the best forecast for (target, valid), rendered once per file and parameters."""
-    entry, s = catalog.resolve(target, valid)
+def _map(catalog: Catalog, target: str, model: str | None, valid: pd.Timestamp | None) -> bytes:
+    """The PNG of the best forecast for (target, model, valid), rendered once per file and parameters."""
+    entry, s = catalog.resolve(target, model, valid)
     key = (entry.path, entry.signature, target, valid)
     png = catalog.maps.get(key)
     if png is None:

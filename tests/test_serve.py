@@ -44,7 +44,7 @@ def test_bbox_listing_health_metrics_and_map(server):
     body = r.json()
     assert r.status_code == 200 and body["latitude"] == [40.0, 45.0, 50.0]
     assert body["longitude"] == [0.0, 5.0, 10.0, 350.0, 355.0] and np.asarray(body["mean"]).shape == (3, 5)
-    listing = httpx.get(f"{server}/forecasts").json()
+    listing = httpx.get(f"{server}/forecasts").json()["forecasts"]
     assert [f["init_time"][:10] for f in listing] == ["2017-01-02", "2017-01-03", "2017-01-04"]
     assert httpx.get(f"{server}/health").json()["forecasts"] == 3
     png = httpx.get(f"{server}/map.png", params={"target": "t850"})

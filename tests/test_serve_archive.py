@@ -79,7 +79,7 @@ def test_foreign_file_names_are_skipped_and_the_service_starts(tmp_path, caplog)
     (folder / "t850_20170102T00.nc.tmp-123").write_bytes(b"partial")  # an interrupted write: ignored silently
     client = _client(tmp_path)  # the service starts
     assert client.get("/forecasts", params={"refresh": "true"}).status_code == 200
-    assert len(client.get("/forecasts").json()) == 2
+    assert len(client.get("/forecasts").json()["forecasts"]) == 2
     health = client.get("/health").json()
     assert health["status"] == "degraded" and "t850_latest.nc" in health["skipped"][0]["path"]
     assert "not a forecast file name" in health["skipped"][0]["reason"]
