@@ -188,9 +188,11 @@ def _run_ingest(a: argparse.Namespace) -> int:
 
 # --- inspect -------------------------------------------------------------------------------------
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="summarise a training store",
-                       description="Dims, variables, dates, splits, completeness and statistics of a store.")
-    p.add_argument("store")
+    p = sub.add_parser("inspect", help="summarise a training store, or what a GRIB/netCDF file holds",
+                       description="Dims, variables, dates, splits, completeness and statistics of a store; for a "
+                                   "raw GRIB or netCDF file, its parameters (GRIB shortName, paramId, postcast name "
+                                   "or 'not in schema'), levels, members, steps, step types and grid.")
+    p.add_argument("store", help="a store written by `postcast ingest`, or a GRIB or netCDF file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--verify", action="store_true",
                    help="read every chunk and check it against the checksums recorded at ingest "
@@ -206,7 +208,7 @@ def _run_inspect(a: argparse.Namespace) -> int:
     problem = (info.get("verify") or {}).get("problem")
     if problem:
         raise BadInputError(problem)
-    return 0 if info.get("complete") else 66
+    return 0 if info.get("complete", "kind" in info) else 66  # a raw file ("kind") has no completeness
 
 
 # --- config --------------------------------------------------------------------------------------

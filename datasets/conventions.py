@@ -11,6 +11,7 @@ Both functions are pure ``xr.Dataset -> xr.Dataset`` and keep dask arrays lazy.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -20,6 +21,8 @@ import xarray as xr
 from postcast.datasets import schema
 from postcast.datasets import store as contract
 from postcast.datasets.errors import BadInputError, MissingInputError
+
+log = logging.getLogger(__name__)
 
 # dimension / coordinate aliases -> canonical
 _DIM_ALIASES = {
@@ -220,10 +223,15 @@ def normalise(ds: xr.Dataset, *, source: str = "input") -> xr.Dataset:
     ds = _fix_level(ds)
     ds = _fix_step(ds, source)
     ds = _fix_lonlat(ds, source, any_grid=True)
+    held = [str(n) for n in ds.data_vars]
     ds = _fix_dims(ds)
+    skipped = [n for n in held if n not in ds.data_vars]
     if not ds.data_vars:
-        msg = f"{source}: no ENS-10 variable found (known: {', '.join(schema.VARIABLES)})"
+        msg = (f"{source}: no ENS-10 variable found (the file holds {', '.join(held) or 'no variable'}; known: "
+               f"{', '.join(schema.VARIABLES)})")
         raise MissingInputError(msg)
+    if skipped:
+        log.info("%s: %d variables beyond the ENS-10 schema not taken: %s", source, len(skipped), ", ".join(skipped))
     for name in list(ds.data_vars):
         ds[name] = convert_units(ds[name], schema.VARIABLES[str(name)], source)
     if schema.STEP in ds.coords and schema.INIT_TIME in ds.coords:

@@ -33,8 +33,12 @@ from postcast.datasets.io import atomic_path
 
 MISSING_VALUE = 9999.0  # what ENS-10 readers see for missing SST (the reference loader fills 9999)
 BITS_PER_VALUE = 16
+# the keys asked once per parameter (eccodes key -> index column), not once per message
+PARAM_KEYS = {"paramId": "param_id", "cfVarName": "cf_var", "units": "units", "name": "long_name", "cfName": "cf_name"}
+PARAM_COLUMNS = tuple(PARAM_KEYS.values())
 INDEX_COLUMNS = ["var", "level", "member", "init_time", "step_h", "offset", "length", "ni", "nj",
-                 "lat_first", "lat_last", "lon_first", "lon_last", "grid_type", "n_values", "data_type"]
+                 "lat_first", "lat_last", "lon_first", "lon_last", "grid_type", "n_values", "data_type",
+                 "short_name", "type_of_level", "step_type", "start_step", *PARAM_COLUMNS]
 
 
 def file_name(kind: str, month: int, day: int) -> str:
@@ -132,9 +136,13 @@ def _write_messages(f: object, template: int, da: xr.DataArray, init: pd.Timesta
 
 # --- reading -------------------------------------------------------------------------------------
 def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """One row per GRIB message (headers only): identity, byte offset, length and grid."""
+    """One row per GRIB message (headers only): identity (``var`` is the postcast name of a schema
+    parameter, else eccodes' cfVarName), time processing (stepType, startStep), byte offset, length and
+    grid, and the keys of its parameter (:data:`PARAM_KEYS`). Every parameter is indexed, known to the
+    schema or not: what to take is decided from the index (sources.GribSource.plan)."""
     rows = []
     grids: dict[str, list[object]] = {}
+    params: dict[str, dict[str, object]] = {}
     path = Path(path)
     with open(path, "rb") as f:
         i = 0
@@ -147,7 +155,7 @@ def index_file(path: str | os.PathLike[str]) -> pd.DataFrame:
             if h is None:
                 break
             try:
-                rows.append(_header_row(h, path, i, grids))
+                rows.append(_header_row(h, path, i, grids, params))
             finally:
                 eccodes.codes_release(h)
             i += 1
@@ -214,19 +222,36 @@ def _grid_keys(h: int) -> list[object]:
     return [ni, nj, *grid, eccodes.codes_get_string(h, "gridType"), _get_long(h, "numberOfPoints", ni * nj)]
 
 
-def _header_row(h: int, path: Path, i: int, grids: dict[str, list[object]]) -> list[object]:
+def _param(h: int, short: str, params: dict[str, dict[str, object]]) -> dict[str, object]:
+    """The once-per-parameter keys of a message (:data:`PARAM_KEYS`), cached by shortName (by paramId
+    for eccodes' 'unknown'), so a file of millions of messages asks them once per parameter."""
+    key = short if short != "unknown" else f"unknown:{eccodes.codes_get_long(h, 'paramId')}"
+    if key not in params:
+        got: dict[str, object] = {col: _get_string(h, k) for k, col in PARAM_KEYS.items() if k != "paramId"}
+        params[key] = {**got, "param_id": _get_long(h, "paramId", 0)}
+    return params[key]
+
+
+def _name(short: str, param: dict[str, object], type_of_level: str) -> str:
+    """The postcast name of a parameter: the schema's when it knows the parameter on this kind of level,
+    else eccodes' cfVarName (cfgrib's name), else the shortName, else ``p<paramId>``."""
+    var = schema.BY_SHORT_NAME.get(short) or schema.BY_PARAM_ID.get(int(str(param["param_id"])))
+    if var is not None and var.on_levels == (type_of_level == schema.LevelType.PRESSURE):
+        return var.name
+    name = next((str(n) for n in (param["cf_var"], short) if n and n != "unknown"), f"p{param['param_id']}")
+    return name if var is None else f"{name}_{type_of_level}"  # e.g. schema t on model levels
+
+
+def _header_row(h: int, path: Path, i: int, grids: dict[str, list[object]],
+                params: dict[str, dict[str, object]]) -> list[object]:
     """The index row of one message. ``grids`` caches the grid keys by the grid section's MD5 (one call
-    instead of eight for every message on a grid already seen)."""
+    instead of eight for every message on a grid already seen), ``params`` the keys of each parameter."""
     try:
         short = eccodes.codes_get_string(h, "shortName")
-        var = schema.BY_SHORT_NAME.get(short)
-        if var is None:
-            pid = eccodes.codes_get_long(h, "paramId")
-            var = schema.BY_PARAM_ID.get(int(pid))
-            if var is None:
-                msg = f"{path}: message {i} holds {short!r} (paramId {pid}), not an ENS-10 variable"
-                raise BadInputError(msg)
-        pl = eccodes.codes_get_string(h, "typeOfLevel") == "isobaricInhPa"
+        param = _param(h, short, params)
+        type_of_level = eccodes.codes_get_string(h, "typeOfLevel")
+        name = _name(short, param, type_of_level)
+        pl = type_of_level == schema.LevelType.PRESSURE
         level, date, hhmm, offset, length = (eccodes.codes_get_long(h, k) for k in _LONG_KEYS)
         number = _get_long(h, "number", 0)  # analyses and deterministic forecasts: member 0
         step = _get_long(h, "endStep", 0)
@@ -239,10 +264,10 @@ def _header_row(h: int, path: Path, i: int, grids: dict[str, list[object]]) -> l
                 grids[md5] = grid
         ni, nj, *corners, gtype, n_values = grid
         dtype = _get_string(h, "dataType")
-        return [var.name, level if pl else 0, number, init, step, offset, length, ni, nj, *corners, gtype, n_values,
-                dtype]
-    except BadInputError:
-        raise
+        step_type = _get_string(h, "stepType") or "instant"
+        return [name, level if pl else 0, number, init, step, offset, length, ni, nj, *corners, gtype, n_values,
+                dtype, short, type_of_level, step_type, _get_long(h, "startStep", step),
+                *(param[c] for c in PARAM_COLUMNS)]
     except Exception as err:
         msg = f"{path}: cannot read the header of GRIB message {i}: {err}"
         raise BadInputError(msg) from err

@@ -19,7 +19,7 @@ TASK_BYTES = 64 * 2**20  # member data per date task, and per read chunk of the 
 
 def _fields(plan: sources.Plan) -> int:
     """Member fields per (member, step): a pressure-level variable counts once per level."""
-    return sum(len(plan.levels) if schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE else 1
+    return sum(len(plan.levels) if plan.variable(v).level_type is schema.LevelType.PRESSURE else 1
                for v in plan.variables)
 
 

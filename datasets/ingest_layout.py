@@ -36,7 +36,7 @@ def chunk_shapes(plan: sources.Plan) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     grow = (schema.LEVEL, schema.STEP)
     for v in plan.variables:
-        pl = schema.VARIABLES[v].level_type is schema.LevelType.PRESSURE
+        pl = plan.variable(v).level_type is schema.LevelType.PRESSURE
         dims = schema.PL_DIMS if pl else schema.SFC_DIMS
         shape = (1, nm, ns, nl, ny, nx) if pl else (1, nm, ns, ny, nx)
         out[v] = io.chunk_shape(dims, shape, whole=(schema.MEMBER, schema.LAT, schema.LON), grow=grow)
@@ -61,7 +61,7 @@ def template(plan: sources.Plan, *, truth: Sequence[str], oracle: Sequence[str],
         return da.full(shape, np.nan, dtype=np.float32, chunks=chunks[name])
 
     for v in plan.variables:
-        var = schema.VARIABLES[v]
+        var = plan.variable(v)
         attrs = schema.cf_attrs(var)
         shape: tuple[int, ...]
         dims: tuple[str, ...]

@@ -1,4 +1,6 @@
-"""``postcast inspect STORE``: dims, variables, dates, splits, completeness and statistics at a glance."""
+"""``postcast inspect STORE``: dims, variables, dates, splits, completeness and statistics at a glance;
+``postcast inspect FILE`` (a raw GRIB or netCDF file): the parameters, levels, members, steps, step types
+and grid it holds, and which of them the ENS-10 schema knows."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import integrity, schema
+from postcast.datasets import grib, integrity, schema, sources
 from postcast.datasets import store as contract
 
 
@@ -20,6 +22,8 @@ def summary(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, 
     chunk is read back and checked (:func:`postcast.datasets.integrity.verify`): ``verify`` holds the
     report, and a store with a missing or damaged chunk is not ``complete``."""
     p = Path(path)
+    if p.is_file() and sources.kind_of(p) in ("grib", "netcdf"):
+        return file_summary(p)
     partial = contract.partial_path(p)
     if contract.attributes(p) is None and (partial / "store.zarr").exists():
         return _partial_summary(partial)
@@ -62,11 +66,21 @@ def _variables(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _shown_step(stats: xr.Dataset) -> pd.Timedelta | None:
+    """The step the statistics are shown at: the 48 h target lead when the store has it, else its longest
+    (a +78 h store); None when the statistics have no step."""
+    if schema.STEP not in stats.coords:
+        return None
+    hours = [int(pd.Timedelta(s).total_seconds() // 3600) for s in stats[schema.STEP].values]
+    return pd.Timedelta(hours=schema.target_step_h(hours))
+
+
 def _stats_table(stats: xr.Dataset) -> dict[str, Any]:
-    """Global statistics at the 48 h step for each field and level."""
+    """Global statistics at one step (:func:`_shown_step`) for each field and level."""
+    step = _shown_step(stats)
     rows: dict[str, Any] = {"period": [stats.attrs.get("statistics_start"), stats.attrs.get("statistics_end")],
-                            "n_init_times": stats.attrs.get("statistics_n_init_times"), "fields": {}}
-    step = pd.Timedelta(hours=schema.TARGET_STEP_H)
+                            "n_init_times": stats.attrs.get("statistics_n_init_times"), "fields": {},
+                            "step_h": None if step is None else int(step.total_seconds() // 3600)}
     for name in stats.data_vars:
         key = str(name)
         if not key.endswith("_mean") or key.endswith("_point_mean"):
@@ -104,6 +118,8 @@ def _verify_lines(rep: dict[str, Any] | None) -> list[str]:
 
 def render(info: dict[str, Any]) -> str:
     """Human-readable text for ``postcast inspect``."""
+    if "kind" in info:
+        return render_file(info)
     if not info.get("complete") and "dates_done" in info:
         return (f"{info['store']}: INCOMPLETE ({info['dates_done']}/{info['dates_total']} init dates written)\n"
                 f"  {info['hint']}")
@@ -115,7 +131,7 @@ def render(info: dict[str, Any]) -> str:
         f"init times {info['init_times']['first']} .. {info['init_times']['last']} ({info['init_times']['n']})",
         f"levels     {info['levels_hPa']} hPa;  steps {info['steps_h']} h",
         f"splits     {info['splits']}  years {info['split_years']}",
-        f"truth      missing at 48 h: {info['truth_missing_at_48h'] or 'none'}",
+        f"truth      missing at {schema.target_step_h(info['steps_h'])} h: {info['truth_missing_at_48h'] or 'none'}",
         f"code       {info['code_version']}  created {info['created']}",
         f"sources    {len(info['sources'])} files",
         *_verify_lines(info.get("verify")),
@@ -127,7 +143,7 @@ def render(info: dict[str, Any]) -> str:
     stats = info.get("statistics")
     if isinstance(stats, dict):
         lines += ["", f"statistics (train {stats['period'][0]} .. {stats['period'][1]}, "
-                      f"{stats['n_init_times']} init times; shown at 48 h)",
+                      f"{stats['n_init_times']} init times; shown at {stats['step_h']} h)",
                   f"{'field':<22}{'mean':>14}{'std':>14}{'min':>14}{'max':>14}"]
         for name, s in stats["fields"].items():
             lines.append(f"{name:<22}{s['mean']:>14.5g}{s['std']:>14.5g}{s['min']:>14.5g}{s['max']:>14.5g}")
@@ -142,3 +158,94 @@ def _grid(ds: xr.Dataset) -> str:
         return schema.Grid.from_coords(ds[schema.LAT].values, ds[schema.LON].values, regional=True).describe()
     except ValueError:
         return f"{ds.sizes[schema.LAT]} x {ds.sizes[schema.LON]}"
+
+
+# --- raw files -----------------------------------------------------------------------------------
+def _hours(values: Any) -> list[int]:
+    return sorted({int(pd.Timedelta(v).total_seconds() // 3600) for v in np.atleast_1d(values)})
+
+
+def file_summary(path: Path) -> dict[str, Any]:
+    """What a raw GRIB or netCDF file holds, JSON-able (``kind`` says which)."""
+    if sources.kind_of(path) == "grib":
+        return _grib_summary(path)
+    return _netcdf_summary(path)
+
+
+def _grib_summary(path: Path) -> dict[str, Any]:
+    """From the headers only (:func:`grib.index_file`): one entry per parameter, the starts, members, steps
+    and grids of the whole file."""
+    idx = grib.index_file(path)
+    params = []
+    for name, rows in idx.groupby("var", sort=False):
+        r = rows.iloc[0]
+        params.append({"short_name": r.short_name, "param_id": int(r.param_id),
+                       "postcast": name if name in schema.VARIABLES else "not in schema", "name": r.long_name,
+                       "units": r.units, "type_of_level": r.type_of_level,
+                       "levels": sorted(int(x) for x in set(rows.level)), "step_type": r.step_type,
+                       "steps_h": sorted(int(x) for x in set(rows.step_h)), "members": int(rows.member.nunique()),
+                       "messages": len(rows)})
+    keys = ["grid_type", "ni", "nj", "n_values", "lat_first", "lat_last", "lon_first", "lon_last"]
+    grids = [grib.grid_of(g, path).name for _, g in idx.groupby(keys)]
+    return {"file": str(path), "kind": "grib", "messages": len(idx), "parameters": params,
+            "starts": [f"{pd.Timestamp(t):%Y-%m-%d %H}" for t in sorted(idx.init_time.unique())],
+            "members": sorted(int(m) for m in set(idx.member)), "data_types": sorted(set(idx.data_type)),
+            "steps_h": sorted(int(x) for x in set(idx.step_h)), "grids": grids}
+
+
+def _netcdf_summary(path: Path) -> dict[str, Any]:
+    """From the file's variables and their attributes (cfgrib's GRIB_* where present)."""
+    ds = sources.open_raw(path)
+    params = []
+    for name, da in ds.data_vars.items():
+        known = schema.resolve(str(name)) or schema.resolve(str(da.attrs.get("GRIB_paramId", "")))
+        params.append({"name": str(name), "short_name": da.attrs.get("GRIB_shortName", ""),
+                       "param_id": da.attrs.get("GRIB_paramId", ""), "postcast": known or "not in schema",
+                       "units": da.attrs.get("units", ""), "dims": {str(d): int(n) for d, n in da.sizes.items()},
+                       "step_type": da.attrs.get("GRIB_stepType", da.attrs.get("cell_methods", "instant"))})
+    coords = {str(c): _coord_text(ds[c]) for c in ds.coords if ds[c].ndim <= 1}
+    return {"file": str(path), "kind": "netcdf", "parameters": params, "coords": coords,
+            "dims": {str(k): int(v) for k, v in ds.sizes.items()}}
+
+
+def _coord_text(c: xr.DataArray) -> str:
+    values = np.atleast_1d(c.values)
+    if np.issubdtype(values.dtype, np.timedelta64):
+        text = [f"{h} h" for h in _hours(values)]
+    elif np.issubdtype(values.dtype, np.datetime64):
+        text = [f"{pd.Timestamp(v):%Y-%m-%d %H}" for v in values]
+    else:
+        text = [f"{v:g}" if isinstance(v, float | np.floating) else str(v) for v in values]
+    return ", ".join(text) if len(text) <= 6 else f"{text[0]} .. {text[-1]} ({len(text)})"
+
+
+def _span(values: list[int]) -> str:
+    """'0-50 (51)' for consecutive numbers, else the list (long lists shortened)."""
+    if len(values) > 2 and values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}-{values[-1]} ({len(values)})"
+    return ",".join(map(str, values)) if len(values) <= 12 else f"{values[0]} .. {values[-1]} ({len(values)})"
+
+
+def render_file(info: dict[str, Any]) -> str:
+    """Human-readable text for ``postcast inspect FILE``."""
+    if info["kind"] == "netcdf":
+        lines = [f"file       {info['file']}  (netCDF)",
+                 f"dims       {', '.join(f'{k}={v}' for k, v in info['dims'].items())}",
+                 *(f"{'coord':<11}{k}: {v}" for k, v in info["coords"].items()), "",
+                 f"{'variable':<14}{'shortName':<11}{'paramId':<9}{'postcast':<15}{'step type':<11}{'units':<12}dims"]
+        lines += [f"{p['name']:<14}{p['short_name']:<11}{p['param_id']!s:<9}{p['postcast']:<15}{p['step_type']:<11}"
+                  f"{p['units']:<12}{','.join(p['dims'])}" for p in info["parameters"]]
+        return "\n".join(lines)
+    lines = [f"file       {info['file']}  (GRIB, {info['messages']} messages, dataType {','.join(info['data_types'])})",
+             f"grid       {'; '.join(info['grids'])}",
+             f"starts     {', '.join(info['starts'][:4])}"
+             f"{' ...' if len(info['starts']) > 4 else ''} ({len(info['starts'])})",
+             f"members    {_span(info['members'])}",
+             f"steps      {_span(info['steps_h'])} h", "",
+             f"{'shortName':<11}{'paramId':<9}{'postcast':<15}{'level type':<19}{'levels':<14}{'step type':<11}"
+             f"{'steps h':<18}{'members':<9}name"]
+    for p in info["parameters"]:
+        levels = _span(p["levels"]) if p["type_of_level"] == schema.LevelType.PRESSURE else "-"
+        lines.append(f"{p['short_name']:<11}{p['param_id']:<9}{p['postcast']:<15}{p['type_of_level']:<19}{levels:<14}"
+                     f"{p['step_type']:<11}{_span(p['steps_h']):<18}{p['members']:<9}{p['name']} ({p['units']})")
+    return "\n".join(lines)

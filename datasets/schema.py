@@ -55,6 +55,11 @@ REFORECAST_YEARS: tuple[int, ...] = tuple(range(1998, 2018))
 TARGET_STEP_H = 48
 
 
+def target_step_h(steps_h: tuple[int, ...] | list[int]) -> int:
+    """The lead a store is judged at: 48 h (ENS-10's) when it has it, else its longest (a +78 h store)."""
+    return TARGET_STEP_H if TARGET_STEP_H in steps_h or not steps_h else max(steps_h)
+
+
 class LevelType(StrEnum):
     PRESSURE = "isobaricInhPa"
     SURFACE = "surface"
@@ -75,6 +80,9 @@ class Variable:
     valid_max: float
     accumulated: bool = False  # accumulated since init (cp, tp)
     missing_over_land: bool = False  # sst
+    # a parameter beyond the schema, taken on request from the GRIB keys (no plausibility range, no checks)
+    generic: bool = False
+    extra_attrs: tuple[tuple[str, str], ...] = ()  # further CF attributes (cell_methods, the GRIB level type)
 
     @property
     def on_levels(self) -> bool:
@@ -103,7 +111,7 @@ PL_VARIABLES: tuple[Variable, ...] = (
 
 
 def _sfc(name: str, short: str, pid: int, units: str, long: str, std: str | None, lo: float, hi: float,
-         **kw: bool) -> Variable:
+         **kw: Any) -> Variable:
     return Variable(name, short, pid, units, long, std, LevelType.SURFACE, lo, hi, **kw)
 
 
@@ -129,16 +137,62 @@ BY_SHORT_NAME: dict[str, Variable] = {v.grib_short_name: v for v in VARIABLES.va
 BY_PARAM_ID: dict[int, Variable] = {v.param_id: v for v in VARIABLES.values()}
 
 
+def _aliases() -> dict[str, str]:
+    """Every name a user may type for a schema variable -> its postcast name: the postcast (= cfgrib) name,
+    the GRIB shortName, the paramId, the ECMWF long name and the CF standard name where only one variable
+    has it (``air_temperature`` is t and t2m: not an alias). Matched case-insensitively."""
+    std = [v.standard_name for v in VARIABLES.values() if v.standard_name]
+    out: dict[str, str] = {}
+    for v in VARIABLES.values():
+        names = [v.name, v.grib_short_name, str(v.param_id), v.long_name]
+        names += [v.standard_name] if v.standard_name and std.count(v.standard_name) == 1 else []
+        out |= {n.lower(): v.name for n in names}
+    return out
+
+
+ALIASES: dict[str, str] = _aliases()
+
+
+def resolve(name: str) -> str | None:
+    """The postcast name of a variable as a user types it (postcast or cfgrib name, GRIB shortName,
+    paramId, long or unique CF standard name), or None when the schema does not know it."""
+    return ALIASES.get(name.strip().lower())
+
+
 def variable(name: str) -> Variable:
-    """Look a variable up by canonical name, GRIB short name or parameter id (as text)."""
-    if name in VARIABLES:
-        return VARIABLES[name]
-    if name in BY_SHORT_NAME:
-        return BY_SHORT_NAME[name]
-    if name.isdigit() and int(name) in BY_PARAM_ID:
-        return BY_PARAM_ID[int(name)]
+    """Look a schema variable up by any name :func:`resolve` knows."""
+    canonical = resolve(name)
+    if canonical is not None:
+        return VARIABLES[canonical]
     msg = f"unknown ENS-10 variable {name!r}; known: {', '.join(VARIABLES)}"
     raise KeyError(msg)
+
+
+# cfgrib stepType (eccodes; GRIB2 typeOfStatisticalProcessing, GRIB1 timeRangeIndicator) -> CF cell method
+CELL_METHODS = {"avg": "mean", "accum": "sum", "max": "maximum", "min": "minimum", "diff": "range",
+                "rms": "root_mean_square", "sd": "standard_deviation"}
+
+
+def cell_method(step_type: str) -> str | None:
+    """The CF ``cell_methods`` entry of a GRIB stepType ('time: mean' for avg and ECMWF's avgfc/avgua/...);
+    None for instantaneous fields."""
+    if step_type == "instant":
+        return None
+    base = "avg" if step_type.startswith("avg") else step_type
+    return f"time: {CELL_METHODS.get(base, step_type)}"
+
+
+def generic_variable(name: str, short_name: str, param_id: int, units: str, long_name: str,
+                     standard_name: str | None, type_of_level: str, step_type: str, window: str) -> Variable:
+    """A parameter beyond the schema, described by its GRIB keys (eccodes' cfVarName, shortName, paramId,
+    units, name, cfName, typeOfLevel, stepType); ``window`` says over what a time-processed field is taken."""
+    extra = [("GRIB_typeOfLevel", type_of_level), ("GRIB_stepType", step_type)]
+    method = cell_method(step_type)
+    if method:
+        extra += [("cell_methods", method), ("time_window", window)]
+    level = LevelType.PRESSURE if type_of_level == LevelType.PRESSURE else LevelType.SURFACE
+    return Variable(name, short_name, param_id, units, long_name, standard_name, level, -np.inf, np.inf,
+                    accumulated=step_type == "accum", generic=True, extra_attrs=tuple(extra))
 
 
 def cf_attrs(var: Variable) -> dict[str, Any]:
@@ -148,7 +202,10 @@ def cf_attrs(var: Variable) -> dict[str, Any]:
                              "GRIB_shortName": var.grib_short_name, "GRIB_paramId": var.param_id}
     if var.standard_name:
         attrs["standard_name"] = var.standard_name
-    return attrs
+    if var.accumulated and not var.generic:
+        attrs["cell_methods"] = "time: sum"
+        attrs["time_window"] = "accumulated from the start of the forecast (step 0) to the step"
+    return attrs | dict(var.extra_attrs)
 
 
 # --- targets -------------------------------------------------------------------------------------

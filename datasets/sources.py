@@ -84,7 +84,9 @@ class Expectation:
     """What a complete forecast source must hold for every init date; ``None`` (and members ``all``):
     whatever the source has (the default: never the full ENS-10 schema unless asked)."""
 
-    variables: tuple[str, ...] | None = None  # None: every ENS-10 variable the source holds
+    # None: every ENS-10 variable the source holds; names as users type them (2t, 167, t2m: see schema.resolve),
+    # kept as given when the schema does not know them (a GRIB parameter beyond it, resolved against the file)
+    variables: tuple[str, ...] | None = None
     levels: tuple[int, ...] | None = None  # None: the levels the source holds (same for all dates)
     members: str | int = "all"  # all | count N | range A:B (see parse_members)
     steps_h: tuple[int, ...] | None = None  # None: the steps the source holds
@@ -93,12 +95,10 @@ class Expectation:
     exact_grid: schema.Grid | None = None  # this grid and no other (a checkpoint's); the source must cover it
 
     def __post_init__(self) -> None:
+        if self.variables is not None:
+            object.__setattr__(self, "variables", tuple(schema.resolve(v) or v for v in self.variables))
         for name, values in (("variables", self.variables), ("levels", self.levels), ("steps", self.steps_h)):
             _distinct(name, values)
-        unknown = [v for v in self.variables or () if v not in schema.VARIABLES]
-        if unknown:
-            msg = f"unknown variables {unknown}; known: {list(schema.VARIABLES)}"
-            raise ConfigError(msg)
         if self.levels is not None:
             bad = [lv for lv in self.levels if lv not in schema.LEVELS]
             if bad:
@@ -163,6 +163,11 @@ class Plan:
     files: list[str] = field(default_factory=list)
     source_grid: regrid.SourceGrid | None = None
     method: str = "bilinear"
+    generic: dict[str, schema.Variable] = field(default_factory=dict)  # parameters beyond the schema, by name
+
+    def variable(self, name: str) -> schema.Variable:
+        """A variable of the plan: the schema's, or a generic one described by the source's GRIB keys."""
+        return self.generic[name] if name in self.generic else schema.VARIABLES[name]
 
     @property
     def regridding(self) -> dict[str, str]:
@@ -172,9 +177,11 @@ class Plan:
         return {"source_grid": self.source_grid.name, "regrid_method": self.method}
 
     def to_dict(self) -> dict[str, Any]:
+        generic = {"generic_variables": {n: dict(schema.cf_attrs(v)) for n, v in self.generic.items()}}
         return {"init_times": [str(t) for t in self.init_times], "variables": list(self.variables),
                 "levels": list(self.levels), "members": list(self.members), "steps_h": list(self.steps_h),
-                "resolution": self.grid.resolution, "area": self.grid.area, "files": self.files, **self.regridding}
+                "resolution": self.grid.resolution, "area": self.grid.area, "files": self.files, **self.regridding,
+                **(generic if self.generic else {})}
 
 
 def _raise_missing(missing: list[str], source: str, what: str = "forecast fields") -> None:
@@ -201,12 +208,18 @@ def _missing_slices(da: xr.DataArray, source: str) -> None:
             raise MissingInputError(msg)
 
 
-def check_values(ds: xr.Dataset, source: str) -> None:
+def check_values(ds: xr.Dataset, source: str, generic: frozenset[str] = frozenset()) -> None:
     """NaNs only where they belong (SST over land), values within physical ranges, each field's median
-    plausible for its variable and level (datasets/plausibility.py)."""
+    plausible for its variable and level (datasets/plausibility.py). The ``generic`` variables (beyond the
+    schema: no known range) are only checked not to be entirely missing."""
     for name, da in ds.data_vars.items():
-        var = schema.VARIABLES[str(name)]
         values = np.asarray(da.values)
+        if name in generic:
+            if np.isnan(values).all():
+                msg = f"{source}: {name!r} is entirely missing"
+                raise BadInputError(msg)
+            continue
+        var = schema.VARIABLES[str(name)]
         lo, hi = float(values.min()), float(values.max())  # NaN when any value is: one pass, no mask
         nan = np.isnan(values) if np.isnan(lo) or np.isnan(hi) else np.zeros((), dtype=bool)
         if nan.any() and not var.missing_over_land:
@@ -275,8 +288,20 @@ class GribSource(ForecastSource):
         self._index = pd.concat(frames, ignore_index=True)
 
     def plan(self, expect: Expectation) -> Plan:
-        idx = self.index
-        grids = {f: grib.grid_of(g, f) for f, g in idx.groupby("file")}
+        src = self.path
+        ens10 = self._ens10_named()
+        if ens10:
+            expect = replace(expect, variables=expect.variables or tuple(schema.VARIABLES),
+                             steps_h=expect.steps_h or schema.STEPS_H)
+            self._only_schema(expect.variables or ())
+        # ENS-10 files: what is lost is listed per message below, with the file it belongs in
+        variables, generic = (expect.variables, {}) if ens10 and expect.variables else _grib_variables(
+            self.index, expect, str(src))
+        idx = self.index[self.index["var"].isin(variables)]
+        _check_time_processing(idx, variables, str(src))
+        if expect.steps_h is None:
+            _check_same_steps(idx, str(src))
+        grids = {f: grib.grid_of(g, f) for f, g in (idx if len(idx) else self.index).groupby("file")}
         if len({g.name for g in grids.values()}) > 1:
             detail = ", ".join(f"{Path(f).name}: {g.name}" for f, g in grids.items())
             msg = f"{self.path}: files on different grids ({detail}); ingest them separately"
@@ -287,21 +312,14 @@ class GribSource(ForecastSource):
             msg = (f"{r.file}: {int(dup.sum())} duplicate messages, e.g. {r['var']} level {r.level} member "
                    f"{r.member} {r.init_time:%Y-%m-%d} step {r.step_h} h")
             raise BadInputError(msg)
-        src = self.path
-        ens10 = self._ens10_named()
-        if ens10:
-            expect = replace(expect, variables=expect.variables or tuple(schema.VARIABLES),
-                             steps_h=expect.steps_h or schema.STEPS_H)
-        have_vars = set(idx["var"])
-        # ENS-10 files: what is lost is listed per message below, with the file it belongs in
-        variables = expect.variables if ens10 and expect.variables else _pick_variables(expect, have_vars, str(src))
-        pl_rows = idx[idx["var"].isin([v for v in variables if _is_pl(v)])]
+        on_levels = [v for v in variables if (generic[v] if v in generic else schema.VARIABLES[v]).on_levels]
+        pl_rows = idx[idx["var"].isin(on_levels)]
         levels = expect.pick("levels", expect.levels, sorted(int(x) for x in set(pl_rows.level)), "hPa", str(src))
         members = expect.pick_members(sorted(int(m) for m in set(idx.member)), str(src))
         steps = expect.pick("steps", expect.steps_h, sorted(int(x) for x in set(idx.step_h)), "h", str(src))
         grid, source_grid = _target_grid(next(iter(grids.values())), expect, str(src))
         plan = Plan(sorted(pd.Timestamp(t) for t in idx.init_time.unique()), variables, levels, members, steps, grid,
-                    [str(f) for f in self.files], source_grid, expect.method)
+                    [str(f) for f in self.files], source_grid, expect.method, generic)
         present = set(zip(idx["init_time"], idx["var"], idx["level"], idx["member"], idx["step_h"], strict=True))
         file_of = dict(zip(zip(idx["init_time"], idx["var"], strict=True), idx["file"], strict=True))
 
@@ -325,11 +343,27 @@ class GribSource(ForecastSource):
         any other source is expected to hold what it has."""
         return all(re.fullmatch(r"output\.(pl|sfc)\.2018\d{4}", Path(f).name) for f in self.files)
 
+    def _only_schema(self, asked: tuple[str, ...]) -> None:
+        """ENS-10 files hold its 18 variables only: another parameter there is a damaged message, and
+        another name asked for is not there."""
+        beyond = [v for v in asked if v not in schema.VARIABLES]
+        if beyond:
+            _raise_missing([f"variable {v} (ENS-10 files hold {', '.join(schema.VARIABLES)} only)" for v in beyond],
+                           str(self.path), "items")
+        idx = self.index
+        bad = idx[~idx["var"].isin(list(schema.VARIABLES))]
+        if len(bad):
+            r = bad.iloc[0]
+            i = int((idx.loc[: bad.index[0], "file"] == r.file).sum()) - 1
+            msg = (f"{r.file}: message {i} holds {r.short_name!r} (paramId {r.param_id}), not an ENS-10 variable "
+                   "(ENS-10 files hold its 18 variables only: a damaged message? re-fetch the file)")
+            raise BadInputError(msg)
+
     @staticmethod
     def _fields(plan: Plan) -> list[tuple[str, int]]:
         out = []
         for v in plan.variables:
-            out += [(v, lv) for lv in plan.levels] if _is_pl(v) else [(v, 0)]
+            out += [(v, lv) for lv in plan.levels] if plan.variable(v).on_levels else [(v, 0)]
         return out
 
     def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
@@ -338,7 +372,7 @@ class GribSource(ForecastSource):
         shape = plan.source_grid.shape if plan.source_grid is not None else plan.grid.shape
         data = {}
         for v in plan.variables:
-            pl = _is_pl(v)
+            pl = plan.variable(v).on_levels
             levels = plan.levels if pl else (0,)
             keys = list(itertools.product([v], levels, plan.members, plan.steps_h))
             sel = rows.loc[keys]
@@ -355,12 +389,125 @@ class GribSource(ForecastSource):
             arr = np.moveaxis(arr, 0, 2)[None]  # (1, member, step, level, lat, lon)
             data[v] = arr if pl else arr[:, :, :, 0]
         ds = _assemble(data, init_time, plan)
-        check_values(ds, f"{self.path} {init_time:%Y-%m-%d}")
+        check_values(ds, f"{self.path} {init_time:%Y-%m-%d}", frozenset(plan.generic))
         return ds
 
 
 def _is_pl(v: str) -> bool:
     return schema.VARIABLES[v].on_levels
+
+
+def _describe_param(rows: pd.DataFrame, name: str) -> str:
+    """'2d (paramId 168)', or with the postcast name: '2t (paramId 167, t2m)'."""
+    r = rows.iloc[0]
+    return f"{r.short_name} (paramId {r.param_id}{'' if name == r.short_name else f', {name}'})"
+
+
+def _match(asked: str, params: pd.DataFrame) -> str | None:
+    """The index name of the parameter a user named by any of its names (postcast/cfgrib name, GRIB
+    shortName, paramId), or None."""
+    key = asked.strip().lower()
+    for name, rows in params.groupby("var", sort=False):
+        r = rows.iloc[0]
+        if key in {str(name).lower(), str(r.short_name).lower(), str(r.param_id), str(r.cf_var).lower()}:
+            return str(name)
+    return None
+
+
+def _grib_variables(index: pd.DataFrame, expect: Expectation, source: str
+                    ) -> tuple[tuple[str, ...], dict[str, schema.Variable]]:
+    """The parameters to take from GRIB files: those asked for (by any name; beyond the schema as generic
+    variables described by their GRIB keys) or, by default, every one the schema knows. The others are
+    skipped with one INFO line; an asked-for parameter the files lack is :class:`MissingInputError`."""
+    params = index.drop_duplicates("var")
+    holds = ", ".join(_describe_param(r, str(n)) for n, r in params.groupby("var", sort=False))
+    if expect.variables is None:
+        taken = tuple(v for v in schema.VARIABLES if v in set(params["var"]))
+        if not taken:
+            _raise_missing([f"variables (no ENS-10 variable found; the files hold {holds}: pass --variables to "
+                            "take them)"], source, "items")
+    else:
+        found = {v: _match(v, params) for v in expect.variables}
+        lacking = [v for v, n in found.items() if n is None]
+        if lacking:
+            _raise_missing([f"variable {v} (the files hold {holds})" for v in lacking], source, "items")
+        taken = tuple(str(n) for n in found.values())
+    generic = {n: _generic(index[index["var"] == n], n) for n in taken if n not in schema.VARIABLES}
+    skipped = params[~params["var"].isin(taken)]
+    if len(skipped):
+        log.info("%s: %d parameters not taken: %s (pass --variables to take them)", source, len(skipped),
+                 ", ".join(_describe_param(r, str(n)) for n, r in skipped.groupby("var", sort=False)))
+    if generic:
+        log.info("%s: %s beyond the ENS-10 schema: taken as generic variables from their GRIB keys; their values "
+                 "are not checked for plausibility (no known range)", source, ", ".join(generic))
+    return taken, generic
+
+
+def _window(rows: pd.DataFrame) -> str:
+    """Over what a time-processed parameter is taken: 'from step 0 to the step', 'the 6 h before the step',
+    or the windows' span ('0-744 h .. 744-1416 h')."""
+    lengths = set((rows.step_h - rows.start_step).tolist()) - {0} or {0}  # (a step-0 field is an empty window)
+    if set(rows.start_step.tolist()) == {0}:
+        return "from step 0 to the step"
+    if len(lengths) == 1:
+        return f"the {lengths.pop()} h before the step"
+    first, last = rows.sort_values("step_h").iloc[[0, -1]].itertuples()
+    return (f"windows of {min(lengths)}..{max(lengths)} h ({first.start_step}-{first.step_h} h .. "
+            f"{last.start_step}-{last.step_h} h)")
+
+
+def _generic(rows: pd.DataFrame, name: str) -> schema.Variable:
+    """A parameter beyond the schema as a variable, from the GRIB keys of its messages."""
+    r = rows.iloc[0]
+    std = None if r.cf_name in ("", "unknown") else str(r.cf_name)
+    return schema.generic_variable(name, str(r.short_name), int(r.param_id), str(r.units), str(r.long_name), std,
+                                   str(r.type_of_level), str(r.step_type), _window(rows))
+
+
+def _check_time_processing(index: pd.DataFrame, variables: tuple[str, ...], source: str) -> None:
+    """A schema variable is an instantaneous value (tp, cp: accumulated from step 0): one held as a mean,
+    maximum, ... (GRIB2 typeOfStatisticalProcessing, GRIB1 timeRangeIndicator: eccodes' stepType), or
+    accumulated over other windows, is refused in one line saying what the file holds. One parameter holds
+    one kind of time processing."""
+    for name in variables:
+        rows = index[index["var"] == name]
+        kinds = sorted(set(rows.step_type))
+        if len(kinds) > 1:
+            msg = (f"{source}: {_describe_param(rows, name)} comes with several kinds of time processing "
+                   f"(stepType {', '.join(kinds)}): split the file by stepType (grib_copy -w stepType=instant)")
+            raise BadInputError(msg)
+        var = schema.VARIABLES.get(name)
+        if var is None or not kinds:  # (a variable the files lack is reported as missing)
+            continue
+        want = "accum" if var.accumulated else "instant"
+        if kinds == [want] and (want == "instant" or set(rows.start_step.tolist()) == {0}):
+            continue
+        method = schema.cell_method(kinds[0]) or "instantaneous"
+        starts = rows.init_time.nunique()
+        own = ", each with its own steps" if rows.groupby("init_time").step_h.agg(frozenset).nunique() > 1 else ""
+        want_text = "accumulated from step 0" if var.accumulated else "an instantaneous value"
+        msg = (f"{source}: {_describe_param(rows, name)} holds time-processed fields ({method}, stepType {kinds[0]}, "
+               f"{_window(rows)}; {rows.member.nunique()} members, {starts} start{'s' if starts > 1 else ''}{own}); "
+               f"postcast's {name} is {want_text}: give {rows.short_name.iloc[0]} as that (time-processed parameters "
+               "beyond the schema, e.g. mx2t6, are taken with --variables, labelled with their cell_methods)")
+        raise BadInputError(msg)
+
+
+def _check_same_steps(index: pd.DataFrame, source: str) -> None:
+    """Every start holds the same steps, or at least one start holds all the files' steps (then what the
+    others lack is reported as missing). Starts each with their own steps (a lagged or seasonal ensemble) are
+    refused naming the fix: a store holds one set of steps for every start."""
+    per_start = index.groupby("init_time")["step_h"].agg(lambda s: frozenset(s.tolist()))
+    union = frozenset().union(*per_start)
+    if any(steps == union for steps in per_start):
+        return
+    common = sorted(frozenset.intersection(*per_start))
+    shown = "; ".join(f"{t:%Y-%m-%d %H} UTC: {','.join(map(str, sorted(s)))} h" for t, s in per_start.iloc[:3].items())
+    fix = (f"pass --steps {','.join(map(str, common))} (the steps every start has)" if common else
+           "no step is common to all starts: ingest each start on its own (e.g. grib_copy -w dataDate=YYYYMMDD)")
+    msg = (f"{source}: its {len(per_start)} starts have different steps (a lagged ensemble? {shown}"
+           f"{' ...' if len(per_start) > 3 else ''}); a store holds one set of steps for every start: {fix}")
+    raise BadInputError(msg)
 
 
 def _pick_variables(expect: Expectation, have: set[str], source: str) -> tuple[str, ...]:
@@ -407,7 +554,7 @@ def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) 
     }
     out = {}
     for v, arr in data.items():
-        var = schema.VARIABLES[v]
+        var = plan.variable(v)
         out[v] = xr.Variable(var.dims, arr, schema.cf_attrs(var))
     return xr.Dataset(out, coords=coords)
 
@@ -500,6 +647,11 @@ def _open_one(path: str) -> xr.Dataset:
     except (OSError, ValueError, KeyError, TypeError) as err:
         msg = f"{path}: cannot open ({err}); is it a netCDF file or zarr store?"
         raise BadInputError(msg) from err
+
+
+def open_raw(path: str | Path) -> xr.Dataset:
+    """One netCDF file or zarr store as it is (lazily, conventions not normalised): for ``inspect FILE``."""
+    return _open_one(str(path))
 
 
 def combine(parts: list[xr.Dataset], label: str, names: list[str]) -> xr.Dataset:
@@ -663,9 +815,10 @@ class TruthSource:
         return _regridded(out, replace(plan, source_grid=src))
 
     def coverage(self, plan: Plan) -> dict[str, list[str]]:
-        """For each variable, the init times (ISO dates) lacking truth at the target step (48 h)."""
+        """For each variable, the init times (ISO dates) lacking truth at the target step (48 h, or the
+        store's longest step when it has no 48 h: :func:`schema.target_step_h`)."""
         ds = self.dataset
-        target = pd.Timedelta(hours=schema.TARGET_STEP_H)
+        target = pd.Timedelta(hours=schema.target_step_h(plan.steps_h))
         if self.paired:
             have = {pd.Timestamp(t) for t in ds[schema.INIT_TIME].values}
             lacking = [t for t in plan.init_times if t not in have]
