@@ -1,6 +1,7 @@
 """Convolutional post-processors on the whole grid: the ENS-10 LeNet-style patch model and the U-Net.
 
-Both take ``batch["x"]`` (B, C, H, W) and return head outputs (a, b), each (B, H, W). Padding
+Both take ``batch["x"]`` (B, C, H, W) and return K head outputs (``NetIO.outputs``; (a, b) for the
+Gaussian), each (B, H, W). Padding
 follows the globe: periodic in longitude, replicated at the poles (:func:`earth_pad`). The U-Net
 pads any grid (361 rows included) up to a multiple of its down-sampling factor and crops back.
 """
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from postcast.models.postprocessors import Batch, zero_init
+from postcast.models.postprocessors import Batch, Outputs, zero_init
 from postcast.models.registry import NetIO, family
 
 
@@ -33,10 +34,11 @@ def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right
 class LeNet(nn.Module):
     """ENS-10 LeNet-style model: each point sees its 7 x 7 neighbourhood through three valid 3 x 3
     convolutions (64, 32, 16 channels; ELU then BatchNorm), concatenated with the point's own inputs
-    (location and season included), then a dense 6-unit layer and the (a, b) output. Done as
+    (location and season included), then a dense 6-unit layer and the K head outputs. Done as
     convolutions over the padded grid, which equals cutting a patch per point, without the copies."""
 
-    def __init__(self, in_channels: int, widths: tuple[int, int, int] = (64, 32, 16), hidden: int = 6):
+    def __init__(self, in_channels: int, widths: tuple[int, int, int] = (64, 32, 16), hidden: int = 6,
+                 outputs: int = 2):
         super().__init__()
         layers: list[nn.Module] = []
         c = in_channels
@@ -46,13 +48,12 @@ class LeNet(nn.Module):
         self.patch = nn.Sequential(*layers)
         self.reach = len(widths)  # each valid 3 x 3 conv shrinks by 1 per side
         self.dense = nn.Sequential(nn.Conv2d(c + in_channels, hidden, 1), nn.ELU(),
-                                   zero_init(nn.Conv2d(hidden, 2, 1)))
+                                   zero_init(nn.Conv2d(hidden, outputs, 1)))
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: Batch) -> Outputs:
         x = batch["x"]  # (B, C, H, W)
         feats = self.patch(earth_pad(x, self.reach))  # (B, 16, H, W)
-        out = self.dense(torch.cat([feats, x], dim=1))  # (B, 2, H, W)
-        return out[:, 0], out[:, 1]
+        return tuple(self.dense(torch.cat([feats, x], dim=1)).unbind(1))  # K x (B, H, W)
 
 
 def _block(c_in: int, c_out: int) -> nn.Sequential:
@@ -89,16 +90,15 @@ class UNetTrunk(nn.Module):
 
 
 class UNet(nn.Module):
-    """U-Net post-processor: trunk features -> final 3 x 3 convolution to (a, b)."""
+    """U-Net post-processor: trunk features -> final 3 x 3 convolution to the K head outputs."""
 
-    def __init__(self, in_channels: int, base: int = 32, depth: int = 2):
+    def __init__(self, in_channels: int, base: int = 32, depth: int = 2, outputs: int = 2):
         super().__init__()
         self.trunk = UNetTrunk(in_channels, base, depth)
-        self.head = zero_init(nn.Conv2d(base, 2, 3, padding=1))
+        self.head = zero_init(nn.Conv2d(base, outputs, 3, padding=1))
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.head(self.trunk(batch["x"]))  # (B, 2, H, W)
-        return out[:, 0], out[:, 1]
+    def forward(self, batch: Batch) -> Outputs:
+        return tuple(self.head(self.trunk(batch["x"])).unbind(1))  # K x (B, H, W)
 
 
 # --- families -----------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ class LeNetFamily:
     """The ENS-10 LeNet-style patch model."""
 
     def build(self, io: NetIO) -> nn.Module:
-        return LeNet(io.in_channels)
+        return LeNet(io.in_channels, outputs=io.outputs)
 
 
 @family("unet")
@@ -119,4 +119,4 @@ class UNetFamily:
     base_filters: int = 32
 
     def build(self, io: NetIO) -> nn.Module:
-        return UNet(io.in_channels, self.base_filters)
+        return UNet(io.in_channels, self.base_filters, outputs=io.outputs)

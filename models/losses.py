@@ -1,19 +1,24 @@
-"""Training losses and the spread-relative Gaussian head shared by every post-processor.
+"""Training losses and the spread-relative distribution head shared by every post-processor.
 
-Head (the ENS-10 reference head, docs/ens10.md): with the raw ensemble mean ``m`` and population std
-``s`` of the target, a network's two outputs ``(a, b)`` define
+Head: a network emits K raw maps per point (K = ``distributions.get(name).n_raw``); with the raw
+ensemble mean ``m`` and population std ``s`` of the target they become the predictive distribution's
+parameters (:mod:`postcast.models.distributions`). For the default ``gaussian`` (the ENS-10 reference
+head, docs/ens10.md) the two outputs ``(a, b)`` define
 
     mu = m + s * a,    sigma = s * exp(b)
 
 so ``a = b = 0`` reproduces the raw ensemble's Gaussian fit. ``s`` is floored (identical members
-would give sigma = 0).
+would give sigma = 0). The loss is the family's closed-form CRPS.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from postcast.models import kernels
+from postcast.models import distributions, kernels
+from postcast.models.distributions import Distribution
 
 
 def gaussian_head(a: torch.Tensor, b: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor,
@@ -38,3 +43,23 @@ class CRPSGaussianLoss(torch.nn.Module):
             msg = "CRPSGaussianLoss: every target is NaN; check the truth in the store"
             raise ValueError(msg)
         return crps_gaussian(mu[valid], sigma[valid], y[valid]).mean()
+
+
+def distribution_head(outs: Sequence[torch.Tensor], ens_mean: torch.Tensor, ens_std: torch.Tensor,
+                      name: str = "gaussian", *, min_std: float = 1e-6) -> Distribution:
+    """The predictive distribution ``name`` from K raw network maps (each (B, H, W)) and the raw ensemble
+    (m, s), (B, H, W); for ``gaussian`` the same (mu, sigma) as :func:`gaussian_head`."""
+    raw = torch.stack(list(outs), dim=-1)  # (B, H, W, K)
+    return distributions.get(name).from_raw(raw, ens_mean, ens_std.clamp_min(min_std))
+
+
+class CRPSLoss(torch.nn.Module):
+    """Mean closed-form CRPS of any distribution family over the finite targets (NaN truth ignored; the
+    parameters are masked before scoring, so no NaN reaches the gradients)."""
+
+    def forward(self, dist: Distribution, y: torch.Tensor) -> torch.Tensor:
+        valid = torch.isfinite(y)  # (B, H, W)
+        if not bool(valid.any()):
+            msg = "CRPSLoss: every target is NaN; check the truth in the store"
+            raise ValueError(msg)
+        return dist.select(valid).crps(y[valid]).mean()

@@ -22,14 +22,16 @@ import hashlib
 import inspect
 import json
 import pickle
+import re
 from typing import Any
 
 import lightning as L
 import torch
 
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
-from postcast.models import postprocessors, registry
+from postcast.models import distributions, postprocessors, registry
+from postcast.models.distributions import Distribution
 from postcast.models.losses import crps_gaussian
 from postcast.models.smoe import SMoEHead
 
@@ -52,12 +54,18 @@ class PostProcessor(L.LightningModule):
             a model by hand.
         lr, weight_decay: AdamW; the learning rate follows a cosine schedule over ``max_epochs``
             when ``cosine`` is true.
+        distribution: the predictive family (``postcast.models.distributions.names()``: gaussian,
+            truncnormal, clogistic, csg, bernstein); the loss is its CRPS (docs/distributions.md).
     """
 
     def __init__(self, family: str = "mlp", net: dict[str, Any] | None = None, sample: dict[str, Any] | None = None,
                  grid: tuple[int, int] = (37, 72), n_members: int = 10, lr: float = 1e-3, weight_decay: float = 0.0,
-                 cosine: bool = True, grid_area: tuple[float, float, float, float] | None = None):
+                 cosine: bool = True, grid_area: tuple[float, float, float, float] | None = None,
+                 distribution: str = "gaussian"):
         super().__init__()
+        if distribution not in distributions.names():
+            msg = f"model.distribution {distribution!r}: choose one of {distributions.names()}"
+            raise ConfigError(msg)
         spec = SampleSpec.from_dict(sample or {})
         fam = registry.make(family, net)
         if fam.needs_members and not spec.members:
@@ -69,7 +77,8 @@ class PostProcessor(L.LightningModule):
         self.save_hyperparameters()
         self.spec = spec
         io = registry.NetIO(in_channels=spec.n_channels, grid=grid, n_members=n_members,
-                            n_variables=len(spec.input_variables), target_variable=spec.target_variable_index)
+                            n_variables=len(spec.input_variables), target_variable=spec.target_variable_index,
+                            outputs=distributions.get(distribution).n_raw)
         self.net = fam.build(io)
         self.smoe_layer: SMoEHead | None = getattr(self.net, "smoe", None)
         self.norm_mean: torch.Tensor
@@ -106,14 +115,24 @@ class PostProcessor(L.LightningModule):
         return out
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mu, sigma) in physical units, each (B, H, W), from a batch of physical samples."""
-        return postprocessors.predict(self.net, self.normalise(batch))
+        """(mu, sigma) in physical units, each (B, H, W), from a batch of physical samples (Gaussian models;
+        any family: :meth:`predictive`)."""
+        dist = self.predictive(batch)
+        if not isinstance(dist, distributions.Gaussian):
+            msg = (f"this model predicts a {dist.name!r} distribution, not (mu, sigma); forecasting and "
+                   f"evaluation read Gaussian models only so far: train with model.distribution: gaussian")
+            raise BadInputError(msg)
+        return dist.mu, dist.sigma
+
+    def predictive(self, batch: Batch) -> Distribution:
+        """The predictive distribution (``hparams.distribution``), parameters (B, H, W), in physical units."""
+        return postprocessors.predict(self.net, self.normalise(batch), self.hparams["distribution"])
 
     def _step(self, batch: Batch, split: str) -> torch.Tensor:
-        mu, sigma = self(batch)
+        dist = self.predictive(batch)
         ok = torch.isfinite(batch["y"])  # (B, H, W): where the truth exists
         _check_finite(batch, ok, split)
-        loss = crps_gaussian(mu[ok], sigma[ok], batch["y"][ok]).mean()
+        loss = dist.select(ok).crps(batch["y"][ok]).mean()  # parameters masked first: no NaN in the gradients
         self.log(f"{split}_crps", loss, prog_bar=split != "train", batch_size=batch["y"].shape[0])
         if split != "train":
             raw = crps_gaussian(batch["m"][ok], batch["s"][ok].clamp_min(1e-6), batch["y"][ok]).mean()
@@ -142,8 +161,7 @@ class PostProcessor(L.LightningModule):
         return self._step(batch, "test")
 
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor]:
-        mu, sigma = self(batch)
-        return {"mu": mu, "sigma": sigma}
+        return self.predictive(batch).params  # gaussian: {"mu", "sigma"}
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])

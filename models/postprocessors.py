@@ -1,9 +1,10 @@
 """Pointwise post-processors and the model interface.
 
 Every post-processor is an ``nn.Module`` whose ``forward(batch)`` maps a batch of
-:class:`~postcast.datasets.loaders.datamodule.StoreDataset` samples to head outputs ``(a, b)``, each
-(B, H, W), for the spread-relative Gaussian head of :mod:`postcast.models.losses`. The last layer
-of each is zero-initialised, so an untrained model reproduces the raw ensemble (a = b = 0).
+:class:`~postcast.datasets.loaders.datamodule.StoreDataset` samples to K head outputs, each
+(B, H, W), for the spread-relative distribution head of :mod:`postcast.models.losses` (K =
+``NetIO.outputs``: 2, ``(a, b)``, for the Gaussian). The last layer of each is zero-initialised, so
+an untrained model reproduces the raw ensemble (all outputs 0).
 
 Pointwise models (this module): the ENS-10 MLP, a local (per-grid-point) EMOS and the 13-parameter
 global EMOS of the ENS-10 reference. Grid models live in :mod:`.convnets`, :mod:`.smoe` and
@@ -17,10 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from postcast.models.losses import CRPSGaussianLoss, gaussian_head
+from postcast.models.distributions import Distribution
+from postcast.models.losses import CRPSLoss, distribution_head
 from postcast.models.registry import NetIO, family
 
 Batch = dict[str, torch.Tensor]
+Outputs = tuple[torch.Tensor, ...]  # K head maps, each (B, H, W)
 
 
 def zero_init(layer: nn.Module) -> nn.Module:
@@ -30,33 +33,40 @@ def zero_init(layer: nn.Module) -> nn.Module:
     return layer
 
 
+def constant_outputs(extra: torch.Tensor | None, like: torch.Tensor) -> Outputs:
+    """Head outputs beyond the first two that do not depend on the input: each (K - 2, ...) entry of
+    ``extra`` broadcast to ``like`` (B, H, W); none for two-parameter families."""
+    return () if extra is None else tuple(e.expand_as(like) for e in extra)
+
+
 class PointwiseMLP(nn.Module):
-    """ENS-10 MLP baseline: per grid point, inputs -> hidden (ReLU) -> (a, b); shared weights.
+    """ENS-10 MLP baseline: per grid point, inputs -> hidden (ReLU) -> K head outputs; shared weights.
     Implemented as 1x1 convolutions, so a whole date is one batch (B, C, H, W)."""
 
-    def __init__(self, in_channels: int, hidden: int = 128):
+    def __init__(self, in_channels: int, hidden: int = 128, outputs: int = 2):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(in_channels, hidden, 1), nn.ReLU(), zero_init(nn.Conv2d(hidden, 2, 1)))
+        self.net = nn.Sequential(nn.Conv2d(in_channels, hidden, 1), nn.ReLU(), zero_init(nn.Conv2d(hidden, outputs, 1)))
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.net(batch["x"])  # (B, 2, H, W)
-        return out[:, 0], out[:, 1]
+    def forward(self, batch: Batch) -> Outputs:
+        return tuple(self.net(batch["x"]).unbind(1))  # K x (B, H, W)
 
 
 class LocalEMOS(nn.Module):
     """EMOS with its own coefficients at every grid point: a = a0 + a1 * x_target_mean,
-    b = b0 + b1 * x_target_std (x: the normalised ensemble mean/std channels of the target)."""
+    b = b0 + b1 * x_target_std (x: the normalised ensemble mean/std channels of the target); a family
+    with more than two head outputs gets one more constant per point for each."""
 
-    def __init__(self, grid: tuple[int, int], mean_channel: int, std_channel: int):
+    def __init__(self, grid: tuple[int, int], mean_channel: int, std_channel: int, outputs: int = 2):
         super().__init__()
         self.mean_channel, self.std_channel = mean_channel, std_channel
         self.coef = nn.Parameter(torch.zeros(4, *grid))  # (a0, a1, b0, b1) per point
+        self.extra = nn.Parameter(torch.zeros(outputs - 2, *grid)) if outputs > 2 else None  # (K - 2, H, W)
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: Batch) -> Outputs:
         x = batch["x"]
         a = self.coef[0] + self.coef[1] * x[:, self.mean_channel]
         b = self.coef[2] + self.coef[3] * x[:, self.std_channel]
-        return a, b
+        return (a, b, *constant_outputs(self.extra, a))
 
 
 def require_members(batch: Batch, model: str) -> torch.Tensor:
@@ -70,34 +80,35 @@ class GlobalEMOS(nn.Module):
     """The ENS-10 reference EMOS: one set of 13 parameters (10 members) for the whole globe.
 
     a = sum_j w_j z_j + c  (z_j: member j of the target variable, normalised; M + 1 parameters);
-    b = w_s x_std + c_s    (x_std: the normalised ensemble-std channel; 2 parameters).
+    b = w_s x_std + c_s    (x_std: the normalised ensemble-std channel; 2 parameters);
+    one global constant for each further head output.
     """
 
-    def __init__(self, n_members: int, variable_index: int, std_channel: int):
+    def __init__(self, n_members: int, variable_index: int, std_channel: int, outputs: int = 2):
         super().__init__()
         self.variable_index, self.std_channel = variable_index, std_channel
         self.mean = zero_init(nn.Linear(n_members, 1))
         self.spread = zero_init(nn.Linear(1, 1))
+        self.extra = nn.Parameter(torch.zeros(outputs - 2)) if outputs > 2 else None  # (K - 2,)
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: Batch) -> Outputs:
         z = require_members(batch, "emos_global")[:, :, self.variable_index]  # (B, M, H, W)
         if z.shape[1] != self.mean.in_features:
             msg = f"emos_global was built for {self.mean.in_features} members, the batch has {z.shape[1]}"
             raise ValueError(msg)
         a = self.mean(z.movedim(1, -1)).squeeze(-1)  # (B, H, W)
         b = self.spread(batch["x"][:, self.std_channel].unsqueeze(-1)).squeeze(-1)
-        return a, b
+        return (a, b, *constant_outputs(self.extra, a))
 
 
-def predict(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mu, sigma) in physical units, each (B, H, W), for a batch from :class:`StoreDataset`."""
-    a, b = model(batch)
-    return gaussian_head(a, b, batch["m"], batch["s"])
+def predict(model: nn.Module, batch: Batch, distribution: str = "gaussian") -> Distribution:
+    """The predictive distribution in physical units, parameters (B, H, W), for a batch from
+    :class:`StoreDataset` (``gaussian``: ``.mu``, ``.sigma``)."""
+    return distribution_head(model(batch), batch["m"], batch["s"], distribution)
 
 
-def crps_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    mu, sigma = predict(model, batch)
-    return CRPSGaussianLoss()(mu, sigma, batch["y"])
+def crps_loss(model: nn.Module, batch: Batch, distribution: str = "gaussian") -> torch.Tensor:
+    return CRPSLoss()(predict(model, batch, distribution), batch["y"])
 
 
 # --- families -----------------------------------------------------------------------------------
@@ -107,7 +118,7 @@ class LocalEMOSFamily:
     """Local EMOS: 4 coefficients per grid point on the target's normalised ensemble mean and std."""
 
     def build(self, io: NetIO) -> nn.Module:
-        return LocalEMOS(io.grid, *io.target_channels)
+        return LocalEMOS(io.grid, *io.target_channels, io.outputs)
 
 
 @family("emos_global", needs_members=True)
@@ -116,7 +127,7 @@ class GlobalEMOSFamily:
     """The ENS-10 reference EMOS: M + 3 parameters for the whole globe (reads the members)."""
 
     def build(self, io: NetIO) -> nn.Module:
-        return GlobalEMOS(io.n_members, io.target_variable, io.target_channels[1])
+        return GlobalEMOS(io.n_members, io.target_variable, io.target_channels[1], io.outputs)
 
 
 @family("mlp")
@@ -127,4 +138,4 @@ class MLPFamily:
     hidden: int = 128  # hidden units
 
     def build(self, io: NetIO) -> nn.Module:
-        return PointwiseMLP(io.in_channels, self.hidden)
+        return PointwiseMLP(io.in_channels, self.hidden, io.outputs)

@@ -30,6 +30,7 @@ class NetIO:
     n_members: int
     n_variables: int  # input variables V (members are (B, M, V, H, W))
     target_variable: int  # index of the target variable among the inputs
+    outputs: int = 2  # head outputs per point: the predictive distribution's raw parameters (models/distributions.py)
 
     @property
     def target_channels(self) -> tuple[int, int]:

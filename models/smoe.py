@@ -15,7 +15,8 @@ Training techniques, both in the custom backward of :class:`TopKRouting`:
   ``damping`` (0: not updated there).
 
 :class:`SMoEHead` is the SMoE as the final layer of any trunk, one top-1 SMoE per head output
-(a, b); the model kinds ``smoe`` (on the inputs directly) and ``unet_smoe`` (on U-Net features) use it.
+((a, b) for the Gaussian, K = ``NetIO.outputs`` in general); the model
+kinds ``smoe`` (on the inputs directly) and ``unet_smoe`` (on U-Net features) use it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch import nn
 from postcast.models import kernels
 from postcast.models.convnets import UNetTrunk
 from postcast.models.kernels.reference import TopKRouting, routing_correct
-from postcast.models.postprocessors import Batch
+from postcast.models.postprocessors import Batch, Outputs
 from postcast.models.registry import NetIO, family
 
 __all__ = ["SMoE", "SMoEConfig", "SMoEHead", "TopKRouting", "UNetSMoE", "rc_labels", "routing_correct"]
@@ -78,18 +79,17 @@ def rc_labels(idx: torch.Tensor, correct: torch.Tensor, experts: int) -> torch.T
 
 
 class SMoEHead(nn.Module):
-    """SMoE final layer emitting the two head channels (a, b) from features (B, C, H, W).
+    """SMoE final layer emitting the K head channels (``outputs``; (a, b) for the Gaussian) from
+    features (B, C, H, W).
 
     Each output channel is its own SMoE with ``experts`` experts and top-k = 1 routing (so an
-    expert always produces the same quantity, a or b): experts ``Conv2d(C, 2E, 3)`` without bias,
-    routing weights (B, 2, E, H, W). The two are routed as one batch of 2B samples, so the RC-loss
+    expert always produces the same quantity, e.g. a or b): experts ``Conv2d(C, KE, 3)`` without bias,
+    routing weights (B, K, E, H, W). The K are routed as one batch of KB samples, so the RC-loss
     quantile is taken per sample and per output channel (a and b errors have different scales)."""
 
-    outputs = 2
-
-    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, k: int = 1):
+    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, k: int = 1, outputs: int = 2):
         super().__init__()
-        self.cfg, self.k = cfg, k
+        self.cfg, self.k, self.outputs = cfg, k, outputs
         self.experts = nn.Conv2d(in_channels, self.outputs * cfg.experts, 3, padding=1, bias=False)
         nn.init.zeros_(self.experts.weight)  # start at the raw ensemble
         self.gate: nn.Module | None = None
@@ -101,7 +101,7 @@ class SMoEHead(nn.Module):
         self.last: dict[str, torch.Tensor] = {}  # y, weights, idx of the latest forward (for the RC loss)
 
     def routing_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """(B * 2, E, H, W) routing weights (output channel folded into the batch)."""
+        """(B * K, E, H, W) routing weights (output channel folded into the batch)."""
         b, _, h, w = x.shape
         if self.gate is not None:
             return self.gate(x).view(b * self.outputs, self.cfg.experts, h, w)
@@ -119,7 +119,7 @@ class SMoEHead(nn.Module):
         y = kernels.topk_route(values, weights, self.k, self.cfg.weighted, block,
                               self.cfg.damping if self.training else 1.0, self.cfg.quantile)
         self.last = {"y": y, "weights": weights, "idx": weights.topk(self.k, dim=1).indices}
-        return y.view(b, self.outputs * self.k, h, w)  # (B, 2, H, W) for k = 1
+        return y.view(b, self.outputs * self.k, h, w)  # (B, K, H, W) for k = 1
 
     def rc_loss(self, task_loss: torch.Tensor) -> torch.Tensor:
         """The routing-classification loss of the latest forward (call before ``backward``)."""
@@ -137,26 +137,25 @@ class SMoEHead(nn.Module):
 class SMoE(nn.Module):
     """SMoE as the whole model: the layer applied to the inputs (B, C, H, W)."""
 
-    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig):
+    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, outputs: int = 2):
         super().__init__()
-        self.smoe = SMoEHead(in_channels, grid, cfg)
+        self.smoe = SMoEHead(in_channels, grid, cfg, outputs=outputs)
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.smoe(batch["x"])
-        return out[:, 0], out[:, 1]
+    def forward(self, batch: Batch) -> Outputs:
+        return tuple(self.smoe(batch["x"]).unbind(1))  # K x (B, H, W)
 
 
 class UNetSMoE(nn.Module):
     """U-Net whose final layer is an SMoE."""
 
-    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, base: int = 32, depth: int = 2):
+    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, base: int = 32, depth: int = 2,
+                 outputs: int = 2):
         super().__init__()
         self.trunk = UNetTrunk(in_channels, base, depth)
-        self.smoe = SMoEHead(base, grid, cfg)
+        self.smoe = SMoEHead(base, grid, cfg, outputs=outputs)
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.smoe(self.trunk(batch["x"]))
-        return out[:, 0], out[:, 1]
+    def forward(self, batch: Batch) -> Outputs:
+        return tuple(self.smoe(self.trunk(batch["x"])).unbind(1))  # K x (B, H, W)
 
 
 # --- families -----------------------------------------------------------------------------------
@@ -168,7 +167,7 @@ class SMoEFamily:
     smoe: SMoEConfig = field(default_factory=SMoEConfig)
 
     def build(self, io: NetIO) -> nn.Module:
-        return SMoE(io.in_channels, io.grid, self.smoe)
+        return SMoE(io.in_channels, io.grid, self.smoe, io.outputs)
 
 
 @family("unet_smoe")
@@ -180,4 +179,4 @@ class UNetSMoEFamily:
     base_filters: int = 32
 
     def build(self, io: NetIO) -> nn.Module:
-        return UNetSMoE(io.in_channels, io.grid, self.smoe, self.base_filters)
+        return UNetSMoE(io.in_channels, io.grid, self.smoe, self.base_filters, outputs=io.outputs)

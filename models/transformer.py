@@ -10,7 +10,9 @@ corrected ensemble z_j + d_j of the target variable defines the head outputs
 
     a = mean_j d_j,    b = log std_j (z_j + d_j)
 
-so the zero-initialised output layer reproduces the raw ensemble (a = 0, b = log 1 = 0).
+so the zero-initialised output layer reproduces the raw ensemble (a = 0, b = log 1 = 0). A
+distribution with K > 2 parameters gets its further K - 2 head outputs from a zero-initialised 1 x 1
+convolution of the member-averaged features.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import nn
 
 from postcast.models import kernels
 from postcast.models.convnets import earth_pad
-from postcast.models.postprocessors import Batch, require_members, zero_init
+from postcast.models.postprocessors import Batch, Outputs, require_members, zero_init
 from postcast.models.registry import NetIO, family
 
 
@@ -63,14 +65,15 @@ class MemberAttention(nn.Module):
 
 class EnsembleTransformer(nn.Module):
     def __init__(self, in_channels: int, n_variables: int, variable_index: int, width: int = 16,
-                 heads: int = 4, blocks: int = 1):
+                 heads: int = 4, blocks: int = 1, outputs: int = 2):
         super().__init__()
         self.variable_index = variable_index
         self.embed = _Embed(n_variables + in_channels, width)
         self.blocks = nn.ModuleList([MemberAttention(width, heads) for _ in range(blocks)])
         self.correct = zero_init(nn.Conv2d(width, 1, 1))
+        self.extra = zero_init(nn.Conv2d(width, outputs - 2, 1)) if outputs > 2 else None
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: Batch) -> Outputs:
         members = require_members(batch, "transformer")  # (B, M, V, H, W), normalised
         b, m = members.shape[:2]
         _, _, z = kernels.ensemble_standardise(members)  # standardised perturbations, one fused pass
@@ -81,7 +84,10 @@ class EnsembleTransformer(nn.Module):
             h = block(h)
         d = self.correct(h.flatten(0, 1)).view(b, m, *h.shape[-2:])  # (B, M, H, W), units of the raw std
         zt = z[:, :, self.variable_index] + d
-        return d.mean(dim=1), torch.log(zt.std(dim=1, unbiased=False).clamp_min(1e-3))
+        shift, log_spread = d.mean(dim=1), torch.log(zt.std(dim=1, unbiased=False).clamp_min(1e-3))  # a, b
+        if self.extra is None:
+            return shift, log_spread
+        return (shift, log_spread, *self.extra(h.mean(dim=1)).unbind(1))  # (B, width, H, W) -> K - 2 x (B, H, W)
 
 
 # --- families -----------------------------------------------------------------------------------
@@ -94,4 +100,5 @@ class TransformerFamily:
     heads: int = 4  # attention heads
 
     def build(self, io: NetIO) -> nn.Module:
-        return EnsembleTransformer(io.in_channels, io.n_variables, io.target_variable, self.width, self.heads)
+        return EnsembleTransformer(io.in_channels, io.n_variables, io.target_variable, self.width, self.heads,
+                                   outputs=io.outputs)

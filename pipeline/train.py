@@ -131,12 +131,13 @@ def validate_preset(path: str) -> str | None:
     """Check a training preset (with the paths fragment) without instantiating anything: the Lightning
     parser's checks, then the model family's options and the sample spec. None if valid, else the error."""
     from postcast.datasets.errors import ConfigError
-    from postcast.models import registry
+    from postcast.models import distributions, registry
 
     try:
         cfg = resolve(["--config", path])
         model = cfg.get("model") or {}
         family = registry.make(model.get("family", "mlp"), model.get("net"))
+        distributions.get(model.get("distribution", "gaussian"))
         spec = data_config(cfg).sample
     except (ValueError, ConfigError) as err:
         return str(err)

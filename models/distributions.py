@@ -1,0 +1,464 @@
+"""Predictive distribution families: closed-form CRPS (the training loss), log score, cdf, quantiles,
+exceedance probabilities, PIT, and the map from a network's raw outputs to valid parameters.
+
+A family is a frozen dataclass of parameter tensors (all one shape S, e.g. (B, H, W)) registered by
+name with :func:`register`; :func:`get` and :func:`names` look them up. ``from_raw(raw, m, s)``
+builds one from the network's unconstrained outputs ``raw`` (*S, K) (``K = n_raw(name)``) and the
+raw ensemble's mean ``m`` and (floored) std ``s``, spread-relative like the Gaussian head: all raw
+outputs at zero give a distribution close to the raw ensemble. Formulas and references:
+docs/distributions.md.
+
+Families: ``gaussian``, ``truncnormal`` (normal truncated to [0, inf), wind speed), ``clogistic``
+(logistic censored at 0: a point mass P(Y = 0), precipitation), ``csg`` (censored shifted gamma,
+Scheuerer and Hamill 2015, precipitation), ``bernstein`` (a monotone Bernstein-polynomial quantile
+function, Bremnes 2020). Except for the Gaussian (which keeps the fused kernel the models trained
+with so far), scores are computed in float64 and returned in the input dtype: the truncated normal
+cancels in float32 far below 0 and the incomplete gamma is coarse in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+from postcast.models import kernels
+
+SQRT2 = math.sqrt(2.0)
+SQRT_PI = math.sqrt(math.pi)
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+BERNSTEIN_DEGREE = 12
+
+
+class Distribution(ABC):
+    """A batch of predictive distributions; every method is elementwise over the parameter shape S."""
+
+    name: ClassVar[str]
+    n_raw: ClassVar[int]  # raw network outputs per point
+    lower: ClassVar[float | None] = None  # the support's lower bound (a point mass there if censored)
+
+    @classmethod
+    @abstractmethod
+    def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> Distribution:
+        """Valid parameters from unconstrained outputs raw (*S, K), ensemble mean m (*S), std s (*S) > 0."""
+
+    @abstractmethod
+    def crps(self, y: torch.Tensor) -> torch.Tensor:
+        """Closed-form CRPS at outcomes y (*S), units of y; differentiable in the parameters and y."""
+
+    @abstractmethod
+    def log_score(self, y: torch.Tensor) -> torch.Tensor:
+        """-log density at y (*S) (for a point mass at 0: -log P(Y = 0) at y = 0)."""
+
+    @abstractmethod
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        """P(Y <= x), x broadcastable to S."""
+
+    @abstractmethod
+    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
+        """Q(tau) = inf {x : F(x) >= tau}, tau in (0, 1) broadcastable to S."""
+
+    def sf(self, x: torch.Tensor) -> torch.Tensor:
+        """P(Y > x)."""
+        return 1.0 - self.cdf(x)
+
+    def exceedance(self, t: torch.Tensor | float) -> torch.Tensor:
+        """P(Y > t) at a threshold t (a float or a tensor broadcastable to S)."""
+        return self.sf(torch.as_tensor(t, dtype=self.dtype, device=self.device))
+
+    def cdf_left(self, x: torch.Tensor) -> torch.Tensor:
+        """P(Y < x): differs from the cdf only at a point mass (the censoring point)."""
+        return self.cdf(x)
+
+    def pit(self, y: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """Probability integral transform F(y); with uniforms u (*S) randomised where F jumps (an outcome
+        at a point mass gets a uniform draw over [P(Y < y), P(Y <= y)])."""
+        upper = self.cdf(y)
+        return upper if u is None else torch.lerp(self.cdf_left(y), upper, u)
+
+    def select(self, mask: torch.Tensor) -> Distribution:
+        """The distributions where ``mask`` (boolean, shape S) holds: parameters (N,) (Bernstein: (N, d + 1))."""
+        return type(self)(**{k: v[mask] for k, v in self.params.items()})
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.params.values())).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.params.values())).device
+
+
+_FAMILIES: dict[str, type[Distribution]] = {}
+D = TypeVar("D", bound=type[Distribution])
+
+
+def register(name: str, n_raw: int) -> Callable[[D], D]:
+    """Class decorator: the family ``name`` with ``n_raw`` network outputs per point."""
+
+    def deco(cls: D) -> D:
+        cls.name, cls.n_raw = name, n_raw
+        _FAMILIES[name] = cls
+        return cls
+
+    return deco
+
+
+def names() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def get(name: str) -> type[Distribution]:
+    if name not in _FAMILIES:
+        msg = f"distribution {name!r}: choose one of {names()}"
+        raise ValueError(msg)
+    return _FAMILIES[name]
+
+
+def _float64(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Run a score in float64 (parameters and argument upcast), returning the argument's dtype."""
+
+    def wrapped(self: Distribution, y: torch.Tensor) -> torch.Tensor:
+        up = type(self)(**{k: v.double() for k, v in self.params.items()})
+        return fn(up, y.double()).to(y.dtype)
+
+    wrapped.__doc__, wrapped.__name__ = fn.__doc__, fn.__name__
+    return wrapped
+
+
+def _censored(fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    """CRPS of a law on [0, inf) at any y: an outcome y < 0 adds |y| to the CRPS at 0 (F = 0 below 0)."""
+
+    def wrapped(self: Any, y: torch.Tensor) -> torch.Tensor:
+        return fn(self, y.clamp_min(0.0)) + F.relu(-y)
+
+    wrapped.__doc__, wrapped.__name__ = fn.__doc__, fn.__name__
+    return wrapped
+
+
+def _bisect(fn: Callable[[torch.Tensor], torch.Tensor], lo: torch.Tensor, hi: torch.Tensor,
+            iters: int = 64) -> torch.Tensor:
+    """Root of an increasing fn on [lo, hi] (elementwise, no gradient): the midpoint after ``iters`` halvings."""
+    with torch.no_grad():
+        for _ in range(iters):
+            mid = 0.5 * (lo + hi)
+            below = fn(mid) < 0
+            lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+        return 0.5 * (lo + hi)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x) to full precision (``F.softplus`` returns x itself above 20, 2e-9 short there)."""
+    return torch.logaddexp(x, torch.zeros_like(x))
+
+
+def mills(x: torch.Tensor) -> torch.Tensor:
+    """Mills ratio M(x) = Phi(-x) / phi(x) through the scaled complementary error function (x >= 0)."""
+    return math.sqrt(math.pi / 2.0) * torch.special.erfcx(x / SQRT2)
+
+
+# --- Gaussian -----------------------------------------------------------------------------------
+@register("gaussian", n_raw=2)
+@dataclass(frozen=True)
+class Gaussian(Distribution):
+    """N(mu, sigma^2); head: mu = m + s a, sigma = s exp(b) (the ENS-10 head)."""
+
+    mu: torch.Tensor
+    sigma: torch.Tensor
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> Gaussian:
+        return cls(m + s * raw[..., 0], s * torch.exp(raw[..., 1]))
+
+    def crps(self, y: torch.Tensor) -> torch.Tensor:
+        return kernels.crps_gaussian(self.mu, self.sigma, y)
+
+    def log_score(self, y: torch.Tensor) -> torch.Tensor:
+        z = (y - self.mu) / self.sigma
+        return torch.log(self.sigma) + 0.5 * z * z + HALF_LOG_2PI
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.ndtr((x - self.mu) / self.sigma)
+
+    def sf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.ndtr((self.mu - x) / self.sigma)
+
+    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
+        return self.mu + self.sigma * torch.special.ndtri(tau)
+
+
+# --- truncated normal ---------------------------------------------------------------------------
+def _tn_crps_std(t: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """CRPS / sigma of N(mu, sigma) truncated to [0, inf) at y >= 0, from t = y / sigma and a = mu / sigma.
+
+    a >= 0: the textbook form (p = Phi(a) >= 1/2, z = t - a). a < 0 (b = -a): every ratio of normal
+    tails as a ratio of Mills ratios, R = 1 / M(b), E = phi(z) / phi(b) = exp(-t (t + 2b) / 2):
+    CRPS / sigma = z + 2 E R (1 - z M(z)) - sqrt(2) R^2 M(sqrt(2) b), finite for every b."""
+    ap, b = a.clamp_min(0.0), (-a).clamp_min(0.0)  # each branch on inputs valid for it (no NaN gradients)
+    z = t - ap  # (*S)
+    p = torch.special.ndtr(ap)
+    pdf = torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    textbook = (z * (p - 2.0 * torch.special.ndtr(-z)) + 2.0 * pdf
+                - torch.special.ndtr(SQRT2 * ap) / (SQRT_PI * p)) / p
+    zb = t + b  # >= b >= 0
+    r = 1.0 / mills(b)
+    e = torch.exp(-0.5 * t * (t + 2.0 * b))
+    scaled = zb + 2.0 * e * r * (1.0 - zb * mills(zb)) - SQRT2 * r * r * mills(SQRT2 * b)
+    return torch.where(a >= 0, textbook, scaled)
+
+
+@register("truncnormal", n_raw=2)
+@dataclass(frozen=True)
+class TruncNormal(Distribution):
+    """N(mu, sigma^2) truncated to [0, inf) (wind speed); head: mu = m + s a, sigma = s exp(b)."""
+
+    mu: torch.Tensor
+    sigma: torch.Tensor
+    lower: ClassVar[float | None] = 0.0
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> TruncNormal:
+        return cls(m + s * raw[..., 0], s * torch.exp(raw[..., 1]))
+
+    @_float64
+    @_censored
+    def crps(self, y: torch.Tensor) -> torch.Tensor:
+        return self.sigma * _tn_crps_std(y / self.sigma, self.mu / self.sigma)
+
+    def log_score(self, y: torch.Tensor) -> torch.Tensor:
+        z = (y - self.mu) / self.sigma
+        dens = torch.log(self.sigma) + 0.5 * z * z + HALF_LOG_2PI + torch.special.log_ndtr(self.mu / self.sigma)
+        return torch.where(y >= 0, dens, torch.inf)
+
+    def _log_sf(self, x: torch.Tensor) -> torch.Tensor:
+        """log P(Y > x) for x >= 0: log Phi(-z) - log Phi(mu / sigma)."""
+        return torch.special.log_ndtr((self.mu - x) / self.sigma) - torch.special.log_ndtr(self.mu / self.sigma)
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x >= 0, -torch.expm1(self._log_sf(x.clamp_min(0.0))), 0.0)
+
+    def sf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x >= 0, torch.exp(self._log_sf(x.clamp_min(0.0))), 1.0)
+
+    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
+        """Solves log Phi(-z) = log(1 - tau) + log Phi(a): closed form, then Newton steps in log space
+        (where Phi(a) underflows, from z = sqrt(-2 target))."""
+        a = self.mu / self.sigma
+        target = torch.log1p(-tau) + torch.special.log_ndtr(a)  # (*S), log of P(Y > Q) in N(0, 1) terms
+        z = -torch.special.ndtri(torch.exp(target))
+        z = torch.where(torch.isfinite(z), z, torch.sqrt(-2.0 * target))
+        for _ in range(6):  # only changes a < 0 (z > 0 there, where M is finite)
+            step = (torch.special.log_ndtr(-z) - target) * mills(z.clamp_min(0.0))
+            z = torch.where(a < 0, z + step, z)
+        return (self.mu + self.sigma * z).clamp_min(0.0)
+
+
+# --- censored logistic --------------------------------------------------------------------------
+@register("clogistic", n_raw=2)
+@dataclass(frozen=True)
+class CensoredLogistic(Distribution):
+    """Logistic(loc, scale) censored at 0: Y = max(0, X), P(Y = 0) = F_X(0) (precipitation).
+    Head: loc = m + s a, scale = s exp(b) sqrt(3) / pi (the logistic with std s at a = b = 0)."""
+
+    loc: torch.Tensor
+    scale: torch.Tensor
+    lower: ClassVar[float | None] = 0.0
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> CensoredLogistic:
+        return cls(m + s * raw[..., 0], s * torch.exp(raw[..., 1]) * (math.sqrt(3.0) / math.pi))
+
+    @_float64
+    @_censored
+    def crps(self, y: torch.Tensor) -> torch.Tensor:
+        """With w = (y - loc) / scale >= c = -loc / scale (y >= 0), sp = softplus, sg = sigmoid:
+        CRPS / scale = -w + 2 sp(w) - 1 + sg(c) - sp(c)."""
+        w, c = (y - self.loc) / self.scale, -self.loc / self.scale
+        return self.scale * (2.0 * softplus(w) - w - 1.0 + torch.sigmoid(c) - softplus(c))
+
+    def log_score(self, y: torch.Tensor) -> torch.Tensor:
+        w = (y - self.loc) / self.scale
+        dens = torch.log(self.scale) + softplus(w) + softplus(-w)
+        atom = softplus(self.loc / self.scale)  # -log P(Y = 0) = -log sigmoid(-loc / scale)
+        return torch.where(y > 0, dens, torch.where(y == 0, atom, torch.inf))
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x >= 0, torch.sigmoid((x - self.loc) / self.scale), 0.0)
+
+    def sf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x >= 0, torch.sigmoid((self.loc - x) / self.scale), 1.0)
+
+    def cdf_left(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, self.cdf(x), 0.0)
+
+    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
+        return (self.loc + self.scale * torch.logit(tau)).clamp_min(0.0)
+
+
+# --- censored shifted gamma ---------------------------------------------------------------------
+class _GammaInc(torch.autograd.Function):
+    """Regularised lower incomplete gamma P(k, x) with a gradient in the shape k too (torch has none):
+    dP/dx = x^(k-1) e^-x / Gamma(k); dP/dk by a central difference with step 1e-5 k (in float64)."""
+
+    @staticmethod
+    def forward(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.gammainc(k, x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, x = ctx.saved_tensors
+        h = 1e-5 * k
+        dk = (torch.special.gammainc(k + h, x) - torch.special.gammainc(k - h, x)) / (2.0 * h)
+        dx = torch.exp(torch.xlogy(k - 1.0, x) - x - torch.lgamma(k))
+        return grad * dk, grad * dx
+
+
+def gammainc(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """P(k, x), differentiable in both arguments."""
+    k, x = torch.broadcast_tensors(k, x)
+    out: torch.Tensor = _GammaInc.apply(k, x)
+    return out
+
+
+@register("csg", n_raw=3)
+@dataclass(frozen=True)
+class CensoredShiftedGamma(Distribution):
+    """Y = max(0, X - shift), X ~ Gamma(shape k, scale theta): P(Y = 0) = P(k, shift / theta)
+    (Scheuerer and Hamill 2015). Head, raw (a, b, c): shift = s softplus(c), X has mean
+    (max(m, 0) + shift) exp(a) and std s exp(b), so k = (mean / std)^2, theta = std^2 / mean."""
+
+    shape: torch.Tensor
+    scale: torch.Tensor
+    shift: torch.Tensor
+    lower: ClassVar[float | None] = 0.0
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> CensoredShiftedGamma:
+        shift = s * F.softplus(raw[..., 2])
+        mean = (m.clamp_min(0.0) + shift) * torch.exp(raw[..., 0])  # of X, > 0
+        std = s * torch.exp(raw[..., 1])
+        return cls((mean / std) ** 2, std * std / mean, shift)
+
+    @_float64
+    @_censored
+    def crps(self, y: torch.Tensor) -> torch.Tensor:
+        """In units of theta, u = (y + shift) / theta, c = shift / theta, P_k = P(k, .), B the beta function:
+        CRPS / theta = u (2 P_k(u) - 1) - c P_k(c)^2 + k (1 + 2 P_k(c) P_k+1(c) - P_k(c)^2 - 2 P_k+1(u))
+                       - k / pi B(1/2, k + 1/2) (1 - P_2k(2c))."""
+        k = self.shape
+        u, c = (y + self.shift) / self.scale, self.shift / self.scale
+        pc, pc1 = gammainc(k, c), gammainc(k + 1.0, c)
+        beta = torch.exp(math.lgamma(0.5) + torch.lgamma(k + 0.5) - torch.lgamma(k + 1.0))
+        out = (u * (2.0 * gammainc(k, u) - 1.0) - c * pc * pc
+               + k * (1.0 + 2.0 * pc * pc1 - pc * pc - 2.0 * gammainc(k + 1.0, u))
+               - k / math.pi * beta * (1.0 - gammainc(2.0 * k, 2.0 * c)))
+        return self.scale * out
+
+    def log_score(self, y: torch.Tensor) -> torch.Tensor:
+        u = (y + self.shift) / self.scale
+        dens = torch.log(self.scale) - torch.xlogy(self.shape - 1.0, u) + u + torch.lgamma(self.shape)
+        atom = -torch.log(torch.special.gammainc(self.shape, self.shift / self.scale))
+        return torch.where(y > 0, dens, torch.where(y == 0, atom, torch.inf))
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        p = torch.special.gammainc(self.shape, (x.clamp_min(0.0) + self.shift) / self.scale)
+        return torch.where(x >= 0, p, 0.0)
+
+    def sf(self, x: torch.Tensor) -> torch.Tensor:
+        q = torch.special.gammaincc(self.shape, (x.clamp_min(0.0) + self.shift) / self.scale)
+        return torch.where(x >= 0, q, 1.0)
+
+    def cdf_left(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, self.cdf(x), 0.0)
+
+    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
+        """0 where tau <= P(Y = 0), else theta (P^-1(k, tau) - c), c = shift / theta: P^-1 by bisection on
+        [c, hi], hi doubled until P(k, hi) >= tau (above c, so tiny quantiles keep their precision)."""
+        k, tau = torch.broadcast_tensors(self.shape, torch.as_tensor(tau, dtype=self.dtype, device=self.device))
+        c = (self.shift / self.scale).expand_as(k)
+        hi = torch.maximum(k, c) + 1.0
+        for _ in range(64):
+            short = torch.special.gammainc(k, hi) < tau
+            if not bool(short.any()):
+                break
+            hi = torch.where(short, 2.0 * hi, hi)
+        g = _bisect(lambda v: torch.special.gammainc(k, v) - tau, c, hi)
+        return torch.where(tau > torch.special.gammainc(k, c), self.scale * (g - c), 0.0)
+
+
+# --- Bernstein quantile function ----------------------------------------------------------------
+def bernstein_basis(tau: torch.Tensor, degree: int) -> torch.Tensor:
+    """B_{j,d}(tau) = C(d, j) tau^j (1 - tau)^(d - j): tau (*S) -> (*S, d + 1); powers by running products."""
+    binom = torch.tensor([math.comb(degree, i) for i in range(degree + 1)], dtype=tau.dtype, device=tau.device)
+    t = tau.unsqueeze(-1)  # (*S, 1)
+    ones = torch.ones_like(t)
+    up = torch.cat([ones, t.expand(*t.shape[:-1], degree)], dim=-1).cumprod(-1)  # tau^j
+    down = torch.cat([ones, (1.0 - t).expand(*t.shape[:-1], degree)], dim=-1).cumprod(-1).flip(-1)  # (1-tau)^(d-j)
+    return binom * up * down
+
+
+@register("bernstein", n_raw=BERNSTEIN_DEGREE + 1)
+@dataclass(frozen=True)
+class Bernstein(Distribution):
+    """Quantile function Q(tau) = sum_j a_j B_{j,d}(tau), a_0 <= ... <= a_d (coef: (*S, d + 1)), so Q is
+    increasing on [0, 1] and the law lives on [a_0, a_d] (Bremnes 2020). Head, raw r (*S, d + 1):
+    a_0 = m + s (r_0 - sqrt(3)), a_j = a_0 + s k sum_{i<=j} softplus(r_i), k = sqrt(12) / (d log 2):
+    r = 0 gives the uniform law of mean m and std s."""
+
+    coef: torch.Tensor
+
+    @property
+    def degree(self) -> int:
+        return self.coef.shape[-1] - 1
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> Bernstein:
+        d = raw.shape[-1] - 1
+        a0 = m + s * (raw[..., 0] - math.sqrt(3.0))  # (*S)
+        steps = F.softplus(raw[..., 1:]) * (math.sqrt(12.0) / (d * math.log(2.0)))  # (*S, d)
+        rise = torch.cat([torch.zeros_like(raw[..., :1]), steps.cumsum(-1)], dim=-1)  # (*S, d + 1)
+        return cls(a0.unsqueeze(-1) + s.unsqueeze(-1) * rise)
+
+    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
+        tau = torch.as_tensor(tau, dtype=self.dtype, device=self.device)  # broadcastable to S
+        return (bernstein_basis(tau, self.degree) * self.coef).sum(-1)
+
+    def cdf(self, x: torch.Tensor) -> torch.Tensor:
+        """The tau with Q(tau) = x by bisection (0 below a_0, 1 above a_d); no gradient."""
+        x = torch.as_tensor(x, dtype=self.dtype, device=self.device).expand(self.coef.shape[:-1])
+        zero = torch.zeros_like(x)
+        return _bisect(lambda t: self.quantile(t) - x, zero, zero + 1.0, iters=64)
+
+    @_float64
+    def crps(self, y: torch.Tensor) -> torch.Tensor:
+        """Exact CRPS of Q: 2 int_0^1 pinball_tau(y - Q(tau)) dtau. With tau* = F(y) and
+        w_j = int tau B_{j,d} = (j + 1) / ((d + 1)(d + 2)), U_j = sum_{i <= j} B_{i,d+1}(tau*)
+        (= (d + 1) int_tau*^1 B_{j,d}): CRPS = y (2 tau* - 1) - 2 sum_j a_j w_j + 2 / (d + 1) sum_j a_j U_j.
+        tau* carries no gradient and needs none: the integrand vanishes at tau* (Q(tau*) = y)."""
+        d = self.degree
+        t = self.cdf(y)  # (*S), detached
+        j = torch.arange(d + 1, dtype=y.dtype, device=y.device)
+        w = (j + 1.0) / ((d + 1) * (d + 2))  # (d + 1,)
+        up = bernstein_basis(t, d + 1)  # (*S, d + 2)
+        tail = up.cumsum(-1)[..., :-1]  # (*S, d + 1): U_j = sum_{i <= j}
+        return y * (2.0 * t - 1.0) - 2.0 * (self.coef * w).sum(-1) + 2.0 / (d + 1) * (self.coef * tail).sum(-1)
+
+    def log_score(self, y: torch.Tensor) -> torch.Tensor:
+        """log Q'(F(y)) inside [a_0, a_d] (the density is 1 / Q'), +inf outside."""
+        d = self.degree
+        slope = d * (bernstein_basis(self.cdf(y), d - 1) * self.coef.diff(dim=-1)).sum(-1)
+        inside = (y >= self.coef[..., 0]) & (y <= self.coef[..., -1])
+        return torch.where(inside, torch.log(slope), torch.inf)
