@@ -3,6 +3,11 @@
 Every preset in ``configs/`` carries ``kind: <name>`` naming the dataclass it fills (registered by
 the module that owns it with ``@register("<name>")``); unknown keys,
 wrong types and failed cross-field checks raise :class:`ConfigError` with the key path and the fix.
+
+Every YAML file postcast reads goes through :func:`load_yaml` (typed presets here, Lightning training
+presets through the jsonargparse loader that ``postcast train`` registers): UTF-8 only, at most
+:data:`MAX_YAML_BYTES` bytes and :data:`MAX_YAML_NODES` nodes once aliases are expanded, so an alias bomb
+("billion laughs": each level repeats the previous one ten times) is refused before it is built.
 """
 
 from __future__ import annotations
@@ -121,11 +126,91 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
         raise ConfigError(msg) from err
 
 
+MAX_YAML_BYTES = 1 << 20  # a preset is a few hundred bytes; the largest in configs/ is under 4 kB
+MAX_YAML_NODES = 100_000  # scalars, lists and mappings after expanding aliases (a preset has < 500)
+
+
+def _expanded_nodes(node: yaml.Node, memo: dict[int, int], limit: int) -> int:
+    """Nodes of ``node``'s document once every alias is expanded (an alias is the node it names, so
+    the count is memoised per node: linear in the text, whatever the expansion); stops past ``limit``."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = limit + 1  # a node that contains itself (``&a [*a]``) expands without end
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    total = 1
+    for child in children:
+        total += _expanded_nodes(child, memo, limit)
+        if total > limit:
+            break
+    memo[key] = total
+    return total
+
+
+def check_yaml(text: str, where: str) -> None:
+    """Refuse YAML text larger than :data:`MAX_YAML_BYTES` or that expands to more than
+    :data:`MAX_YAML_NODES` nodes (:class:`ConfigError`, naming the limit), without constructing it."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_YAML_BYTES:
+        msg = f"{where}: {size} bytes of YAML, more than the limit of {MAX_YAML_BYTES} bytes for a config file"
+        raise ConfigError(msg)
+    reader = yaml.SafeLoader(text)
+    try:
+        node = reader.get_single_node()
+        nodes = _expanded_nodes(node, {}, MAX_YAML_NODES) if node is not None else 0
+    except RecursionError as err:
+        msg = f"{where}: the YAML nests too deeply to read; a config file needs a few levels"
+        raise ConfigError(msg) from err
+    finally:
+        reader.dispose()
+    if nodes > MAX_YAML_NODES:
+        msg = (f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (aliases repeating aliases, "
+               "an alias bomb?); write the values out instead of nesting aliases")
+        raise ConfigError(msg)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """YAML text -> plain data (yaml.safe_load) within the limits of :func:`check_yaml`."""
+    check_yaml(text, where)
+    return yaml.safe_load(text)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file -> plain data, within the limits of :func:`check_yaml`; :class:`ConfigError` (one line
+    naming the file) when it is missing, unreadable, larger than the byte limit, not UTF-8 or not YAML."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_YAML_BYTES:  # refused before reading it into memory
+            msg = f"{p}: {p.stat().st_size} bytes, more than the limit of {MAX_YAML_BYTES} bytes for a config file"
+            raise ConfigError(msg)
+        raw = p.read_bytes()
+    except FileNotFoundError as err:
+        msg = f"config file {p} does not exist"
+        raise ConfigError(msg) from err
+    except OSError as err:
+        msg = f"{p}: cannot read the config file ({err.strerror or err})"
+        raise ConfigError(msg) from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        msg = f"{p}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); save the file as UTF-8"
+        raise ConfigError(msg) from err
+    try:
+        return load_yaml(text, str(p))
+    except yaml.YAMLError as err:
+        msg = f"{p}: not valid YAML: {' '.join(str(err).split())}"
+        raise ConfigError(msg) from err
+
+
 def is_lightning_preset(path: str | Path) -> bool:
     """A Lightning CLI preset (``trainer``/``model``/``data`` sections, no ``kind``)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
+        data = read_yaml(path)
+    except ConfigError:
         return False
     return isinstance(data, dict) and "kind" not in data and bool({"trainer", "model", "data"} & set(data))
 
@@ -133,17 +218,7 @@ def is_lightning_preset(path: str | Path) -> bool:
 def load(path: str | Path, expect_kind: str | None = None, **overrides: Any) -> Any:
     """Load a YAML preset into its typed config; ``overrides`` (non-None values) win over the file."""
     p = Path(path)
-    if not p.exists():
-        msg = f"config file {p} does not exist"
-        raise ConfigError(msg)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        msg = f"{p}: not valid YAML: {err}"
-        raise ConfigError(msg) from err
-    except OSError as err:
-        msg = f"{p}: cannot read the config file ({err.strerror or err})"
-        raise ConfigError(msg) from err
+    data = read_yaml(p) or {}
     if not isinstance(data, dict):
         msg = f"{p}: expected a mapping at the top level"
         raise ConfigError(msg)

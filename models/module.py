@@ -229,6 +229,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _refused_pickle(path: str, torch_text: str) -> str:
+    """Why a checkpoint's pickle was refused, naming what it holds (a Python object other than tensors and
+    plain containers, e.g. ``posix.system``), never torch's advice to load it with ``weights_only=False``."""
+    found = re.search(r"GLOBAL ([\w.]+)", torch_text)
+    what = (f"it holds a Python object ({found.group(1)}) where a checkpoint holds only tensors and plain values"
+            if found else "not a torch checkpoint file")
+    return (f"{path}: not a readable checkpoint: not a postcast checkpoint ({what}; crafted or tampered with, "
+            "it was not loaded); use a checkpoint saved by `postcast train`")
+
+
 def read_checkpoint(path: str) -> dict[str, Any]:
     """A checkpoint's contents, verified: loaded with ``weights_only=True`` (tensors and plain containers
     only, so a crafted file cannot run code; Lightning's own checkpoints hold nothing else), of the
@@ -239,8 +249,10 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     except FileNotFoundError as err:
         msg = f"{path}: no such checkpoint"
         raise MissingInputError(msg) from err
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
-        reason = str(err).split("\n")[0]  # torch's first line; its advice to unpickle anyway is not ours
+    except pickle.UnpicklingError as err:  # torch's text advises unpickling anyway: not repeated
+        raise BadInputError(_refused_pickle(path, str(err))) from err
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        reason = str(err).split("\n")[0]
         msg = f"{path}: not a readable checkpoint ({reason}); only checkpoints saved by `postcast train` load"
         raise BadInputError(msg) from err
     meta = ckpt.get("postcast") if isinstance(ckpt, dict) else None

@@ -13,12 +13,18 @@ Conventions (docs/verification.md): CRPS and EECRPS unweighted (ENS-10) and area
 (members of the init dates within the ENS-10 climate window); ``gap_closed`` = (CRPS_raw - CRPS) /
 (CRPS_raw - CRPS_oracle); differences against the raw Gaussian tested per init date (Diebold-Mariano
 with HAC variance, stationary bootstrap interval).
+
+Bad inputs are one line each: a chunk of the target's arrays deleted after ingest (66) or of another
+size (65) is named before scoring (:func:`postcast.datasets.reads.check_chunks`), one that does not
+decode when the read fails (65); a checkpoint that does not fit the store (another grid or region,
+inputs the store lacks, another ensemble size) names what differs (65: the two inputs disagree).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +34,9 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from postcast.datasets import io, schema
+from postcast.datasets import io, reads, schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models.module import load_checkpoint
@@ -120,6 +126,7 @@ def _predict(path: str, store: str, split: str, batch_size: int = 4) -> tuple[st
     sample spec declares, in physical units (the model normalises them with the statistics it carries)."""
     model, meta = load_checkpoint(path)
     cfg = DataConfig(store=store, sample=SampleSpec.from_dict(meta["sample"]))
+    check_fits(path, dict(model.hparams), cfg.sample, contract.open_store(store))
     data = StoreDataset(cfg, split)
     mus, sigmas = [], []
     for start in range(0, len(data), batch_size):
@@ -130,6 +137,26 @@ def _predict(path: str, store: str, split: str, batch_size: int = 4) -> tuple[st
         sigmas.append(sigma.double().numpy())
     times = contract.open_store(store)[schema.INIT_TIME].values[data.indices]
     return cfg.sample.target, cfg.sample.step_h, times, np.concatenate(mus), np.concatenate(sigmas)
+
+
+def check_fits(path: str, hparams: dict[str, Any], spec: SampleSpec, store: xr.Dataset) -> None:
+    """BadInputError naming what differs when a checkpoint was trained on another grid, region or ensemble
+    size than the store's, or reads variables the store lacks."""
+    grid = (store.sizes[schema.LAT], store.sizes[schema.LON])
+    area = schema.Grid.from_coords(store[schema.LAT].values, store[schema.LON].values, regional=True).area
+    trained = hparams.get("grid_area")
+    problems = [
+        *([f"grid {tuple(hparams['grid'])} (lat x lon), the store {grid}"] if tuple(hparams["grid"]) != grid else []),
+        *([f"area {trained}, the store {area}"] if (tuple(trained) if trained else None) != area else []),
+        *([f"inputs {missing}, which the store lacks"] if (missing := [n for n in spec.store_variables()
+                                                                    if n not in store]) else []),
+        *([f"{hparams['n_members']} members, the store {store.sizes[schema.MEMBER]}"]
+          if spec.members and hparams["n_members"] != store.sizes[schema.MEMBER] else []),
+    ]
+    if problems:
+        msg = (f"{path}: checkpoint does not fit the store: trained with {'; '.join(problems)}; evaluate it on a "
+               "store like the one it was trained on")
+        raise BadInputError(msg)
 
 
 def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
@@ -357,6 +384,32 @@ def write_results(ds: xr.Dataset, out: Path) -> Path:
     return path
 
 
+def target_arrays(store: xr.Dataset, target: str, path: str) -> list[str]:
+    """The store arrays scoring ``target`` reads (members, ensemble mean and std, truth, oracle when there)."""
+    tg = schema.TARGETS[target]
+    names = [tg.variable, contract.ens_mean(tg.variable), contract.ens_std(tg.variable), contract.truth_name(target)]
+    missing = [n for n in names if n not in store]
+    if missing:
+        msg = f"{path} has no {', '.join(missing)}: cannot score {target}; evaluate other --targets"
+        raise MissingInputError(msg, missing=missing)
+    return names + [n for n in (contract.oracle_mean(target), contract.oracle_std(target)) if n in store]
+
+
+@contextlib.contextmanager
+def chunk_named(path: str, names: list[str]) -> Iterator[None]:
+    """A read inside xarray that fails (which names neither variable nor chunk) becomes the BadInputError
+    naming the first chunk of ``names`` that does not decode; any other failure passes unchanged."""
+    try:
+        yield
+    except PostcastError:
+        raise
+    except Exception as err:
+        bad = reads.first_undecodable(path, names)
+        if bad is None:
+            raise
+        raise bad from err
+
+
 def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> dict[str, Any]:
     """Score every checkpoint plus raw ensemble and oracle at every lead with truth; writes
     ``results.nc`` (the results Dataset), ``metrics.json`` (its summary) and the report."""
@@ -370,7 +423,12 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
         name = _checkpoint_name(path, cfg.names, taken.setdefault(target, set()))
         preds.setdefault(target, []).append((name, lead, times, mu, sigma))
     targets = cfg.targets or (tuple(preds) if preds else tuple(schema.TARGETS))
-    per_target = {t: score_target(store, t, cfg.split, preds.get(t, []), cfg.bootstrap) for t in targets}
+    per_target = {}
+    for t in targets:
+        names = target_arrays(store, t, cfg.store)
+        reads.check_chunks(cfg.store, names, range(store.sizes[schema.INIT_TIME]))
+        with chunk_named(cfg.store, names):
+            per_target[t] = score_target(store, t, cfg.split, preds.get(t, []), cfg.bootstrap)
     results: dict[str, Any] = {"store": cfg.store, "split": cfg.split, "results": "results.nc", "targets": {
         t: _target_summary(res, headline_lead(res, preds.get(t, []))) for t, res in per_target.items()}}
     out = Path(cfg.out)

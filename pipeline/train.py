@@ -6,13 +6,22 @@ with ``-c`` (later files and flags win). Every run first reads the paths fragmen
 of the store path, so presets name none. The model's sample spec, grid and ensemble size are linked
 from the instantiated DataModule, and the normalisation statistics are copied into the model at fit
 start, so checkpoints are self-describing.
+
+Every YAML the parser reads (``-c`` files, the paths fragment, YAML values) goes through the limits of
+:func:`postcast.datasets.config.check_yaml` (jsonargparse loader mode :data:`YAML_MODE`); named files
+are checked first, so an alias bomb is one line naming the file and the limit (exit 2). SIGTERM ends a
+run at once, whatever the loader is waiting for (exit 143, 128 + SIGTERM); SIGINT exits 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from postcast.datasets import config
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor, read_checkpoint
@@ -94,10 +104,7 @@ def resolve(args: Sequence[str]) -> dict[str, Any]:
     """The configuration ``postcast train fit ARGS`` would run with (paths fragment, presets and flags
     merged, every default filled in) as plain data, without instantiating anything; raises
     ``ValueError`` with the parser's last line when the arguments are invalid."""
-    import contextlib
     import io
-
-    import yaml
 
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -106,7 +113,7 @@ def resolve(args: Sequence[str]) -> dict[str, Any]:
     except SystemExit as stop:
         if stop.code not in (0, None):
             raise ValueError(_parser_error(err.getvalue()) or f"invalid (exit {stop.code})") from None
-    resolved = yaml.safe_load(out.getvalue())
+    resolved = config.load_yaml(out.getvalue(), "the resolved training configuration")
     return resolved if isinstance(resolved, dict) else {}
 
 
@@ -120,8 +127,6 @@ def _parser_error(text: str) -> str:
 def data_config(args: Sequence[str] | dict[str, Any]) -> DataConfig:
     """The DataConfig a training run with ``args`` (e.g. ``["-c", preset]``, or their :func:`resolve`d
     configuration) would read."""
-    from postcast.datasets import config
-
     cfg = args if isinstance(args, dict) else resolve(args)
     data = (cfg.get("data") or {}).get("cfg") or {}
     return config.from_dict(DataConfig, data, where="data.cfg")
@@ -172,20 +177,87 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
+YAML_MODE = "postcast_yaml"  # jsonargparse parser mode: its YAML loader within config.check_yaml's limits
+
+
+def _load_yaml_value(text: str) -> Any:
+    """jsonargparse's own YAML loader, after the size and alias checks (for every config file and value)."""
+    from jsonargparse import get_loader
+
+    config.check_yaml(text, "a YAML config or value given to `postcast train`")
+    return get_loader("yaml")(text)
+
+
+def _config_files(args: Sequence[str], paths: Path | None) -> list[str]:
+    """The files the parser will read: the paths fragment and every ``-c``/``--config`` that names a file."""
+    named = [str(paths)] if paths else []
+    for i, a in enumerate(args):
+        value = args[i + 1] if a in ("-c", "--config") and i + 1 < len(args) else a.partition("=")[2]
+        if (a in ("-c", "--config") or a.startswith("--config=")) and _is_file(value):
+            named.append(value)
+    return named
+
+
+def _is_file(value: str) -> bool:
+    """Whether ``value`` names a file (``--config`` also takes YAML text, which may be no valid path)."""
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread wherever it waits (a loader's queue, a prefetch
+    entry), so the run ends at once; a BaseException like KeyboardInterrupt, so no ``except Exception``
+    swallows it."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _signals_end_the_run() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` (Lightning's own handler only sets a flag checked between
+    batches, and a loader blocked on a dead thread never reaches one); exit 143. Lightning turns a
+    KeyboardInterrupt (SIGINT) into ``sys.exit(1)``: it leaves as KeyboardInterrupt (the CLI's exit 130)."""
+    main_thread = threading.current_thread() is threading.main_thread()  # (only it may set handlers)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    try:
+        yield
+    except Terminated:
+        print("postcast: terminated (SIGTERM); resume with --ckpt_path LOGDIR/checkpoints/last.ckpt", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM) from None
+    except SystemExit as stop:
+        if isinstance(stop.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: Sequence[str]) -> PostcastCLI:
     """Run the Lightning CLI on ``args``; returns the CLI (``cli.trainer.checkpoint_callback
     .best_model_path`` after ``fit``). ``sys.argv`` is left alone: DDP's launcher re-runs it for the
     other ranks."""
     import warnings
 
+    import yaml
+    from jsonargparse import set_loader
+
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # by design, see above
     quiet_lightning()
     paths = paths_file()
-    defaults = {sub: {"default_config_files": [str(paths)]} for sub in SUBCOMMANDS} if paths else {}
+    for path in _config_files(args, paths):
+        config.read_yaml(path)  # the limits, naming the file (the parser would name neither)
+    set_loader(YAML_MODE, _load_yaml_value, exceptions=(yaml.YAMLError,))
+    defaults = {sub: {"parser_mode": YAML_MODE, **({"default_config_files": [str(paths)]} if paths else {})}
+                for sub in SUBCOMMANDS}
     if paths is None and not any(str(a).startswith("--data.cfg.store") or a in ("-h", "--help") for a in args):
-        import sys
-
         print("postcast train: no configs/paths.yaml in this directory and $POSTCAST_PATHS is unset: the store "
               "must come from a preset or --data.cfg.store STORE", file=sys.stderr)
-    return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
-                       parser_kwargs={"prog": "postcast train", **defaults}, args=list(args))
+    with _signals_end_the_run():
+        return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
+                           parser_kwargs={"prog": "postcast train", "parser_mode": YAML_MODE, **defaults},
+                           args=list(args))

@@ -63,8 +63,8 @@ def test_verify_without_checksums_still_finds_an_undecodable_chunk(copy, capsys)
 
 
 def test_training_stops_on_a_missing_chunk_instead_of_nan(copy, tmp_path, capsys):
-    """One validation date's ens_mean_t2m chunk deleted: training stops with one line and exit 65
-    (it used to finish with exit 0 and val_crps=nan)."""
+    """One validation date's ens_mean_t2m chunk deleted: training stops with one line naming the chunk and
+    exit 66, before it starts (the chunk manifest; it used to finish with exit 0 and val_crps=nan)."""
     for chunk in _chunks_of(copy, "ens_mean_t2m", int(_rows(copy, "val")[0])):
         chunk.unlink()
     code = main(["train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(copy),
@@ -72,6 +72,6 @@ def test_training_stops_on_a_missing_chunk_instead_of_nan(copy, tmp_path, capsys
                  "--trainer.enable_progress_bar", "false", "--data.cfg.batch_size", "2"])
     err = capsys.readouterr().err
     errors = [ln for ln in _lines(err) if ln.startswith("postcast: error:")]
-    assert code == 65, err[-2000:]
-    assert len(errors) == 1 and "non-finite m" in errors[0] and "inspect STORE --verify" in errors[0]
+    assert code == 66, err[-2000:]
+    assert len(errors) == 1 and "chunk ens_mean_t2m/c/" in errors[0] and "inspect STORE --verify" in errors[0]
     assert "Traceback" not in err

@@ -7,6 +7,12 @@ tensors; they are in physical units: the model normalises its inputs itself.
 The split comes from the store's ``split`` coordinate; dates without truth at the spec's lead are
 skipped. Works with numpy- or dask-backed stores and with several DataLoader workers (each worker
 opens the store itself).
+
+Bad data stop training with one error, whichever loader reads them: a variable the spec reads that the
+store lacks is a MissingInputError when the dataset is built; a chunk missing or of another size than
+ingest recorded is refused then too (:func:`postcast.datasets.reads.check_chunks`); a chunk that does
+not decode is a BadInputError naming the variable and chunk when it is read, in this process, a
+prefetch thread (handed to the consumer) or a worker process (:class:`WorkerBadInput`).
 """
 
 from __future__ import annotations
@@ -21,11 +27,11 @@ import numpy as np
 import torch
 import xarray as xr
 import zarr
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from postcast.datasets import io, schema
+from postcast.datasets import io, reads, schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError, MissingInputError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.datasets.loaders import prefetch
 from postcast.datasets.sample import Sample, Sampler, SampleSpec
 
@@ -69,6 +75,36 @@ class DataConfig:
             raise ConfigError(msg)
 
 
+def _worker_line(text: str) -> str:
+    """The error's own line: torch re-raises a worker's exception as ``type("Caught X in DataLoader worker
+    process N. Original Traceback ... X: <line>")``; the traceback stays in the worker's text, not the error."""
+    if not text.startswith("Caught "):
+        return text
+    last = text.rstrip().rsplit("\n", 1)[-1]
+    return last.partition(": ")[2] or last
+
+
+class WorkerBadInput(BadInputError):
+    """A BadInputError raised in a DataLoader worker process, re-raised in the training process as one line."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(_worker_line(text))
+
+
+class WorkerMissingInput(MissingInputError):
+    """A MissingInputError raised in a DataLoader worker process, re-raised in the training process as one line."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(_worker_line(text))
+
+
+def _across_workers(err: BadInputError | MissingInputError) -> PostcastError:
+    """``err`` as it must leave a worker process to reach the training loop as one line (unchanged outside one)."""
+    if get_worker_info() is None:
+        return err
+    return WorkerMissingInput(str(err)) if isinstance(err, MissingInputError) else WorkerBadInput(str(err))
+
+
 def to_tensors(sample: Sample) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in sample.items()}
 
@@ -77,6 +113,16 @@ def to_tensors(sample: Sample) -> dict[str, torch.Tensor]:
 def _open(store: str) -> tuple[xr.Dataset, xr.Dataset | None]:
     """The store (checked by the store contract) and its statistics group (None when it has none)."""
     return contract.open_store(store), contract.open_statistics(store)
+
+
+def check_variables(ds: xr.Dataset, spec: SampleSpec, store: str) -> None:
+    """MissingInputError naming the variables ``spec`` reads that the store lacks, and the fix."""
+    missing = [n for n in spec.store_variables() if n not in ds]
+    if missing:
+        names = ", ".join(missing)
+        msg = (f"{store} has no {names}, which target {spec.target} with inputs {list(spec.input_variables)} reads: "
+               "ingest a store that holds them, or set data.cfg.sample.variables to inputs the store has")
+        raise MissingInputError(msg, missing=missing)
 
 
 class StoreDataset(Dataset[dict[str, torch.Tensor]]):
@@ -96,6 +142,8 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
             msg = f"{cfg.store}: no init date with truth in split {split!r} for {self.spec.target}"
             raise MissingInputError(msg)
         oracle = contract.oracle_mean(self.spec.target) in ds
+        check_variables(ds, self.spec, cfg.store)
+        reads.check_chunks(cfg.store, self.spec.store_variables(oracle=oracle), self.indices.tolist())
         self.sampler = Sampler(self.spec, ds[schema.LAT].values, ds[schema.LON].values, oracle=oracle)
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
 
@@ -107,11 +155,14 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         return self.sampler.nbytes(_open(self.cfg.store)[0].sizes[schema.MEMBER])
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        if self.cfg.cache:
-            if i not in self._cache:
-                self._cache[i] = self._read(i)
-            return self._cache[i]
-        return self._read(i)
+        try:
+            if self.cfg.cache:
+                if i not in self._cache:
+                    self._cache[i] = self._read(i)
+                return self._cache[i]
+            return self._read(i)
+        except (BadInputError, MissingInputError) as err:
+            raise _across_workers(err) from None
 
     def _read(self, i: int) -> dict[str, torch.Tensor]:
         """Sample ``i``: the variables it needs are read in one concurrent zarr call (the same values
@@ -161,6 +212,7 @@ class StoreDataModule(L.LightningDataModule):
             msg = (f"{self.cfg.store} has no statistics group (no init date in the training years): "
                    "train on a store with one")
             raise MissingInputError(msg)
+        check_variables(_open(self.cfg.store)[0], self.cfg.sample, self.cfg.store)
         return self.cfg.sample.normalisation(stats)
 
     def climate_thresholds(self) -> tuple[float, ...]:

@@ -3,6 +3,8 @@
 
 Threads fill tier slots in order of first access and stage uncached samples a bounded window
 ahead of the consumer, each read exactly once, so backing-store reads = accesses - predicted hits.
+A read that fails in a thread (a damaged chunk) stops the threads and is raised by the consumer's
+next ``__getitem__``, or the one waiting for that sample: the error reaches the training loop at once.
 
 The dataset wrapper serves from the main process: use it with ``num_workers=0`` (its threads do the
 parallel reading that worker processes would otherwise do). Samples served from the RAM tier are
@@ -26,11 +28,12 @@ from postcast.datasets.loaders.prefetch.tiers import TIERS, EpochStats, Sample, 
 
 
 class _Entry:
-    __slots__ = ("ready", "sample")
+    __slots__ = ("error", "ready", "sample")
 
     def __init__(self) -> None:
         self.ready = threading.Event()
         self.sample: Sample | None = None  # staging only; tier entries live in the tier
+        self.error: BaseException | None = None  # the prefetch thread's read failed: the consumer raises it
 
 
 class ClairvoyantDataset(Dataset[Sample]):
@@ -60,6 +63,7 @@ class ClairvoyantDataset(Dataset[Sample]):
         self._stream: list[int] = []
         self._streams: dict[int, list[int]] = {}  # planned epoch offset -> stream (memoised)
         self._stop = False
+        self._error: BaseException | None = None  # the first failed read of a prefetch thread
         self.backing_reads = 0
         self.stats: list[EpochStats] = []
         self._threads = [threading.Thread(target=self._work, name=f"prefetch-{k}", daemon=True)
@@ -113,6 +117,8 @@ class ClairvoyantDataset(Dataset[Sample]):
     def __getitem__(self, i: int) -> Sample:
         t0 = time.perf_counter()
         with self._cv:
+            if self._error is not None:
+                raise self._error
             if not self.stats:  # used without begin_epoch: plain reads, still counted
                 self.stats.append(EpochStats(-1))
                 self._on_plan = False
@@ -137,6 +143,8 @@ class ClairvoyantDataset(Dataset[Sample]):
         assert entry is not None
         waited = not entry.ready.is_set()
         entry.ready.wait()
+        if entry.error is not None:
+            raise entry.error
         sample = self._serve(i, pos, entry, source)
         with self._cv:
             st.hits[source] += 1
@@ -228,7 +236,20 @@ class ClairvoyantDataset(Dataset[Sample]):
             if job is None:
                 return
             i, pos, entry, source = job
-            self._store(i, pos, entry, self._read(i), source)
+            try:
+                self._store(i, pos, entry, self._read(i), source)
+            except BaseException as err:  # handed to the consumer: a thread dying silently left it waiting
+                self._fail(entry, err)
+                return
+
+    def _fail(self, entry: _Entry, err: BaseException) -> None:
+        """Stop prefetching; the consumer raises ``err`` (waiting for ``entry`` or at its next access)."""
+        with self._cv:
+            self._error = self._error or err
+            self._stop = True
+            self._cv.notify_all()
+        entry.error = err
+        entry.ready.set()
 
 
 def sample_nbytes(sample: Sample) -> int:
