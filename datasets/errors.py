@@ -13,10 +13,13 @@ code  class                meaning
                            file, the user sees one line naming it
 74    OutputError          the output cannot be written: disk full, file size limit, quota (EX_IOERR)
 130   KeyboardInterrupt    interrupted (128 + SIGINT)
+143   -                    terminated by SIGTERM during training (128 + SIGTERM; resume from last.ckpt)
 ====  ===================  ==========================================================
 """
 
 from __future__ import annotations
+
+TERMINATED = 143  # 128 + SIGTERM: training stopped by SIGTERM (pipeline/train.py)
 
 # The one table of exit codes: the CLI's help is built from it; README and docs are tested against it.
 EXIT_CODES: dict[int, str] = {
@@ -27,6 +30,7 @@ EXIT_CODES: dict[int, str] = {
     70: "internal error (a bug; the traceback is in a log file)",
     74: "cannot write the output (disk full)",
     130: "interrupted",
+    143: "terminated (SIGTERM; training resumes from last.ckpt)",
 }
 
 

@@ -30,6 +30,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from postcast.datasets import config
+from postcast.datasets.errors import TERMINATED
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor, read_checkpoint
@@ -227,7 +228,7 @@ def _signals_end_the_run() -> Iterator[None]:
         yield
     except Terminated:
         print("postcast: terminated (SIGTERM); resume with --ckpt_path LOGDIR/checkpoints/last.ckpt", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGTERM) from None
+        raise SystemExit(TERMINATED) from None
     except SystemExit as stop:
         if isinstance(stop.__context__, KeyboardInterrupt):
             raise KeyboardInterrupt from None

@@ -244,7 +244,7 @@ def test_exit_codes_come_from_one_table(cli):
     assert _codes_in((ROOT / "README.md").read_text(), "Exit codes (") == table
     assert _codes_in((ROOT / "docs/architecture.md").read_text(), "codes (`errors.EXIT_CODES`") == table
     classes = {errors.ConfigError, errors.BadInputError, errors.MissingInputError, errors.OutputError}
-    assert {c.exit_code for c in classes} | {0, INTERNAL, INTERRUPTED} == table
+    assert {c.exit_code for c in classes} | {0, INTERNAL, INTERRUPTED, errors.TERMINATED} == table
     out = cli("--help", check=True).stdout
     assert all(f"{code:>3}  {meaning}" in out for code, meaning in errors.EXIT_CODES.items())
 
