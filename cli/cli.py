@@ -604,15 +604,11 @@ def _add_decompress(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_decompress(a: argparse.Namespace) -> int:
-    from postcast.compression.artefact import Artefact
-    from postcast.datasets import io
+    from postcast.compression.artefact import Artefact, write_decoded
 
     art = Artefact.load(a.artefact)
     ds = art.decode() if a.resolution is None else art.regrid(a.resolution)
-    if str(a.out).endswith(".zarr"):
-        io.write_zarr(ds, a.out)
-    else:
-        io.write_netcdf(ds, a.out)
+    write_decoded(ds, a.out)  # atomic: a failed write leaves nothing openable at --out
     print(f"{a.out}: {', '.join(map(str, ds.data_vars))} on {ds.sizes['latitude']} x {ds.sizes['longitude']}")
     return 0
 

@@ -424,9 +424,20 @@ def spreads(data: np.ndarray, lat: np.ndarray) -> list[float]:
             for v in range(data.shape[0])]
 
 
+def write_decoded(ds: xr.Dataset, out: str | os.PathLike[str]) -> None:
+    """Write decoded fields as zarr (``out`` ending in .zarr) or netCDF, atomically: built under a
+    temporary sibling and renamed into place when whole, so that a failed write (a full disk) leaves
+    nothing at ``out`` that a reader would open as the decoded fields."""
+    if str(out).endswith(".zarr"):
+        with io.atomic_path(out) as tmp:
+            io.write_zarr(ds, tmp)
+    else:
+        io.write_netcdf(ds, out)  # atomic itself
+
+
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The header of an artefact without decoding (inspect)."""
     return Artefact.load(path).header
 
 
-__all__ = ["SUFFIX", "Artefact", "ArtefactError", "grid_arrays", "grid_spec", "read_header"]
+__all__ = ["SUFFIX", "Artefact", "ArtefactError", "grid_arrays", "grid_spec", "read_header", "write_decoded"]

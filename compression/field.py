@@ -220,8 +220,11 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
         msg = f"variables have different shapes {shapes}: compress them separately"
         raise BadInputError(msg)
     data = np.stack(arrays)
-    if not np.isfinite(data).all():
-        msg = "the fields contain NaN or inf: fill or mask them before compressing"
+    gaps = [f"{n} ({100 * np.mean(~np.isfinite(a)):.0f}%)" for n, a in zip(names, arrays, strict=True)
+            if not np.isfinite(a).all()]
+    if gaps:
+        msg = (f"NaN or inf in {', '.join(gaps)}: a neural field fits gap-free fields; "
+               "compress other variables, or fill the gaps first")
         raise BadInputError(msg)
     lat, lon = ds[schema.LAT].values.astype(np.float64), ds[schema.LON].values.astype(np.float64)
     if lat[0] > lat[-1]:

@@ -66,7 +66,7 @@ def select(sel: Selection) -> xr.Dataset:
             raise ConfigError(msg)
         out = out.sel({schema.STEP: pd.Timedelta(hours=sel.step_h)})
     if schema.MEMBER in out.dims:
-        out = out.mean(schema.MEMBER) if sel.member == "mean" else out.isel({schema.MEMBER: int(sel.member)})
+        out = out.mean(schema.MEMBER) if sel.member == "mean" else out.isel({schema.MEMBER: _member(sel, out)})
     if sel.levels:
         if schema.LEVEL not in out.dims:
             msg = f"--level {list(sel.levels)}: the variables {list(sel.variables)} have no pressure levels"
@@ -76,6 +76,16 @@ def select(sel: Selection) -> xr.Dataset:
             out = out.squeeze(schema.LEVEL, drop=True)
     keep = {d for v in out.data_vars for d in out[v].dims}
     return out.drop_vars([c for c in out.coords if c not in keep]).load()
+
+
+def _member(sel: Selection, ds: xr.Dataset) -> int:
+    """The member index ``sel.member`` asks for, checked against the ``n`` members of ``ds`` (0..n-1)."""
+    n = ds.sizes[schema.MEMBER]
+    text = str(sel.member)
+    if not (text.isdigit() and int(text) < n):
+        msg = f"--member {text}: {sel.source} has {n} members; give an index 0..{n - 1} or 'mean'"
+        raise ConfigError(msg)
+    return int(text)
 
 
 def store_fields(store: str, rows: Sequence[int] | np.ndarray, step_h: int,

@@ -1,5 +1,6 @@
 """The dask.distributed cluster ingest runs on, and the set-up of its worker processes.
 
+* :func:`check_local_workers`: a local cluster no larger than the machine (cores, memory);
 * :func:`dask_client`: a client of the scheduler at an address or named by a scheduler file (what
   ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi write), or of a LocalCluster;
 * :func:`quiet_task_failures`: a failed task is reported once, by the driver, not by every worker;
@@ -15,13 +16,33 @@ import collections
 import functools
 import json
 import logging
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from postcast.datasets.errors import MissingInputError
+from postcast.datasets.errors import ConfigError, MissingInputError
+
+WORKERS_PER_CORE = 2  # local workers run one task each: more than this per core only queue for the CPU
+MIN_WORKER_GB = 0.5  # what a worker process holds before its first task (interpreter, dask, numpy, zarr)
+
+
+def check_local_workers(workers: int) -> None:
+    """Refuse a local cluster larger than this machine, before anything starts (1000 workers do not
+    fail: they start for minutes and exhaust the memory): at most WORKERS_PER_CORE per core of this
+    process and MIN_WORKER_GB of memory each."""
+    import psutil  # a dependency of dask.distributed
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    gb = psutil.virtual_memory().total / 1e9
+    bound = max(1, min(WORKERS_PER_CORE * cores, int(gb / MIN_WORKER_GB)))
+    if workers > bound:
+        msg = (f"--workers {workers}: this machine has {cores} cores and {gb:.0f} GB of memory, room for 1..{bound} "
+               f"local workers ({WORKERS_PER_CORE} per core, {MIN_WORKER_GB:g} GB each); pass at most {bound}, or "
+               "--scheduler for a larger cluster")
+        raise ConfigError(msg)
 
 
 @contextmanager

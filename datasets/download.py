@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import email.message
 import hashlib
 import http.client
 import logging
 import os
 import re
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +44,9 @@ ENS10_URL = "https://object-store.os-api.cci1.ecmwf.int/maelstrom-ap4/"
 ERA5_URL = "http://spclstorage.inf.ethz.ch/projects/deep-weather/ERA5/"
 GROUPS = ("pl", "sfc")
 CHUNK = 1 << 20  # bytes per read
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})  # a server's transient errors: retried like a broken transfer
+BACKOFF_S = 1.0  # seconds before the first retry; doubled before each next one
+BACKOFF_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,16 @@ class Remote:
     name: str
     url: str
     size: int | None = None  # bytes, where a HEAD request answered
+    md5: str | None = None  # the MD5 of a single-part S3 ETag, where a HEAD request answered with one
+
+
+def check_url(url: str, option: str) -> str:
+    """``url`` with a trailing slash, if it is an http(s) address; else a ConfigError naming ``option``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        msg = f"{option} {url!r}: not an http:// or https:// address; give the folder of the files, e.g. https://HOST/PATH/"
+        raise ConfigError(msg)
+    return url if url.endswith("/") else url + "/"
 
 
 def ens10_files(start: str, end: str, groups: tuple[str, ...] = GROUPS, base: str = ENS10_URL) -> list[Remote]:
@@ -71,7 +87,7 @@ def ens10_files(start: str, end: str, groups: tuple[str, ...] = GROUPS, base: st
     if not month_days:
         msg = f"no ENS-10 init date (Mondays and Thursdays of 2018, by month-day) between {start} and {end}"
         raise ConfigError(msg)
-    base = base if base.endswith("/") else base + "/"
+    base = check_url(base, "--base-url")
     names = [f"output.{g}.{schema.file_date_label(m, d)}" for m, d in month_days for g in groups]
     return [Remote(n, base + n) for n in names]
 
@@ -90,24 +106,25 @@ def nominal_size(remote: Remote) -> int | None:
 
 def era5_files(years: tuple[int, ...], groups: tuple[str, ...] = GROUPS, base: str = ERA5_URL) -> list[Remote]:
     """The yearly ERA5 analysis files the ENS-10 baselines use as truth."""
-    base = base if base.endswith("/") else base + "/"
+    base = check_url(base, "--era5-url")
     return [Remote(f"era5/analysis_{g}_{y}", f"{base}analysis_{g}_{y}") for y in years for g in groups]
 
 
-def head_size(url: str, timeout: float = 5.0) -> int | None:
-    """The size a server announces for ``url``, or None (offline, no answer, no Content-Length)."""
+def head(url: str, timeout: float = 5.0) -> tuple[int | None, str | None]:
+    """The size and MD5 ETag a server announces for ``url`` (None for what it does not say, or offline)."""
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout) as r:
             length = r.headers.get("Content-Length")
-            return int(length) if length is not None else None
+            return (int(length) if length is not None else None), _md5_etag(r.headers)
     except (OSError, ValueError, http.client.HTTPException):
-        return None
+        return None, None
 
 
 def with_sizes(files: list[Remote], jobs: int = 8, timeout: float = 5.0) -> list[Remote]:
+    """``files`` with the size and MD5 ETag their servers announce (HEAD requests, ``jobs`` at once)."""
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        sizes = list(pool.map(lambda f: head_size(f.url, timeout), files))
-    return [Remote(f.name, f.url, s) for f, s in zip(files, sizes, strict=True)]
+        heads = list(pool.map(lambda f: head(f.url, timeout), files))
+    return [Remote(f.name, f.url, size, md5) for f, (size, md5) in zip(files, heads, strict=True)]
 
 
 def _total_size(resp: http.client.HTTPResponse, offset: int) -> int | None:
@@ -120,9 +137,9 @@ def _total_size(resp: http.client.HTTPResponse, offset: int) -> int | None:
     return int(length) + offset if length is not None else None
 
 
-def _md5_etag(resp: http.client.HTTPResponse) -> str | None:
+def _md5_etag(headers: email.message.Message) -> str | None:
     """A single-part S3 ETag is the MD5 of the object; multipart ones (with '-') are not."""
-    etag = (resp.headers.get("ETag") or "").strip('"')
+    etag = (headers.get("ETag") or "").strip('"')
     return etag.lower() if re.fullmatch(r"[0-9a-fA-F]{32}", etag) else None
 
 
@@ -151,62 +168,93 @@ def _attempt(remote: Remote, part: Path, timeout: float, bar: object | None) -> 
         if total is not None and have < total:  # a dropped connection reads as a short body, not an error
             msg = f"connection closed at byte {have} of {total}"
             raise ConnectionError(msg)
-        return total, _md5_etag(resp)
+        return total, _md5_etag(resp.headers)
 
 
-def fetch(remote: Remote, out: Path, *, retries: int = 5, timeout: float = 60.0, bar: object | None = None) -> str:
+def fetch(remote: Remote, out: Path, *, retries: int = 5, timeout: float = 60.0, bar: object | None = None,
+          backoff: float = BACKOFF_S) -> str:
     """Download one file (resuming ``NAME.part``), check it and rename it into place; returns
-    "skipped" or "fetched". Raises MissingInputError (66) when the server cannot give it, BadInputError
-    (65) when what arrived has the wrong size or checksum."""
+    "skipped" or "fetched". A ``NAME.part`` left by an earlier run that fails the checks is discarded
+    and the whole file fetched again. Raises MissingInputError (66) when the server cannot give it,
+    BadInputError (65) when what arrived has the wrong size or checksum."""
     final = out / remote.name
     if final.exists():
         return "skipped"
     final.parent.mkdir(parents=True, exist_ok=True)
     part = final.with_name(final.name + ".part")
-    total = md5 = None
-    for attempt in range(retries + 1):
-        try:
-            total, md5 = _attempt(remote, part, timeout, bar)
-            break
-        except urllib.error.HTTPError as err:
-            if err.code == 416 and part.exists():  # nothing left to send: the part is whole
-                break
-            msg = f"{remote.url}: HTTP {err.code} {err.reason}; check the address (--base-url) or try later"
-            raise MissingInputError(msg) from err
-        except (OSError, http.client.HTTPException) as err:
-            have = part.stat().st_size if part.exists() else 0
-            log.warning("%s: transfer broke at byte %d (%s); resuming (%d/%d)", remote.name, have, err,
-                        attempt + 1, retries)
-            if attempt == retries:
-                msg = (f"{remote.url}: the transfer failed {retries + 1} times (last at byte {have}: {err}); "
-                       f"rerun the same command to resume from {part.name}")
-                raise MissingInputError(msg) from err
-    _check(remote, part, total if total is not None else remote.size, md5)
+    earlier = part.exists() and part.stat().st_size > 0  # bytes of an earlier run, resumed, not checked yet
+    problem = _problem(remote, part, *_transfer(remote, part, retries, timeout, bar, backoff))
+    if problem is not None and earlier:  # the earlier bytes may be the damaged ones: once more from the start
+        log.warning("%s: %s; discarding %s and fetching the whole file again", remote.name, problem, part.name)
+        part.unlink()
+        problem = _problem(remote, part, *_transfer(remote, part, retries, timeout, bar, backoff))
+    if problem is not None:
+        part.unlink()
+        msg = f"{remote.url}: {problem}; the partial file was removed, rerun to fetch it again"
+        raise BadInputError(msg)
     os.replace(part, final)
     return "fetched"
 
 
-def _check(remote: Remote, part: Path, size: int | None, md5: str | None) -> None:
+def _transfer(remote: Remote, part: Path, retries: int, timeout: float, bar: object | None,
+              backoff: float) -> tuple[int | None, str | None]:
+    """GET ``remote`` into ``part`` (resuming it), retrying a broken transfer or a server's transient
+    error ``retries`` times, ``backoff`` seconds after the first failure and twice as long after each
+    next one (at most BACKOFF_MAX_S); returns the size and MD5 the server announced (None: not said)."""
+    attempt = 0
+    while True:
+        try:
+            return _attempt(remote, part, timeout, bar)
+        except urllib.error.HTTPError as err:
+            if err.code == 416 and part.exists():  # nothing left to send: the part is as long as the file
+                return _after_416(remote, err)
+            if err.code not in RETRY_STATUS:
+                msg = f"{remote.url}: HTTP {err.code} {err.reason}; check the address (--base-url) or try later"
+                raise MissingInputError(msg) from err
+            failure = f"HTTP {err.code} {err.reason}"
+        except (OSError, http.client.HTTPException) as err:
+            failure = str(err)
+        have = part.stat().st_size if part.exists() else 0
+        if attempt == retries:
+            msg = (f"{remote.url}: the transfer failed {retries + 1} times (last at byte {have}: {failure}); "
+                   f"rerun the same command to resume from {part.name}")
+            raise MissingInputError(msg)
+        wait = min(backoff * 2**attempt, BACKOFF_MAX_S)
+        log.warning("%s: transfer broke at byte %d (%s); retry %d of %d in %.1f s", remote.name, have, failure,
+                    attempt + 1, retries, wait)
+        time.sleep(wait)
+        attempt += 1
+
+
+def _after_416(remote: Remote, err: urllib.error.HTTPError) -> tuple[int | None, str | None]:
+    """Size and MD5 to check a part the server has nothing more for (HTTP 416): from the answer's
+    ``Content-Range: bytes */SIZE`` and ETag, else from a HEAD request."""
+    m = re.match(r"bytes \*/(\d+)", err.headers.get("Content-Range") or "")
+    size, md5 = (int(m.group(1)) if m else None), _md5_etag(err.headers)
+    if size is None or md5 is None:
+        head_size, head_md5 = head(remote.url)
+        size, md5 = size if size is not None else head_size, md5 or head_md5
+    return size, md5
+
+
+def _problem(remote: Remote, part: Path, size: int | None, md5: str | None) -> str | None:
+    """What is wrong with ``part`` (its size against the announced one, its MD5 against the ETag), or None."""
     got = part.stat().st_size
     expected = remote.size if remote.size is not None else size
     if expected is not None and got != expected:
-        part.unlink()
-        msg = (f"{remote.url}: received {got} bytes, the server announced {expected}; the partial file was "
-               "removed, rerun to fetch it again")
-        raise BadInputError(msg)
-    if md5 is not None:
-        h = hashlib.md5(usedforsecurity=False)
-        with open(part, "rb") as f:
-            while block := f.read(CHUNK):
-                h.update(block)
-        if h.hexdigest() != md5:
-            part.unlink()
-            msg = f"{remote.url}: MD5 {h.hexdigest()} differs from the server's ETag {md5}; rerun to fetch it again"
-            raise BadInputError(msg)
+        return f"received {got} bytes, the server announced {expected}"
+    md5 = md5 or remote.md5
+    if md5 is None:
+        return None
+    h = hashlib.md5(usedforsecurity=False)
+    with open(part, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return None if h.hexdigest() == md5 else f"MD5 {h.hexdigest()} differs from the server's ETag {md5}"
 
 
 def download(files: list[Remote], out: str | Path, *, jobs: int = 4, retries: int = 5, timeout: float = 60.0,
-             progress: bool = True) -> dict[str, list[str]]:
+             progress: bool = True, backoff: float = BACKOFF_S) -> dict[str, list[str]]:
     """Fetch ``files`` into ``out`` with ``jobs`` transfers at once; returns names per outcome."""
     from tqdm import tqdm
 
@@ -218,7 +266,8 @@ def download(files: list[Remote], out: str | Path, *, jobs: int = 4, retries: in
     result: dict[str, list[str]] = {"fetched": [], "skipped": [f.name for f in files if f not in todo]}
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="download", disable=not progress,
               mininterval=0.5) as bar, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(fetch, f, out, retries=retries, timeout=timeout, bar=bar): f for f in sized}
+        futures = {pool.submit(fetch, f, out, retries=retries, timeout=timeout, bar=bar, backoff=backoff): f
+                   for f in sized}
         for fut in cf.as_completed(futures):
             result[fut.result()].append(futures[fut].name)
     return result

@@ -8,6 +8,7 @@ stages, each reading one :class:`IngestRun`. The rest is by concern:
 * ``ingest_merge``: the merge of the training partials, its checkpoints, resume state, the statistics group;
 * ``ingest_budget``: memory sizes, dates per task and the one-pass statistics decision;
 * ``ingest_progress``: the progress meter (log lines) and bar;
+* ``ingest_lock``: one ingest per store at a time (``OUT.lock``);
 * ``cluster``: the dask client (address, scheduler file or LocalCluster) and worker process set-up.
 
 Execution: a dask.distributed cluster (a local one by default, an existing one with
@@ -48,6 +49,7 @@ from postcast.datasets import (
     grib,
     ingest_budget,
     ingest_layout,
+    ingest_lock,
     ingest_merge,
     ingest_progress,
     ingest_tasks,
@@ -221,6 +223,14 @@ def ingest(cfg: IngestConfig) -> IngestResult:
     if missing:
         msg = f"ingest needs {' and '.join(missing)}: pass SOURCE and --out (or set them in the preset)"
         raise ConfigError(msg)
+    if cfg.scheduler is None:
+        cluster.check_local_workers(cfg.workers)
+    with ingest_lock.hold(cfg.out):
+        return _ingest(cfg)
+
+
+def _ingest(cfg: IngestConfig) -> IngestResult:
+    """:func:`ingest` holding the store's lock."""
     start = time.perf_counter()
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:

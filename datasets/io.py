@@ -207,11 +207,37 @@ def os_errors(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
         yield
     except RuntimeError as err:
+        settle_zarr_io()
         found = re.search(r"\(os error (\d+)\)", str(err))
         if found is None:
             raise
         code = int(found.group(1))
         raise OSError(code, os.strerror(code), str(path)) from err
+    except Exception:
+        settle_zarr_io()
+        raise
+
+
+def settle_zarr_io(timeout: float = 30.0) -> None:
+    """Wait for the chunk writes a failed zarr-python call left running on zarr's event loop (its
+    ``asyncio.gather`` returns at the first failure; the other writes go on). Left pending, they are
+    destroyed when zarr closes its loop at exit, each printing a traceback after the one error line
+    (hundreds on a full disk)."""
+    import asyncio
+
+    from zarr.core import sync as zarr_sync
+
+    loop = zarr_sync.loop[0]
+    if loop is None or loop.is_closed():
+        return
+
+    async def settle() -> None:
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=timeout)
+
+    with contextlib.suppress(Exception):  # best effort: the error being raised is what matters
+        asyncio.run_coroutine_threadsafe(settle(), loop).result(timeout + 5)
 
 
 def write_zarr(ds: xr.Dataset, path: str | os.PathLike[str], *, chunks: Mapping[str, tuple[int, ...]] | None = None,

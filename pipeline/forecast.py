@@ -36,7 +36,7 @@ import xarray as xr
 
 from postcast.datasets import io, regrid, schema, sources
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError, MissingInputError
+from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.ingest_tasks import ensemble_statistics
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
@@ -69,7 +69,7 @@ class ForecastConfig:
     overwrite: bool = False
     name: str | None = None  # the model's name in the output paths (None: the checkpoint's model family)
     regrid_method: str = "bilinear"  # inputs on another grid than the checkpoint's: bilinear | nearest | conservative
-    on_input_grid: bool = False  # write on the input's (regular global) grid instead of the checkpoint's
+    on_input_grid: bool = False  # write on the input's regular grid (cut to a regional checkpoint's area)
 
     def __post_init__(self) -> None:
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
@@ -113,8 +113,16 @@ class ForecastResult:
 
 
 # --- drivers -----------------------------------------------------------------------------------
-def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timestamp) -> xr.Dataset:
-    ds = source.load(init, plan)  # checked by the source (sources.check_values)
+def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timestamp, name: str) -> xr.Dataset:
+    """The raw ensemble of ``init`` with its mean and std. The plan lists ``init``, so fields missing
+    on that date are a damaged input (65), not a missing one."""
+    try:
+        ds = source.load(init, plan)  # checked by the source (sources.check_values)
+    except MissingInputError as err:
+        msg = (f"{name}: the fields of init time {init.isoformat()} are incomplete although the input lists that "
+               "date (a damaged or partly written input): check it (`postcast inspect --verify` for a store) and "
+               "rewrite it, or leave that date out with --init-time/--end")
+        raise BadInputError(msg) from err
     day = xr.merge([ds, ensemble_statistics(ds)])
     return day.isel({schema.INIT_TIME: 0}) if schema.INIT_TIME in day.dims else day
 
@@ -124,6 +132,18 @@ def _expectation(model: PostProcessor, spec: SampleSpec, method: str) -> sources
     its member count when the model reads the members (the first N), else every member."""
     members: str | int = int(model.hparams["n_members"]) if spec.members else "all"
     return sources.Expectation(members=members, steps_h=(spec.step_h,), method=method, exact_grid=model_grid(model))
+
+
+def _fallback_reason(source: sources.ForecastSource, expect: sources.Expectation, variables: tuple[str, ...]) -> str:
+    """Why the model cannot run on this input, in forecast's terms (its options are --input and --checkpoint)."""
+    try:
+        have = source.plan(replace(expect, variables=None, levels=None, members="all")).variables
+    except MissingInputError:
+        have = ()
+    lacking = [v for v in variables if v not in have]
+    what = f"the variables {', '.join(lacking)}" if lacking else "levels, members or the lead time the model reads"
+    return (f"the input is missing {what} (it has {', '.join(have) or 'none of them'}): give --input a source "
+            "that has them, or a --checkpoint trained without them")
 
 
 def model_grid(model: PostProcessor) -> schema.Grid:
@@ -146,6 +166,26 @@ def _input_grid(plan: sources.Plan) -> schema.Grid:
                "write on the checkpoint's grid (drop the option)")
         raise ConfigError(msg)
     return grid
+
+
+def _output_grid(plan: sources.Plan, model: PostProcessor) -> schema.Grid:
+    """``--on-input-grid``: the input's grid, cut to the checkpoint's area when the checkpoint is
+    regional (outside it the model says nothing: the product would be NaN there, and the service's
+    reader refuses a product with NaN)."""
+    back = _input_grid(plan)
+    area = model.hparams.get("grid_area")
+    if area is None:
+        return back
+    south, north, west, east = (float(a) for a in area)
+    lat = np.round(back.latitudes(), 6)
+    lat = lat[(lat >= south - 1e-6) & (lat <= north + 1e-6)]
+    lon = np.round(west + np.mod(np.round(back.longitudes() - west, 6), 360.0), 6)  # into [west, west + 360)
+    lon = np.sort(lon[lon <= east + 1e-6])
+    if lat.size < 2 or lon.size < 2:
+        msg = (f"--on-input-grid: the input's grid ({back.describe()}) has fewer than 2 x 2 points in the "
+               f"checkpoint's area {model_grid(model).describe()}; drop the option (products on the checkpoint's grid)")
+        raise ConfigError(msg)
+    return schema.Grid(back.resolution, (float(lat[0]), float(lat[-1]), float(lon[0]), float(lon[-1])))
 
 
 def _target_only_plan(plan: sources.Plan, spec: SampleSpec) -> sources.Plan:
@@ -180,11 +220,11 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
     expect = _expectation(model, spec, cfg.regrid_method)
     try:
         plan = found.forecast.plan(replace(expect, variables=variables, levels=levels or None))
-    except MissingInputError as err:  # the model cannot run: fall back to the raw ensemble of the target
-        log.warning("inputs for the model are missing (%s); writing the raw-ensemble fallback", err)
+    except MissingInputError:  # the model cannot run: fall back to the raw ensemble of the target
         plan = found.forecast.plan(replace(expect, variables=(tg.variable,), levels=(tg.level,) if tg.level else None,
                                            members="all"))
-        reason = str(err)
+        reason = _fallback_reason(found.forecast, expect, variables)
+        log.warning("%s; writing the raw-ensemble fallback", reason)
     inits = [t for t in plan.init_times if start <= t <= end]
     if not inits:
         msg = f"{cfg.input}: no init time between {start} and {end} (it has {len(plan.init_times)} dates)"
@@ -222,7 +262,8 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         result.skipped += [str(q) for qs in paths.values() for q in qs if q.exists()]
         return
     t0 = time.perf_counter()
-    day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init)
+    day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init,
+                   str(cfg.input))
     product, reason = (FALLBACK, run.reason) if run.reason else (POSTPROCESSED, "")
     if not run.reason:
         with torch.no_grad():
@@ -242,7 +283,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
              "n_members": len(run.plan.members), **run.plan.regridding}
     lat, lon = run.sampler.lat, run.sampler.lon
     if cfg.on_input_grid and run.plan.source_grid is not None:  # back from the checkpoint's grid
-        back = _input_grid(run.plan)
+        back = _output_grid(run.plan, run.model)
         mu, sigma = (regrid.to_grid(x, regrid.SourceGrid.regular(lat, lon), back, cfg.regrid_method).astype(np.float64)
                      for x in (mu, sigma))
         lat, lon = back.latitudes(), back.longitudes()

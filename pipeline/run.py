@@ -62,6 +62,17 @@ class CompressJob:
 
         return config.from_dict(FieldConfig, dict(self.field), where=f"compress[{self.preset}].field")
 
+    def check_fields(self) -> None:
+        """Refuse, before any stage runs, a preset that reads a variable with gaps (SST is undefined over
+        land): its fields are NaN there, and a neural field fits gap-free fields only."""
+        spec = self.data_config(Path("store.zarr")).sample
+        gappy = sorted({i.variable for i in spec.inputs() if schema.VARIABLES[i.variable].missing_over_land})
+        if gappy:
+            msg = (f"compress.preset {self.preset}: it reads {', '.join(gappy)}, undefined over land (NaN), and a "
+                   f"neural field fits gap-free fields only; give compress a preset without {', '.join(gappy)} "
+                   "(e.g. configs/train/emos_t850.yaml) or remove this compress entry")
+            raise ConfigError(msg)
+
     def data_config(self, store: Path) -> Any:
         """The preset's data config as training resolves it, pointed at ``store`` (members off)."""
         from postcast.pipeline.train import data_config
@@ -356,6 +367,8 @@ def run(cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = Tr
     handler = _log_file(cfg.root)
     manifest = Manifest(cfg.root / "manifest.json")
     plan = stages(cfg, manifest, progress)
+    for job in cfg.compress:
+        job.check_fields()
     unknown = sorted(set(force) - {s.name for s in plan} - {"all"})
     if unknown:
         msg = f"--force {unknown}: no such stage; stages are {[s.name for s in plan]}"

@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,17 @@ from postcast.datasets.errors import BadInputError
 
 
 class Server:
-    """A threaded HTTP server on 127.0.0.1 with Range support; ``mode`` "drop" cuts the first GET of
-    each file half way (then closes the connection), "wrong_size" announces 100 bytes more in HEAD."""
+    """A threaded HTTP server on 127.0.0.1 with Range support (416 for a range past the end, as S3) and
+    MD5 ETags; ``mode`` "drop" cuts the first GET of each file half way (then closes the connection),
+    "wrong_size" announces 100 bytes more in HEAD, "cut" cuts every GET half way, "busy" answers every
+    GET with 503. ``times`` holds
+    when each GET arrived (time.monotonic)."""
 
     def __init__(self, root: Path, mode: str = "ok"):
         self.root, self.mode = root, mode
         self.requests: list[tuple[str, str, str | None]] = []
         self.dropped: set[str] = set()
+        self.times: list[float] = []
         handler = self._handler()
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -60,17 +65,25 @@ class Server:
                 extra = 100 if server.mode == "wrong_size" else 0
                 self.send_response(200)
                 self.send_header("Content-Length", str(p.stat().st_size + extra))
+                self.send_header("ETag", '"' + hashlib.md5(p.read_bytes(), usedforsecurity=False).hexdigest() + '"')
                 self.end_headers()
 
             def do_GET(self) -> None:
                 rng = self.headers.get("Range")
                 server.requests.append(("GET", self.path, rng))
+                server.times.append(time.monotonic())
                 p = self._file()
-                if p is None:
-                    self.send_error(404)
+                if p is None or server.mode == "busy":
+                    self.send_error(404 if p is None else 503)
                     return
                 data = p.read_bytes()
                 start = int(re.match(r"bytes=(\d+)-", rng).group(1)) if rng else 0
+                if start >= len(data):  # S3: nothing to send from there
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = data[start:]
                 self.send_response(206 if rng else 200)
                 if rng:
@@ -78,7 +91,7 @@ class Server:
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("ETag", '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"')
                 self.end_headers()
-                if server.mode == "drop" and p.name not in server.dropped:
+                if server.mode == "cut" or (server.mode == "drop" and p.name not in server.dropped):
                     server.dropped.add(p.name)
                     self.wfile.write(body[: len(body) // 2])
                     self.wfile.flush()

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
@@ -224,3 +225,61 @@ def test_a_rerun_keeps_a_product_only_when_its_inputs_match(cli, checkpoint, syn
         assert xr.open_dataset(f).attrs["checkpoint_sha256"] == pio.sha256_file(other)
     changed = cli(*args, "--checkpoint", str(other), "--thresholds", "280", check=True)
     assert "written 2 (0 fallback), kept 0" in changed.stdout
+
+
+def test_fallback_reason_names_forecast_options(cli, checkpoint, synth_zarr, tmp_path, caplog):
+    """The fallback's reason (logged, and the product's comment) names what forecast can change (--input,
+    --checkpoint): it said 'pass --variables t', an option of ingest."""
+    raw = xr.open_zarr(synth_zarr / "forecast.zarr", consolidated=False)
+    src = tmp_path / "raw_t_only.zarr"
+    raw[["t"]].isel(time=[-1]).to_zarr(src, zarr_format=3, consolidated=False)
+    with caplog.at_level("WARNING", "postcast.pipeline.forecast"):
+        cli("forecast", "--checkpoint", str(checkpoint), "--input", str(src), "--init-time", "2016-01-01",
+            "--end", "2017-12-31", "--out", str(tmp_path / "fc"), check=True)
+    comment = xr.open_dataset(next((tmp_path / "fc").rglob("*.nc"))).attrs["comment"]
+    said = [r.getMessage() for r in caplog.records if "fallback" in r.getMessage()]
+    assert len(said) == 1 and comment in said[0], said
+    assert "--variables" not in comment and "--input" in comment and "--checkpoint" in comment, comment
+    assert "missing the variables" in comment and "(it has t)" in comment, comment
+
+
+@pytest.fixture(scope="module")
+def regional_ckpt(tmp_path_factory):
+    """A local EMOS trained on a regional (Europe, 2 deg) T2m store, as in tests/test_layouts.py."""
+    from test_layouts import EUROPE, _truth_nc, write_ecmwf
+
+    from postcast.datasets.ingest import IngestConfig, ingest
+    from postcast.pipeline import train
+
+    root = tmp_path_factory.mktemp("regional_fc")
+    dates = [pd.Timestamp(d) for d in ("2010-01-01", "2010-01-02", "2014-01-01", "2016-01-01")]
+    src = write_ecmwf(root / "eu.grib2", grid=EUROPE, members=range(5), steps=(0, 24, 48), dates=dates)
+    truth = _truth_nc(root / "era5.nc", [d + pd.Timedelta(hours=48) for d in dates])
+    ingest(IngestConfig(source=str(src), out=str(root / "eu.zarr"), truth=str(truth), processes=False,
+                        progress=False, grid=2.0))
+    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store",
+                     str(root / "eu.zarr"), "--data.cfg.sample.variables", "[t2m]", "--trainer.default_root_dir",
+                     str(root / "runs"), "--trainer.max_epochs", "1"])
+    return Path(run.trainer.checkpoint_callback.best_model_path)
+
+
+def test_on_input_grid_with_a_regional_checkpoint_is_cut_to_its_area(regional_ckpt, tmp_path):
+    """A regional checkpoint, a global 1 deg input, --on-input-grid: the product is the input's 1 deg
+    grid over the checkpoint's area (30..70 N, 340..400 E: 41 x 61), finite everywhere, and the service's
+    reader takes it (it was the whole globe, 95% NaN, refused by the reader)."""
+    from test_layouts import INIT, write_ecmwf
+
+    from postcast.pipeline import archive
+    from postcast.pipeline.forecast import ForecastConfig, forecast
+
+    src = write_ecmwf(tmp_path / "glob.grib2", grid=("ll", 1.0, (90, -90, 0, 359)), members=range(5), steps=(48,))
+    res = forecast(ForecastConfig(checkpoint=str(regional_ckpt), input=str(src), out=str(tmp_path / "o"),
+                                  init_time=str(INIT.date()), on_input_grid=True))
+    ds = xr.open_dataset(res.written[0])
+    assert ds.sizes["latitude"] == 41 and ds.sizes["longitude"] == 61 and ds.attrs["output_grid"] == "input"
+    np.testing.assert_allclose(ds["longitude"].values, 340.0 + np.arange(61))
+    np.testing.assert_allclose(ds["latitude"].values, 30.0 + np.arange(41))
+    assert np.isfinite(ds["t2m_mean"].values).all() and np.isfinite(ds["t2m_std"].values).all()
+    found, skipped = archive.scan(tmp_path / "o")
+    assert not skipped and len(found) == 1
+    archive.read_field(found[0])  # the service's reader: raises UnreadableProduct on NaN
