@@ -64,7 +64,7 @@ def select(sel: Selection) -> xr.Dataset:
         if sel.step_h is None:
             msg = "the source has lead times: pass --step-hours"
             raise ConfigError(msg)
-        out = out.sel({schema.STEP: pd.Timedelta(hours=sel.step_h)})
+        out = out.isel({schema.STEP: contract.step_position(out.get_index(schema.STEP), sel.step_h, "--step-hours")})
     if schema.MEMBER in out.dims:
         out = out.mean(schema.MEMBER) if sel.member == "mean" else out.isel({schema.MEMBER: _member(sel, out)})
     if sel.levels:
@@ -93,7 +93,8 @@ def store_fields(store: str, rows: Sequence[int] | np.ndarray, step_h: int,
     """Fields of a training store as (init_time, lat, lon) variables: ``rows`` (init-time indices) at
     lead ``step_h``, one variable per channel ``(name, store variable, level or None)``."""
     ds = contract.open_store(store)
-    rows_ds = ds.isel({schema.INIT_TIME: list(rows)}).sel({schema.STEP: pd.Timedelta(hours=step_h)})
+    step = contract.step_position(ds.get_index(schema.STEP), step_h)
+    rows_ds = ds.isel({schema.INIT_TIME: list(rows), schema.STEP: step})
     out = xr.Dataset()
     for name, var, lv in channels:
         da = rows_ds[var]

@@ -161,18 +161,19 @@ class SampleSpec:
     # --- selection and statistics ----------------------------------------------------------------
     def select(self, da: xr.DataArray, level: int | None = None) -> np.ndarray:
         """The spec's lead and ``level`` (else the target's, else the first) of ``da`` (positional
-        indexing on the Variable: ~30x cheaper than DataArray.sel)."""
-        sel: dict[str, Any] = {}
+        indexing on the Variable: ~30x cheaper than DataArray.sel). A lead the data lacks is a ConfigError
+        naming the leads it holds and ``--data.cfg.sample.step_h`` (:func:`postcast.datasets.store.step_position`)."""
+        pos: dict[str, int] = {}
         if schema.STEP in da.dims:
-            sel[schema.STEP] = pd.Timedelta(hours=self.step_h)
+            pos[schema.STEP] = contract.step_position(da.get_index(schema.STEP), self.step_h)
         if schema.LEVEL in da.dims:
             lv = level if level is not None else schema.TARGETS[self.target].level
             levels = da[schema.LEVEL].values
             if lv is not None and lv not in levels:
                 msg = f"{da.name}: level {lv} hPa is not in the data (it has {levels.tolist()})"
                 raise MissingInputError(msg)
-            sel[schema.LEVEL] = lv if lv is not None else levels[0]
-        return np.asarray(da.variable.isel({d: int(da.get_index(d).get_loc(v)) for d, v in sel.items()}).values)
+            pos[schema.LEVEL] = int(da.get_index(schema.LEVEL).get_loc(lv if lv is not None else levels[0]))
+        return np.asarray(da.variable.isel(pos).values)
 
     def normalisation(self, stats: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
         """(mean, std), each (n_fields, H, W) float32: the per-grid-point training statistics of the

@@ -134,11 +134,27 @@ def truth_quantiles(ds: xr.Dataset, target: str, step_h: int,
     rows = split_rows(ds, "train", target=target, step_h=step_h)
     if not rows.size:
         return ()
-    da = ds[truth_name(target)].sel({schema.STEP: pd.Timedelta(hours=step_h)})
+    da = ds[truth_name(target)].isel({schema.STEP: step_position(ds.get_index(schema.STEP), step_h)})
     if schema.LEVEL in da.dims:
         da = da.sel({schema.LEVEL: schema.TARGETS[target].level})
     y = da.isel({schema.INIT_TIME: rows}).values
     return tuple(float(f"{q:.4g}") for q in np.nanquantile(y, quantiles))
+
+
+MODEL_LEAD = "--data.cfg.sample.step_h"  # the option that sets a model's lead (SampleSpec.step_h)
+
+
+def step_position(steps: pd.Index, step_h: int, option: str = MODEL_LEAD) -> int:
+    """Position of the lead ``step_h`` among a store's ``steps`` (timedeltas); ConfigError naming the
+    leads the store holds and ``option`` (the flag that asked for the lead) when it lacks it."""
+    want = pd.Timedelta(hours=step_h)
+    if want in steps:
+        return int(steps.get_loc(want))
+    held = sorted(int(pd.Timedelta(s) / pd.Timedelta(hours=1)) for s in steps)
+    holds = f"the data holds {', '.join(f'+{h}' for h in held)} h: pass {option} {schema.target_step_h(held)}"
+    msg = (f"this model predicts +{step_h} h; {holds} to train at that lead, or give data at +{step_h} h"
+           if option == MODEL_LEAD else f"{option} {step_h}: {holds}")
+    raise ConfigError(msg)
 
 
 def split_rows(ds: xr.Dataset, split: str, *, target: str | None = None,
@@ -147,6 +163,6 @@ def split_rows(ds: xr.Dataset, split: str, *, target: str | None = None,
     ``step_h`` (checked at the first grid point)."""
     keep = ds[SPLIT].values == split_code(split)
     if target is not None:
-        truth = ds[truth_name(target)].sel({schema.STEP: pd.Timedelta(hours=step_h)})
+        truth = ds[truth_name(target)].isel({schema.STEP: step_position(ds.get_index(schema.STEP), step_h)})
         keep &= np.isfinite(truth.isel({schema.LAT: 0, schema.LON: 0}).values)
     return np.flatnonzero(keep)
