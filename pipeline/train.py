@@ -214,7 +214,15 @@ class Terminated(BaseException):
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
+    sys.excepthook = _log_late_error  # the loader's workers go down with the run: their pipes break
     raise Terminated(signum)
+
+
+def _log_late_error(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+    """After SIGTERM, a helper thread's error from a worker going down (multiprocessing's
+    resource sharer reports a reset connection through ``sys.excepthook``) is expected: logged at
+    DEBUG, so stderr keeps the one line saying the run was terminated."""
+    logging.getLogger(__name__).debug("after SIGTERM: %s: %s", kind.__name__, err, exc_info=(kind, err, tb))
 
 
 @contextlib.contextmanager

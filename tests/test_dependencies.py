@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "scripts" / "lock-py311-linux.txt"
 SCANNED = ("cli", "datasets", "models", "compression", "pipeline", "serve", "tests", "benchmarks")
-FIRST_PARTY = {"postcast", "conftest", "common", "battery"}  # package, conftest, benchmarks/common.py, tests/battery.py
+FIRST_PARTY = {"postcast", "common"}  # the package, benchmarks/common.py (+ the modules in tests/: its pythonpath)
 
 
 def declared(pyproject: Path) -> set[str]:
@@ -41,6 +41,7 @@ def declared(pyproject: Path) -> set[str]:
 def imported_modules(root: Path) -> dict[str, str]:
     """Top-level third-party module -> the first file importing it, over the scanned folders."""
     found: dict[str, str] = {}
+    ours = FIRST_PARTY | {p.stem for p in (root / "tests").glob("*.py")}  # battery.py, conftest.py, test_x.py
     for folder in SCANNED:
         for path in sorted((root / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
@@ -52,7 +53,7 @@ def imported_modules(root: Path) -> dict[str, str]:
                     continue
                 for name in names:
                     top = name.split(".")[0]
-                    if top not in sys.stdlib_module_names and top not in FIRST_PARTY:
+                    if top not in sys.stdlib_module_names and top not in ours:
                         found.setdefault(top, path.relative_to(root).as_posix())
     return found
 
