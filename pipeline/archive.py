@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
+from scipy import interpolate, optimize, stats
 from scipy.special import ndtr, ndtri
 
 import postcast
@@ -65,24 +67,87 @@ def write_product(ds: xr.Dataset, path: Path) -> None:
 
 
 # --- the product's content ------------------------------------------------------------------------
-def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timestamp, step_h: int,
-             lat: np.ndarray, lon: np.ndarray, quantiles: tuple[float, ...], thresholds: tuple[float, ...],
-             attrs: dict[str, Any]) -> xr.Dataset:
-    """The CF dataset of one Gaussian forecast (mu, sigma: (lat, lon), target units)."""
-    tg = schema.TARGETS[target]
+GAUSSIAN = "gaussian"
+TARGET_UNITS = ""  # in PARAMETERS: the parameter is in the target's units
+# family -> parameter -> (long name, units): the parameters of each predictive family of
+# models/distributions.py as a file carries them (variable <target>_<parameter>, shape (lat, lon);
+# Bernstein's coefficients (coefficient, lat, lon)). A Gaussian file's parameters are its mean and std.
+PARAMETERS: dict[str, dict[str, tuple[str, str]]] = {
+    GAUSSIAN: {"mu": ("mean", TARGET_UNITS), "sigma": ("standard deviation", TARGET_UNITS)},
+    "truncnormal": {"mu": ("location mu of the normal law before truncation to [0, inf)", TARGET_UNITS),
+                    "sigma": ("scale sigma of the normal law before truncation to [0, inf)", TARGET_UNITS)},
+    "clogistic": {"loc": ("location of the logistic law before censoring at 0", TARGET_UNITS),
+                  "scale": ("scale of the logistic law before censoring at 0", TARGET_UNITS)},
+    "csg": {"shape": ("shape k of the gamma law X (Y = max(0, X - shift))", "1"),
+            "scale": ("scale theta of the gamma law X (Y = max(0, X - shift))", TARGET_UNITS),
+            "shift": ("shift of the gamma law X (Y = max(0, X - shift))", TARGET_UNITS)},
+    "bernstein": {"coef": ("coefficients a_j of the Bernstein quantile function Q(tau) = sum_j a_j B_j,d(tau)",
+                           TARGET_UNITS)},
+}
+
+
+@dataclass(frozen=True)
+class Law:
+    """A forecast of any predictive family, evaluated by the writer (no torch here): ``params`` by
+    name, each (lat, lon) or (K, lat, lon); ``quantiles`` (Q, lat, lon) at the levels and ``exceedance``
+    (T, lat, lon) at the thresholds; ``moments``: how the mean and std were computed."""
+
+    family: str
+    params: dict[str, np.ndarray]
+    quantiles: np.ndarray
+    exceedance: np.ndarray
+    moments: str
+
+
+def gaussian_law(mu: np.ndarray, sigma: np.ndarray, quantiles: tuple[float, ...],
+                 thresholds: tuple[float, ...]) -> Law:
+    """The Gaussian forecast N(mu, sigma^2) (mu, sigma: (lat, lon), target units)."""
     q = np.asarray(quantiles, dtype=np.float64)
     thr = np.asarray(thresholds, dtype=np.float64)
     quant = mu[None] + sigma[None] * ndtri(q)[:, None, None]  # (Q, lat, lon), target units
     exceed = 1.0 - ndtr((thr[:, None, None] - mu[None]) / sigma[None])  # (T, lat, lon)
+    return Law(GAUSSIAN, {"mu": mu, "sigma": sigma}, quant, exceed, "the parameters mu and sigma")
+
+
+def _parameter_variables(law: Law, target: str, units: str) -> dict[str, tuple[tuple[str, ...], np.ndarray,
+                                                                                  dict[str, Any]]]:
+    """``<target>_<parameter>`` of a non-Gaussian law, with its long name and units (:data:`PARAMETERS`)."""
+    out = {}
+    for name, values in law.params.items():
+        what, unit = PARAMETERS[law.family][name]
+        dims = (("coefficient",) if values.ndim == 3 else ()) + ("forecast_reference_time", schema.LAT, schema.LON)
+        out[f"{target}_{name}"] = (dims, np.expand_dims(values, -3).astype(np.float64),  # exact: the law's source
+                                   {"long_name": f"{target} {law.family} parameter {name}: {what}",
+                                    "units": unit or units})
+    return out
+
+
+def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timestamp, step_h: int,
+             lat: np.ndarray, lon: np.ndarray, quantiles: tuple[float, ...], thresholds: tuple[float, ...],
+             attrs: dict[str, Any], law: Law | None = None) -> xr.Dataset:
+    """The CF dataset of one forecast: mean and std ``mu``, ``sigma`` ((lat, lon), target units) and
+    ``law`` (None: the Gaussian N(mu, sigma^2))."""
+    tg = schema.TARGETS[target]
+    law = law or gaussian_law(mu, sigma, quantiles, thresholds)
+    q = np.asarray(quantiles, dtype=np.float64)
+    thr = np.asarray(thresholds, dtype=np.float64)
+    quant, exceed = law.quantiles, law.exceedance  # (Q, lat, lon), (T, lat, lon)
     dims = ("forecast_reference_time", schema.LAT, schema.LON)
     std_name = schema.VARIABLES[schema.TARGETS[target].variable].standard_name
+    names = ({"mu": f"{target}_mean", "sigma": f"{target}_std"} if law.family == GAUSSIAN
+             else {p: f"{target}_{p}" for p in law.params})
+    family = {"predictive_distribution": law.family,
+              "predictive_parameters": " ".join(f"{p}: {v}" for p, v in names.items())}
+    how = f"{law.family} law, from {law.moments}"
     ds = xr.Dataset(
         {
             f"{target}_mean": (dims, mu[None].astype(np.float32),
                                {"standard_name": std_name, "long_name": f"{target} predictive mean",
-                                "units": tg.units}),
+                                "units": tg.units, "comment": how}),
             f"{target}_std": (dims, sigma[None].astype(np.float32),
-                              {"long_name": f"{target} predictive standard deviation", "units": tg.units}),
+                              {"long_name": f"{target} predictive standard deviation", "units": tg.units,
+                               "comment": how}),
+            **({} if law.family == GAUSSIAN else _parameter_variables(law, target, tg.units)),
             f"{target}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
                                    quant[:, None].astype(np.float32),
                                    {"standard_name": std_name, "long_name": f"{target} predictive quantiles",
@@ -105,7 +170,8 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
         },
         attrs={"Conventions": "CF-1.8", "title": f"postcast calibrated forecast of {target}",
                "institution": "postcast", "source": f"postcast {postcast.__version__}",
-               "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast", **attrs},
+               "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast", **family,
+               **attrs},
     )
     if tg.level is not None:
         ds = ds.assign_coords(pressure=((), np.float64(tg.level), {"standard_name": "air_pressure", "units": "hPa",
@@ -163,7 +229,8 @@ class ProductGone(MissingInputError):
 
 @dataclass(frozen=True)
 class Field:
-    """One forecast in memory: (lat, lon) mean/std, (Q, lat, lon) quantiles, (T, lat, lon) exceedance."""
+    """One forecast in memory: (lat, lon) mean/std, (Q, lat, lon) quantiles, (T, lat, lon) exceedance,
+    the predictive family and its parameters by name ((lat, lon), Bernstein's (K, lat, lon))."""
 
     lat: np.ndarray
     lon: np.ndarray
@@ -174,6 +241,8 @@ class Field:
     thresholds: np.ndarray
     exceedance: np.ndarray
     units: str
+    family: str = GAUSSIAN
+    params: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def signature(path: Path) -> Signature:
@@ -249,19 +318,22 @@ def read_field(p: Product) -> Field:
                                                                                   "consolidated": False}
         with xr.open_dataset(p.path, **kw) as ds:
             ds = ds.isel(forecast_reference_time=0).load()
-        field = Field(lat=ds[schema.LAT].values, lon=ds[schema.LON].values, mean=ds[f"{t}_mean"].values,
-                      std=ds[f"{t}_std"].values, quantile_levels=ds["quantile"].values,
-                      quantiles=ds[f"{t}_quantile"].values, thresholds=ds["threshold"].values,
-                      exceedance=ds[f"{t}_exceedance_probability"].values,
-                      units=str(ds[f"{t}_mean"].attrs.get("units", "")))
+        family = str(ds.attrs.get("predictive_distribution", GAUSSIAN))  # files before families: Gaussian
+        named = str(ds.attrs.get("predictive_parameters", f"mu: {t}_mean sigma: {t}_std")).split()
+        read = Field(lat=ds[schema.LAT].values, lon=ds[schema.LON].values, mean=ds[f"{t}_mean"].values,
+                     std=ds[f"{t}_std"].values, quantile_levels=ds["quantile"].values,
+                     quantiles=ds[f"{t}_quantile"].values, thresholds=ds["threshold"].values,
+                     exceedance=ds[f"{t}_exceedance_probability"].values,
+                     units=str(ds[f"{t}_mean"].attrs.get("units", "")), family=family,
+                     params={k.rstrip(":"): ds[v].values for k, v in zip(named[::2], named[1::2], strict=True)})
     except FileNotFoundError as err:
         msg = f"{p.path}: removed while being read"
         raise ProductGone(msg) from err
     except Exception as err:  # any failure to read a file means the file is unreadable
         msg = f"{p.path}: unreadable ({type(err).__name__}: {str(err)[:200]})"
         raise UnreadableProduct(msg) from err
-    _check(p, field)
-    return field
+    _check(p, read)
+    return read
 
 
 def _check(p: Product, f: Field) -> None:
@@ -269,9 +341,48 @@ def _check(p: Product, f: Field) -> None:
     if f.mean.shape != shape or f.std.shape != shape or f.quantiles.shape[1:] != shape:
         msg = f"{p.path}: fields of shape {f.mean.shape} do not match the grid {shape}"
         raise UnreadableProduct(msg)
-    if not (np.isfinite(f.mean).all() and np.isfinite(f.std).all() and (f.std > 0).all()):
+    if f.family not in SURVIVAL or set(f.params) != set(PARAMETERS[f.family]):
+        msg = (f"{p.path}: predictive family {f.family!r} with parameters {sorted(f.params)}; this postcast reads "
+               f"{', '.join(f'{k} ({sorted(v)})' for k, v in PARAMETERS.items())}")
+        raise UnreadableProduct(msg)
+    # a censored law may put all its mass at 0 (std 0); a Gaussian's std is its sigma (> 0)
+    spread = f.std > 0 if f.family == GAUSSIAN else f.std >= 0
+    if not (np.isfinite(f.mean).all() and np.isfinite(f.std).all() and spread.all()):
         msg = f"{p.path}: non-finite mean or non-positive std"
         raise UnreadableProduct(msg)
+
+
+def _bernstein_sf(p: dict[str, np.ndarray], t: float) -> float:
+    """1 - tau where Q(tau) = t (Q increasing on [0, 1]; 1 below Q(0), 0 from Q(1) up)."""
+    q = interpolate.BPoly(p["coef"][:, None], [0.0, 1.0])  # coef (K,): one interval
+    lo, hi = float(q(0.0)), float(q(1.0))
+    if not lo < t < hi:
+        return float(t < lo)
+    return 1.0 - float(optimize.brentq(lambda tau: float(q(tau)) - t, 0.0, 1.0, xtol=1e-14))
+
+
+Survival = Callable[[dict[str, np.ndarray], float], float]  # (parameters at one point, t) -> P(Y > t)
+
+
+def _censored(sf: Callable[[dict[str, np.ndarray], float], Any]) -> Survival:
+    """A law on [0, inf): P(Y > t) = 1 below 0."""
+    return lambda p, t: 1.0 if t < 0 else float(sf(p, t))
+
+
+# family -> P(Y > t) from the parameters at one point (scipy: the service's own thresholds, no torch)
+SURVIVAL: dict[str, Survival] = {
+    GAUSSIAN: lambda p, t: float(stats.norm.sf(t, p["mu"], p["sigma"])),
+    "truncnormal": _censored(lambda p, t: stats.truncnorm.sf(t, -p["mu"] / p["sigma"], np.inf, loc=p["mu"],
+                                                              scale=p["sigma"])),
+    "clogistic": _censored(lambda p, t: stats.logistic.sf(t, p["loc"], p["scale"])),
+    "csg": _censored(lambda p, t: stats.gamma.sf(t + p["shift"], p["shape"], scale=p["scale"])),
+    "bernstein": _bernstein_sf,
+}
+
+
+def exceedance_at(f: Field, i: int, j: int, t: float) -> float:
+    """P(Y > t) of the forecast's law at grid point (i, j), for a threshold the file does not carry."""
+    return SURVIVAL[f.family]({k: v[..., i, j] for k, v in f.params.items()}, t)
 
 
 # --- verification scores ------------------------------------------------------------------------------

@@ -10,15 +10,17 @@ them itself) and writes, per model, target and init time, one file
 ``model`` is the forecast's name (``--name``; default: the checkpoint's model family), so the
 products of two models never share a path.
 
-holding the Gaussian mean and std, quantiles and probabilities of exceeding thresholds, with CF
-metadata (forecast_reference_time, time, forecast_period, units, standard_name) and provenance
-(checkpoint hash, code version, inputs). ``product`` is ``postprocessed``, or ``fallback_raw`` when
-the model cannot run (the raw-ensemble Gaussian, flagged in the attributes). Writes are atomic; a
-file that exists is kept (idempotent reruns) unless ``overwrite``.
+holding the predictive law of the checkpoint's family (``model.distribution``: its name, its
+parameters, its mean and std in closed form, :func:`moments`, its quantiles and probabilities of
+exceeding thresholds by the family's own ``quantile`` and ``exceedance``), with CF metadata
+(forecast_reference_time, time, forecast_period, units, standard_name) and provenance (checkpoint
+hash, code version, inputs). ``product`` is ``postprocessed``, or ``fallback_raw`` when the model
+cannot run (the raw-ensemble Gaussian, flagged in the attributes). Writes are atomic; a file that
+exists is kept (idempotent reruns) unless ``overwrite``.
 
-The layout, the CF content (:func:`products`: mu, sigma -> CF dataset) and the atomic writes are the
-archive's contract, ``pipeline/archive.py``, which ``postcast serve`` reads with; drivers here:
-:func:`forecast` and the CLI.
+The layout, the CF content (:func:`products`: mean, std and the law -> CF dataset) and the atomic
+writes are the archive's contract, ``pipeline/archive.py``, which ``postcast serve`` reads with;
+drivers here: :func:`forecast` and the CLI.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 import xarray as xr
+from scipy.special import comb, erfcx, gammaincc, softplus, spence
 
 from postcast.datasets import io, regrid, schema, sources
 from postcast.datasets import store as contract
@@ -40,12 +43,15 @@ from postcast.datasets.errors import BadInputError, ConfigError, MissingInputErr
 from postcast.datasets.ingest_tasks import ensemble_statistics
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
+from postcast.models import distributions
 from postcast.models.module import PostProcessor, load_checkpoint
 from postcast.pipeline.archive import (
     DEFAULT_QUANTILES,
     EXTENSIONS,
     FALLBACK,
+    GAUSSIAN,
     POSTPROCESSED,
+    Law,
     product_identity,
     product_path,
     products,
@@ -53,6 +59,78 @@ from postcast.pipeline.archive import (
 )
 
 log = logging.getLogger(__name__)
+Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
+
+
+# --- the law of any family ---------------------------------------------------------------------
+def _truncnormal(p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """N(mu, sigma^2) on [0, inf): alpha = -mu / sigma, lam = phi(alpha) / Phi(-alpha) (inverse Mills
+    ratio, erfcx: 0 where alpha << 0); mean = mu + sigma lam, var = sigma^2 (1 + alpha lam - lam^2)."""
+    mu, sigma = p["mu"], p["sigma"]
+    alpha = -mu / sigma
+    with np.errstate(over="ignore"):  # erfcx overflows to inf for alpha < -26: lam = 0
+        lam = 1.0 / (np.sqrt(np.pi / 2.0) * erfcx(alpha / np.sqrt(2.0)))
+    return mu + sigma * lam, sigma * np.sqrt(np.maximum(1.0 + alpha * lam - lam * lam, 0.0))
+
+
+def _fermi_dirac_1(t: np.ndarray) -> np.ndarray:
+    """int_0^inf u / (1 + e^(u - t)) du = -Li2(-e^t), Li2(-x) = spence(1 + x); for t > 0 through
+    Li2(-e^t) = -pi^2/6 - t^2/2 - Li2(-e^-t) (no overflow)."""
+    e = np.exp(-np.abs(t))
+    return np.where(t > 0, np.pi**2 / 6.0 + 0.5 * t * t + spence(1.0 + e), -spence(1.0 + e))
+
+
+def _clogistic(p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """max(0, X), X logistic(loc, s), t = loc / s: E Y = s softplus(t), E Y^2 = 2 s^2 F_1(t)."""
+    s, t = p["scale"], p["loc"] / p["scale"]
+    mean = s * softplus(t)
+    return mean, np.sqrt(np.maximum(2.0 * s * s * _fermi_dirac_1(t) - mean * mean, 0.0))
+
+
+def _csg(p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """max(0, X - shift), X ~ Gamma(k, theta), c = shift / theta, Q = upper regularised incomplete gamma:
+    E Y = theta (k Q(k+1, c) - c Q(k, c)), E Y^2 = theta^2 (k (k+1) Q(k+2, c) - 2 c k Q(k+1, c) + c^2 Q(k, c))."""
+    k, theta = p["shape"], p["scale"]
+    c = p["shift"] / theta
+    q0, q1, q2 = gammaincc(k, c), gammaincc(k + 1.0, c), gammaincc(k + 2.0, c)
+    mean = k * q1 - c * q0  # in units of theta
+    second = k * (k + 1.0) * q2 - 2.0 * c * k * q1 + c * c * q0
+    return theta * mean, theta * np.sqrt(np.maximum(second - mean * mean, 0.0))
+
+
+def _bernstein(p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """Q = sum_j a_j B_j,d: E Y = mean_j a_j (each B_j,d integrates to 1 / (d + 1)); with a centred,
+    var = a^T G a, G_ij = int B_i,d B_j,d = C(d, i) C(d, j) / (C(2d, i + j) (2d + 1))."""
+    a = p["coef"]  # (K, lat, lon), K = d + 1
+    d = a.shape[0] - 1
+    j = np.arange(d + 1)
+    gram = comb(d, j)[:, None] * comb(d, j)[None] / (comb(2 * d, j[:, None] + j[None]) * (2 * d + 1))  # (K, K)
+    mean = a.mean(axis=0)
+    dev = a - mean  # (K, lat, lon): Q - mean has coefficients a_j - mean (the B_j,d sum to 1)
+    return mean, np.sqrt(np.maximum(np.einsum("ixy,ij,jxy->xy", dev, gram, dev), 0.0))
+
+
+# family -> its mean and std in closed form from its parameters (numpy, float64); one per family of
+# models/distributions.py (tests/test_forecast_families.py checks them by integration)
+MOMENTS = {GAUSSIAN: lambda p: (p["mu"], p["sigma"]), "truncnormal": _truncnormal, "clogistic": _clogistic,
+           "csg": _csg, "bernstein": _bernstein}
+
+
+def moments(family: str, params: Params) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std), each (lat, lon), of the ``family`` law with ``params`` (closed form)."""
+    return MOMENTS[family](params)
+
+
+def law(family: str, params: Params, quantiles: tuple[float, ...], thresholds: tuple[float, ...]) -> Law:
+    """The forecast's law: quantiles and exceedance probabilities by the family's own methods, in float64."""
+    dist = distributions.get(family)(**{k: torch.from_numpy(np.moveaxis(v, 0, -1) if v.ndim == 3 else v)
+                                        for k, v in params.items()})  # parameters (lat, lon) [coef (lat, lon, K)]
+    shape = next(iter(params.values())).shape[-2:]  # (lat, lon)
+    with torch.no_grad():
+        quant = [dist.quantile(torch.tensor(q, dtype=torch.float64)).numpy() for q in quantiles]
+        exceed = [dist.exceedance(t).numpy() for t in thresholds]
+    return Law(family, params, np.stack(quant) if quant else np.zeros((0, *shape)),  # (Q, lat, lon)
+               np.stack(exceed) if exceed else np.zeros((0, *shape)), "its parameters in closed form")  # (T, ...)
 
 
 
@@ -253,6 +331,23 @@ def _current(path: Path, run: _Run) -> bool:
     return not differs
 
 
+def _predict(run: _Run, day: xr.Dataset) -> Params:
+    """The model's predictive law on ``day``: its family's parameters, float64, (lat, lon) [coef (K, lat, lon)]."""
+    with torch.no_grad():
+        batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
+        dist = run.model.predictive(batch)  # physical inputs in, parameters (1, H, W) [(1, H, W, K)] out
+    return {k: np.moveaxis(v[0].double().numpy(), -1, 0) if v.ndim == 4 else v[0].double().numpy()
+            for k, v in dist.params.items()}
+
+
+def _regrid(values: np.ndarray, src: regrid.SourceGrid, back: schema.Grid, method: str) -> np.ndarray:
+    """A parameter map (lat, lon) or (K, lat, lon) on ``back``: each (lat, lon) slice regridded. The
+    methods average with non-negative weights, so positive scales and increasing coefficients stay so."""
+    if values.ndim == 3:
+        return np.stack([_regrid(v, src, back, method) for v in values])
+    return regrid.to_grid(values, src, back, method).astype(np.float64)
+
+
 def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     cfg, spec = run.cfg, run.sampler.spec
     exts = [EXTENSIONS[f] for f in cfg.formats]
@@ -265,17 +360,16 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init,
                    str(cfg.input))
     product, reason = (FALLBACK, run.reason) if run.reason else (POSTPROCESSED, "")
+    family, params = str(run.model.hparams["distribution"]), {}
     if not run.reason:
-        with torch.no_grad():
-            batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
-            mu_t, sigma_t = run.model(batch)  # physical inputs in, (mu, sigma) out: the model normalises
-        mu, sigma = mu_t[0].double().numpy(), sigma_t[0].double().numpy()
-        if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        params = _predict(run, day)
+        if not all(np.isfinite(v).all() for v in params.values()):
             product, reason = FALLBACK, "the model produced non-finite values"
     if product == FALLBACK:
         variable = schema.TARGETS[spec.target].variable
-        mu = spec.select(day[contract.ens_mean(variable)]).astype(np.float64)
-        sigma = np.maximum(spec.select(day[contract.ens_std(variable)]).astype(np.float64), 1e-6)
+        family, params = GAUSSIAN, {
+            "mu": spec.select(day[contract.ens_mean(variable)]).astype(np.float64),
+            "sigma": np.maximum(spec.select(day[contract.ens_std(variable)]).astype(np.float64), 1e-6)}
     attrs = {"product": product, "postcast_fallback": int(product == FALLBACK), "model_name": run.name,
              "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": run.ckpt_hash,
              "model": str(run.model.hparams["family"]), "inputs": str(cfg.input),
@@ -284,12 +378,14 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     lat, lon = run.sampler.lat, run.sampler.lon
     if cfg.on_input_grid and run.plan.source_grid is not None:  # back from the checkpoint's grid
         back = _output_grid(run.plan, run.model)
-        mu, sigma = (regrid.to_grid(x, regrid.SourceGrid.regular(lat, lon), back, cfg.regrid_method).astype(np.float64)
-                     for x in (mu, sigma))
+        params = {k: _regrid(v, regrid.SourceGrid.regular(lat, lon), back, cfg.regrid_method)
+                  for k, v in params.items()}
         lat, lon = back.latitudes(), back.longitudes()
         attrs["output_grid"] = "input"
-    ds = products(mu, sigma, target=spec.target, init=init, step_h=spec.step_h, lat=lat, lon=lon,
-                  quantiles=cfg.quantiles, thresholds=run.thresholds, attrs=attrs)
+    mean, std = moments(family, params)
+    ds = products(mean, std, target=spec.target, init=init, step_h=spec.step_h, lat=lat, lon=lon,
+                  quantiles=cfg.quantiles, thresholds=run.thresholds, attrs=attrs,
+                  law=None if family == GAUSSIAN else law(family, params, cfg.quantiles, run.thresholds))
     for path in paths[product]:
         write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)
         result.written.append(str(path))

@@ -55,7 +55,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from pandas.errors import OutOfBoundsDatetime
 from pydantic import BaseModel
-from scipy.special import ndtr
 
 import postcast
 from postcast.datasets import schema
@@ -656,7 +655,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
             "exceedance": dict(zip(s.threshold_keys, f.exceedance[:, i, j].tolist(), strict=True)),
         }
         if threshold is not None:
-            out["exceedance"][f"{threshold:g}"] = float(1.0 - ndtr((threshold - mu) / sd))
+            out["exceedance"][f"{threshold:g}"] = archive.exceedance_at(f, i, j, threshold)  # the file's family
         return _json(out)
 
     @app.get("/forecast/bbox", response_model=BoxAnswer, responses=_errors(401, 404, 422, guarded=guarded))
