@@ -435,8 +435,8 @@ def _grib_variables(index: pd.DataFrame, expect: Expectation, source: str
     generic = {n: _generic(index[index["var"] == n], n) for n in taken if n not in schema.VARIABLES}
     skipped = params[~params["var"].isin(taken)]
     if len(skipped):
-        log.info("%s: %d parameters not taken: %s (pass --variables to take them)", source, len(skipped),
-                 ", ".join(_describe_param(r, str(n)) for n, r in skipped.groupby("var", sort=False)))
+        log.info("%s: %d parameters not taken: %s (not read; `postcast ingest --variables` takes them)", source,
+                 len(skipped), ", ".join(_describe_param(r, str(n)) for n, r in skipped.groupby("var", sort=False)))
     if generic:
         log.info("%s: %s beyond the ENS-10 schema: taken as generic variables from their GRIB keys; their values "
                  "are not checked for plausibility (no known range)", source, ", ".join(generic))

@@ -224,6 +224,23 @@ def _fallback_reason(source: sources.ForecastSource, expect: sources.Expectation
             "that has them, or a --checkpoint trained without them")
 
 
+def _check_lead(source: sources.ForecastSource, expect: sources.Expectation, tg: schema.Target, step_h: int) -> None:
+    """An input without the checkpoint's lead has no forecast to make, not even the raw fallback: say so
+    in forecast's terms (the lead is the checkpoint's, not an option of this verb)."""
+    target_only = replace(expect, variables=(tg.variable,), levels=(tg.level,) if tg.level else None,
+                          members="all", steps_h=None)
+    try:
+        held = source.plan(target_only).steps_h
+    except MissingInputError:
+        return  # the target variable itself is missing: the fallback's planning names it
+    if step_h not in held:
+        have = ", ".join(f"+{h}" for h in held)
+        msg = (f"this checkpoint predicts +{step_h} h; the input {source.path} holds {have} h: give --input "
+               f"forecasts at +{step_h} h, or a --checkpoint trained at that lead "
+               f"(train with --data.cfg.sample.step_h {held[-1]})")
+        raise MissingInputError(msg)
+
+
 def model_grid(model: PostProcessor) -> schema.Grid:
     """The grid a checkpoint was trained on: global from its (H, W), or regional from its recorded area."""
     n_lat = int(model.hparams["grid"][0])  # (H, W)
@@ -299,6 +316,7 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
     try:
         plan = found.forecast.plan(replace(expect, variables=variables, levels=levels or None))
     except MissingInputError:  # the model cannot run: fall back to the raw ensemble of the target
+        _check_lead(found.forecast, expect, tg, spec.step_h)
         plan = found.forecast.plan(replace(expect, variables=(tg.variable,), levels=(tg.level,) if tg.level else None,
                                            members="all"))
         reason = _fallback_reason(found.forecast, expect, variables)

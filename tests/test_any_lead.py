@@ -122,7 +122,6 @@ def test_compress_at_a_lead_the_store_lacks(files, tmp_path, capsys):
     assert res.code == 2 and "holds +78 h" in line and "--step-hours 78" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/forecast.py: plan the checkpoint's lead in forecast's terms")
 def test_forecast_a_checkpoint_at_a_lead_the_file_lacks(files, ckpt78, tmp_path, capsys):
     """Refused (66) but advising ingest's option: "1 items missing: step 78 h (the source has 48 h: pass
     --steps 48 or omit it)"; forecast has no --steps, the fix is a checkpoint trained at the input's lead."""
