@@ -2,7 +2,8 @@
 
 Pure core: :func:`verification_dataset` gathers, for one target, lead and split, the truth, the raw
 members and the Gaussian forecasts of every entry (dims ``forecast, init_time, latitude,
-longitude``); :func:`score_lead` turns it into a results Dataset (metrics and regions of
+longitude``); a checkpoint of another predictive family (``model.distribution``) joins as a
+:class:`FamilyForecast` beside it; :func:`score_lead` turns them into a results Dataset (metrics and regions of
 :mod:`postcast.pipeline.verification`, significance of :mod:`postcast.pipeline.significance`),
 :func:`score_target` stacks every lead with truth, :func:`summary` is its JSON summary. Drivers:
 :func:`evaluate` (checkpoints + store -> ``results.nc``, ``metrics.json`` and the report, see
@@ -39,8 +40,9 @@ from postcast.datasets import store as contract
 from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
+from postcast.models import distributions
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import metrics, significance, verification
+from postcast.pipeline import forecast, metrics, significance, verification
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +109,15 @@ def verification_dataset(store: xr.Dataset, target: str, split: str, step_h: int
     return out
 
 
+def _check_shape(ver: xr.Dataset, name: str, shape: tuple[int, ...]) -> None:
+    if shape != ver["truth"].shape:
+        msg = f"forecast {name!r} has shape {shape}, the truth {ver['truth'].shape}: a checkpoint of another grid?"
+        raise BadInputError(msg)
+
+
 def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) -> xr.Dataset:
     """Append one Gaussian forecast (init_time, lat, lon) to a verification dataset."""
-    if mu.shape != ver["truth"].shape:
-        msg = f"forecast {name!r} has shape {mu.shape}, the truth {ver['truth'].shape}: a checkpoint of another grid?"
-        raise BadInputError(msg)
+    _check_shape(ver, name, mu.shape)
     new = xr.Dataset({"mu": (ver["truth"].dims, mu), "sigma": (ver["truth"].dims, sigma)}).expand_dims(
         forecast=[name])
     merged = xr.concat([ver[["mu", "sigma"]], new.assign_coords(ver["truth"].coords)], dim="forecast")
@@ -119,24 +125,69 @@ def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) 
     return ver.drop_vars(["mu", "sigma", "forecast"]).assign(mu=merged["mu"], sigma=merged["sigma"])
 
 
+@dataclass(frozen=True)
+class FamilyForecast:
+    """A predictive distribution of :mod:`postcast.models.distributions` (parameters (T, lat, lon)) as
+    numpy float64 in and out: the :class:`postcast.pipeline.verification.Predictive` of a checkpoint."""
+
+    dist: distributions.Distribution
+
+    @property
+    def name(self) -> str:
+        return self.dist.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The forecast's shape S (T, lat, lon), that of its median."""
+        return self.quantile(0.5).shape
+
+    def _at(self, fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray | float) -> np.ndarray:
+        with torch.no_grad():
+            return fn(torch.as_tensor(np.asarray(x, dtype=np.float64))).double().numpy()
+
+    def crps(self, y: np.ndarray) -> np.ndarray:
+        return self._at(self.dist.crps, y)
+
+    def cdf(self, x: np.ndarray) -> np.ndarray:
+        return self._at(self.dist.cdf, x)
+
+    def cdf_left(self, x: np.ndarray) -> np.ndarray:
+        return self._at(self.dist.cdf_left, x)
+
+    def sf(self, x: np.ndarray) -> np.ndarray:
+        return self._at(self.dist.sf, x)
+
+    def quantile(self, tau: float) -> np.ndarray:
+        return self._at(self.dist.quantile, tau)
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) (T, lat, lon) in closed form, :func:`postcast.pipeline.forecast.moments` a date at a
+        time (it reads one field's parameters, (lat, lon) each, Bernstein's coef as (K, lat, lon))."""
+        params = {k: v.numpy() for k, v in self.dist.params.items()}  # (T, lat, lon) [coef (T, lat, lon, K)]
+        per_date = [forecast.moments(self.name, {k: np.moveaxis(v[i], -1, 0) if v.ndim == 4 else v[i]
+                                                 for k, v in params.items()}) for i in range(self.shape[0])]
+        return np.stack([m for m, _ in per_date]), np.stack([sd for _, sd in per_date])
+
+
 @torch.no_grad()
-def _predict(path: str, store: str, split: str, batch_size: int = 4) -> tuple[str, int, np.ndarray, np.ndarray,
-                                                                             np.ndarray]:
-    """(target, lead in hours, init_times, mu, sigma) of a checkpoint on one split: samples as its
-    sample spec declares, in physical units (the model normalises them with the statistics it carries)."""
+def _predict(path: str, store: str, split: str, batch_size: int = 4
+             ) -> tuple[str, int, np.ndarray, distributions.Distribution]:
+    """(target, lead in hours, init_times, predictive distribution (T, lat, lon) in float64) of a
+    checkpoint on one split, any family: samples as its sample spec declares, in physical units (the
+    model normalises them with the statistics it carries)."""
     model, meta = load_checkpoint(path)
     cfg = DataConfig(store=store, sample=SampleSpec.from_dict(meta["sample"]))
     check_fits(path, dict(model.hparams), cfg.sample, contract.open_store(store))
     data = StoreDataset(cfg, split)
-    mus, sigmas = [], []
+    parts = []
     for start in range(0, len(data), batch_size):
         items = [data[i] for i in range(start, min(start + batch_size, len(data)))]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
-        mu, sigma = model(batch)
-        mus.append(mu.double().numpy())
-        sigmas.append(sigma.double().numpy())
+        parts.append(model.predictive(batch))  # parameters (B, lat, lon)
+    family = type(parts[0])
+    dist = family(**{k: torch.cat([p.params[k] for p in parts]).double() for k in parts[0].params})
     times = contract.open_store(store)[schema.INIT_TIME].values[data.indices]
-    return cfg.sample.target, cfg.sample.step_h, times, np.concatenate(mus), np.concatenate(sigmas)
+    return cfg.sample.target, cfg.sample.step_h, times, dist
 
 
 def check_fits(path: str, hparams: dict[str, Any], spec: SampleSpec, store: xr.Dataset) -> None:
@@ -161,9 +212,12 @@ def check_fits(path: str, hparams: dict[str, Any], spec: SampleSpec, store: xr.D
 
 def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
                        ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(target, init_times, mu, sigma) of a checkpoint on one split (its own lead)."""
-    target, _, times, mu, sigma = _predict(path, store, split, batch_size)
-    return target, times, mu, sigma
+    """(target, init_times, mu, sigma) of a Gaussian checkpoint on one split (its own lead)."""
+    target, _, times, dist = _predict(path, store, split, batch_size)
+    if not isinstance(dist, distributions.Gaussian):
+        msg = f"{path} predicts a {dist.name!r} distribution, not (mu, sigma): score it with postcast evaluate"
+        raise BadInputError(msg)
+    return target, times, dist.mu.numpy(), dist.sigma.numpy()
 
 
 # --- scoring: one lead -> a results Dataset (postcast.pipeline.verification) -------------------
@@ -190,16 +244,17 @@ def climate_thresholds(store: xr.Dataset, target: str, step_h: int) -> dict[str,
         return {}
     truth = _step(store, contract.truth_name(target), step_h, schema.TARGETS[target].level)
     y = truth.isel({schema.INIT_TIME: rows}).values.astype(np.float64)  # (n, lat, lon)
-    q10, q90 = np.nanquantile(y, [0.1, 0.9], axis=0)
-    return {"below_q10": q10, "above_q90": q90}
+    return dict(zip(verification.EVENTS, np.nanquantile(y, [0.1, 0.9], axis=0), strict=True))
 
 
-def _chunks(ver: xr.Dataset, efi: np.ndarray) -> tuple[list[str], list[verification.Chunk]]:
+def _chunks(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast]
+            ) -> tuple[list[str], list[verification.Chunk]]:
     y = ver["truth"].values  # (T, lat, lon)
     names = [str(f) for f in ver["forecast"].values]
     chunks = [verification.Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values)
               for f in names]
-    return [*names, ENSEMBLE], [*chunks, verification.Chunk(y, efi, members=ver["members"].values)]
+    chunks += [verification.Chunk(y, efi, dist=d) for d in families.values()]
+    return [*names, *families, ENSEMBLE], [*chunks, verification.Chunk(y, efi, members=ver["members"].values)]
 
 
 def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
@@ -218,11 +273,12 @@ def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
 
 
 def score_lead(ver: xr.Dataset, efi: np.ndarray, *, thresholds: dict[str, np.ndarray] | None = None,
-               bootstrap: int = 1000) -> xr.Dataset:
-    """Every forecast of ``ver`` (and the raw members as ``raw_ensemble``) on its lead: scores per
-    metric, region and weighting, per-date scores, significance against the raw Gaussian, the CRPS
-    decomposition, CRPS maps, reliability, PIT and rank histograms."""
-    names, chunks = _chunks(ver, efi)
+               bootstrap: int = 1000, families: dict[str, FamilyForecast] | None = None) -> xr.Dataset:
+    """Every forecast of ``ver``, then the ``families`` (name -> a checkpoint's non-Gaussian forecast on
+    ``ver``'s dates), and the raw members as ``raw_ensemble``, on one lead: scores per metric, region and
+    weighting, per-date scores, significance against the raw Gaussian, the CRPS decomposition, CRPS
+    maps, reliability, PIT and rank histograms."""
+    names, chunks = _chunks(ver, efi, families or {})
     lat, lon = ver[schema.LAT].values, ver[schema.LON].values
     res = verification.as_dataset(names, chunks, lat, lon, ver[schema.INIT_TIME].values, thresholds)
     members = ver["members"].values
@@ -305,7 +361,7 @@ def _checkpoint_name(path: str, names: dict[str, str], taken: set[str]) -> str:
     return unique
 
 
-Prediction = tuple[str, int, np.ndarray, np.ndarray, np.ndarray]  # name, lead (h), init times, mu, sigma
+Prediction = tuple[str, int, np.ndarray, distributions.Distribution]  # name, lead (h), init times, forecast
 
 
 def leads_with_truth(store: xr.Dataset, target: str, split: str) -> list[int]:
@@ -324,16 +380,21 @@ def score_target(store: xr.Dataset, target: str, split: str, preds: list[Predict
         raise MissingInputError(msg)
     for h in leads:
         ver = verification_dataset(store, target, split, step_h=h)
-        for name, lead, times, mu, sigma in preds:
+        families: dict[str, FamilyForecast] = {}
+        for name, lead, times, dist in preds:
             if lead != h:
                 continue
             if not np.array_equal(times, ver[schema.INIT_TIME].values):
                 msg = f"{name}: predicted init times differ from the verification dates of {target} at +{h} h"
                 raise BadInputError(msg)
-            ver = add_forecast(ver, name, mu, sigma)
-        log.info("scoring %s +%d h: %s", target, h, ", ".join(map(str, ver["forecast"].values)))
+            if isinstance(dist, distributions.Gaussian):  # the closed forms of every release so far
+                ver = add_forecast(ver, name, dist.mu.numpy(), dist.sigma.numpy())
+            else:
+                families[name] = FamilyForecast(dist)
+                _check_shape(ver, name, families[name].shape)
+        log.info("scoring %s +%d h: %s", target, h, ", ".join([*map(str, ver["forecast"].values), *families]))
         res = score_lead(ver, efi_fields(store, ver), thresholds=climate_thresholds(store, target, h),
-                         bootstrap=bootstrap)
+                         bootstrap=bootstrap, families=families)
         per_lead.append(res.expand_dims(lead=[h]))
     out = xr.concat(per_lead, dim="lead", join="outer", data_vars="all", coords="different", compat="equals")
     out.attrs.update(target=target, units=schema.TARGETS[target].units, split=split)
@@ -419,9 +480,9 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
     preds: dict[str, list[Prediction]] = {}
     taken: dict[str, set[str]] = {}  # display names are unique per target
     for path in progress(cfg.checkpoints):
-        target, lead, times, mu, sigma = _predict(path, cfg.store, cfg.split)
+        target, lead, times, dist = _predict(path, cfg.store, cfg.split)
         name = _checkpoint_name(path, cfg.names, taken.setdefault(target, set()))
-        preds.setdefault(target, []).append((name, lead, times, mu, sigma))
+        preds.setdefault(target, []).append((name, lead, times, dist))
     targets = cfg.targets or (tuple(preds) if preds else tuple(schema.TARGETS))
     per_target = {}
     for t in targets:
@@ -431,6 +492,10 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
             per_target[t] = score_target(store, t, cfg.split, preds.get(t, []), cfg.bootstrap)
     results: dict[str, Any] = {"store": cfg.store, "split": cfg.split, "results": "results.nc", "targets": {
         t: _target_summary(res, headline_lead(res, preds.get(t, []))) for t, res in per_target.items()}}
+    for t, entries in preds.items():  # each checkpoint's family beside its scores
+        for name, _, _, dist in entries:
+            if t in results["targets"] and name in results["targets"][t]["forecasts"]:
+                results["targets"][t]["forecasts"][name]["global"]["distribution"] = dist.name
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ds = results_dataset(per_target)

@@ -277,12 +277,13 @@ def crps_ensemble_reference(x: np.ndarray, y: np.ndarray, *, axis: int = -1,
     return skill - pair / denom
 
 
-def twcrps_ensemble(x: np.ndarray, y: np.ndarray, threshold: float, *, axis: int = -1,
+def twcrps_ensemble(x: np.ndarray, y: np.ndarray, threshold: float | np.ndarray, *, axis: int = -1,
                     estimator: Estimator = "fair") -> np.ndarray:
     """Threshold-weighted CRPS of members ``x`` at outcomes ``y`` with weight 1{z >= threshold}
     (Allen et al. 2023): the CRPS of the chained members max(x, t) against max(y, t), so only the
-    part of both distributions above ``t`` counts (the tail an extreme-event user cares about)."""
-    if not np.isfinite(threshold):
+    part of both distributions above ``t`` counts (the tail an extreme-event user cares about).
+    ``threshold``: one value, or one per point (broadcastable to ``y``, e.g. (lat, lon))."""
+    if not np.isfinite(threshold).all():
         msg = f"twCRPS threshold {threshold}: give a finite value in the variable's units"
         raise ValueError(msg)
     return crps_ensemble(np.maximum(x, threshold), np.maximum(y, threshold), axis=axis, estimator=estimator)

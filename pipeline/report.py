@@ -6,7 +6,8 @@ Figures: a scorecard (CRPS skill against the raw Gaussian for every forecast, ta
 CRPS maps, reliability diagrams of tail events at climatological thresholds, the CRPS
 decomposition, and calibration (spread/skill, the raw ensemble's rank histogram, PIT). Tables: every
 metric of :data:`postcast.pipeline.verification.METRICS` (a row each, with its label, units and
-format; their descriptions in the legend), the CRPS against the raw Gaussian, the CRPS at every lead
+format; their descriptions in the legend; a column per forecast, a non-Gaussian one labelled with
+its predictive family), the CRPS against the raw Gaussian, the CRPS at every lead
 and its decomposition.
 """
 
@@ -184,7 +185,13 @@ def _score_table(target: str, ds: xr.Dataset, res: dict[str, Any]) -> tuple[list
             values = scores.sel(metric=m.name, weighting=w).values
             rows.append([m.label if w == "none" else f"{m.label}, area-w.", units,
                          *(f"{v:{m.fmt}}" if np.isfinite(v) else "-" for v in values)])
-    return ["metric", "units", *names], rows
+    return ["metric", "units", *(_family_label(res, f) for f in names)], rows
+
+
+def _family_label(res: dict[str, Any], name: str) -> str:
+    """A forecast's column: its name, with its predictive family in brackets unless Gaussian."""
+    family = res["forecasts"].get(name, {}).get("global", {}).get("distribution", "gaussian")
+    return name if family == "gaussian" else f"{name} [{family}]"
 
 
 def _crps_vs_raw_table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

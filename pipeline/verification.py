@@ -9,6 +9,12 @@ values and the all-dates value come from the same means, so the area-weighted me
 ``sum_t sum_p w_p s_tp / (T sum_p w_p)``. Adding a metric is one entry in :data:`METRICS`: the
 results Dataset, ``metrics.json`` and the report's tables loop over it.
 
+A forecast is a Gaussian (``mu``, ``sigma``: closed forms, the numbers of every release so far), a
+predictive distribution of any other family (``dist``: a :class:`Predictive`, numpy in and out; its
+CRPS, mean and variance in closed form) or raw members. Tail scores at the
+evaluation thresholds (:data:`EVENTS`, per grid point): the Brier score of the event and the
+threshold-weighted CRPS (members: chained fair CRPS; a distribution: its quantile ensemble).
+
 Diagnostics beside the scores: the CRPS decomposition of Hersbach (2000) (:func:`hersbach`),
 reliability diagrams of tail events at climatological thresholds (:func:`reliability`), PIT and
 rank histograms. Formulas: docs/verification.md. numpy/scipy/xarray only (no torch).
@@ -17,8 +23,9 @@ rank histograms. Formulas: docs/verification.md. numpy/scipy/xarray only (no tor
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 import xarray as xr
@@ -27,7 +34,10 @@ from scipy import special
 from postcast.datasets.geo import latitude_weights
 from postcast.pipeline import metrics
 
-GAUSSIAN, ENSEMBLE = "gaussian", "ensemble"
+GAUSSIAN, DISTRIBUTION, ENSEMBLE = "gaussian", "distribution", "ensemble"
+PREDICTIVE = (GAUSSIAN, DISTRIBUTION)  # the forecast kinds that are a distribution
+EVENTS = ("below_q10", "above_q90")  # y below / above the training climate's 10 / 90 % quantile, per point
+TAIL_LEVELS = 400  # quantile levels (i - 1/2)/n of a distribution's twCRPS
 WEIGHTINGS = ("none", "area")
 PIT_BINS = 10
 PROB_BINS = 10
@@ -58,20 +68,86 @@ REGIONS: tuple[Region, ...] = (Region("global"), Region("n_extratropics", 20.0, 
 
 
 # --- one forecast on one lead -----------------------------------------------------------------
+class Predictive(Protocol):
+    """A predictive distribution, parameters of shape S = (T, lat, lon), numpy float64 in and out
+    (``postcast.pipeline.evaluate.FamilyForecast`` wraps ``postcast.models.distributions``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def crps(self, y: np.ndarray) -> np.ndarray: ...  # closed form at outcomes y (S)
+
+    def cdf(self, x: np.ndarray) -> np.ndarray: ...  # P(Y <= x), x broadcastable to S
+
+    def cdf_left(self, x: np.ndarray) -> np.ndarray: ...  # P(Y < x)
+
+    def sf(self, x: np.ndarray) -> np.ndarray: ...  # P(Y > x)
+
+    def quantile(self, tau: float) -> np.ndarray: ...  # Q(tau), (S)
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]: ...  # (mean, std), each (S)
+
+
+def _chain(event: str, x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The chaining of the twCRPS: max(x, t) for an upper-tail event (weight 1{z >= t}), else min(x, t)."""
+    return np.maximum(x, t) if event.startswith("above") else np.minimum(x, t)
+
+
 @dataclass
 class Chunk:
-    """One forecast against the truth on one lead. Gaussian: ``mu``, ``sigma``; ensemble:
-    ``members`` (T, M, lat, lon). ``efi`` (T, lat, lon) weights the extreme-event CRPS."""
+    """One forecast against the truth on one lead. Gaussian: ``mu``, ``sigma``; any other family:
+    ``dist``; ensemble: ``members`` (T, M, lat, lon). ``efi`` (T, lat, lon) weights the extreme-event
+    CRPS; ``thresholds`` (event of :data:`EVENTS` -> (lat, lon)) define the tail scores."""
 
     truth: np.ndarray  # (T, lat, lon)
     efi: np.ndarray  # (T, lat, lon), in [-1, 1]
     mu: np.ndarray | None = None
     sigma: np.ndarray | None = None
     members: np.ndarray | None = None
+    dist: Predictive | None = None
+    thresholds: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
-        return ENSEMBLE if self.members is not None else GAUSSIAN
+        if self.members is not None:
+            return ENSEMBLE
+        return DISTRIBUTION if self.dist is not None else GAUSSIAN
+
+    def quantile(self, tau: float) -> np.ndarray:
+        """Q(tau) (T, lat, lon) of a Gaussian or another family."""
+        if self.dist is not None:
+            return self.dist.quantile(tau)
+        assert self.mu is not None and self.sigma is not None
+        return np.asarray(self.mu + self.sigma * special.ndtri(tau))
+
+    def quantile_twcrps(self) -> dict[str, np.ndarray]:
+        """One pass over the TAIL_LEVELS levels tau_i = (i - 1/2)/n of a distribution's quantiles q_i
+        (T, lat, lon): per event the twCRPS 2/n sum_i rho_tau_i(v(y) - v(q_i)), v the chaining
+        (:func:`_chain`), rho the pinball loss: the CRPS of the chained quantile ensemble."""
+        n = TAIL_LEVELS
+        tw = {e: np.zeros_like(self.truth) for e in self.thresholds}
+        ys = {e: _chain(e, self.truth, t) for e, t in self.thresholds.items()}
+        for tau in (np.arange(n) + 0.5) / n:
+            q = self.quantile(float(tau))
+            for e, t in self.thresholds.items():
+                d = ys[e] - _chain(e, q, t)
+                tw[e] += d * (tau - (d < 0))
+        return {f"twcrps_{e}": 2.0 * v / n for e, v in tw.items()}
+
+    @cached_property
+    def tail_scores(self) -> dict[str, np.ndarray]:
+        """twCRPS (T, lat, lon) per event, as ``twcrps_<event>``: members, the chained fair CRPS
+        (:func:`postcast.pipeline.metrics.twcrps_ensemble`; below: of the negated values); a
+        distribution, its quantile ensemble (:meth:`quantile_twcrps`)."""
+        if not self.thresholds:
+            return {}
+        if self.members is None:
+            return self.quantile_twcrps()
+        out = {}
+        for e, t in self.thresholds.items():
+            sign = 1.0 if e.startswith("above") else -1.0
+            out[f"twcrps_{e}"] = metrics.twcrps_ensemble(sign * self.members, sign * self.truth, sign * t, axis=1)
+        return out
 
     @cached_property
     def sorted_members(self) -> np.ndarray:
@@ -91,7 +167,9 @@ class Chunk:
 
     @cached_property
     def crps(self) -> np.ndarray:
-        """Gaussian closed form, or the fair ensemble CRPS (T, lat, lon)."""
+        """The family's closed form (Gaussian or other), or the fair ensemble CRPS (T, lat, lon)."""
+        if self.dist is not None:
+            return self.dist.crps(self.truth)
         if self.members is None:
             assert self.mu is not None and self.sigma is not None
             return metrics.crps_gaussian(self.mu, self.sigma, self.truth)
@@ -99,6 +177,8 @@ class Chunk:
 
     @cached_property
     def mean(self) -> np.ndarray:
+        if self.dist is not None:
+            return self.dist.moments()[0]
         if self.members is None:
             assert self.mu is not None
             return self.mu
@@ -107,7 +187,10 @@ class Chunk:
     @cached_property
     def variance(self) -> np.ndarray:
         """Predictive variance whose mean equals E[(mean - y)^2] for a calibrated forecast:
-        sigma^2, or (M + 1)/M times the unbiased member variance (Fortin et al. 2014)."""
+        sigma^2 (another family: its closed form); or (M + 1)/M times the unbiased member variance
+        (Fortin et al. 2014)."""
+        if self.dist is not None:
+            return np.asarray(self.dist.moments()[1] ** 2)
         if self.members is None:
             assert self.sigma is not None
             return np.asarray(self.sigma**2)
@@ -134,14 +217,40 @@ class Metric:
     description: str
     statistics: Callable[[Chunk], Stats]
     finalize: Callable[[Stats], np.ndarray] = lambda s: s["value"]
-    kinds: tuple[str, ...] = (GAUSSIAN, ENSEMBLE)
+    kinds: tuple[str, ...] = (*PREDICTIVE, ENSEMBLE)
     units: bool = True  # False: dimensionless
     weighted: bool = False
     fmt: str = ".4g"
 
 
+def _brier(chunk: Chunk, event: str) -> np.ndarray:
+    """(P(event) - 1{event})^2 (T, lat, lon) at the event's thresholds; NaN without them."""
+    t = chunk.thresholds.get(event)
+    if t is None:
+        return np.full(chunk.truth.shape, np.nan)
+    above = event.startswith("above")
+    happened = (chunk.truth > t) if above else (chunk.truth < t)
+    return np.asarray((exceedance(chunk, t, above) - happened) ** 2)
+
+
+def _twcrps(chunk: Chunk, event: str) -> np.ndarray:
+    """twCRPS (T, lat, lon) of one event; NaN without its thresholds."""
+    return chunk.tail_scores.get(f"twcrps_{event}", np.full(chunk.truth.shape, np.nan))
+
+
+def _tail_metrics(event: str) -> tuple[Metric, Metric]:
+    """Brier score and twCRPS of one event of EVENTS (y above / below a quantile q of the training climate)."""
+    side, q = event.split("_")
+    op, weight = (">", ">=") if side == "above" else ("<", "<=")
+    return (Metric(f"brier_{event}", f"Brier y {op} {q}", f"Brier score of P(y {op} t), t the training truth's "
+                   f"{q[1:]} % quantile at each point", lambda c: {"value": _brier(c, event)}, units=False, fmt=".4f"),
+            Metric(f"twcrps_{event}", f"twCRPS y {op} {q}", f"threshold-weighted CRPS, weight 1{{z {weight} t}} "
+                   "(members: fair; a distribution: its quantile ensemble)",
+                   lambda c: {"value": _twcrps(c, event)}, weighted=True))
+
+
 METRICS: tuple[Metric, ...] = (
-    Metric("crps", "CRPS", "continuous ranked probability score (Gaussian closed form; members: fair estimator)",
+    Metric("crps", "CRPS", "continuous ranked probability score (a family's closed form; members: fair estimator)",
            lambda c: {"value": c.crps}, weighted=True),
     Metric("crps_standard", "CRPS standard", "the members' standard (empirical CDF) CRPS",
            lambda c: {"value": c.ensemble_crps["standard"]}, kinds=(ENSEMBLE,), weighted=True),
@@ -155,6 +264,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("spread_skill", "spread/skill", "spread / RMSE (1 = calibrated)",
            lambda c: {"var": c.variance, "se": (c.mean - c.truth) ** 2}, lambda s: np.sqrt(s["var"] / s["se"]),
            units=False, fmt=".2f"),
+    Metric("coverage_80", "coverage 80 %", "fraction of outcomes inside the central 80 % interval [Q(0.1), "
+           "Q(0.9)] (0.8 = calibrated)", lambda c: {"value": ((c.quantile(0.1) <= c.truth)
+                                                             & (c.truth <= c.quantile(0.9))).astype(np.float64)},
+           kinds=PREDICTIVE, units=False, fmt=".3f"),
+    *(m for e in EVENTS for m in _tail_metrics(e)),
 )
 
 
@@ -234,9 +348,11 @@ def climatological_crps(y: np.ndarray, w: np.ndarray) -> float:
 
 def decomposition(chunk: Chunk, region: Region, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
     """Hersbach components (DECOMPOSITION order) over all dates and points of ``region``, area
-    weighted; a Gaussian as its QUANTILE_MEMBERS quantile ensemble."""
+    weighted; a Gaussian or another family as its QUANTILE_MEMBERS quantile ensemble."""
     if chunk.members is not None:
         xs = chunk.sorted_members  # (T, M, lat, lon)
+    elif chunk.dist is not None:
+        xs = np.stack([chunk.quantile(tau) for tau in (np.arange(QUANTILE_MEMBERS) + 0.5) / QUANTILE_MEMBERS], axis=1)
     else:
         assert chunk.mu is not None and chunk.sigma is not None
         xs = quantile_members(chunk.mu, chunk.sigma)
@@ -249,6 +365,8 @@ def decomposition(chunk: Chunk, region: Region, lat: np.ndarray, lon: np.ndarray
 
 def exceedance(chunk: Chunk, threshold: np.ndarray, above: bool) -> np.ndarray:
     """Forecast probability (T, lat, lon) of y > threshold (above) or y < threshold (lat, lon)."""
+    if chunk.dist is not None:
+        return chunk.dist.sf(threshold) if above else chunk.dist.cdf_left(threshold)
     if chunk.members is not None:
         p_below = (chunk.members < threshold).mean(axis=1)
     else:
@@ -269,8 +387,13 @@ def reliability(prob: np.ndarray, event: np.ndarray, w: np.ndarray) -> np.ndarra
     return np.stack([p, o, np.bincount(b, minlength=PROB_BINS).astype(float)])
 
 
-def pit(chunk: Chunk) -> np.ndarray:
-    """PIT values (T, lat, lon) of a Gaussian; randomised rank / M for an ensemble is the rank histogram."""
+def pit(chunk: Chunk, seed: int = 0) -> np.ndarray:
+    """PIT values (T, lat, lon) of a distribution (at a point mass a uniform draw in [F(y-), F(y)]);
+    randomised rank / M for an ensemble is the rank histogram."""
+    if chunk.dist is not None:
+        u = np.random.default_rng(seed).uniform(size=chunk.truth.shape)
+        low, high = chunk.dist.cdf_left(chunk.truth), chunk.dist.cdf(chunk.truth)
+        return np.asarray(low + u * (high - low))
     assert chunk.mu is not None and chunk.sigma is not None
     return metrics.pit_gaussian(chunk.mu, chunk.sigma, chunk.truth)
 
@@ -282,7 +405,7 @@ def as_dataset(names: list[str], chunks: list[Chunk], lat: np.ndarray, lon: np.n
     totals, dated, decomp, maps, rel, pits = [], [], [], [], [], []
     thresholds = thresholds or {}
     glob = REGIONS[0].weights(lat, lon, "area")
-    for c in chunks:
+    for c in (replace(c, thresholds=thresholds) if thresholds else c for c in chunks):
         total, per_date = score_chunk(c, lat, lon)
         totals.append(total)
         dated.append(per_date)
@@ -291,7 +414,7 @@ def as_dataset(names: list[str], chunks: list[Chunk], lat: np.ndarray, lon: np.n
         rel.append(np.stack([reliability(exceedance(c, q, name.startswith("above")),
                                          (c.truth > q) if name.startswith("above") else (c.truth < q), glob)
                              for name, q in thresholds.items()]) if thresholds else np.zeros((0, 3, PROB_BINS)))
-        h = np.histogram(pit(c), bins=PIT_BINS, range=(0.0, 1.0))[0] if c.kind == GAUSSIAN else np.full(PIT_BINS, 0)
+        h = np.histogram(pit(c), bins=PIT_BINS, range=(0.0, 1.0))[0] if c.kind in PREDICTIVE else np.full(PIT_BINS, 0)
         pits.append(h)
     dims = ("forecast", "metric", "region", "weighting")
     return xr.Dataset(
