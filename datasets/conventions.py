@@ -269,7 +269,7 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
             if tg.level not in np.atleast_1d(da[schema.LEVEL].values):
                 continue
             da = da.sel({schema.LEVEL: tg.level}, drop=True) if schema.LEVEL in da.dims else da.drop_vars(schema.LEVEL)
-        conv = convert_units(da, schema.VARIABLES[tg.variable], source)
+        conv = da if tg.derived else convert_units(da, schema.VARIABLES[tg.variable], source)
         out[contract.truth_name(target)] = conv.assign_attrs(target=target)
     if not out:
         msg = f"{source}: no truth variable for {', '.join(schema.TARGETS)} found (have {list(ds.data_vars)})"

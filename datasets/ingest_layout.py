@@ -45,7 +45,7 @@ def chunk_shapes(plan: sources.Plan) -> dict[str, tuple[int, ...]]:
         out[contract.ens_mean(v)] = out[contract.ens_std(v)] = io.chunk_shape(
             edims, eshape, whole=(schema.LAT, schema.LON), grow=grow)
     for t in schema.TARGETS:
-        for name in (contract.truth_name(t), contract.oracle_mean(t), contract.oracle_std(t)):
+        for name in (contract.truth_name(t), *contract.oracle_parameters(t).values()):
             out[name] = (1, ns, ny, nx)
     return out
 

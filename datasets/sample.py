@@ -6,14 +6,19 @@ The spec travels in every checkpoint; the store DataModule, the compressed datal
 
 One sample = one init date at the spec's lead (48 h by default), on the whole grid:
 
-* ``fields`` (2V, H, W) float32: for each input variable (at the target's level, or the surface),
+* ``fields`` (2V [+ T], H, W) float32: for each input variable (at the target's level, or the surface),
   the ensemble mean and the ensemble std, in physical units (NaN where the field is undefined,
-  e.g. SST over land). The model normalises them (models/module.py), not the loader;
+  e.g. SST over land); for a derived target, then T channels of its own members' statistics: mean, std
+  and, for a target with ``dry_below`` (tp24), the fraction of dry members. The model normalises them
+  (models/module.py), not the loader;
 * ``features`` (F, H, W) float32: optional location features sin(lat), cos(lat) sin(lon),
   cos(lat) cos(lon), then season features sin/cos(2 pi doy / 365.25);
 * ``y`` (H, W): the truth of the target (NaN where missing);
-* ``m``, ``s`` (H, W): the raw ensemble mean and population std of the target (for the head);
-* ``oracle_mean``/``oracle_std`` (H, W) when the data has them (synthetic data);
+* ``m``, ``s`` (H, W): the raw ensemble mean and population std of the target (for the head); a derived
+  target's (``ws10``, ``tp24``: :class:`postcast.datasets.schema.Target`) are taken over its members,
+  computed per member from the store's member fields (``u10``, ``v10``; ``tp`` at the lead and 24 h before);
+* the oracle when the data has it (synthetic data): ``oracle_mean``/``oracle_std`` (H, W) for a Gaussian
+  target, ``oracle_<parameter>`` (``oracle_shape``) for another family;
 * ``members`` (M, V, H, W) float32 when ``members`` is set: every member of every input variable.
 
 Input variables are names (``t``: at the target's level) or ``name@level`` (``u@850``).
@@ -112,9 +117,19 @@ class SampleSpec:
         return out
 
     @property
+    def target_fields(self) -> tuple[str, ...]:
+        """The channels a derived target adds after the inputs' (its members' mean, std and dry fraction);
+        () for a variable target, whose statistics are among the inputs'."""
+        tg = schema.TARGETS[self.target]
+        if not tg.derived:
+            return ()
+        dry = (f"dry_fraction_{self.target}",) if tg.dry_below is not None else ()
+        return (contract.ens_mean(self.target), contract.ens_std(self.target), *dry)
+
+    @property
     def n_fields(self) -> int:
-        """Channels of ``fields``: ensemble mean and std of each input variable."""
-        return 2 * len(self.input_variables)
+        """Channels of ``fields``: ensemble mean and std of each input variable, then the target's own."""
+        return 2 * len(self.input_variables) + len(self.target_fields)
 
     @property
     def n_features(self) -> int:
@@ -127,12 +142,16 @@ class SampleSpec:
 
     def field_keys(self) -> list[str]:
         """Names of the ``fields`` channels in order (``ens_mean_u@850``, ``ens_std_u@850``, ...)."""
-        return [k for i in self.input_variables for k in (contract.ens_mean(i), contract.ens_std(i))]
+        return [*(k for i in self.input_variables for k in (contract.ens_mean(i), contract.ens_std(i))),
+                *self.target_fields]
 
     @property
     def target_variable_index(self) -> int:
-        """Position of the target variable (at the target level) among the input variables."""
+        """Position of the target variable (at the target level) among the input variables; a derived
+        target's statistics come after the inputs' (channels 2V, 2V + 1): position V."""
         tg = schema.TARGETS[self.target]
+        if tg.derived:
+            return len(self.input_variables)
         for i, (name, level) in enumerate(parse_variable(v) for v in self.input_variables):
             if name == tg.variable and level in (None, tg.level):
                 return i
@@ -145,27 +164,31 @@ class SampleSpec:
         names = [n for i in self.inputs() for n in (contract.ens_mean(i.variable), contract.ens_std(i.variable))]
         if self.members:
             names += [i.variable for i in self.inputs()]
-        names += [contract.ens_mean(tg.variable), contract.ens_std(tg.variable), contract.truth_name(self.target)]
+        if tg.derived:  # its members are computed from the member fields it is derived from
+            names += list(tg.input_variables)
+        else:
+            names += [contract.ens_mean(tg.variable), contract.ens_std(tg.variable)]
+        names.append(contract.truth_name(self.target))
         if oracle:
-            names += [contract.oracle_mean(self.target), contract.oracle_std(self.target)]
+            names += list(contract.oracle_parameters(self.target).values())
         return list(dict.fromkeys(names))
 
     def raw_needs(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """Raw variables and pressure levels a sample is computed from (the target's included)."""
         tg = schema.TARGETS[self.target]
-        variables = {tg.variable, *(i.variable for i in self.inputs())}
+        variables = {*tg.input_variables, *(i.variable for i in self.inputs())}
         levels = {(i.level or schema.LEVELS[0]) for i in self.inputs() if i.pressure}
         levels |= {tg.level} if tg.level else set()
         return tuple(sorted(variables)), tuple(sorted(levels))
 
     # --- selection and statistics ----------------------------------------------------------------
-    def select(self, da: xr.DataArray, level: int | None = None) -> np.ndarray:
-        """The spec's lead and ``level`` (else the target's, else the first) of ``da`` (positional
+    def select(self, da: xr.DataArray, level: int | None = None, offset_h: int = 0) -> np.ndarray:
+        """The spec's lead (plus ``offset_h``) and ``level`` (else the target's, else the first) of ``da`` (positional
         indexing on the Variable: ~30x cheaper than DataArray.sel). A lead the data lacks is a ConfigError
         naming the leads it holds and ``--data.cfg.sample.step_h`` (:func:`postcast.datasets.store.step_position`)."""
         pos: dict[str, int] = {}
         if schema.STEP in da.dims:
-            pos[schema.STEP] = contract.step_position(da.get_index(schema.STEP), self.step_h)
+            pos[schema.STEP] = contract.step_position(da.get_index(schema.STEP), self.step_h + offset_h)
         if schema.LEVEL in da.dims:
             lv = level if level is not None else schema.TARGETS[self.target].level
             levels = da[schema.LEVEL].values
@@ -186,7 +209,27 @@ class SampleSpec:
                 floor = max(float(np.nanmean(std)) * 1e-3, 1e-12)
                 means.append(np.nan_to_num(mean))
                 stds.append(np.maximum(np.nan_to_num(std), floor))
+        if self.target_fields:
+            target_means, target_stds = self._target_normalisation(stats)
+            means += target_means
+            stds += target_stds
         return np.stack(means), np.stack(stds)
+
+    def _target_normalisation(self, stats: xr.Dataset) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """A derived target's channels, each (H, W): its members' mean by the truth's training mean and std
+        at the point, their std by the truth's std, the dry fraction as it is (0..1). The std is floored at
+        a tenth of its mean over the grid: where the training truth never varies (always dry), a finer
+        floor makes the channel huge and a model's coefficient on it overflows."""
+        truth = contract.truth_name(self.target)
+        if contract.point_mean(truth) not in stats:
+            msg = (f"the store's statistics have no {truth}: train {self.target} on a store ingested with its "
+                   f"truth (synthetic: SynthConfig targets)")
+            raise MissingInputError(msg)
+        mean = np.nan_to_num(self.select(stats[contract.point_mean(truth)]).astype(np.float32))
+        std = np.nan_to_num(self.select(stats[contract.point_std(truth)]).astype(np.float32))
+        std = np.maximum(std, max(float(std.mean()) * 0.1, 1e-6))
+        zero, one = np.zeros_like(mean), np.ones_like(mean)
+        return [mean, zero, zero][:len(self.target_fields)], [std, std, one][:len(self.target_fields)]
 
 
 class Sampler:
@@ -212,8 +255,9 @@ class Sampler:
 
     def nbytes(self, n_members: int) -> int:
         """Bytes of one sample (every field is float32 of the grid's shape)."""
-        planes = self.spec.n_channels + 3 + 2 * self.oracle + (n_members * len(self.spec.inputs())
-                                                              if self.spec.members else 0)
+        oracle = len(contract.oracle_parameters(self.spec.target)) if self.oracle else 0
+        planes = (self.spec.n_channels + 3 + oracle
+                  + (n_members * len(self.spec.inputs()) if self.spec.members else 0))
         return 4 * planes * self.lat.size * self.lon.size
 
     def sample(self, day: xr.Dataset) -> Sample:
@@ -226,19 +270,34 @@ class Sampler:
                        spec.select(day[contract.ens_std(i.variable)], i.level)]
             if spec.members:
                 members.append(spec.select(day[i.variable], i.level))  # (M, H, W)
-        tg = schema.TARGETS[spec.target]
-        m = spec.select(day[contract.ens_mean(tg.variable)])
         truth = contract.truth_name(spec.target)
+        target = self.target_statistics(day)  # m, s, [dry] (H, W) target units
+        fields += list(target.values())[:len(spec.target_fields)]  # a derived target's own channels
         out: Sample = {
-            "fields": np.stack(fields).astype(np.float32),  # (2V, H, W) physical units
+            "fields": np.stack(fields).astype(np.float32),  # (2V [+ T], H, W) physical units
             "features": self.features(day[schema.INIT_TIME].values),  # (F, H, W)
-            "y": (spec.select(day[truth]) if truth in day else np.full(m.shape, np.nan)).astype(np.float32),
-            "m": m.astype(np.float32),  # (H, W) raw units
-            "s": spec.select(day[contract.ens_std(tg.variable)]).astype(np.float32),
+            "m": target["m"], "s": target["s"],  # (H, W) raw units
         }
+        out["y"] = (spec.select(day[truth]) if truth in day else np.full(out["m"].shape, np.nan)).astype(np.float32)
         if members:
             out["members"] = np.stack(members, axis=1).astype(np.float32)  # (M, V, H, W)
         if self.oracle:
-            out["oracle_mean"] = spec.select(day[contract.oracle_mean(spec.target)]).astype(np.float32)
-            out["oracle_std"] = spec.select(day[contract.oracle_std(spec.target)]).astype(np.float32)
+            gaussian = schema.TARGETS[spec.target].family == "gaussian"
+            for param, name in contract.oracle_parameters(spec.target).items():
+                key = {"mu": "oracle_mean", "sigma": "oracle_std"}[param] if gaussian else f"oracle_{param}"
+                out[key] = spec.select(day[name]).astype(np.float32)  # (H, W)
+        return out
+
+    def target_statistics(self, day: xr.Dataset) -> Sample:
+        """``m``, ``s`` (H, W) float32: the target's ensemble mean and population std (a variable target's
+        from the store's ``ens_mean_*``/``ens_std_*``, a derived one's over its members), and ``dry`` (H, W),
+        the fraction of members below ``dry_below``, for a target that has one."""
+        spec, tg = self.spec, schema.TARGETS[self.spec.target]
+        if not tg.derived:
+            return {"m": spec.select(day[contract.ens_mean(tg.variable)]).astype(np.float32),
+                    "s": spec.select(day[contract.ens_std(tg.variable)]).astype(np.float32)}
+        x = tg.members(lambda v, offset_h: spec.select(day[v], offset_h=offset_h).astype(np.float64))  # (M, H, W)
+        out = {"m": x.mean(axis=0).astype(np.float32), "s": x.std(axis=0).astype(np.float32)}
+        if tg.dry_below is not None:
+            out["dry"] = (x < tg.dry_below).mean(axis=0).astype(np.float32)
         return out

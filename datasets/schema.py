@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -209,28 +210,76 @@ def cf_attrs(var: Variable) -> dict[str, Any]:
 
 
 # --- targets -------------------------------------------------------------------------------------
+class TargetKind(StrEnum):
+    VARIABLE = "variable"  # a schema variable (at a level) at the lead
+    DERIVED = "derived"  # computed per member from schema variables (wind speed, a 24 h amount)
+
+
+def wind_speed(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Speed (m/s) of wind components u, v (m/s), elementwise: sqrt(u^2 + v^2)."""
+    return np.hypot(u, v)
+
+
+def amount_mm(later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
+    """The amount (mm) between two accumulations from the start (m): (later - earlier) * 1000, clipped at 0
+    (packing noise can make an accumulation shrink)."""
+    return np.maximum(later - earlier, 0.0) * 1000.0
+
+
 @dataclass(frozen=True)
 class Target:
-    """A post-processing target: a variable at a level (None for surface) and the 48 h lead."""
+    """A post-processing target: a variable at a level (None for surface) at the lead ``lead_h``, or a
+    quantity derived per member from schema variables (``inputs``: (variable, lead offset in hours) pairs
+    fed in order to ``derive``), with its units, default predictive family and exceedance thresholds."""
 
-    name: str  # "z500", "t850", "t2m"
-    variable: str
+    name: str  # "z500", "t850", "t2m", "ws10", "tp24"
+    variable: str  # the schema variable; a derived target: its own name
     level: int | None
-    # Reference scale of the 48 h forecast error (units of the variable); sets synthetic magnitudes.
+    # Reference scale of the 48 h forecast error (units of the target); sets synthetic magnitudes.
     error_scale: float
+    kind: TargetKind = TargetKind.VARIABLE
+    inputs: tuple[tuple[str, int], ...] = ()  # derived: (schema variable, lead offset h), e.g. ("tp", -24)
+    derive: Callable[..., np.ndarray] | None = field(default=None, compare=False, repr=False)
+    unit: str | None = None  # a derived target's units (a variable target has its variable's)
+    lead_h: int = TARGET_STEP_H
+    family: str = "gaussian"  # the default predictive family (models/distributions.py)
+    thresholds: tuple[float, ...] = ()  # default exceedance thresholds (units); () = climate quantiles
+    dry_below: float | None = None  # a member below this (units) is dry: the dry fraction is a predictor
 
     @property
     def units(self) -> str:
-        return VARIABLES[self.variable].units
+        return self.unit or VARIABLES[self.variable].units
+
+    @property
+    def derived(self) -> bool:
+        return self.kind is TargetKind.DERIVED
+
+    @property
+    def input_variables(self) -> tuple[str, ...]:
+        """The schema variables the target is read or derived from (in order, once each)."""
+        return tuple(dict.fromkeys(v for v, _ in self.inputs)) if self.derived else (self.variable,)
+
+    def members(self, read: Callable[[str, int], np.ndarray]) -> np.ndarray:
+        """The target's member values (M, ...) at a lead: ``read(variable, offset_h)`` gives a variable's
+        members (M, ...) at the lead plus ``offset_h``; a variable target reads its variable."""
+        if self.derive is None:
+            return read(self.variable, 0)
+        return self.derive(*(read(v, off) for v, off in self.inputs))
 
 
 TARGETS: dict[str, Target] = {
     "z500": Target("z500", "z", 500, error_scale=140.0),  # m2 s-2 (~14 m of height)
     "t850": Target("t850", "t", 850, error_scale=1.2),  # K
     "t2m": Target("t2m", "t2m", None, error_scale=1.3),  # K
+    "ws10": Target("ws10", "ws10", None, error_scale=1.5, kind=TargetKind.DERIVED,
+                   inputs=(("u10", 0), ("v10", 0)), derive=wind_speed, unit="m s**-1",
+                   family="truncnormal", thresholds=(10.0, 20.0)),  # 10 m wind speed, m/s
+    "tp24": Target("tp24", "tp24", None, error_scale=2.0, kind=TargetKind.DERIVED,
+                   inputs=(("tp", 0), ("tp", -24)), derive=amount_mm, unit="mm",
+                   family="csg", thresholds=(1.0, 10.0), dry_below=0.1),  # mm in the 24 h up to the lead
 }
+ENS10_TARGETS: tuple[str, ...] = ("z500", "t850", "t2m")  # the ENS-10 benchmark's three (Gaussian)
 DEFAULT_TARGET = "t850"  # what a sample spec or a preset without a target post-processes
-
 
 
 # --- grid ----------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ A postcast store (zarr 3, written by :mod:`postcast.datasets.ingest`; layout in 
 * member fields ``F`` (``z, t, ...``: init_time, member, step[, level], latitude, longitude);
 * per-sample ensemble statistics :func:`ens_mean` / :func:`ens_std` of each member field;
 * the verifying analysis :func:`truth_name` per target and, for synthetic data, the oracle
-  :func:`oracle_mean` / :func:`oracle_std` (init_time, step, latitude, longitude);
+  :func:`oracle_mean` / :func:`oracle_std` (init_time, step, latitude, longitude), or for a target of
+  another predictive family its parameters :func:`oracle_parameters`;
 * the coordinate ``split`` (int8 :data:`SPLIT_CODES` per init time);
 * the group :data:`STATISTICS_GROUP` with per-grid-point training statistics
   (:func:`point_mean` / :func:`point_std` of each field);
@@ -47,6 +48,21 @@ ens_std = "ens_std_{}".format  # per-sample ensemble std (population, ddof 0) of
 truth_name = "truth_{}".format  # the verifying analysis of a target, e.g. truth_t850
 oracle_mean = "oracle_mean_{}".format  # the true predictive mean of a target (synthetic data)
 oracle_std = "oracle_std_{}".format
+# The parameters of each predictive family as models/distributions.py names them (its dataclass fields).
+FAMILY_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "gaussian": ("mu", "sigma"), "truncnormal": ("mu", "sigma"), "csg": ("shape", "scale", "shift")}
+
+
+def oracle_parameters(target: str) -> dict[str, str]:
+    """The store names of the oracle's parameters of ``target`` (synthetic data), by the parameter names
+    of its family: a Gaussian target's are ``oracle_mean_T`` / ``oracle_std_T``; another family's are
+    ``oracle_<parameter>_T`` (``oracle_shape_tp24``), so no reader takes them for a Gaussian's."""
+    tg = schema.TARGETS[target]
+    if tg.family == "gaussian":
+        return {"mu": oracle_mean(target), "sigma": oracle_std(target)}
+    return {p: f"oracle_{p}_{target}" for p in FAMILY_PARAMETERS[tg.family]}
+
+
 point_mean = "{}_point_mean".format  # per-grid-point training mean of a field (statistics group)
 point_std = "{}_point_std".format
 

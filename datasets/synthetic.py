@@ -20,6 +20,11 @@ chunk can be generated on its own, in any process, in any order):
   ``sigma = sqrt((k s (1 + 0.3 tanh(...)))^2 + floor^2)`` with ``k > 1`` (under-dispersion).
   ``eps`` is exactly N(0, 1) at every point. The generator writes ``oracle_mean = m + beta`` and
   ``oracle_std = sigma``: the true predictive distribution, whose CRPS no post-processor can beat.
+* **Derived targets** (opt in with ``SynthConfig.targets``): ``ws10`` (each member's 10 m wind speed)
+  has a truth drawn from a normal truncated at 0, ``tp24`` (each member's 24 h precipitation, mm) one
+  drawn from a censored shifted gamma (dry subtropical land, heavy amounts near extremes), both given
+  the forecast; their oracle parameters are stored under :func:`postcast.datasets.store.oracle_parameters`
+  (docs/ens10.md "Targets beyond ENS-10").
 
 Public entry points: :func:`forecast_dataset` and :func:`truth_dataset` return lazy (dask) datasets
 in canonical conventions (see :mod:`postcast.datasets.schema`); :class:`SynthConfig` is the typed
@@ -40,11 +45,12 @@ import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
+from scipy import special, stats
 
 from postcast.datasets import config, schema
 from postcast.datasets import store as contract
 from postcast.datasets.errors import ConfigError
-from postcast.datasets.schema import GRAVITY, TARGETS, Grid
+from postcast.datasets.schema import GRAVITY, TARGETS, Grid, Target
 
 FORMAT_VERSION = 1
 GEOGRAPHY_SEED = 20180101  # the static land/sea pattern and local biases are shared by all seeds
@@ -75,9 +81,15 @@ class SynthConfig:
     members: int = schema.N_MEMBERS
     format: str = "zarr"  # zarr | grib | netcdf (raw on-disk form written by `postcast synth`)
     chunk_dates: int = 1  # init dates per chunk of the lazy dask arrays
+    targets: tuple[str, ...] = schema.ENS10_TARGETS  # whose truth and oracle are drawn (opt in: ws10, tp24)
 
     def __post_init__(self) -> None:
         Grid(self.resolution)  # validates
+        object.__setattr__(self, "targets", tuple(self.targets))  # a list from YAML or to_dict
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown or not self.targets:
+            msg = f"targets {unknown or '[]'}: choose from {list(TARGETS)}"
+            raise ConfigError(msg)
         bad = [lv for lv in self.levels if lv not in schema.LEVELS]
         if bad or not self.levels:
             msg = f"levels {bad or '[]'} are not ENS-10 levels; choose from {list(schema.LEVELS)}"
@@ -119,6 +131,7 @@ class SynthConfig:
         d = asdict(self)
         d["years"] = list(self.years)
         d["levels"] = list(self.levels)
+        d["targets"] = list(self.targets)
         return d
 
 
@@ -505,36 +518,97 @@ class World:
         return self._surface_wind("v", init, step_h, valid)
 
     # ---- truth and oracle ----
+    def target_members(self, target: str, init: pd.Timestamp, step_h: int) -> np.ndarray:
+        """The target's member values (member, lat, lon), float64, target units; NaN where a derived target
+        needs a lead the world lacks (tp24 at +0 h)."""
+        tg = TARGETS[target]
+
+        def read(name: str, offset_h: int) -> np.ndarray:
+            if step_h + offset_h not in LEAD_GROWTH:
+                return np.full((self.members, *self.grid.shape), np.nan)
+            return self.members_field(name, tg.level or 0, init, step_h + offset_h)
+
+        return tg.members(read)
+
+    def _eps(self, target: str, init: pd.Timestamp, step_h: int) -> np.ndarray:
+        """The truth's noise (lat, lon): exactly N(0, 1) pointwise, spatially correlated."""
+        key = int(init.value // 3_600_000_000_000)
+        rng = _rng(self.seed, _STREAM["eps"], key, list(TARGETS).index(target), step_h)
+        smooth = static_fields(rng, self.grid, 1, scale=5.0)[0]
+        return math.sqrt(0.7) * smooth + math.sqrt(0.3) * rng.standard_normal(self.grid.shape)
+
     def oracle(self, target: str, init: pd.Timestamp, step_h: int) -> dict[str, np.ndarray]:
         """True conditional distribution of the target given the forecast, and a draw from it.
 
-        Returns (n_lat, n_lon) float64 arrays: ``mean`` (oracle mean), ``std`` (oracle std),
-        ``truth``, and the raw ensemble ``ens_mean`` / ``ens_std`` (population std) of the target.
+        Returns (n_lat, n_lon) float64 arrays: ``truth``, the parameters of the target's family by their
+        names in models/distributions.py (``mu``, ``sigma``; ``shape``, ``scale``, ``shift``), the raw
+        ensemble ``ens_mean`` / ``ens_std`` (population std) of the target and, for a Gaussian target,
+        ``mean`` / ``std`` (= mu, sigma).
         """
         tg = TARGETS[target]
-        valid = init + pd.Timedelta(hours=step_h)
-        x = self.members_field(tg.variable, tg.level or 0, init, step_h)
+        x = self.target_members(target, init, step_h)
         m, s = x.mean(axis=0), x.std(axis=0)
-        u = self.members_field("u", 850, init, step_h).mean(axis=0)
-        v = self.members_field("v", 850, init, step_h).mean(axis=0)
-        ws = np.hypot(u, v)  # ensemble-mean 850 hPa wind speed (m/s): a non-linear flow feature
+        eps = self._eps(target, init, step_h)  # (lat, lon) N(0, 1); Phi(eps) ~ U(0, 1) drives the others
+        draw = {"gaussian": self._gaussian, "truncnormal": self._wind_speed, "csg": self._amount}[tg.family]
+        return {**draw(tg, init, step_h, x, eps), "ens_mean": m, "ens_std": s}
+
+    def _gaussian(self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray,
+                  eps: np.ndarray) -> dict[str, np.ndarray]:
+        """N(m + beta, sigma^2): beta from location, season, 850 hPa wind and clouds; sigma > spread."""
+        m, s = x.mean(axis=0), x.std(axis=0)
+        valid = init + pd.Timedelta(hours=step_h)
+        uu = self.members_field("u", 850, init, step_h).mean(axis=0)
+        vv = self.members_field("v", 850, init, step_h).mean(axis=0)
+        ws = np.hypot(uu, vv)  # ensemble-mean 850 hPa wind speed (m/s): a non-linear flow feature
         tcc = self.members_field("tcc", 0, init, step_h).mean(axis=0)
         wind_term = np.tanh((ws - 10.0) / 5.0)
         season = self.latent(valid)["season"]
         g = LEAD_GROWTH[step_h]
-        shape = (0.6 * self._bias_fields[target] + 0.5 * season * np.sign(self.sinlat)
+        shape = (0.6 * self._bias_fields[tg.name] + 0.5 * season * np.sign(self.sinlat)
                  + 0.6 * wind_term + 0.4 * np.sin(3.0 * (2.0 * tcc - 1.0)))
         if tg.level is None:  # a surface target: clouds keep land nights warm
             shape = shape + 0.8 * (2.0 * tcc - 1.0) * self.land
         beta = tg.error_scale * g * 0.55 * shape
         state = 1.0 + 0.3 * np.tanh(2.0 * wind_term + (tcc - 0.5))
         sigma = np.sqrt((UNDERDISPERSION * s * state) ** 2 + (0.25 * tg.error_scale * g) ** 2)
-        key = int(init.value // 3_600_000_000_000)
-        rng = _rng(self.seed, _STREAM["eps"], key, list(TARGETS).index(target), step_h)
-        smooth = static_fields(rng, self.grid, 1, scale=5.0)[0]
-        eps = math.sqrt(0.7) * smooth + math.sqrt(0.3) * rng.standard_normal(self.grid.shape)  # N(0, 1)
         mean = m + beta
-        return {"mean": mean, "std": sigma, "truth": mean + sigma * eps, "ens_mean": m, "ens_std": s}
+        truth = mean + sigma * eps
+        return {"mean": mean, "std": sigma, "mu": mean, "sigma": sigma, "truth": truth}
+
+    def _wind_speed(self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray,
+                    eps: np.ndarray) -> dict[str, np.ndarray]:
+        """N(mu, sigma^2) truncated to [0, inf): the members' speed corrected by place (weaker over land),
+        season and the speed itself; sigma grows with the spread (under-dispersion) and in strong wind."""
+        m, s = x.mean(axis=0), x.std(axis=0)  # (lat, lon) m/s
+        g = LEAD_GROWTH[step_h]
+        season = self.latent(init + pd.Timedelta(hours=step_h))["season"]
+        strong = np.tanh((m - 8.0) / 4.0)
+        shape = (0.8 * self._bias_fields[tg.name] + 0.4 * season * np.sign(self.sinlat)
+                 - 0.6 * self.land + 0.5 * strong)
+        mu = m + tg.error_scale * g * shape
+        sigma = np.sqrt((UNDERDISPERSION * s * (1.0 + 0.2 * strong)) ** 2 + (0.3 * tg.error_scale * g) ** 2)
+        truth = stats.truncnorm.ppf(special.ndtr(eps), -mu / sigma, np.inf, loc=mu, scale=sigma)
+        return {"mu": mu, "sigma": sigma, "truth": truth}
+
+    def _amount(self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray,
+                eps: np.ndarray) -> dict[str, np.ndarray]:
+        """max(0, X - shift), X ~ Gamma(shape, scale): the shift (so P(dry)) grows in dry regions (land in
+        the subtropics) and with the dry members; the mean follows the members' mean corrected by place and
+        season; near the year's rare intense events the spread triples (heavy tails)."""
+        m, s = x.mean(axis=0), x.std(axis=0)  # (lat, lon) mm
+        dry = (x < (tg.dry_below or 0.0)).mean(axis=0)  # the dry members' fraction; NaN x (no lead) counts as wet
+        valid = init + pd.Timedelta(hours=step_h)
+        g = LEAD_GROWTH[step_h]
+        season = self.latent(valid)["season"]
+        desert = self.land * np.exp(-(((self.abslat - 25.0) / 10.0) ** 2))
+        shift = 1.0 + 3.0 * desert + 2.0 * dry
+        local = np.exp(0.3 * self._bias_fields[tg.name] + 0.25 * season * np.sign(self.sinlat))
+        mean = 0.5 * shift + m * local + 0.2 * g
+        heavy = np.tanh(np.abs(self._event_field(*self._year_day(valid))))
+        std = np.sqrt((1.5 * s) ** 2 + (0.6 * g + 0.3 * mean) ** 2) * (1.0 + 2.0 * heavy)
+        shape, scale = (mean / std) ** 2, std**2 / mean
+        truth = np.maximum(special.gammaincinv(shape, special.ndtr(eps)) * scale - shift, 0.0)
+        return {"shape": shape, "scale": scale, "shift": shift, "truth": truth}
 
 
 @functools.lru_cache(maxsize=8)
@@ -615,36 +689,46 @@ def forecast_dataset(cfg: SynthConfig, variables: list[str] | None = None) -> xr
     return ds
 
 
+def _truth_arrays(cfg: SynthConfig) -> list[tuple[str, str, str, str]]:
+    """(target, oracle key, store name, label) of every truth and oracle array of the config's targets:
+    the truth, then the oracle's parameters (a Gaussian's mean and std, another family's by name)."""
+    out = []
+    for target in cfg.targets:
+        out.append((target, "truth", contract.truth_name(target), "ERA5-like"))
+        for param, name in contract.oracle_parameters(target).items():
+            out.append((target, param, name, f"oracle {name.split('_')[1]}"))
+    return out
+
+
 def _truth_block(cfg: SynthConfig, inits: tuple[pd.Timestamp, ...]) -> np.ndarray:
-    """(target, [truth, mean, std], init, step, lat, lon) float32 for a block of init times."""
+    """(array, init, step, lat, lon) float32 for a block of init times, arrays as :func:`_truth_arrays`."""
     w = world(cfg.seed, cfg.resolution, cfg.members)
-    out = np.empty((len(TARGETS), 3, len(inits), len(schema.STEPS_H), *cfg.grid.shape), dtype=np.float32)
+    arrays = _truth_arrays(cfg)
+    out = np.empty((len(arrays), len(inits), len(schema.STEPS_H), *cfg.grid.shape), dtype=np.float32)
     for i, t in enumerate(inits):
         for j, step in enumerate(schema.STEPS_H):
-            for k, target in enumerate(TARGETS):
-                o = w.oracle(target, t, step)
-                out[k, 0, i, j], out[k, 1, i, j], out[k, 2, i, j] = o["truth"], o["mean"], o["std"]
+            oracles = {target: w.oracle(target, t, step) for target in cfg.targets}
+            for k, (target, key, _, _) in enumerate(arrays):
+                out[k, i, j] = oracles[target][key]
     return out
 
 
 def _truth_block_mapped(block_info: dict[Any, Any] | None = None, *, cfg: SynthConfig) -> np.ndarray:
-    return _truth_block(cfg, _inits_of(block_info, cfg, 2))
+    return _truth_block(cfg, _inits_of(block_info, cfg, 1))
 
 
 def truth_dataset(cfg: SynthConfig) -> xr.Dataset:
-    """Lazy ERA5-like truth ``truth_<target>`` and the oracle ``oracle_mean_<target>`` /
-    ``oracle_std_<target>`` for every target and step, dims (init_time, step, latitude, longitude)."""
-    chunks = ((len(TARGETS),), (3,), _time_chunks(cfg), (len(schema.STEPS_H),), *((n,) for n in cfg.grid.shape))
-    arr = da.map_blocks(_truth_block_mapped, chunks=chunks, dtype=np.float32, meta=np.empty((0,) * 6, np.float32),
+    """Lazy ERA5-like truth ``truth_<target>`` and the oracle (``oracle_mean_<target>`` /
+    ``oracle_std_<target>``, or :func:`postcast.datasets.store.oracle_parameters`) for every target of
+    the config and every step, dims (init_time, step, latitude, longitude)."""
+    arrays = _truth_arrays(cfg)
+    chunks = ((len(arrays),), _time_chunks(cfg), (len(schema.STEPS_H),), *((n,) for n in cfg.grid.shape))
+    arr = da.map_blocks(_truth_block_mapped, chunks=chunks, dtype=np.float32, meta=np.empty((0,) * 5, np.float32),
                         cfg=cfg, name=f"synth-truth-{dask.base.tokenize(cfg)}")
     dims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
-    data_vars = {}
-    for k, (target, tg) in enumerate(TARGETS.items()):
-        base = {"units": tg.units, "target": target}
-        for j, (name, label) in enumerate(((contract.truth_name(target), "ERA5-like"),
-                                           (contract.oracle_mean(target), "oracle mean"),
-                                           (contract.oracle_std(target), "oracle std"))):
-            data_vars[name] = xr.Variable(dims, arr[k, j], {**base, "long_name": f"{label} {target}"})
+    data_vars = {name: xr.Variable(dims, arr[k], {"units": "1" if key == "shape" else TARGETS[target].units,
+                                                   "target": target, "long_name": f"{label} {target}"})
+                 for k, (target, key, name, label) in enumerate(arrays)}
     ds = xr.Dataset(data_vars, coords=_coords(cfg, with_members=False, levels=False))
     ds.attrs.update(synthetic_attrs(cfg))
     return ds

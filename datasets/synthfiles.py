@@ -69,8 +69,8 @@ def _era5_valid_time(truth: xr.Dataset, target: str) -> xr.Dataset:
     valid = da[schema.INIT_TIME].values + np.timedelta64(schema.TARGET_STEP_H, "h")
     da = da.assign_coords({schema.INIT_TIME: valid}).rename({schema.INIT_TIME: "time"})
     tg = schema.TARGETS[target]
-    var = schema.VARIABLES[tg.variable]
-    da.attrs = {**schema.cf_attrs(var), "long_name": f"ERA5-like {var.long_name}"}
+    attrs = {"units": tg.units, "long_name": tg.name} if tg.derived else schema.cf_attrs(schema.VARIABLES[tg.variable])
+    da.attrs = {**attrs, "long_name": f"ERA5-like {attrs['long_name']}"}
     if tg.level is not None:  # cdo-style pressure coordinate in Pa, as in ENS-10's ERA5_z500.nc
         da = da.expand_dims(plev=[tg.level * 100.0], axis=1)
         da["plev"].attrs = {"units": "Pa", "standard_name": "air_pressure"}
@@ -120,12 +120,12 @@ def write_synthetic(cfg: SynthConfig, out: str | Path, *, progress: bool = True)
     if cfg.format == "zarr":
         _write_zarr_once(conventions.to_ens10(fc), out / "forecast.zarr", progress)
         files.append("forecast.zarr")
-        era5 = truth[[contract.truth_name(t) for t in schema.TARGETS]].rename({schema.INIT_TIME: "time"})
+        era5 = truth[[contract.truth_name(t) for t in cfg.targets]].rename({schema.INIT_TIME: "time"})
         _write_zarr_once(era5.isel(latitude=slice(None, None, -1)), out / "era5.zarr", progress)
         files.append("era5.zarr")
     else:
         files += _write_file_set(cfg, fc, out, progress)
-        for target in schema.TARGETS:
+        for target in cfg.targets:
             level = "sfc_" if schema.TARGETS[target].level is None else ""
             path = out / "era5" / f"ERA5_{level}{target}.nc"
             files.append(str(path.relative_to(out)))

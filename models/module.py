@@ -28,6 +28,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from postcast.datasets import schema
 from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, postprocessors, registry
@@ -61,12 +62,13 @@ class PostProcessor(L.LightningModule):
     def __init__(self, family: str = "mlp", net: dict[str, Any] | None = None, sample: dict[str, Any] | None = None,
                  grid: tuple[int, int] = (37, 72), n_members: int = 10, lr: float = 1e-3, weight_decay: float = 0.0,
                  cosine: bool = True, grid_area: tuple[float, float, float, float] | None = None,
-                 distribution: str = "gaussian"):
+                 distribution: str | None = None):
         super().__init__()
+        spec = SampleSpec.from_dict(sample or {})
+        distribution = distribution or schema.TARGETS[spec.target].family  # None: the target's (datasets/schema.py)
         if distribution not in distributions.names():
             msg = f"model.distribution {distribution!r}: choose one of {distributions.names()}"
             raise ConfigError(msg)
-        spec = SampleSpec.from_dict(sample or {})
         fam = registry.make(family, net)
         if fam.needs_members and not spec.members:
             msg = f"the {family} model reads the raw members: set data.cfg.sample.members: true in the training config"
@@ -75,6 +77,7 @@ class PostProcessor(L.LightningModule):
         sample = spec.to_dict()
         grid = (int(grid[0]), int(grid[1]))
         self.save_hyperparameters()
+        self.hparams["distribution"] = distribution  # resolved (under the CLI, hparams are its config)
         self.spec = spec
         io = registry.NetIO(in_channels=spec.n_channels, grid=grid, n_members=n_members,
                             n_variables=len(spec.input_variables), target_variable=spec.target_variable_index,
@@ -110,7 +113,8 @@ class PostProcessor(L.LightningModule):
         x = torch.nan_to_num((batch["fields"] - self.norm_mean) / self.norm_std)  # (B, 2V, H, W)
         out = {"x": torch.cat([x, batch["features"]], dim=1), "m": batch["m"], "s": batch["s"]}
         if "members" in batch:
-            mean, std = self.norm_mean[0::2], self.norm_std[0::2]  # (V, H, W): the ens_mean channels
+            v = 2 * len(self.spec.input_variables)  # a derived target's own channels follow the inputs'
+            mean, std = self.norm_mean[0:v:2], self.norm_std[0:v:2]  # (V, H, W): the ens_mean channels
             out["members"] = torch.nan_to_num((batch["members"] - mean) / std)
         return out
 

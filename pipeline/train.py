@@ -143,7 +143,7 @@ def validate_preset(path: str) -> str | None:
         cfg = resolve(["--config", path])
         model = cfg.get("model") or {}
         family = registry.make(model.get("family", "mlp"), model.get("net"))
-        distributions.get(model.get("distribution", "gaussian"))
+        distributions.get(model.get("distribution") or "gaussian")  # None: the target's family (a registered one)
         spec = data_config(cfg).sample
     except (ValueError, ConfigError) as err:
         return str(err)

@@ -138,7 +138,7 @@ def test_paths_live_in_one_file_and_presets_stack():
     cfg = resolve(args)
     assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["max_epochs"] == 12  # fragment + preset
     assert cfg["model"] == {"family": "unet", "net": {"base_filters": 32}, "lr": 0.002, "weight_decay": 0.0,
-                            "cosine": True, "distribution": "gaussian"}
+                            "cosine": True, "distribution": None}  # None: the target's family (gaussian)
     data = data_config(cfg)
     assert data.store == "runs/quickstart/store.zarr" and data.loader == "clairvoyant" and data.batch_size == 2
     assert data.sample.target == "t850" and data.sample.variables == ("t", "z", "q", "w", "d", "u", "v", "tcc")

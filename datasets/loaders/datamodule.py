@@ -216,10 +216,11 @@ class StoreDataModule(L.LightningDataModule):
         return self.cfg.sample.normalisation(stats)
 
     def climate_thresholds(self) -> tuple[float, ...]:
-        """Default exceedance thresholds for the model's forecasts: quantiles of the training truth of the
-        target (:func:`postcast.datasets.store.truth_quantiles`)."""
+        """Default exceedance thresholds for the model's forecasts: the target's own (schema.TARGETS: tp24 1
+        and 10 mm), else quantiles of the training truth (:func:`postcast.datasets.store.truth_quantiles`)."""
         spec = self.cfg.sample
-        return contract.truth_quantiles(_open(self.cfg.store)[0], spec.target, spec.step_h)
+        own = schema.TARGETS[spec.target].thresholds
+        return own or contract.truth_quantiles(_open(self.cfg.store)[0], spec.target, spec.step_h)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:
         return DataLoader(StoreDataset(self.cfg, split), batch_size=self.cfg.batch_size, shuffle=shuffle,

@@ -1,0 +1,216 @@
+"""Targets as data: the registry (schema.TARGETS), derived targets (ws10, tp24) built from the store's member
+fields, and their opt-in synthetic truths drawn from a known oracle (truncated normal, censored shifted gamma)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import xarray as xr
+from battery import assert_ok, in_process
+from scipy import stats
+
+from postcast.datasets import schema, synthetic, synthfiles
+from postcast.datasets import store as contract
+from postcast.datasets.errors import ConfigError
+from postcast.datasets.ingest import IngestConfig, ingest
+from postcast.datasets.sample import Sampler, SampleSpec
+from postcast.datasets.synthetic import SynthConfig
+from postcast.models import distributions
+from postcast.pipeline import train
+from postcast.pipeline.metrics import crps_ensemble
+
+# 2 years x 8 dates on the 10 deg grid, with the derived targets' truths (built in the tests: opt in)
+SMALL = {"seed": 7, "resolution": 10.0, "years": (2016, 2017), "dates_per_year": 8, "levels": (850,),
+         "targets": ("t2m", "ws10", "tp24")}
+
+
+def test_registry_describes_every_target():
+    ws, tp = schema.TARGETS["ws10"], schema.TARGETS["tp24"]
+    assert ws.derived and ws.inputs == (("u10", 0), ("v10", 0)) and ws.units == "m s**-1"
+    assert (ws.family, ws.thresholds, ws.lead_h) == ("truncnormal", (10.0, 20.0), 48)
+    assert tp.derived and tp.inputs == (("tp", 0), ("tp", -24)) and tp.units == "mm"
+    assert (tp.family, tp.thresholds) == ("csg", (1.0, 10.0))
+    for name in schema.ENS10_TARGETS:  # the ENS-10 three: unchanged, Gaussian variables at +48 h
+        tg = schema.TARGETS[name]
+        assert not tg.derived and tg.family == "gaussian" and tg.input_variables == (tg.variable,)
+    for name, tg in schema.TARGETS.items():  # the store's oracle names are the family's parameters
+        params = tuple(f.name for f in dataclasses.fields(distributions.get(tg.family)))
+        assert tuple(contract.oracle_parameters(name)) == params
+
+
+def _day() -> xr.Dataset:
+    """One init date, 2 members, a 1 x 2 grid: u10, v10 at +48 h; tp at +0, +24, +48 h (m)."""
+    steps = pd.to_timedelta([0, 24, 48], unit="h")
+    u = np.array([[[3.0, 0.0]], [[-6.0, 1.0]]])  # (member, lat, lon) m/s
+    v = np.array([[[4.0, 2.0]], [[-8.0, 0.0]]])
+    tp = np.zeros((2, 3, 1, 2))  # (member, step, lat, lon)
+    tp[:, 1] = [[[0.002, 0.0]], [[0.010, 0.0]]]
+    tp[:, 2] = [[[0.0025, 0.0]], [[0.0099, 0.0]]]  # member 2: the accumulation shrinks (packing noise)
+    dims = (schema.MEMBER, schema.STEP, schema.LAT, schema.LON)
+    ds = xr.Dataset({"u10": (dims, np.stack([u] * 3, axis=1)), "v10": (dims, np.stack([v] * 3, axis=1)),
+                     "tp": (dims, tp)}, coords={schema.STEP: steps, schema.LAT: [0.0], schema.LON: [0.0, 10.0]})
+    for name in ("u10", "v10", "tp"):  # the inputs' statistics, as a store holds them
+        ds[contract.ens_mean(name)] = ds[name].mean(schema.MEMBER)
+        ds[contract.ens_std(name)] = ds[name].std(schema.MEMBER)
+    return ds.assign_coords({schema.INIT_TIME: np.datetime64("2017-01-05")})
+
+
+def _sample(target: str, variables: tuple[str, ...]) -> dict[str, np.ndarray]:
+    spec = SampleSpec(target=target, variables=variables, location_features=False, season_features=False)
+    return Sampler(spec, np.array([0.0]), np.array([0.0, 10.0])).sample(_day())
+
+
+def test_wind_speed_is_per_member():
+    """Speeds 5 and 10 m/s (not the mean wind's 2.5): mean 7.5, std 2.5; at the second point 2 and 1."""
+    s = _sample("ws10", ("u10", "v10"))
+    np.testing.assert_allclose(s["m"], [[7.5, 1.5]], rtol=1e-6)
+    np.testing.assert_allclose(s["s"], [[2.5, 0.5]], rtol=1e-6)
+    assert np.isnan(s["y"]).all()  # no truth in the data
+    assert s["fields"].shape == (6, 1, 2)  # the inputs' mean and std, then the target's (no dry fraction)
+    np.testing.assert_array_equal(s["fields"][4:], np.stack([s["m"], s["s"]]))
+    spec = SampleSpec(target="ws10", variables=("u10",))
+    assert spec.store_variables() == ["ens_mean_u10", "ens_std_u10", "u10", "v10", "truth_ws10"]
+    assert spec.store_variables(oracle=True)[-2:] == ["oracle_mu_ws10", "oracle_sigma_ws10"]
+
+
+def test_24h_precipitation_is_a_clipped_difference_in_mm():
+    """Member 1: (2.5 - 2) mm = 0.5 mm; member 2: 9.9 - 10 < 0 -> 0 mm (dry): mean 0.25, std 0.25, dry 1/2;
+    the second point has no rain: all dry."""
+    s = _sample("tp24", ("tp",))
+    np.testing.assert_allclose(s["m"], [[0.25, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(s["s"], [[0.25, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(s["fields"][-1], [[0.5, 1.0]])  # tp's mean and std, tp24's mean, std, dry
+    assert SampleSpec(target="tp24", variables=("tp",)).field_keys()[2:] == [
+        "ens_mean_tp24", "ens_std_tp24", "dry_fraction_tp24"]
+    with pytest.raises(ConfigError, match="step_h"):  # +0 h has no 24 h before it in the data
+        Sampler(SampleSpec(target="tp24", variables=("tp",), step_h=0), np.array([0.0]),
+                np.array([0.0, 10.0])).sample(_day())
+
+
+def test_default_synthetic_targets_are_the_ens10_three():
+    cfg = SynthConfig(resolution=10.0, years=(2017, 2017), dates_per_year=1)
+    assert cfg.targets == schema.ENS10_TARGETS
+    truth = synthetic.truth_dataset(cfg)
+    kinds = ("truth", "oracle_mean", "oracle_std")
+    assert set(truth.data_vars) == {f"{kind}_{t}" for t in cfg.targets for kind in kinds}
+    with pytest.raises(ConfigError, match="ws11"):
+        SynthConfig(targets=("ws11",))
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg = SynthConfig(**SMALL)
+    return synthetic.forecast_dataset(cfg, ["u10", "v10", "tp"]).load(), synthetic.truth_dataset(cfg).load()
+
+
+def _at48(ds: xr.Dataset, name: str) -> np.ndarray:
+    return ds[name].sel({schema.STEP: pd.Timedelta(hours=48)}).values
+
+
+def test_ws10_truth_is_a_draw_from_the_oracle_truncated_normal(small):
+    fc, truth = small
+    y = _at48(truth, "truth_ws10")
+    law = distributions.TruncNormal(*(torch.from_numpy(_at48(truth, n).astype(np.float64))
+                                      for n in contract.oracle_parameters("ws10").values()))
+    assert (y >= 0).all()
+    pit = law.pit(torch.from_numpy(y.astype(np.float64))).numpy().ravel()
+    assert stats.kstest(pit[::7], "uniform").pvalue > 1e-3
+    members = np.hypot(_at48(fc, "u10"), _at48(fc, "v10"))  # (init, member, lat, lon): per member
+    raw = crps_ensemble(np.moveaxis(members, 1, -1), y).mean()
+    oracle = law.crps(torch.from_numpy(y.astype(np.float64))).mean().item()
+    assert oracle < 0.9 * raw, (oracle, raw)
+
+
+def test_tp24_truth_is_a_draw_from_the_oracle_csg(small):
+    fc, truth = small
+    y = _at48(truth, "truth_tp24")
+    law = distributions.CensoredShiftedGamma(*(torch.from_numpy(_at48(truth, n).astype(np.float64))
+                                               for n in contract.oracle_parameters("tp24").values()))
+    gen = torch.Generator().manual_seed(0)
+    u = torch.rand(y.shape, generator=gen, dtype=torch.float64)
+    pit = law.pit(torch.from_numpy(y.astype(np.float64)), u).numpy().ravel()  # randomised at the point mass
+    assert stats.kstest(pit[::7], "uniform").pvalue > 1e-3
+    p_dry = law.cdf(torch.zeros(y.shape, dtype=torch.float64)).numpy()
+    dry = y == 0
+    assert 0.1 < dry.mean() < 0.6 and abs(dry.mean() - p_dry.mean()) < 3 * np.sqrt(p_dry.mean() / dry.size) + 0.02
+    assert p_dry.max() > 0.6 and p_dry.min() < 0.1  # dry regions and wet ones
+    assert np.quantile(y, 0.999) > 5 * np.quantile(y[~dry], 0.5)  # rare heavy amounts
+    members = schema.amount_mm(_at48(fc, "tp"), fc["tp"].sel({schema.STEP: pd.Timedelta(hours=24)}).values)
+    raw = crps_ensemble(np.moveaxis(members, 1, -1), y).mean()
+    oracle = law.crps(torch.from_numpy(y.astype(np.float64))).mean().item()
+    assert oracle < 0.9 * raw, (oracle, raw)
+
+
+def test_a_store_with_derived_targets_samples_them(tmp_path):
+    """Synthetic files with ws10 and tp24 -> ingest -> the store's samples carry the world's members'
+    statistics of the derived targets, the truth and the oracle's parameters."""
+    cfg = SynthConfig(**{**SMALL, "years": (2016, 2016), "dates_per_year": 2})
+    synthfiles.write_synthetic(cfg, tmp_path / "raw", progress=False)
+    out = tmp_path / "store.zarr"
+    ingest(IngestConfig(source=str(tmp_path / "raw"), out=str(out), processes=False, progress=False))
+    ds = contract.open_store(out)
+    spec = SampleSpec(target="tp24", variables=("tp", "u10"))
+    sampler = Sampler(spec, ds[schema.LAT].values, ds[schema.LON].values, oracle=True)
+    day = ds.isel({schema.INIT_TIME: 1})
+    s = sampler.sample(day)
+    o = synthetic.world(cfg.seed, cfg.resolution, cfg.members).oracle("tp24", pd.Timestamp(day.init_time.values), 48)
+    np.testing.assert_allclose(s["m"], o["ens_mean"], rtol=1e-4, atol=1e-4)  # float32 members in the store
+    np.testing.assert_array_equal(s["y"], o["truth"].astype(np.float32))
+    np.testing.assert_array_equal(s["oracle_shape"], o["shape"].astype(np.float32))
+    assert "truth_ws10" in ds and "oracle_mean_ws10" not in ds
+
+
+@pytest.fixture(scope="module")
+def derived_store(tmp_path_factory):
+    """A 10 deg store of 2010-2015 (24 training dates 2010-2013, 12 validation dates 2014-2015) with the ws10
+    and tp24 truths (fewer training dates leave the per-point EMOS noisier than the raw members for tp24)."""
+    root = tmp_path_factory.mktemp("derived")
+    cfg = SynthConfig(**{**SMALL, "years": (2010, 2015), "dates_per_year": 6})
+    synthfiles.write_synthetic(cfg, root / "raw", progress=False)
+    ingest(IngestConfig(source=str(root / "raw"), out=str(root / "store.zarr"), processes=False, progress=False))
+    return root / "store.zarr"
+
+
+def _raw_val_crps(store: Path, target: str) -> float:
+    """The members' fair CRPS of ``target`` on the validation dates at +48 h (the raw baseline)."""
+    ds, tg = contract.open_store(store), schema.TARGETS[target]
+    rows = contract.split_rows(ds, "val", target=target)
+    at = {h: contract.step_position(ds.get_index(schema.STEP), h) for h in (24, 48)}
+    x = tg.members(lambda v, off: ds[v].isel({schema.INIT_TIME: rows, schema.STEP: at[48 + off]}).values
+                   .astype(np.float64))  # (N, M, H, W)
+    y = ds[contract.truth_name(target)].isel({schema.INIT_TIME: rows, schema.STEP: at[48]}).values
+    return float(crps_ensemble(np.moveaxis(x, 1, -1), y).mean())
+
+
+@pytest.mark.parametrize("target", ["ws10", "tp24"])
+def test_one_epoch_of_emos_beats_the_raw_members(derived_store, target, tmp_path):
+    """The tiny preset (the target's family: truncnormal, csg) after one epoch scores below the members."""
+    cli = train.run(["fit", "-c", f"configs/train/tiny_emos_{target}.yaml", "--data.cfg.store", str(derived_store),
+                     "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
+    tg = schema.TARGETS[target]  # the preset names no distribution nor thresholds: the target's own
+    assert cli.model.hparams["distribution"] == tg.family and cli.model.thresholds == list(tg.thresholds)
+    val = float(cli.trainer.callback_metrics["val_crps"])
+    raw = _raw_val_crps(derived_store, target)
+    assert np.isfinite(val) and val < raw, (target, val, raw)
+
+
+# --- bad input (the shared battery) ---------------------------------------------------------------
+def test_synth_with_an_unknown_target(tmp_path, capsys):
+    preset = tmp_path / "bad.yaml"
+    preset.write_text("kind: synth\ntargets: [ws11]\n")
+    res = in_process(["synth", "-c", str(preset), "--out", str(tmp_path / "out")], capsys)
+    assert_ok("synth: unknown target", res, not (tmp_path / "out" / "synth.json").exists())
+    assert res.code == 2 and "ws11" in res.error_lines[0] and "tp24" in res.error_lines[0]
+
+
+def test_train_a_derived_target_on_a_store_without_its_truth(store, tmp_path, capsys):
+    """The ENS-10 store (no synth targets) has no truth_ws10: one line naming it, exit 66, no checkpoint."""
+    res = in_process(["train", "fit", "-c", "configs/train/tiny_emos_ws10.yaml", "--data.cfg.store", str(store),
+                      "--trainer.default_root_dir", str(tmp_path / "runs")], capsys)
+    assert_ok("train fit: derived target without its truth", res, not list(tmp_path.rglob("*.ckpt")))
+    assert res.code == 66 and "truth_ws10" in res.error_lines[0]
