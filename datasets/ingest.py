@@ -408,7 +408,7 @@ def _finalise(run: IngestRun, sums: dict[str, str], written: dict[str, dict[str,
         **plan.regridding,
         "n_init_times": len(plan.init_times),
         "splits": cfg.splits.as_dict(),
-        "targets": list(schema.TARGETS),
+        "targets": [t for t in schema.TARGETS if contract.truth_name(t) in run.truth_vars],  # those with truth
         "truth_missing_at_48h": found.truth.coverage(plan) if found.truth is not None else {},
         "ingest_config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
         "ingest_fingerprint": cfg.fingerprint(),

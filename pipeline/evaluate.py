@@ -54,7 +54,7 @@ ENSEMBLE_KEYS = {"crps": "crps_fair"}  # metrics.json names the members' fair CR
 class EvalConfig:
     store: str
     checkpoints: tuple[str, ...] = ()
-    targets: tuple[str, ...] | None = None  # None: the checkpoints' targets, else all three
+    targets: tuple[str, ...] | None = None  # None: the checkpoints' targets, else those the store has truth for
     split: str = "test"
     out: str = "reports/eval"
     bootstrap: int = 1000
@@ -63,6 +63,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.split not in contract.SPLITS:
             msg = f"split {self.split!r}: use one of {list(contract.SPLITS)}"
+            raise ConfigError(msg)
+        if self.bootstrap < 1:
+            msg = (f"--bootstrap {self.bootstrap}: the 95 % interval needs resamples: give a positive number "
+                   "(default 1000; a few hundred at least for a stable interval)")
             raise ConfigError(msg)
         for t in self.targets or ():
             if t not in schema.TARGETS:
@@ -483,7 +487,8 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
         target, lead, times, dist = _predict(path, cfg.store, cfg.split)
         name = _checkpoint_name(path, cfg.names, taken.setdefault(target, set()))
         preds.setdefault(target, []).append((name, lead, times, dist))
-    targets = cfg.targets or (tuple(preds) if preds else tuple(schema.TARGETS))
+    targets = cfg.targets or (tuple(preds) if preds else
+                              tuple(t for t in schema.TARGETS if contract.truth_name(t) in store))  # with truth
     per_target = {}
     for t in targets:
         names = target_arrays(store, t, cfg.store)

@@ -214,3 +214,25 @@ def test_train_a_derived_target_on_a_store_without_its_truth(store, tmp_path, ca
                       "--trainer.default_root_dir", str(tmp_path / "runs")], capsys)
     assert_ok("train fit: derived target without its truth", res, not list(tmp_path.rglob("*.ckpt")))
     assert res.code == 66 and "truth_ws10" in res.error_lines[0]
+
+
+def test_an_ens10_store_is_evaluated_and_labelled_with_its_own_targets(store, cli, tmp_path):
+    """A store with truth for the ENS-10 three names those three (not every registered target), and
+    `evaluate` without checkpoints scores those (it asked for ws10's truth: exit 66)."""
+    ds = xr.open_zarr(store)
+    held = [t for t in schema.TARGETS if contract.truth_name(t) in ds]
+    assert held == list(schema.ENS10_TARGETS)
+    assert ds.attrs["targets"] == held
+    proc = cli("evaluate", str(store), "--out", str(tmp_path / "ev"), "--bootstrap", "20")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = xr.open_dataset(tmp_path / "ev" / "results.nc")
+    assert sorted(map(str, res["target"].values)) == sorted(held)
+
+
+@pytest.mark.parametrize("n", ["0", "-5"])
+def test_evaluate_with_too_few_bootstrap_resamples(store, tmp_path, capsys, n):
+    """It ended in an internal error (an IndexError inside the bootstrap's percentiles) after scoring."""
+    out = tmp_path / "ev"
+    res = in_process(["evaluate", str(store), "--out", str(out), "--bootstrap", n], capsys)
+    assert_ok(f"evaluate: --bootstrap {n}", res, not (out / "results.nc").exists())
+    assert "--bootstrap" in res.error_lines[0]
