@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
+from scipy import special
 
 from postcast.models import kernels
 
@@ -385,18 +386,14 @@ class CensoredShiftedGamma(Distribution):
         return torch.where(x > 0, self.cdf(x), 0.0)
 
     def quantile(self, tau: torch.Tensor) -> torch.Tensor:
-        """0 where tau <= P(Y = 0), else theta (P^-1(k, tau) - c), c = shift / theta: P^-1 by bisection on
-        [c, hi], hi doubled until P(k, hi) >= tau (above c, so tiny quantiles keep their precision)."""
+        """0 where tau <= P(Y = 0), else theta (P^-1(k, tau) - c), c = shift / theta, with P^-1 from
+        scipy's ``gammaincinv`` (float64; a search over torch's gammainc was 100x slower). Not
+        differentiable: training differentiates the closed-form CRPS, never the quantiles."""
         k, tau = torch.broadcast_tensors(self.shape, torch.as_tensor(tau, dtype=self.dtype, device=self.device))
         c = (self.shift / self.scale).expand_as(k)
-        hi = torch.maximum(k, c) + 1.0
-        for _ in range(64):
-            short = torch.special.gammainc(k, hi) < tau
-            if not bool(short.any()):
-                break
-            hi = torch.where(short, 2.0 * hi, hi)
-        g = _bisect(lambda v: torch.special.gammainc(k, v) - tau, c, hi)
-        return torch.where(tau > torch.special.gammainc(k, c), self.scale * (g - c), 0.0)
+        g = special.gammaincinv(k.detach().cpu().double().numpy(), tau.detach().cpu().double().numpy())
+        g_t = torch.as_tensor(g, dtype=self.dtype, device=self.device)
+        return torch.where(tau > torch.special.gammainc(k, c), self.scale * (g_t - c), 0.0)
 
 
 # --- Bernstein quantile function ----------------------------------------------------------------

@@ -171,6 +171,7 @@ def saved_parameters(path: Path, store: Path) -> dict[str, np.ndarray]:
     return {k: torch.cat([p[k] for p in parts]).double().numpy() for k in parts[0]}
 
 
+@pytest.mark.slow  # 65 s (two trainings, integration references); the families' scoring is in the default tier below
 def test_evaluate_cli_scores_non_gaussian_checkpoints(cli, family_checkpoints, store, tmp_path):
     out = tmp_path / "eval"
     proc = cli("evaluate", str(store), "--checkpoints", *map(str, family_checkpoints.values()), "--out", str(out),
