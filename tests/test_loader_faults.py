@@ -115,7 +115,8 @@ def test_truncated_chunk_is_named_before_training(store, tmp_path):
 
 @pytest.mark.parametrize(("loader", "sig", "code"), [
     *((name, signal.SIGTERM, 128 + signal.SIGTERM) for name in ("auto", "plain", "plain-workers", "fixed")),
-    ("auto", signal.SIGINT, 130), ("plain-workers", signal.SIGINT, 130)])
+    ("auto", signal.SIGINT, 130),
+    pytest.param("plain-workers", signal.SIGINT, 130, marks=pytest.mark.slow)])  # (the default tier's 10 min)
 def test_signals_end_training_promptly(store, tmp_path, loader, sig, code):
     """Signalled once its first epoch is saved, a long run ends within seconds with the signal's exit code
     and no process of its group left. Before: SIGTERM exited 0 (Lightning's SIGTERMException carries no
