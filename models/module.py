@@ -235,7 +235,7 @@ def _plain(value: Any) -> Any:
 
 def _refused_pickle(path: str, torch_text: str) -> str:
     """Why a checkpoint's pickle was refused, naming what it holds (a Python object other than tensors and
-    plain containers, e.g. ``posix.system``), never torch's advice to load it with ``weights_only=False``."""
+    plain containers, e.g. ``posix.system``); torch's hint to load it unrestricted is left out."""
     found = re.search(r"GLOBAL ([\w.]+)", torch_text)
     what = (f"it holds a Python object ({found.group(1)}) where a checkpoint holds only tensors and plain values"
             if found else "not a torch checkpoint file")

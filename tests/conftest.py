@@ -23,6 +23,7 @@ from postcast.datasets.synthetic import SynthConfig
 
 # Small but complete: 10 deg grid (19 x 36), 2 levels, 6 years x 3 month-days (Feb, Jul, Oct) = 18 dates,
 # covering the train (2012-2013), val (2014-2015) and test (2016-2017) splits.
+ROOT = Path(__file__).resolve().parents[1]
 TINY = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3, levels=(500, 850))
 
 
@@ -129,3 +130,25 @@ def store(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cli():
     """``cli("ingest", ...)`` runs the ``postcast`` command in this process (:func:`run_cli`)."""
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def t2m_ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny local-EMOS T2m checkpoint (1 epoch) on the session store, shared by the battery files."""
+    from postcast.pipeline import train
+
+    root = tmp_path_factory.mktemp("t2m_ckpt") / "runs"
+    cli = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
+                     "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1",
+                     "--trainer.enable_model_summary", "false"])
+    assert cli.trainer.checkpoint_callback is not None
+    return Path(cli.trainer.checkpoint_callback.best_model_path)
+
+
+@pytest.fixture(scope="session")
+def artefact(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small neural-field artefact of the store's T850 truth, shared by the battery files."""
+    out = tmp_path_factory.mktemp("artefact") / "t850.pcnf"
+    assert main(["--no-progress", "compress", str(store), "--var", "truth_t850", "--width", "8", "--depth", "1",
+                 "--steps", "5", "--out", str(out)]) == 0
+    return out

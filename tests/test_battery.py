@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from battery import TALLY, Outcome, assert_ok, in_process, subprocess_case
 
-from postcast.cli import main
 from postcast.datasets import grib, integrity, io, synthfiles
 from postcast.datasets import store as contract
 from postcast.datasets.synthetic import SynthConfig
@@ -44,24 +43,6 @@ def src(grib_src: Path, tmp_path: Path) -> Path:
     return d
 
 
-@pytest.fixture(scope="module")
-def t2m_ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from postcast.pipeline import train
-
-    root = tmp_path_factory.mktemp("battery") / "runs"
-    cli = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-                     "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1",
-                     "--trainer.enable_model_summary", "false"])
-    assert cli.trainer.checkpoint_callback is not None
-    return Path(cli.trainer.checkpoint_callback.best_model_path)
-
-
-@pytest.fixture(scope="module")
-def artefact(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("battery") / "t850.pcnf"
-    assert main(["--no-progress", "compress", str(store), "--var", "truth_t850", "--width", "8", "--depth", "1",
-                 "--steps", "5", "--out", str(out)]) == 0
-    return out
 
 
 def no_store(out: Path) -> bool:
@@ -298,7 +279,7 @@ def test_serve_bad_folders(tmp_path, capsys):
 def test_battery_count():
     """Runs last in the session (conftest orders it): the tally quoted in the closing note (cases, clean, data safe)."""
     if not TALLY:
-        pytest.skip("run the whole file for the tally")
+        pytest.skip("no battery case ran in this session: the tally counts the cases of the files run")
     clean = sum(c for c, _ in TALLY.values())
     safe = sum(s for _, s in TALLY.values())
     print(f"\nBATTERY cases={len(TALLY)} clean={clean} data_safe={safe}")

@@ -24,24 +24,6 @@ from postcast.datasets import store as contract
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def t2m_ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from postcast.pipeline import train
-
-    root = tmp_path_factory.mktemp("ops") / "runs"
-    cli = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-                     "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1",
-                     "--trainer.enable_model_summary", "false"])
-    assert cli.trainer.checkpoint_callback is not None
-    return Path(cli.trainer.checkpoint_callback.best_model_path)
-
-
-@pytest.fixture(scope="module")
-def artefact(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ops") / "t850.pcnf"
-    assert main(["--no-progress", "compress", str(store), "--var", "truth_t850", "--width", "8", "--depth", "1",
-                 "--steps", "5", "--out", str(out)]) == 0
-    return out
 
 
 # --- download ---------------------------------------------------------------------------------------
