@@ -82,9 +82,27 @@ def _step(ds: xr.Dataset, name: str, step_h: int, level: int | None) -> xr.DataA
     return da
 
 
+def target_members(ds: xr.Dataset, target: str, step_h: int) -> xr.DataArray:
+    """The members (init_time, member, lat, lon) of ``target`` at the lead: a variable's, or a derived
+    target's computed per member from its inputs (ws10 from u10/v10; tp24 from tp at the lead and 24 h before)."""
+    tg = schema.TARGETS[target]
+    if not tg.derived:
+        return _step(ds, tg.variable, step_h, tg.level)
+    first = _step(ds, tg.inputs[0][0], step_h + tg.inputs[0][1], None)
+    values = tg.members(lambda v, off: np.asarray(_step(ds, v, step_h + off, None).values, dtype=np.float64))
+    return first.drop_vars(schema.STEP).copy(data=values).rename(target)
+
+
+def baseline(target: str) -> str:
+    """The forecast the others are measured against: the raw ensemble's Gaussian (mean, std) for a Gaussian
+    target (ENS-10's convention), the members themselves (fair CRPS) for any other family's target."""
+    return RAW if schema.TARGETS[target].family == distributions.Gaussian.name else ENSEMBLE
+
+
 def verification_dataset(store: xr.Dataset, target: str, split: str, step_h: int = schema.TARGET_STEP_H
                          ) -> xr.Dataset:
-    """Truth, raw members, and the raw-ensemble and oracle Gaussians of ``target`` on one split."""
+    """Truth, raw members, the raw ensemble's Gaussian (its members' mean and population std) and a
+    Gaussian oracle's of ``target`` on one split; another family's oracle parameters as ``oracle_<param>``."""
     tg = schema.TARGETS[target]
     truth = _step(store, contract.truth_name(target), step_h, tg.level)
     rows = contract.split_rows(store, split, target=target, step_h=step_h)
@@ -92,25 +110,41 @@ def verification_dataset(store: xr.Dataset, target: str, split: str, step_h: int
         msg = f"no init date with truth for {target} at +{step_h} h in split {split!r}"
         raise MissingInputError(msg)
     sub = store.isel({schema.INIT_TIME: rows})
-    members = _step(sub, tg.variable, step_h, tg.level)
-    mu = [_step(sub, contract.ens_mean(tg.variable), step_h, tg.level)]
-    sigma = [_step(sub, contract.ens_std(tg.variable), step_h, tg.level)]
+    members = target_members(sub, target, step_h)
+    if tg.derived:
+        mu, sigma = [members.mean(schema.MEMBER)], [members.std(schema.MEMBER)]
+    else:
+        mu = [_step(sub, contract.ens_mean(tg.variable), step_h, tg.level)]
+        sigma = [_step(sub, contract.ens_std(tg.variable), step_h, tg.level)]
     names = [RAW]
-    if contract.oracle_mean(target) in sub:
-        mu.append(_step(sub, contract.oracle_mean(target), step_h, tg.level))
-        sigma.append(_step(sub, contract.oracle_std(target), step_h, tg.level))
+    oracle = {p: _step(sub, n, step_h, tg.level) for p, n in contract.oracle_parameters(target).items() if n in sub}
+    if tg.family == distributions.Gaussian.name and oracle:
+        mu.append(oracle["mu"])
+        sigma.append(oracle["sigma"])
         names.append(ORACLE)
     drop = [c for c in (schema.STEP, schema.LEVEL, contract.SPLIT) if c in sub.coords]
+    family_oracle = {} if tg.family == distributions.Gaussian.name else {f"oracle_{p}": v for p, v in oracle.items()}
     out = xr.Dataset({
         "truth": truth.isel({schema.INIT_TIME: rows}),
         "members": members,
-        "mu": xr.concat(mu, dim="forecast"),
-        "sigma": xr.concat(sigma, dim="forecast"),
+        "mu": xr.concat([m.drop_vars(drop, errors="ignore") for m in mu], dim="forecast"),
+        "sigma": xr.concat([s.drop_vars(drop, errors="ignore") for s in sigma], dim="forecast"),
+        **family_oracle,
     }).drop_vars(drop, errors="ignore").assign_coords(forecast=names).astype(np.float64).compute()
     out = out.transpose("forecast", schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)
     out["sigma"] = out["sigma"].clip(min=1e-6)
     out.attrs.update(target=target, step_h=step_h, split=split, units=tg.units)
     return out
+
+
+def oracle_forecast(ver: xr.Dataset) -> dict[str, FamilyForecast]:
+    """{"oracle": the oracle's law} for a target of another family than the Gaussian, from the parameters
+    :func:`verification_dataset` carries; {} without them (a Gaussian oracle is among ``mu``/``sigma``)."""
+    params = {str(k).removeprefix("oracle_"): ver[k] for k in ver.data_vars if str(k).startswith("oracle_")}
+    if not params:
+        return {}
+    family = distributions.get(schema.TARGETS[ver.attrs["target"]].family)
+    return {ORACLE: FamilyForecast(family(**{p: torch.from_numpy(v.values) for p, v in params.items()}))}
 
 
 def _check_shape(ver: xr.Dataset, name: str, shape: tuple[int, ...]) -> None:
@@ -163,6 +197,11 @@ class FamilyForecast:
 
     def quantile(self, tau: float) -> np.ndarray:
         return self._at(self.dist.quantile, tau)
+
+    def quantile_where(self, tau: float, mask: np.ndarray) -> np.ndarray:
+        """Q(tau) of the distributions where ``mask`` (S, bool) holds: (N,)."""
+        with torch.no_grad():
+            return self.dist.select(torch.from_numpy(mask)).quantile(torch.tensor(tau, dtype=torch.float64)).numpy()
 
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
         """(mean, std) (T, lat, lon) in closed form, :func:`postcast.pipeline.forecast.moments` a date at a
@@ -227,8 +266,7 @@ def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
 # --- scoring: one lead -> a results Dataset (postcast.pipeline.verification) -------------------
 def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     """EFI (init_time, lat, lon) of the raw ensemble against the model climate of each date."""
-    tg = schema.TARGETS[ver.attrs["target"]]
-    all_members = _step(store, tg.variable, ver.attrs["step_h"], tg.level)
+    all_members = target_members(store, ver.attrs["target"], ver.attrs["step_h"])
     times = store[schema.INIT_TIME].values
     mds = sorted(set(zip(pd.DatetimeIndex(times).month, pd.DatetimeIndex(times).day, strict=True)))
     out = np.empty(ver["truth"].shape)
@@ -241,14 +279,18 @@ def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
 
 
 def climate_thresholds(store: xr.Dataset, target: str, step_h: int) -> dict[str, np.ndarray]:
-    """Tail events for the reliability diagrams: below the 10 % and above the 90 % quantile of the
-    training-split truth at each grid point (lat, lon); {} when the training split has no truth."""
+    """Events of the tail scores and reliability diagrams, each a threshold (lat, lon): below the 10 % and above
+    the 90 % quantile of the training-split truth at each grid point (none when the training split has no
+    truth), and above the target's own thresholds (tp24: 1 and 10 mm; ws10: 10 and 20 m/s) everywhere."""
+    tg = schema.TARGETS[target]
+    shape = (store.sizes[schema.LAT], store.sizes[schema.LON])
+    fixed = {e: np.full(shape, t) for e, t in zip(verification.THRESHOLD_EVENTS, tg.thresholds, strict=False)}
     rows = contract.split_rows(store, "train", target=target, step_h=step_h)
     if not rows.size:
-        return {}
-    truth = _step(store, contract.truth_name(target), step_h, schema.TARGETS[target].level)
+        return fixed
+    truth = _step(store, contract.truth_name(target), step_h, tg.level)
     y = truth.isel({schema.INIT_TIME: rows}).values.astype(np.float64)  # (n, lat, lon)
-    return dict(zip(verification.EVENTS, np.nanquantile(y, [0.1, 0.9], axis=0), strict=True))
+    return dict(zip(verification.QUANTILE_EVENTS, np.nanquantile(y, [0.1, 0.9], axis=0), strict=True)) | fixed
 
 
 def _chunks(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast]
@@ -262,12 +304,13 @@ def _chunks(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast
 
 
 def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
-    """Paired per-date CRPS differences of every forecast against the raw Gaussian, per region and
-    weighting: mean, stationary-bootstrap 95 % interval, Diebold-Mariano p-value, significant."""
+    """Paired per-date CRPS differences of every forecast against the baseline (:func:`baseline`; the
+    variable names say ``raw``), per region and weighting: mean, stationary-bootstrap 95 % interval,
+    Diebold-Mariano p-value, significant."""
     crps = res["score_per_date"].sel(metric="crps")  # (forecast, region, weighting, init_time)
     out = np.full((4, *crps.shape[:-1]), np.nan)
     for idx in np.ndindex(*crps.shape[:-1]):
-        ref = crps.sel(forecast=RAW).values[idx[1:]]
+        ref = crps.sel(forecast=res.attrs["baseline"]).values[idx[1:]]
         p = significance.paired(crps.values[idx], ref, n=bootstrap)
         out[(slice(None), *idx)] = (p.mean, p.low, p.high, p.p_value)
     dims = crps.dims[:-1]
@@ -282,20 +325,22 @@ def score_lead(ver: xr.Dataset, efi: np.ndarray, *, thresholds: dict[str, np.nda
     ``ver``'s dates), and the raw members as ``raw_ensemble``, on one lead: scores per metric, region and
     weighting, per-date scores, significance against the raw Gaussian, the CRPS decomposition, CRPS
     maps, reliability, PIT and rank histograms."""
-    names, chunks = _chunks(ver, efi, families or {})
+    names, chunks = _chunks(ver, efi, oracle_forecast(ver) | (families or {}))
     lat, lon = ver[schema.LAT].values, ver[schema.LON].values
     res = verification.as_dataset(names, chunks, lat, lon, ver[schema.INIT_TIME].values, thresholds)
     members = ver["members"].values
     rank = metrics.rank_histogram(members, ver["truth"].values, axis=1)
     res = res.assign(rank_histogram=(("rank",), rank), mean_abs_efi=((), float(np.abs(efi).mean())))
+    res.attrs["baseline"] = baseline(ver.attrs["target"])
     return _significance(res, bootstrap)
 
 
-def _metric_values(scores: xr.DataArray, kind: str, keys: dict[str, str] | None = None) -> dict[str, float]:
+def _metric_values(scores: xr.DataArray, kind: str, events: list[str], keys: dict[str, str] | None = None
+                   ) -> dict[str, float]:
     """Every registered metric that applies to ``kind``, from the scores (metric, weighting) of one
     forecast and region: unweighted under its name (or ``keys[name]``), then the area-weighted values
     of the ``weighted`` metrics under that key + ``_weighted``."""
-    applies = [m for m in verification.METRICS if kind in m.kinds]
+    applies = [m for m in verification.METRICS if kind in m.kinds and (not m.event or m.event in events)]
     key = {m.name: (keys or {}).get(m.name, m.name) for m in applies}
     out = {key[m.name]: float(scores.sel(metric=m.name, weighting="none")) for m in applies}
     out.update({f"{key[m.name]}_weighted": float(scores.sel(metric=m.name, weighting="area"))
@@ -303,9 +348,15 @@ def _metric_values(scores: xr.DataArray, kind: str, keys: dict[str, str] | None 
     return out
 
 
+def _events(res: xr.Dataset) -> list[str]:
+    """The events the target's results hold (those with thresholds: :func:`climate_thresholds`)."""
+    return [str(e) for e in res["event"].values]
+
+
 def _region_summary(res: xr.Dataset, f: str, region: str) -> dict[str, Any]:
-    out: dict[str, Any] = _metric_values(res["score"].sel(forecast=f, region=region), verification.GAUSSIAN)
-    raw = float(res["score"].sel(forecast=RAW, region=region, metric="crps", weighting="none"))
+    out: dict[str, Any] = _metric_values(res["score"].sel(forecast=f, region=region), verification.GAUSSIAN,
+                                                        _events(res))
+    raw = float(res["score"].sel(forecast=res.attrs["baseline"], region=region, metric="crps", weighting="none"))
     out["skill_vs_raw"] = 1.0 - out["crps"] / raw
     if ORACLE in res["forecast"].values:
         gap = raw - float(res["score"].sel(forecast=ORACLE, region=region, metric="crps", weighting="none"))
@@ -332,7 +383,7 @@ def summary(res: xr.Dataset) -> dict[str, Any]:
                 out["forecasts"][f][r]["pit_histogram"] = res["pit_histogram"].sel(forecast=f).values.tolist()
     ens = res["score"].sel(forecast=ENSEMBLE)
     out["raw_ensemble"] = {r: {
-        **_metric_values(ens.sel(region=r), verification.ENSEMBLE, ENSEMBLE_KEYS),
+        **_metric_values(ens.sel(region=r), verification.ENSEMBLE, _events(res), ENSEMBLE_KEYS),
         "decomposition": {str(c): float(v) for c, v in zip(res["component"].values,
                                                            res["decomposition"].sel(forecast=ENSEMBLE, region=r).values,
                                                            strict=True)}} for r in regions}
@@ -369,9 +420,12 @@ Prediction = tuple[str, int, np.ndarray, distributions.Distribution]  # name, le
 
 
 def leads_with_truth(store: xr.Dataset, target: str, split: str) -> list[int]:
-    """Every lead (h) of the store with truth for ``target`` on some date of ``split``."""
+    """Every lead (h) of the store with truth for ``target`` on some date of ``split`` (and, for a derived
+    target, every lead its inputs are read at: tp24 at +24 h needs +0 h)."""
     steps = [int(pd.Timedelta(s) / pd.Timedelta(hours=1)) for s in store[schema.STEP].values]
-    return [h for h in steps if contract.split_rows(store, split, target=target, step_h=h).size]
+    offsets = [off for _, off in schema.TARGETS[target].inputs]
+    return [h for h in steps if all(h + off in steps for off in offsets)
+            and contract.split_rows(store, split, target=target, step_h=h).size]
 
 
 def score_target(store: xr.Dataset, target: str, split: str, preds: list[Prediction], bootstrap: int
@@ -434,7 +488,10 @@ def _target_summary(res: xr.Dataset, lead: int) -> dict[str, Any]:
                                                                                     subset=["score_per_date"])
     out = summary(one)
     out.update(units=res.attrs["units"], lead_h=lead, n_dates=int(one.sizes[schema.INIT_TIME]),
-               latitude=res[schema.LAT].values.tolist(), longitude=res[schema.LON].values.tolist())
+               latitude=res[schema.LAT].values.tolist(), longitude=res[schema.LON].values.tolist(),
+               baseline=res.attrs["baseline"], thresholds=dict(zip(verification.THRESHOLD_EVENTS,
+                                                                   schema.TARGETS[res.attrs["target"]].thresholds,
+                                                                   strict=False)))
     crps = res["score"].sel(metric="crps", region="global")
     out["leads"] = {int(h): {str(f): {w: float(crps.sel(lead=h, forecast=f, weighting=w)) for w in ("none", "area")}
                              for f in res["forecast"].values if np.isfinite(crps.sel(lead=h, forecast=f)).all()}
@@ -450,14 +507,16 @@ def write_results(ds: xr.Dataset, out: Path) -> Path:
 
 
 def target_arrays(store: xr.Dataset, target: str, path: str) -> list[str]:
-    """The store arrays scoring ``target`` reads (members, ensemble mean and std, truth, oracle when there)."""
+    """The store arrays scoring ``target`` reads (members, or the members it is derived from; ensemble mean and
+    std of a variable target; truth; the oracle's parameters when there)."""
     tg = schema.TARGETS[target]
-    names = [tg.variable, contract.ens_mean(tg.variable), contract.ens_std(tg.variable), contract.truth_name(target)]
+    stats = [] if tg.derived else [contract.ens_mean(tg.variable), contract.ens_std(tg.variable)]
+    names = [*tg.input_variables, *stats, contract.truth_name(target)]
     missing = [n for n in names if n not in store]
     if missing:
         msg = f"{path} has no {', '.join(missing)}: cannot score {target}; evaluate other --targets"
         raise MissingInputError(msg, missing=missing)
-    return names + [n for n in (contract.oracle_mean(target), contract.oracle_std(target)) if n in store]
+    return names + [n for n in contract.oracle_parameters(target).values() if n in store]
 
 
 @contextlib.contextmanager

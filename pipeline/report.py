@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from postcast.datasets import io
+from postcast.datasets import io, schema
 from postcast.pipeline import verification
 
 FIG_DPI = 90
@@ -119,6 +119,9 @@ def reliability_diagrams(target: str, ds: xr.Dataset, lead: int, out: Path) -> s
     rel = ds["reliability"].sel(target=target, lead=lead)  # (forecast, event, quantity, prob_bin)
     if rel.sizes.get("event", 0) == 0:
         return None
+    rel = rel.sel(event=[e for e in rel["event"].values if np.isfinite(rel.sel(event=e)).any()])  # this target's
+    if rel.sizes["event"] == 0:
+        return None
     plt = _plt()
     fig, axes = plt.subplots(1, rel.sizes["event"], figsize=(4.6 * rel.sizes["event"], 4), squeeze=False)
     for ax, ev in zip(axes.flat, rel["event"].values, strict=True):
@@ -130,9 +133,16 @@ def reliability_diagrams(target: str, ds: xr.Dataset, lead: int, out: Path) -> s
                 ax.plot(p, o, marker="o", ms=3, label=str(f))
         ax.set_xlabel("forecast probability")
         ax.set_ylabel("observed frequency")
-        ax.set_title(f"{target} +{lead} h: y {str(ev).replace('_', ' ')} (training climate)", fontsize=9)
+        ax.set_title(f"{target} +{lead} h: y {_event_label(target, str(ev))}", fontsize=9)
     axes.flat[0].legend(fontsize=7)
     return _save(fig, out / f"reliability_{target}.png")
+
+
+def _event_label(target: str, event: str) -> str:
+    """``above q90 (training climate)`` or ``above 10 mm`` (a target's own threshold)."""
+    side, q = event.split("_")
+    own = dict(zip(verification.THRESHOLD_EVENTS, schema.TARGETS[target].thresholds, strict=False))
+    return f"{side} {own[event]:g} {schema.TARGETS[target].units}" if event in own else f"{side} {q} (training climate)"
 
 
 def decomposition_figure(target: str, ds: xr.Dataset, lead: int, out: Path) -> str:
@@ -183,6 +193,8 @@ def _score_table(target: str, ds: xr.Dataset, res: dict[str, Any]) -> tuple[list
         units = str(ds["metric_units"].sel(target=target, metric=m.name).values)
         for w in ("none", "area") if m.weighted else ("none",):
             values = scores.sel(metric=m.name, weighting=w).values
+            if m.event and not np.isfinite(values).any():  # an event this target has no threshold for
+                continue
             rows.append([m.label if w == "none" else f"{m.label}, area-w.", units,
                          *(f"{v:{m.fmt}}" if np.isfinite(v) else "-" for v in values)])
     return ["metric", "units", *(_family_label(res, f) for f in names)], rows

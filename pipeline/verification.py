@@ -36,7 +36,9 @@ from postcast.pipeline import metrics
 
 GAUSSIAN, DISTRIBUTION, ENSEMBLE = "gaussian", "distribution", "ensemble"
 PREDICTIVE = (GAUSSIAN, DISTRIBUTION)  # the forecast kinds that are a distribution
-EVENTS = ("below_q10", "above_q90")  # y below / above the training climate's 10 / 90 % quantile, per point
+QUANTILE_EVENTS = ("below_q10", "above_q90")  # y below / above the training climate's 10 / 90 % quantile, per point
+THRESHOLD_EVENTS = ("above_t1", "above_t2")  # y above the target's 1st / 2nd threshold (tp24: 1, 10 mm)
+EVENTS = QUANTILE_EVENTS + THRESHOLD_EVENTS
 TAIL_LEVELS = 400  # quantile levels (i - 1/2)/n of a distribution's twCRPS
 WEIGHTINGS = ("none", "area")
 PIT_BINS = 10
@@ -85,6 +87,8 @@ class Predictive(Protocol):
 
     def quantile(self, tau: float) -> np.ndarray: ...  # Q(tau), (S)
 
+    def quantile_where(self, tau: float, mask: np.ndarray) -> np.ndarray: ...  # Q(tau) where mask (S bool): (N,)
+
     def moments(self) -> tuple[np.ndarray, np.ndarray]: ...  # (mean, std), each (S)
 
 
@@ -120,6 +124,32 @@ class Chunk:
         assert self.mu is not None and self.sigma is not None
         return np.asarray(self.mu + self.sigma * special.ndtri(tau))
 
+    def _tail_quantiles(self) -> Callable[[float], np.ndarray]:
+        """tau -> Q(tau) (T, lat, lon) where some event's chaining can tell it apart, else a stand-in of the same
+        chained value. With t_hi the lowest upper-event threshold and t_lo the highest lower-event one, a level
+        with F_left(t_lo) < tau <= F(t_hi) has t_lo <= Q(tau) <= t_hi, chained to each event's own threshold,
+        as is t_hi (or t_lo): a distribution's costly quantile (the CSG's gammaincinv) is computed only for
+        levels in a tail, several times fewer for a rain forecast."""
+        if self.dist is None:
+            return self.quantile
+        dist, shape = self.dist, self.truth.shape
+        above = [t for e, t in self.thresholds.items() if e.startswith("above")]
+        below = [t for e, t in self.thresholds.items() if not e.startswith("above")]
+        t_hi = np.broadcast_to(np.min(above, axis=0), shape) if above else np.full(shape, np.inf)
+        t_lo = np.broadcast_to(np.max(below, axis=0), shape) if below else np.full(shape, -np.inf)
+        f_hi = dist.cdf(t_hi) if above else np.ones(shape)
+        f_lo = dist.cdf_left(t_lo) if below else np.zeros(shape)
+        stand_in = np.where(np.isfinite(t_hi), t_hi, t_lo)
+
+        def quantile(tau: float) -> np.ndarray:
+            need = (tau > f_hi) | (tau <= f_lo)
+            q = stand_in.copy()
+            if need.any():
+                q[need] = dist.quantile_where(tau, need)
+            return q
+
+        return quantile
+
     def quantile_twcrps(self) -> dict[str, np.ndarray]:
         """One pass over the TAIL_LEVELS levels tau_i = (i - 1/2)/n of a distribution's quantiles q_i
         (T, lat, lon): per event the twCRPS 2/n sum_i rho_tau_i(v(y) - v(q_i)), v the chaining
@@ -127,8 +157,9 @@ class Chunk:
         n = TAIL_LEVELS
         tw = {e: np.zeros_like(self.truth) for e in self.thresholds}
         ys = {e: _chain(e, self.truth, t) for e, t in self.thresholds.items()}
+        tail_quantile = self._tail_quantiles()
         for tau in (np.arange(n) + 0.5) / n:
-            q = self.quantile(float(tau))
+            q = tail_quantile(float(tau))
             for e, t in self.thresholds.items():
                 d = ys[e] - _chain(e, q, t)
                 tw[e] += d * (tau - (d < 0))
@@ -221,6 +252,7 @@ class Metric:
     units: bool = True  # False: dimensionless
     weighted: bool = False
     fmt: str = ".4g"
+    event: str = ""  # the event of EVENTS a tail score is of ("": none); shown only for targets that have it
 
 
 def _brier(chunk: Chunk, event: str) -> np.ndarray:
@@ -239,14 +271,17 @@ def _twcrps(chunk: Chunk, event: str) -> np.ndarray:
 
 
 def _tail_metrics(event: str) -> tuple[Metric, Metric]:
-    """Brier score and twCRPS of one event of EVENTS (y above / below a quantile q of the training climate)."""
+    """Brier score and twCRPS of one event of EVENTS: y above / below a quantile q of the training climate
+    (``above_q90``), or above the target's k-th own threshold (``above_t1``)."""
     side, q = event.split("_")
     op, weight = (">", ">=") if side == "above" else ("<", "<=")
-    return (Metric(f"brier_{event}", f"Brier y {op} {q}", f"Brier score of P(y {op} t), t the training truth's "
-                   f"{q[1:]} % quantile at each point", lambda c: {"value": _brier(c, event)}, units=False, fmt=".4f"),
-            Metric(f"twcrps_{event}", f"twCRPS y {op} {q}", f"threshold-weighted CRPS, weight 1{{z {weight} t}} "
-                   "(members: fair; a distribution: its quantile ensemble)",
-                   lambda c: {"value": _twcrps(c, event)}, weighted=True))
+    what = (f"the training truth's {q[1:]} % quantile at each point" if q.startswith("q")
+            else f"the target's threshold {q[1:]} (tp24: 1, 10 mm; ws10: 10, 20 m/s)")
+    return (Metric(f"brier_{event}", f"Brier y {op} {q}", f"Brier score of P(y {op} t), t {what}",
+                   lambda c: {"value": _brier(c, event)}, units=False, fmt=".4f", event=event),
+            Metric(f"twcrps_{event}", f"twCRPS y {op} {q}", f"threshold-weighted CRPS, weight 1{{z {weight} t}}, "
+                   f"t {what} (members: fair; a distribution: its quantile ensemble)",
+                   lambda c: {"value": _twcrps(c, event)}, weighted=True, event=event))
 
 
 METRICS: tuple[Metric, ...] = (

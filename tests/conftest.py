@@ -127,6 +127,18 @@ def store(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def derived_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 10 deg store of 2010-2015 (24 training dates 2010-2013, 12 validation dates 2014-2015; no test split)
+    with the truths of t2m, ws10 and tp24 (synthetic targets opt in)."""
+    root = tmp_path_factory.mktemp("derived")
+    cfg = SynthConfig(seed=7, resolution=10.0, years=(2010, 2015), dates_per_year=6, levels=(850,),
+                      targets=("t2m", "ws10", "tp24"))
+    synthfiles.write_synthetic(cfg, root / "raw", progress=False)
+    ingest(IngestConfig(source=str(root / "raw"), out=str(root / "store.zarr"), processes=False, progress=False))
+    return root / "store.zarr"
+
+
+@pytest.fixture(scope="session")
 def cli():
     """``cli("ingest", ...)`` runs the ``postcast`` command in this process (:func:`run_cli`)."""
     return run_cli

@@ -165,17 +165,6 @@ def test_a_store_with_derived_targets_samples_them(tmp_path):
     assert "truth_ws10" in ds and "oracle_mean_ws10" not in ds
 
 
-@pytest.fixture(scope="module")
-def derived_store(tmp_path_factory):
-    """A 10 deg store of 2010-2015 (24 training dates 2010-2013, 12 validation dates 2014-2015) with the ws10
-    and tp24 truths (fewer training dates leave the per-point EMOS noisier than the raw members for tp24)."""
-    root = tmp_path_factory.mktemp("derived")
-    cfg = SynthConfig(**{**SMALL, "years": (2010, 2015), "dates_per_year": 6})
-    synthfiles.write_synthetic(cfg, root / "raw", progress=False)
-    ingest(IngestConfig(source=str(root / "raw"), out=str(root / "store.zarr"), processes=False, progress=False))
-    return root / "store.zarr"
-
-
 def _raw_val_crps(store: Path, target: str) -> float:
     """The members' fair CRPS of ``target`` on the validation dates at +48 h (the raw baseline)."""
     ds, tg = contract.open_store(store), schema.TARGETS[target]

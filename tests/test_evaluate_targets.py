@@ -1,0 +1,122 @@
+"""Evaluation of the derived, non-Gaussian targets (ws10, tp24): the members are derived per member, the raw
+baseline is their fair CRPS, the oracle is the synthetic world's own law (truncated normal, censored shifted
+gamma), and Brier scores and twCRPS are taken at the targets' own thresholds; each number is checked against
+scoringrules or computed here by hand from the store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scoringrules as sr
+import xarray as xr
+from scipy import special
+
+from postcast.datasets import schema
+from postcast.datasets import store as contract
+from postcast.pipeline.evaluate import EvalConfig, evaluate
+
+
+def _at(ds: xr.Dataset, name: str, rows: np.ndarray, h: int) -> np.ndarray:
+    step = contract.step_position(ds.get_index(schema.STEP), h)
+    return ds[name].isel({schema.INIT_TIME: rows, schema.STEP: step}).values.astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def evaluated(derived_store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval_targets")
+    evaluate(EvalConfig(store=str(derived_store), targets=("t2m", "ws10", "tp24"), split="val", out=str(out),
+                        bootstrap=20))
+    return json.loads((out / "metrics.json").read_text()), xr.open_dataset(out / "results.nc"), out
+
+
+def test_tp24_scores_against_scoringrules(derived_store, evaluated):
+    """Raw members' fair CRPS, the CSG oracle's closed-form CRPS and Brier scores at 1 and 10 mm, against
+    scoringrules on the members derived here from tp at +48 h and +24 h."""
+    summary, _, _ = evaluated
+    ds = contract.open_store(derived_store)
+    rows = contract.split_rows(ds, "val", target="tp24")
+    x = np.maximum(_at(ds, "tp", rows, 48) - _at(ds, "tp", rows, 24), 0.0) * 1000.0  # (T, M, lat, lon) mm
+    y = _at(ds, "truth_tp24", rows, 48)
+    k, theta, delta = (_at(ds, f"oracle_{p}_tp24", rows, 48) for p in ("shape", "scale", "shift"))
+    res = summary["targets"]["tp24"]
+    assert res["baseline"] == "raw_ensemble" and res["thresholds"] == {"above_t1": 1.0, "above_t2": 10.0}
+    raw, oracle = res["raw_ensemble"]["global"], res["forecasts"]["oracle"]["global"]
+    np.testing.assert_allclose(raw["crps_fair"], sr.crps_ensemble(y, x, m_axis=1, estimator="fair").mean(), rtol=1e-9)
+    np.testing.assert_allclose(oracle["crps"], sr.crps_csg0(y, k, scale=theta, shift=delta).mean(), rtol=1e-6)
+    for event, t in res["thresholds"].items():
+        p_oracle = special.gammaincc(k, (t + delta) / theta)  # P(X - delta > t)
+        np.testing.assert_allclose(oracle[f"brier_{event}"], sr.brier_score((y > t) * 1.0, p_oracle).mean(),
+                                   rtol=1e-9)
+        np.testing.assert_allclose(raw[f"brier_{event}"], sr.brier_score((y > t) * 1.0, (x > t).mean(axis=1)).mean(),
+                                   rtol=1e-9)
+        np.testing.assert_allclose(raw[f"twcrps_{event}"], sr.twcrps_ensemble(y, x, a=t, m_axis=1,
+                                                                              estimator="fair").mean(), rtol=1e-9)
+    assert oracle["gap_closed"] == pytest.approx(1.0) and oracle["crps"] < raw["crps_fair"]
+    assert oracle["crps_minus_raw"]["mean"] < 0  # against the members, not their Gaussian
+
+
+def test_ws10_members_are_derived_per_member(derived_store, evaluated):
+    summary, _, _ = evaluated
+    ds = contract.open_store(derived_store)
+    rows = contract.split_rows(ds, "val", target="ws10")
+    x = np.hypot(_at(ds, "u10", rows, 48), _at(ds, "v10", rows, 48))  # (T, M, lat, lon) m/s
+    y = _at(ds, "truth_ws10", rows, 48)
+    res = summary["targets"]["ws10"]
+    raw, gauss = res["raw_ensemble"]["global"], res["forecasts"]["raw"]["global"]
+    np.testing.assert_allclose(raw["crps_fair"], sr.crps_ensemble(y, x, m_axis=1, estimator="fair").mean(), rtol=1e-9)
+    np.testing.assert_allclose(gauss["crps"], sr.crps_normal(y, x.mean(axis=1), x.std(axis=1)).mean(), rtol=1e-9)
+    assert res["thresholds"] == {"above_t1": 10.0, "above_t2": 20.0}
+    assert res["forecasts"]["oracle"]["global"]["gap_closed"] == pytest.approx(1.0)
+
+
+def test_gaussian_targets_keep_their_baseline_and_events(evaluated):
+    """t2m: the raw Gaussian stays the baseline; no fixed-threshold scores (it has no thresholds)."""
+    summary, results, out = evaluated
+    res = summary["targets"]["t2m"]
+    assert res["baseline"] == "raw" and res["thresholds"] == {}
+    assert not [k for k in res["forecasts"]["raw"]["global"] if "_t1" in k or "_t2" in k]
+    html = (out / "report.html").read_text()
+    assert "Brier y &gt; t1" in html or "Brier y > t1" in html
+    assert set(map(str, results["target"].values)) == {"t2m", "ws10", "tp24"}
+
+
+class _EveryQuantile:
+    """A FamilyForecast whose quantile_where computes every quantile first: the reference of the tail pass."""
+
+    def __init__(self, ff):
+        self.ff = ff
+
+    def __getattr__(self, name):
+        return getattr(self.ff, name)
+
+    def quantile_where(self, tau, mask):
+        return self.ff.quantile(tau)[mask]
+
+
+def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
+    """The twCRPS of a rain forecast (a point mass at 0) at quantile and fixed thresholds in both tails is the
+    same whether every level's quantiles are computed or only those in a tail (to rounding), and agrees with
+    the integral of its CDF."""
+    import torch
+    from test_evaluate_families import tw_crps_integral
+
+    from postcast.models import distributions as D
+    from postcast.pipeline import evaluate as ev
+    from postcast.pipeline import verification
+
+    rng = np.random.default_rng(11)
+    shape = (6, 3, 4)  # (T, lat, lon)
+    k, theta, delta = rng.uniform(0.4, 2.0, shape), rng.uniform(0.5, 4.0, shape), rng.uniform(0.1, 2.0, shape)
+    y = np.maximum(rng.gamma(k, theta) - delta, 0.0)
+    ff = ev.FamilyForecast(D.CensoredShiftedGamma(*(torch.from_numpy(a) for a in (k, theta, delta))))
+    events = {"below_q10": np.quantile(y, 0.1, axis=0), "above_q90": np.quantile(y, 0.9, axis=0),
+              "above_t1": np.full(shape[1:], 1.0), "above_t2": np.full(shape[1:], 10.0)}
+    fast = verification.Chunk(y, np.zeros_like(y), dist=ff, thresholds=events).tail_scores
+    full = verification.Chunk(y, np.zeros_like(y), dist=_EveryQuantile(ff), thresholds=events).tail_scores
+    for e in events:
+        np.testing.assert_allclose(fast[f"twcrps_{e}"], full[f"twcrps_{e}"], rtol=1e-12, atol=1e-14)
+    law = lambda z: special.gammainc(k, (np.maximum(z, 0.0) + delta) / theta) * (z >= 0)  # noqa: E731
+    np.testing.assert_allclose(fast["twcrps_above_t1"], tw_crps_integral(law, ff.quantile, y, events["above_t1"]),
+                               rtol=5e-3, atol=1e-3)
