@@ -241,6 +241,7 @@ class Target:
     inputs: tuple[tuple[str, int], ...] = ()  # derived: (schema variable, lead offset h), e.g. ("tp", -24)
     derive: Callable[..., np.ndarray] | None = field(default=None, compare=False, repr=False)
     unit: str | None = None  # a derived target's units (a variable target has its variable's)
+    cf_standard_name: str | None = None  # a derived target's CF standard name (a variable target: its variable's)
     lead_h: int = TARGET_STEP_H
     family: str = "gaussian"  # the default predictive family (models/distributions.py)
     thresholds: tuple[float, ...] = ()  # default exceedance thresholds (units); () = climate quantiles
@@ -249,6 +250,11 @@ class Target:
     @property
     def units(self) -> str:
         return self.unit or VARIABLES[self.variable].units
+
+    @property
+    def standard_name(self) -> str | None:
+        """The CF standard name of the target's values (None when CF has none)."""
+        return self.cf_standard_name if self.derived else VARIABLES[self.variable].standard_name
 
     @property
     def derived(self) -> bool:
@@ -273,10 +279,12 @@ TARGETS: dict[str, Target] = {
     "t2m": Target("t2m", "t2m", None, error_scale=1.3),  # K
     "ws10": Target("ws10", "ws10", None, error_scale=1.5, kind=TargetKind.DERIVED,
                    inputs=(("u10", 0), ("v10", 0)), derive=wind_speed, unit="m s**-1",
-                   family="truncnormal", thresholds=(10.0, 20.0)),  # 10 m wind speed, m/s
+                   cf_standard_name="wind_speed", family="truncnormal",
+                   thresholds=(10.0, 20.0)),  # 10 m wind speed, m/s
     "tp24": Target("tp24", "tp24", None, error_scale=2.0, kind=TargetKind.DERIVED,
                    inputs=(("tp", 0), ("tp", -24)), derive=amount_mm, unit="mm",
-                   family="csg", thresholds=(1.0, 10.0), dry_below=0.1),  # mm in the 24 h up to the lead
+                   cf_standard_name="lwe_thickness_of_precipitation_amount", family="csg",
+                   thresholds=(1.0, 10.0), dry_below=0.1),  # mm in the 24 h up to the lead
 }
 ENS10_TARGETS: tuple[str, ...] = ("z500", "t850", "t2m")  # the ENS-10 benchmark's three (Gaussian)
 DEFAULT_TARGET = "t850"  # what a sample spec or a preset without a target post-processes

@@ -133,7 +133,7 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
     thr = np.asarray(thresholds, dtype=np.float64)
     quant, exceed = law.quantiles, law.exceedance  # (Q, lat, lon), (T, lat, lon)
     dims = ("forecast_reference_time", schema.LAT, schema.LON)
-    std_name = schema.VARIABLES[schema.TARGETS[target].variable].standard_name
+    std_name = {"standard_name": tg.standard_name} if tg.standard_name else {}  # ws10: wind_speed
     names = ({"mu": f"{target}_mean", "sigma": f"{target}_std"} if law.family == GAUSSIAN
              else {p: f"{target}_{p}" for p in law.params})
     family = {"predictive_distribution": law.family,
@@ -142,7 +142,7 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
     ds = xr.Dataset(
         {
             f"{target}_mean": (dims, mu[None].astype(np.float32),
-                               {"standard_name": std_name, "long_name": f"{target} predictive mean",
+                               {**std_name, "long_name": f"{target} predictive mean",
                                 "units": tg.units, "comment": how}),
             f"{target}_std": (dims, sigma[None].astype(np.float32),
                               {"long_name": f"{target} predictive standard deviation", "units": tg.units,
@@ -150,7 +150,7 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
             **({} if law.family == GAUSSIAN else _parameter_variables(law, target, tg.units)),
             f"{target}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
                                    quant[:, None].astype(np.float32),
-                                   {"standard_name": std_name, "long_name": f"{target} predictive quantiles",
+                                   {**std_name, "long_name": f"{target} predictive quantiles",
                                     "units": tg.units}),
             f"{target}_exceedance_probability": (
                 ("threshold", "forecast_reference_time", schema.LAT, schema.LON), exceed[:, None].astype(np.float32),

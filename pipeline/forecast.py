@@ -15,7 +15,9 @@ parameters, its mean and std in closed form, :func:`moments`, its quantiles and 
 exceeding thresholds by the family's own ``quantile`` and ``exceedance``), with CF metadata
 (forecast_reference_time, time, forecast_period, units, standard_name) and provenance (checkpoint
 hash, code version, inputs). ``product`` is ``postprocessed``, or ``fallback_raw`` when the model
-cannot run (the raw-ensemble Gaussian, flagged in the attributes). Writes are atomic; a file that
+cannot run (the raw-ensemble Gaussian, flagged in the attributes). A derived target (ws10, tp24) is read
+as the variables it is computed from at the leads it needs (tp24: +24 and +48 h), its fallback is the
+Gaussian of its derived members, and its default thresholds are its own. Writes are atomic; a file that
 exists is kept (idempotent reruns) unless ``overwrite``.
 
 The layout, the CF content (:func:`products`: mean, std and the law -> CF dataset) and the atomic
@@ -38,7 +40,6 @@ import xarray as xr
 from scipy.special import comb, erfcx, gammaincc, softplus, spence
 
 from postcast.datasets import io, regrid, schema, sources
-from postcast.datasets import store as contract
 from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.ingest_tasks import ensemble_statistics
 from postcast.datasets.loaders.datamodule import to_tensors
@@ -205,11 +206,18 @@ def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timest
     return day.isel({schema.INIT_TIME: 0}) if schema.INIT_TIME in day.dims else day
 
 
+def _leads(spec: SampleSpec) -> tuple[int, ...]:
+    """The leads (h) a sample reads: the spec's, and those a derived target is computed from (tp24 at +48 h:
+    +24 and +48 h)."""
+    offsets = {0, *(off for _, off in schema.TARGETS[spec.target].inputs)}
+    return tuple(sorted(spec.step_h + off for off in offsets))
+
+
 def _expectation(model: PostProcessor, spec: SampleSpec, method: str) -> sources.Expectation:
-    """What the checkpoint reads: its lead time, on its own grid (inputs on other grids are regridded),
-    its member count when the model reads the members (the first N), else every member."""
+    """What the checkpoint reads: its leads (:func:`_leads`), on its own grid (inputs on other grids are
+    regridded), its member count when the model reads the members (the first N), else every member."""
     members: str | int = int(model.hparams["n_members"]) if spec.members else "all"
-    return sources.Expectation(members=members, steps_h=(spec.step_h,), method=method, exact_grid=model_grid(model))
+    return sources.Expectation(members=members, steps_h=_leads(spec), method=method, exact_grid=model_grid(model))
 
 
 def _fallback_reason(source: sources.ForecastSource, expect: sources.Expectation, variables: tuple[str, ...]) -> str:
@@ -224,20 +232,28 @@ def _fallback_reason(source: sources.ForecastSource, expect: sources.Expectation
             "that has them, or a --checkpoint trained without them")
 
 
-def _check_lead(source: sources.ForecastSource, expect: sources.Expectation, tg: schema.Target, step_h: int) -> None:
-    """An input without the checkpoint's lead has no forecast to make, not even the raw fallback: say so
+def _target_expectation(expect: sources.Expectation, tg: schema.Target) -> sources.Expectation:
+    """What the raw fallback reads: the variables the target is read or derived from, every member."""
+    return replace(expect, variables=tg.input_variables, levels=(tg.level,) if tg.level else None, members="all")
+
+
+def _check_lead(source: sources.ForecastSource, expect: sources.Expectation, spec: SampleSpec) -> None:
+    """An input without the checkpoint's leads has no forecast to make, not even the raw fallback: say so
     in forecast's terms (the lead is the checkpoint's, not an option of this verb)."""
-    target_only = replace(expect, variables=(tg.variable,), levels=(tg.level,) if tg.level else None,
-                          members="all", steps_h=None)
+    tg, need = schema.TARGETS[spec.target], _leads(spec)
     try:
-        held = source.plan(target_only).steps_h
+        held = source.plan(replace(_target_expectation(expect, tg), steps_h=None)).steps_h
     except MissingInputError:
-        return  # the target variable itself is missing: the fallback's planning names it
-    if step_h not in held:
-        have = ", ".join(f"+{h}" for h in held)
-        msg = (f"this checkpoint predicts +{step_h} h; the input {source.path} holds {have} h: give --input "
-               f"forecasts at +{step_h} h, or a --checkpoint trained at that lead "
-               f"(train with --data.cfg.sample.step_h {held[-1]})")
+        return  # the target's variables themselves are missing: the fallback's planning names them
+    lacking = [h for h in need if h not in held]
+    if lacking:
+        offsets = [h - spec.step_h for h in need]
+        usable = [h for h in held if all(h + off in held for off in offsets)]  # the leads it could predict
+        have, needs = ", ".join(f"+{h}" for h in held), ", ".join(f"+{h}" for h in lacking)
+        derived = f" from {', '.join(f'+{h}' for h in need)} h" if len(need) > 1 else ""
+        train = f" (train with --data.cfg.sample.step_h {usable[-1]})" if usable else ""
+        msg = (f"this checkpoint predicts {spec.target} at +{spec.step_h} h{derived}; the input {source.path} holds "
+               f"{have} h: give --input forecasts at {needs} h, or a --checkpoint trained at a lead it holds{train}")
         raise MissingInputError(msg)
 
 
@@ -284,8 +300,7 @@ def _output_grid(plan: sources.Plan, model: PostProcessor) -> schema.Grid:
 
 
 def _target_only_plan(plan: sources.Plan, spec: SampleSpec) -> sources.Plan:
-    tg = schema.TARGETS[spec.target]
-    return replace(plan, variables=(tg.variable,))
+    return replace(plan, variables=schema.TARGETS[spec.target].input_variables)
 
 
 @dataclass(frozen=True)
@@ -316,9 +331,8 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
     try:
         plan = found.forecast.plan(replace(expect, variables=variables, levels=levels or None))
     except MissingInputError:  # the model cannot run: fall back to the raw ensemble of the target
-        _check_lead(found.forecast, expect, tg, spec.step_h)
-        plan = found.forecast.plan(replace(expect, variables=(tg.variable,), levels=(tg.level,) if tg.level else None,
-                                           members="all"))
+        _check_lead(found.forecast, expect, spec)
+        plan = found.forecast.plan(_target_expectation(expect, tg))
         reason = _fallback_reason(found.forecast, expect, variables)
         log.warning("%s; writing the raw-ensemble fallback", reason)
     inits = [t for t in plan.init_times if start <= t <= end]
@@ -327,7 +341,7 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
         raise MissingInputError(msg)
     run = _Run(cfg, model, Sampler(spec, plan.grid.latitudes(), plan.grid.longitudes()), found.forecast, plan,
                cfg.name or str(model.hparams["family"]), io.sha256_file(cfg.checkpoint), reason,
-               cfg.thresholds or tuple(meta.get("thresholds", ())))
+               cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds))
     result = ForecastResult()
     for init in inits:
         _one(run, init, result)
@@ -383,11 +397,10 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         params = _predict(run, day)
         if not all(np.isfinite(v).all() for v in params.values()):
             product, reason = FALLBACK, "the model produced non-finite values"
-    if product == FALLBACK:
-        variable = schema.TARGETS[spec.target].variable
-        family, params = GAUSSIAN, {
-            "mu": spec.select(day[contract.ens_mean(variable)]).astype(np.float64),
-            "sigma": np.maximum(spec.select(day[contract.ens_std(variable)]).astype(np.float64), 1e-6)}
+    if product == FALLBACK:  # the raw ensemble's Gaussian (a derived target's: over its derived members)
+        raw = run.sampler.target_statistics(day)  # m, s (H, W) target units
+        family, params = GAUSSIAN, {"mu": raw["m"].astype(np.float64),
+                                    "sigma": np.maximum(raw["s"].astype(np.float64), 1e-6)}
     attrs = {"product": product, "postcast_fallback": int(product == FALLBACK), "model_name": run.name,
              "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": run.ckpt_hash,
              "model": str(run.model.hparams["family"]), "inputs": str(cfg.input),
