@@ -127,6 +127,12 @@ class SampleSpec:
         return (contract.ens_mean(self.target), contract.ens_std(self.target), *dry)
 
     @property
+    def n_member_variables(self) -> int:
+        """Variables V' of ``members`` (M, V', H, W): the inputs', then a derived target's own members (the
+        models that read the target's members, global EMOS and the Transformer, find it at V)."""
+        return len(self.input_variables) + int(schema.TARGETS[self.target].derived)
+
+    @property
     def n_fields(self) -> int:
         """Channels of ``fields``: ensemble mean and std of each input variable, then the target's own."""
         return 2 * len(self.input_variables) + len(self.target_fields)
@@ -257,7 +263,7 @@ class Sampler:
         """Bytes of one sample (every field is float32 of the grid's shape)."""
         oracle = len(contract.oracle_parameters(self.spec.target)) if self.oracle else 0
         planes = (self.spec.n_channels + 3 + oracle
-                  + (n_members * len(self.spec.inputs()) if self.spec.members else 0))
+                  + (n_members * self.spec.n_member_variables if self.spec.members else 0))
         return 4 * planes * self.lat.size * self.lon.size
 
     def sample(self, day: xr.Dataset) -> Sample:
@@ -271,7 +277,10 @@ class Sampler:
             if spec.members:
                 members.append(spec.select(day[i.variable], i.level))  # (M, H, W)
         truth = contract.truth_name(spec.target)
-        target = self.target_statistics(day)  # m, s, [dry] (H, W) target units
+        derived = self.derived_members(day)  # (M, H, W) target units, or None for a variable target
+        if members and derived is not None:
+            members.append(derived.astype(np.float32))
+        target = self.target_statistics(day, derived)  # m, s, [dry] (H, W) target units
         fields += list(target.values())[:len(spec.target_fields)]  # a derived target's own channels
         out: Sample = {
             "fields": np.stack(fields).astype(np.float32),  # (2V [+ T], H, W) physical units
@@ -280,7 +289,7 @@ class Sampler:
         }
         out["y"] = (spec.select(day[truth]) if truth in day else np.full(out["m"].shape, np.nan)).astype(np.float32)
         if members:
-            out["members"] = np.stack(members, axis=1).astype(np.float32)  # (M, V, H, W)
+            out["members"] = np.stack(members, axis=1).astype(np.float32)  # (M, V', H, W): n_member_variables
         if self.oracle:
             gaussian = schema.TARGETS[spec.target].family == "gaussian"
             for param, name in contract.oracle_parameters(spec.target).items():
@@ -288,15 +297,25 @@ class Sampler:
                 out[key] = spec.select(day[name]).astype(np.float32)  # (H, W)
         return out
 
-    def target_statistics(self, day: xr.Dataset) -> Sample:
+    def derived_members(self, day: xr.Dataset) -> np.ndarray | None:
+        """A derived target's members (M, H, W) float64 in its units, from the fields it is derived from; None
+        for a variable target."""
+        spec, tg = self.spec, schema.TARGETS[self.spec.target]
+        if not tg.derived:
+            return None
+        return tg.members(lambda v, offset_h: spec.select(day[v], offset_h=offset_h).astype(np.float64))
+
+    def target_statistics(self, day: xr.Dataset, derived: np.ndarray | None = None) -> Sample:
         """``m``, ``s`` (H, W) float32: the target's ensemble mean and population std (a variable target's
-        from the store's ``ens_mean_*``/``ens_std_*``, a derived one's over its members), and ``dry`` (H, W),
-        the fraction of members below ``dry_below``, for a target that has one."""
+        from the store's ``ens_mean_*``/``ens_std_*``, a derived one's over its members: ``derived``, else
+        :meth:`derived_members`), and ``dry`` (H, W), the fraction of members below ``dry_below``, for a
+        target that has one."""
         spec, tg = self.spec, schema.TARGETS[self.spec.target]
         if not tg.derived:
             return {"m": spec.select(day[contract.ens_mean(tg.variable)]).astype(np.float32),
                     "s": spec.select(day[contract.ens_std(tg.variable)]).astype(np.float32)}
-        x = tg.members(lambda v, offset_h: spec.select(day[v], offset_h=offset_h).astype(np.float64))  # (M, H, W)
+        x = derived if derived is not None else self.derived_members(day)  # (M, H, W)
+        assert x is not None
         out = {"m": x.mean(axis=0).astype(np.float32), "s": x.std(axis=0).astype(np.float32)}
         if tg.dry_below is not None:
             out["dry"] = (x < tg.dry_below).mean(axis=0).astype(np.float32)

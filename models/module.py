@@ -80,7 +80,7 @@ class PostProcessor(L.LightningModule):
         self.hparams["distribution"] = distribution  # resolved (under the CLI, hparams are its config)
         self.spec = spec
         io = registry.NetIO(in_channels=spec.n_channels, grid=grid, n_members=n_members,
-                            n_variables=len(spec.input_variables), target_variable=spec.target_variable_index,
+                            n_variables=spec.n_member_variables, target_variable=spec.target_variable_index,
                             outputs=distributions.get(distribution).n_raw)
         self.net = fam.build(io)
         self.smoe_layer: SMoEHead | None = getattr(self.net, "smoe", None)
@@ -109,12 +109,13 @@ class PostProcessor(L.LightningModule):
     def normalise(self, batch: Batch) -> Batch:
         """The network's view of a physical batch: ``x`` (B, C, H, W) = normalised fields (NaN, e.g.
         SST over land, -> 0) then features; ``members`` (B, M, V, H, W) normalised with the
-        ensemble-mean statistics of each variable; ``m``, ``s`` passed through for the head."""
+        ensemble-mean statistics of each variable (a derived target's members, at V, with those of its own
+        mean channel); ``m``, ``s`` passed through for the head."""
         x = torch.nan_to_num((batch["fields"] - self.norm_mean) / self.norm_std)  # (B, 2V, H, W)
         out = {"x": torch.cat([x, batch["features"]], dim=1), "m": batch["m"], "s": batch["s"]}
         if "members" in batch:
-            v = 2 * len(self.spec.input_variables)  # a derived target's own channels follow the inputs'
-            mean, std = self.norm_mean[0:v:2], self.norm_std[0:v:2]  # (V, H, W): the ens_mean channels
+            v = 2 * self.spec.n_member_variables  # a derived target's mean channel (2V) follows the inputs'
+            mean, std = self.norm_mean[0:v:2], self.norm_std[0:v:2]  # (V', H, W): the ens_mean channels
             out["members"] = torch.nan_to_num((batch["members"] - mean) / std)
         return out
 

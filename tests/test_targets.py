@@ -225,3 +225,24 @@ def test_evaluate_with_too_few_bootstrap_resamples(store, tmp_path, capsys, n):
     res = in_process(["evaluate", str(store), "--out", str(out), "--bootstrap", n], capsys)
     assert_ok(f"evaluate: --bootstrap {n}", res, not (out / "results.nc").exists())
     assert "--bootstrap" in res.error_lines[0]
+
+
+@pytest.mark.parametrize(("preset", "target", "family"), [("emos_global_t2m", "ws10", "truncnormal"),
+                                                          ("transformer_t2m", "tp24", "csg")])
+def test_models_reading_the_members_take_a_derived_target(derived_store, preset, target, family, tmp_path):
+    """Global EMOS and the Transformer read the target's own members: a derived target's are one more member
+    variable after the inputs' (it was an IndexError, exit 70), equal to the members derived from the store."""
+    cli = train.run(["fit", "-c", f"configs/train/{preset}.yaml", "--data.cfg.store", str(derived_store),
+                     "--data.cfg.sample.target", target, "--model.distribution", family,
+                     "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+                     "--trainer.limit_val_batches", "2",
+                     "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
+    assert np.isfinite(float(cli.trainer.callback_metrics["val_crps"]))
+    spec = cli.datamodule.cfg.sample
+    ds = contract.open_store(derived_store)
+    sample = Sampler(spec, ds[schema.LAT].values, ds[schema.LON].values).sample(ds.isel({schema.INIT_TIME: 3}))
+    tg, at = schema.TARGETS[target], {h: contract.step_position(ds.get_index(schema.STEP), h) for h in (24, 48)}
+    own = tg.members(lambda v, off: ds[v].isel({schema.INIT_TIME: 3, schema.STEP: at[48 + off]}).values
+                     .astype(np.float64))  # (M, H, W)
+    assert sample["members"].shape[1] == spec.n_member_variables == len(spec.input_variables) + 1
+    np.testing.assert_allclose(sample["members"][:, -1], own, rtol=1e-6, atol=1e-6)
