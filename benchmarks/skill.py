@@ -1,14 +1,18 @@
-"""Skill of every post-processor on the embedded default: train each preset (model x target) with
-several seeds through ``postcast train fit``, evaluate on the test split with ``postcast evaluate``'s
-code, and report CRPS and the fraction of the raw-to-oracle gap closed as mean +- std over seeds.
+"""Skill of the post-processors on every target: train each preset (model x target) with several seeds
+through ``postcast train fit``, evaluate on the test split with ``postcast evaluate``'s code, and report CRPS
+and the fraction of the raw-to-oracle gap closed as mean +- std over seeds. The raw baseline is the raw
+ensemble's Gaussian for the Gaussian targets (z500, t850, t2m: ENS-10's convention) and the members' fair
+CRPS for ws10 and tp24 (docs/verification.md). For tp24 the censored shifted gamma (emos_tp24) is compared
+with a Gaussian EMOS on the same inputs (emos_gaussian_tp24) in CRPS and in the Brier score at 1 mm:
+per-date scores averaged over the seeds, paired Diebold-Mariano test (HAC variance) at the 5 % level.
 
-    python benchmarks/skill.py                       # all presets, seeds 0 1 2, runs/quickstart/store.zarr
+    python benchmarks/skill.py                       # emos mlp unet on 5 targets, seeds 0 1 2, runs/targets/store.zarr
     python benchmarks/skill.py --models unet smoe --targets t850 --seeds 0
 
 Finished runs are recorded in OUT/runs.json and skipped on a rerun (a killed benchmark resumes).
-Last line: RESULT gap_closed_z500=<x> gap_closed_t850=<x> gap_closed_t2m=<x> (the best model's fraction
-of the raw-to-oracle CRPS gap closed, mean over seeds) all_beat_raw=<n>/<total> smoe_minus_unet_gap=<x>
-(U-Net+SMoE minus U-Net gap closed, worst target) emos_gap_max=<x> (local EMOS, best target)
+Last line: RESULT gap_closed_z500=<x> gap_closed_t850=<x> gap_closed_t2m=<x> gap_closed_ws10=<x>
+gap_closed_tp24=<x> (the best model's fraction of the raw-to-oracle CRPS gap closed, mean over seeds)
+censored_beats_gaussian_tp24=<yes|no> all_beat_raw=<n>/<total>
 """
 
 from __future__ import annotations
@@ -22,15 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import DEFAULT_STORE, require_store
+import xarray as xr
+from common import TARGETS_RUN, TARGETS_STORE, require_store
 
 from postcast.datasets import io
 from postcast.models import registry
+from postcast.pipeline import significance
 from postcast.pipeline.evaluate import EvalConfig, evaluate
 from postcast.pipeline.train import run as train
 
-TARGETS = ("z500", "t850", "t2m")
-
+TARGETS = ("z500", "t850", "t2m", "ws10", "tp24")
+MODELS = ("emos", "mlp", "unet")  # a preset each per target (configs/train/<model>_<target>.yaml)
+GAUSSIAN_TP24 = "emos_gaussian"  # tp24's Gaussian comparison (configs/train/emos_gaussian_tp24.yaml)
+CENSORED_TP24 = "emos"
 
 def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs: int | None) -> dict[str, Any]:
     root = out / "runs" / f"{model}_{target}_s{seed}"
@@ -47,33 +55,61 @@ def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs:
 
 
 def aggregate(evals: dict[int, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """{target: {forecast: {crps_mean, crps_std, gap_mean, gap_std, skill_mean}}} over seeds."""
+    """{target: {forecast: {crps_mean, crps_std, gap_mean, gap_std, skill_mean}}} over seeds; the raw members
+    (``raw_ensemble``, fair CRPS) beside the forecasts, the baseline of ws10 and tp24."""
     table: dict[str, dict[str, dict[str, list[float]]]] = {}
     for res in evals.values():
         for target, r in res["targets"].items():
-            for f, regions in r["forecasts"].items():
-                g = regions["global"]
+            base = r["raw_ensemble"]["global"]["crps_fair"]
+            rows = {f: regions["global"] for f, regions in r["forecasts"].items()}
+            rows["raw_ensemble"] = {"crps": base, **({"gap_closed": 0.0, "skill_vs_raw": 0.0}
+                                                     if r["baseline"] == "raw_ensemble" else {})}
+            for f, g in rows.items():
                 cell = table.setdefault(target, {}).setdefault(f, {"crps": [], "gap": [], "skill": []})
                 cell["crps"].append(g["crps"])
-                cell["gap"].append(g["gap_closed"])
-                cell["skill"].append(g["skill_vs_raw"])
+                cell["gap"].append(g.get("gap_closed", float("nan")))
+                cell["skill"].append(g.get("skill_vs_raw", float("nan")))
     return {t: {f: {"crps_mean": float(np.mean(c["crps"])), "crps_std": float(np.std(c["crps"])),
                     "gap_mean": float(np.mean(c["gap"])), "gap_std": float(np.std(c["gap"])),
                     "skill_mean": float(np.mean(c["skill"])), "n": len(c["crps"])}
                 for f, c in fs.items()} for t, fs in table.items()}
 
 
-def summary(agg: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
-    learned = [(t, f) for t in agg for f in agg[t] if f not in ("raw", "oracle")]
-    beat = sum(agg[t][f]["crps_mean"] < agg[t]["raw"]["crps_mean"] for t, f in learned)
-    best = {t: max(c["gap_mean"] for f, c in fs.items() if f not in ("raw", "oracle")) for t, fs in agg.items()}
+BASELINES = ("raw", "oracle", "raw_ensemble")
+
+
+def censored_vs_gaussian(out: Path, seeds: list[int]) -> dict[str, dict[str, float]]:
+    """tp24: the censored EMOS minus the Gaussian EMOS in CRPS and in the Brier score at 1 mm (``brier_above_t1``),
+    per test date averaged over the seeds (global, unweighted): mean difference and Diebold-Mariano p-value."""
+    per_seed = []
+    for seed in seeds:
+        with xr.open_dataset(out / f"eval_s{seed}" / "results.nc") as ds:
+            per_seed.append(ds["score_per_date"].sel(target="tp24", lead=48, region="global", weighting="none",
+                                                     metric=["crps", "brier_above_t1"],
+                                                     forecast=[CENSORED_TP24, GAUSSIAN_TP24]).load())
+    dated = xr.concat(per_seed, dim="seed").mean("seed")  # (forecast, metric, init_time)
+    out_: dict[str, dict[str, float]] = {}
+    for metric in ("crps", "brier_above_t1"):
+        d = dated.sel(metric=metric)
+        pair = significance.paired(d.sel(forecast=CENSORED_TP24).values, d.sel(forecast=GAUSSIAN_TP24).values)
+        out_[metric] = {"censored": float(d.sel(forecast=CENSORED_TP24).mean()),
+                        "gaussian": float(d.sel(forecast=GAUSSIAN_TP24).mean()),
+                        "mean_difference": pair.mean, "ci95_low": pair.low, "ci95_high": pair.high,
+                        "dm_p_value": pair.p_value, "n_dates": int(np.isfinite(d.values).all(axis=0).sum())}
+    return out_
+
+
+def summary(agg: dict[str, dict[str, dict[str, float]]], tp24: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+    learned = [(t, f) for t in agg for f in agg[t] if f not in BASELINES]
+    base = {t: agg[t]["raw_ensemble" if np.isfinite(agg[t]["raw_ensemble"]["gap_mean"]) else "raw"]["crps_mean"]
+            for t in agg}
+    beat = sum(agg[t][f]["crps_mean"] < base[t] for t, f in learned)
+    best = {t: max(c["gap_mean"] for f, c in fs.items() if f not in BASELINES) for t, fs in agg.items()}
     out: dict[str, Any] = {f"gap_closed_{t}": g for t, g in best.items()}
+    if tp24 is not None:
+        better = all(v["mean_difference"] < 0 and v["dm_p_value"] < 1 - significance.LEVEL for v in tp24.values())
+        out["censored_beats_gaussian_tp24"] = "yes" if better else "no"
     out["all_beat_raw"] = f"{beat}/{len(learned)}"
-    diffs = [agg[t]["unet_smoe"]["gap_mean"] - agg[t]["unet"]["gap_mean"] for t in agg
-             if "unet_smoe" in agg[t] and "unet" in agg[t]]
-    out["smoe_minus_unet_gap"] = min(diffs) if diffs else float("nan")
-    emos = [agg[t]["emos"]["gap_mean"] for t in agg if "emos" in agg[t]]
-    out["emos_gap_max"] = max(emos) if emos else float("nan")
     return out
 
 
@@ -85,45 +121,65 @@ def print_table(agg: dict[str, dict[str, dict[str, float]]]) -> None:
                   f"{100 * c['gap_mean']:>8.1f} +- {100 * c['gap_std']:<4.1f}% {c['n']:>5}")
 
 
+def presets(models: list[str], targets: list[str]) -> list[tuple[str, str]]:
+    """(model, target) pairs with a preset; tp24 with EMOS also gets the Gaussian EMOS it is compared with."""
+    pairs = [(m, t) for t in targets for m in models if Path(f"configs/train/{m}_{t}.yaml").exists()]
+    if (CENSORED_TP24, "tp24") in pairs:
+        pairs.append((GAUSSIAN_TP24, "tp24"))
+    return pairs
+
+
+def print_comparison(tp24: dict[str, dict[str, float]]) -> None:
+    print("\ntp24, censored shifted gamma (emos) vs Gaussian (emos_gaussian), test dates, mean of the seeds:")
+    print(f"{'score':16} {'censored':>10} {'gaussian':>10} {'difference':>11} {'95% CI':>22} {'DM p':>9}")
+    for m, v in tp24.items():
+        print(f"{m:16} {v['censored']:>10.5g} {v['gaussian']:>10.5g} {v['mean_difference']:>+11.4g} "
+              f"[{v['ci95_low']:+.3g}, {v['ci95_high']:+.3g}]".rjust(22) + f" {v['dm_p_value']:>9.3g}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--store", default=str(DEFAULT_STORE))
+    p.add_argument("--store", default=str(TARGETS_STORE))
     families = list(registry.families())
-    p.add_argument("--models", nargs="+", default=families, choices=families)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=families)
     p.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, help="override every preset's max_epochs")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/skill"))
     a = p.parse_args()
-    a.store = require_store(a.store)
+    a.store = require_store(a.store, TARGETS_STORE, TARGETS_RUN)
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
     a.out.mkdir(parents=True, exist_ok=True)
     done_path = a.out / "runs.json"
     done: dict[str, Any] = json.loads(done_path.read_text()) if done_path.exists() else {}
+    pairs = presets(a.models, a.targets)
+    suffix = f"_e{a.epochs or 'preset'}"
     for seed in a.seeds:
-        for target in a.targets:
-            for model in a.models:
-                key = f"{model}_{target}_s{seed}_e{a.epochs or 'preset'}"
-                if key in done and Path(done[key]["checkpoint"]).exists():
-                    continue
-                done[key] = train_one(model, target, seed, a.store, a.out, a.epochs)
-                io.write_json(done_path, done)
-                r = done[key]
-                print(f"trained {key}: val_crps={r['val_crps']:.4g} in {r['train_s']:.0f} s", flush=True)
+        for model, target in pairs:
+            key = f"{model}_{target}_s{seed}{suffix}"
+            if key in done and Path(done[key]["checkpoint"]).exists():
+                continue
+            done[key] = train_one(model, target, seed, a.store, a.out, a.epochs)
+            io.write_json(done_path, done)
+            r = done[key]
+            print(f"trained {key}: val_crps={r['val_crps']:.4g} in {r['train_s']:.0f} s", flush=True)
     evals = {}
     for seed in a.seeds:
-        ckpts = [r["checkpoint"] for k, r in done.items() if r["seed"] == seed and r["model"] in a.models
-                 and r["target"] in a.targets and k.endswith(f"_e{a.epochs or 'preset'}")]
-        names = {r["checkpoint"]: r["model"] for r in done.values()}
+        keys = [f"{m}_{t}_s{seed}{suffix}" for m, t in pairs]
+        ckpts = [done[k]["checkpoint"] for k in keys]
+        names = {done[k]["checkpoint"]: done[k]["model"] for k in keys}
         evals[seed] = evaluate(EvalConfig(store=a.store, checkpoints=tuple(ckpts), targets=tuple(a.targets),
                                           out=str(a.out / f"eval_s{seed}"), names=names, bootstrap=200))
     agg = aggregate(evals)
     print_table(agg)
-    res = summary(agg)
+    tp24 = censored_vs_gaussian(a.out, a.seeds) if (GAUSSIAN_TP24, "tp24") in pairs else None
+    if tp24 is not None:
+        print_comparison(tp24)
+    res = summary(agg, tp24)
     train_s = {k: r["train_s"] for k, r in done.items()}
-    io.write_json(a.out / "skill.json", {"aggregate": agg, "summary": res, "train_seconds": train_s,
-                                         "seeds": a.seeds, "epochs": a.epochs})
+    io.write_json(a.out / "skill.json", {"aggregate": agg, "summary": res, "tp24_censored_vs_gaussian": tp24,
+                                         "train_seconds": train_s, "seeds": a.seeds, "epochs": a.epochs})
     print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
 
 
