@@ -7,7 +7,7 @@ Layout, one file (netCDF) or directory (zarr) per product, model, target and ini
 
 ``product`` is ``postprocessed`` or ``fallback_raw``; ``model`` is the forecast's name, so the
 products of two models never share a path. Each file holds the CF dataset :func:`products` builds
-(mean, std, quantiles and exceedance probabilities of one Gaussian forecast) and is written
+(one predictive law: its family and parameters, mean, std, quantiles and exceedance probabilities) and is written
 atomically by :func:`write_product` (a reader sees the old file or the new one, never half of one).
 
 Readers call :func:`scan` (what is there, and which ``.nc``/``.zarr`` entries are foreign, with the
