@@ -29,6 +29,7 @@ import lightning as L
 import torch
 
 from postcast.datasets import schema
+from postcast.datasets import store as contract
 from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, postprocessors, registry
@@ -142,10 +143,23 @@ class PostProcessor(L.LightningModule):
         if split != "train":
             raw = crps_gaussian(batch["m"][ok], batch["s"][ok].clamp_min(1e-6), batch["y"][ok]).mean()
             self.log(f"{split}_raw_crps", raw, batch_size=batch["y"].shape[0])
-            if "oracle_mean" in batch:
-                orc = crps_gaussian(batch["oracle_mean"][ok], batch["oracle_std"][ok], batch["y"][ok]).mean()
+            oracle = self._oracle(batch)
+            if oracle is not None:
+                orc = oracle.select(ok).crps(batch["y"][ok]).mean()
                 self.log(f"{split}_oracle_crps", orc, batch_size=batch["y"].shape[0])
         return loss
+
+    def _oracle(self, batch: Batch) -> Distribution | None:
+        """The synthetic world's own law of the target on the batch (parameters (B, H, W)), when the samples
+        carry it: ``oracle_mean``/``oracle_std`` of a Gaussian target, ``oracle_<parameter>`` of another
+        family's (the censored shifted gamma of tp24)."""
+        if "oracle_mean" in batch:
+            return distributions.Gaussian(batch["oracle_mean"], batch["oracle_std"])
+        family = schema.TARGETS[self.spec.target].family
+        names = contract.FAMILY_PARAMETERS.get(family, ())
+        if not names or any(f"oracle_{p}" not in batch for p in names):
+            return None
+        return distributions.get(family)(**{p: batch[f"oracle_{p}"] for p in names})
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss = self._step(batch, "train")

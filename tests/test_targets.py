@@ -246,3 +246,18 @@ def test_models_reading_the_members_take_a_derived_target(derived_store, preset,
                      .astype(np.float64))  # (M, H, W)
     assert sample["members"].shape[1] == spec.n_member_variables == len(spec.input_variables) + 1
     np.testing.assert_allclose(sample["members"][:, -1], own, rtol=1e-6, atol=1e-6)
+
+
+def test_validation_logs_the_oracle_of_a_non_gaussian_target(derived_store, tmp_path):
+    """tp24's validation CRPS of the world's own censored shifted gamma (it was logged for Gaussian targets only),
+    equal to scoringrules' crps_csg0 on the validation dates read from the store."""
+    import scoringrules as sr
+
+    cli = train.run(["fit", "-c", "configs/train/tiny_emos_tp24.yaml", "--data.cfg.store", str(derived_store),
+                     "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
+    logged = float(cli.trainer.callback_metrics["val_oracle_crps"])
+    ds = contract.open_store(derived_store)
+    rows, step = contract.split_rows(ds, "val", target="tp24"), contract.step_position(ds.get_index(schema.STEP), 48)
+    k, theta, delta, y = (ds[n].isel({schema.INIT_TIME: rows, schema.STEP: step}).values.astype(np.float64)
+                          for n in ("oracle_shape_tp24", "oracle_scale_tp24", "oracle_shift_tp24", "truth_tp24"))
+    assert logged == pytest.approx(sr.crps_csg0(y, k, scale=theta, shift=delta).mean(), rel=1e-4)

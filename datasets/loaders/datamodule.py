@@ -141,7 +141,7 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         if self.indices.size == 0:
             msg = f"{cfg.store}: no init date with truth in split {split!r} for {self.spec.target}"
             raise MissingInputError(msg)
-        oracle = contract.oracle_mean(self.spec.target) in ds
+        oracle = all(n in ds for n in contract.oracle_parameters(self.spec.target).values())  # synthetic stores
         check_variables(ds, self.spec, cfg.store)
         reads.check_chunks(cfg.store, self.spec.store_variables(oracle=oracle), self.indices.tolist())
         self.sampler = Sampler(self.spec, ds[schema.LAT].values, ds[schema.LON].values, oracle=oracle)
