@@ -3,9 +3,9 @@ the forecast reads the inputs a derived target is computed from (u10 and v10; tp
 before), writes the law of the checkpoint's family with the target's CF name, units and thresholds, falls
 back to the Gaussian of the derived members when the model cannot run, and the service answers from the files.
 
-One small synthetic world with the derived targets' truths (10 deg, 2 dates a year, 2012-2017), its store,
-and one-epoch local EMOS checkpoints of ws10 (truncated normal), tp24 (censored shifted gamma) and tp24
-(Gaussian), all made once for the module.
+The session's small synthetic world with the derived targets' truths (conftest ``derived_store``: 10 deg,
+2010-2015), its store, and one-epoch local EMOS checkpoints of ws10 (truncated normal), tp24 (censored
+shifted gamma) and tp24 (Gaussian), all made once for the module.
 """
 
 from __future__ import annotations
@@ -23,27 +23,27 @@ from battery import assert_ok, in_process
 from scipy import stats
 from scipy.special import gammaincc
 
-from postcast.datasets import schema, synthfiles
-from postcast.datasets.ingest import IngestConfig, ingest
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets import schema
 from postcast.serve.testing import running_server
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = SynthConfig(seed=7, resolution=10.0, years=(2012, 2017), dates_per_year=2, levels=(850,),
-                    targets=("t2m", "ws10", "tp24"))
-WINDOW = ("--init-time", "2017-01-01", "--end", "2017-12-31")  # the two dates of 2017
 CF = {"ws10": ("wind_speed", "m s**-1", [10.0, 20.0]), "tp24": ("lwe_thickness_of_precipitation_amount", "mm",
                                                                 [1.0, 10.0])}
 GAUSSIAN_NAME = "emos_gaussian"  # the tp24 model predicting a Gaussian, beside the csg one ("emos")
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(derived_store):
     """The raw synthetic files (``raw``: the forecast's input) and their store (``store.zarr``)."""
-    root = tmp_path_factory.mktemp("derived_fc")
-    synthfiles.write_synthetic(SMALL, root / "raw", progress=False)
-    ingest(IngestConfig(source=str(root / "raw"), out=str(root / "store.zarr"), processes=False, progress=False))
-    return root
+    return derived_store.parent
+
+
+@pytest.fixture(scope="module")
+def window(world):
+    """--init-time/--end of the world's last two init dates."""
+    times = xr.open_zarr(world / "store.zarr")[schema.INIT_TIME].values[-2:]
+    first, last = (str(np.datetime_as_string(t, "h")) for t in times)
+    return ("--init-time", first, "--end", last)
 
 
 def _train(world: Path, target: str, *extra: str) -> Path:
@@ -64,12 +64,12 @@ def ckpts(world):
 
 
 @pytest.fixture(scope="module")
-def archive_root(cli, world, ckpts):
-    """The three models' forecasts of the two dates of 2017 (default thresholds: the targets')."""
+def archive_root(cli, world, ckpts, window):
+    """The three models' forecasts of the world's last two dates (default thresholds: the targets')."""
     out = world / "forecasts"
     for name, ckpt in ckpts.items():
         named = ["--name", GAUSSIAN_NAME] if name == GAUSSIAN_NAME else []
-        cli("forecast", "--checkpoint", str(ckpt), "--input", str(world / "raw"), *WINDOW, "--out", str(out),
+        cli("forecast", "--checkpoint", str(ckpt), "--input", str(world / "raw"), *window, "--out", str(out),
             *named, check=True)
     return out
 
@@ -139,7 +139,7 @@ def _members(raw: xr.Dataset, target: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("target", ["ws10", "tp24"])
-def test_fallback_is_the_gaussian_of_the_derived_members(cli, world, ckpts, target, tmp_path):
+def test_fallback_is_the_gaussian_of_the_derived_members(cli, world, ckpts, window, target, tmp_path):
     """An input with only the target's own inputs (the checkpoint reads every surface variable): the raw
     fallback, N(members' mean, members' std), with the target's CF metadata. Before: the fallback asked the
     input for a variable named like the target (exit 66, 'ws10' / 'tp24' not in the input)."""
@@ -148,7 +148,7 @@ def test_fallback_is_the_gaussian_of_the_derived_members(cli, world, ckpts, targ
     src = tmp_path / "only.zarr"
     only.to_zarr(src, zarr_format=3, consolidated=False)
     out = tmp_path / "fc"
-    proc = cli("forecast", "--checkpoint", str(ckpts[target]), "--input", str(src), *WINDOW, "--out", str(out))
+    proc = cli("forecast", "--checkpoint", str(ckpts[target]), "--input", str(src), *window, "--out", str(out))
     assert proc.returncode == 0 and "(2 fallback)" in proc.stdout, proc.stderr[-2000:]
     ds = _one(out, "fallback_raw", "emos", target)
     assert ds.attrs["postcast_fallback"] == 1 and ds.attrs["predictive_distribution"] == "gaussian"
@@ -187,7 +187,7 @@ def test_the_service_answers_ws10_and_both_tp24_models(archive_root):
 
 
 # --- bad input (the shared battery) ---------------------------------------------------------------
-def test_tp24_on_an_input_without_the_earlier_lead(world, ckpts, tmp_path, capsys):
+def test_tp24_on_an_input_without_the_earlier_lead(world, ckpts, window, tmp_path, capsys):
     """tp24 at +48 h is tp(+48) - tp(+24): an input with +0 and +48 h only has no tp24 to forecast. One line
     naming the +24 h it lacks and --input, exit 66, nothing written. Before: a ConfigError (exit 2) from the
     sampler telling the user to train at another lead."""
@@ -195,7 +195,7 @@ def test_tp24_on_an_input_without_the_earlier_lead(world, ckpts, tmp_path, capsy
     src = tmp_path / "no24.zarr"
     raw.isel(time=[-1], step=[0, 2]).to_zarr(src, zarr_format=3, consolidated=False)
     out = tmp_path / "fc"
-    res = in_process(["forecast", "--checkpoint", str(ckpts["tp24"]), "--input", str(src), *WINDOW,
+    res = in_process(["forecast", "--checkpoint", str(ckpts["tp24"]), "--input", str(src), *window,
                       "--out", str(out)], capsys)
     assert_ok("forecast: tp24 without the lead 24 h before", res, not out.exists() or not any(out.rglob("*.nc")))
     assert res.code == 66 and "+24" in res.error_lines[0] and "--input" in res.error_lines[0], res.error_lines
