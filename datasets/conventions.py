@@ -250,7 +250,9 @@ def normalise_oracle(ds: xr.Dataset, *, source: str = "oracle") -> xr.Dataset:
 
 def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
     """ERA5-like truth -> ``truth_<target>`` variables on a canonical grid, indexed by valid time
-    (dim ``valid_time``), or already paired with forecasts (dims ``init_time``, ``step``)."""
+    (dim ``valid_time``), or already paired with forecasts (dims ``init_time``, ``step``). A derived
+    target's truth is computed here when the file does not give it: ws10 from u10 and v10, tp24 from
+    valid-time indexed precipitation amounts (:func:`_truth_tp24`)."""
     names: dict[str, str] = {}
     if "time" in ds.dims:
         names["time"] = schema.INIT_TIME if "step" in ds.dims else schema.VALID_TIME
@@ -258,9 +260,12 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
     ds = ds.rename({k: v for k, v in names.items() if k in ds.variables or k in ds.dims})
     ds = _fix_step(_fix_level(ds), source)
     ds = _fix_lonlat(ds, source, any_grid=True)  # regridded to the store's grid when read
-    out = {}
+    out: dict[str, xr.DataArray] = {}
+    inputs: dict[str, tuple[str, xr.DataArray]] = {}  # u10, v10, tp -> (the file's name, field)
     for name, da in ds.data_vars.items():
         key = str(name)
+        if _truth_variable(key, da) in _DERIVED_INPUTS:
+            inputs[_truth_variable(key, da)] = (key, da)
         target = _truth_target(key, da)
         if target is None:
             continue
@@ -271,10 +276,28 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
             da = da.sel({schema.LEVEL: tg.level}, drop=True) if schema.LEVEL in da.dims else da.drop_vars(schema.LEVEL)
         conv = da if tg.derived else convert_units(da, schema.VARIABLES[tg.variable], source)
         out[contract.truth_name(target)] = conv.assign_attrs(target=target)
+    out |= _derived_truths(inputs, [t for t in ("ws10", "tp24") if contract.truth_name(t) not in out], source)
     if not out:
-        msg = f"{source}: no truth variable for {', '.join(schema.TARGETS)} found (have {list(ds.data_vars)})"
+        msg = (f"{source}: no truth variable for {', '.join(schema.TARGETS)} found (have {list(ds.data_vars)}; "
+               "ws10 is computed from u10 and v10, tp24 from tp)")
         raise MissingInputError(msg)
     return xr.Dataset(out)
+
+
+# CF standard names of the 10 m wind in a truth file (fields without levels; u and v share them otherwise)
+_CF_WIND = {"eastward_wind": "u10", "northward_wind": "v10"}
+_DERIVED_INPUTS = ("u10", "v10", "tp")  # the truth variables the derived targets ws10, tp24 are computed from
+_TIME_CHUNK = 24  # valid times per chunk of the fields the derived truths are computed from
+
+
+def _truth_variable(name: str, da: xr.DataArray) -> str:
+    """The schema name of a truth file's variable under any name the forecast side takes (GRIB short name,
+    cdo and WeatherBench names, paramId, long name), or the CF wind name (name or ``standard_name``) of
+    a field without levels; else the name itself."""
+    canon = _VAR_ALIASES.get(name) or schema.resolve(name) or name
+    if canon not in schema.VARIABLES and schema.LEVEL not in da.coords:
+        return _CF_WIND.get(name) or _CF_WIND.get(str(da.attrs.get("standard_name")), canon)
+    return canon
 
 
 def _truth_target(name: str, da: xr.DataArray) -> str | None:
@@ -282,7 +305,7 @@ def _truth_target(name: str, da: xr.DataArray) -> str | None:
         return name[6:]
     if name in schema.TARGETS:
         return name
-    canon = _VAR_ALIASES.get(name, name)
+    canon = _truth_variable(name, da)
     for target, tg in schema.TARGETS.items():
         if canon == tg.variable:
             if tg.level is None:
@@ -292,6 +315,97 @@ def _truth_target(name: str, da: xr.DataArray) -> str | None:
             if tg.level in levels:
                 return target
     return None
+
+
+def _derived_truths(inputs: dict[str, tuple[str, xr.DataArray]], wanted: list[str],
+                    source: str) -> dict[str, xr.DataArray]:
+    """Of the ``wanted`` targets (those the file gives no truth of): ``truth_ws10`` when the truth has u10 and
+    v10, ``truth_tp24`` when it has valid-time indexed tp."""
+    made = {"ws10": _truth_ws10(inputs, source) if "ws10" in wanted else None,
+            "tp24": _truth_tp24(*inputs["tp"], source) if "tp24" in wanted and "tp" in inputs else None}
+    return {contract.truth_name(t): da.assign_attrs(units=schema.TARGETS[t].units, target=t)
+            for t, da in made.items() if da is not None}
+
+
+def _truth_ws10(inputs: dict[str, tuple[str, xr.DataArray]], source: str) -> xr.DataArray | None:
+    """The speed (m/s) of the truth's 10 m wind, None unless it has both components."""
+    if "u10" not in inputs or "v10" not in inputs:
+        if "u10" in inputs or "v10" in inputs:
+            have, lack = ("u10", "v10") if "u10" in inputs else ("v10", "u10")
+            log.info("%s: %s without %s: no ws10 truth", source, have, lack)
+        return None
+    (u_name, u), (v_name, v) = inputs["u10"], inputs["v10"]
+    m_s = [convert_units(_by_time(x, _TIME_CHUNK), schema.VARIABLES[n], source) for x, n in ((u, "u10"), (v, "v10"))]
+    log.info("%s: truth ws10 from u10, v10 (the file's %s, %s): their speed in m/s", source, u_name, v_name)
+    return xr.apply_ufunc(schema.wind_speed, *m_s, dask="allowed")  # lazy: np.hypot of the dask arrays
+
+
+def _truth_tp24(name: str, tp: xr.DataArray, source: str) -> xr.DataArray | None:
+    """The 24 h precipitation amount (mm) ending at each valid time from amounts ``tp`` per interval ending
+    at their valid times (ERA5's hourly tp: the hour up to the valid time; a daily sum: the 24 h): the sum
+    over (valid time - 24 h, valid time], NaN where an amount of that window is missing, clipped at 0.
+    None for truth paired with forecasts (its tp would be an accumulation from the start)."""
+    if schema.VALID_TIME not in tp.dims:
+        log.info("%s: %s is not indexed by valid time: no tp24 truth from it (give truth_tp24)", source, name)
+        return None
+    tp = tp.sortby(schema.VALID_TIME)
+    times = pd.DatetimeIndex(tp[schema.VALID_TIME].values)
+    every = _accumulation_period(times, name, source)
+    n = pd.Timedelta(hours=24) // every  # amounts per 24 h window
+    chunk = max(n, _TIME_CHUNK)  # a window reaches back into one chunk at most
+    mm = convert_units(_by_time(tp, chunk), schema.VARIABLES["tp"], source) * 1000.0  # m -> mm
+    full = pd.date_range(times[0], times[-1], freq=every)
+    if len(full) != len(times):  # gaps between the dates: each missing interval is NaN (an incomplete window)
+        mm = _by_time(mm.reindex({schema.VALID_TIME: full}), chunk)
+    axis = mm.get_axis_num(schema.VALID_TIME)
+    data = mm.data.map_overlap(_window_sums, depth={axis: (n - 1, 0)}, boundary="none", n=n, axis=axis,
+                               dtype=np.float64)  # lazy, one chunk of times and the n - 1 before it at a time
+    sums = xr.DataArray(data, coords=mm.coords, dims=mm.dims).sel({schema.VALID_TIME: times})
+    log.info("%s: truth tp24 from tp (the file's %s): sums of the %d amounts of %s ending at each valid time, "
+             "in mm, clipped at 0", source, name, n, _hours(every))
+    return sums.clip(min=0.0)
+
+
+def _accumulation_period(times: pd.DatetimeIndex, name: str, source: str) -> pd.Timedelta:
+    """The spacing of the valid times (the most common one; gaps of whole multiples of it are allowed):
+    it must divide 24 h."""
+    steps, counts = np.unique(np.diff(times.asi8), return_counts=True)  # ns, ascending
+    diffs = pd.to_timedelta(steps, unit="ns")
+    every = diffs[np.argmax(counts)] if len(diffs) else None
+    if every is None:
+        seen = "one valid time"
+    elif pd.Timedelta(hours=24) % every:
+        seen = f"valid times every {_hours(every)}"
+    elif any(d % every for d in diffs):
+        seen = f"valid times at irregular spacings ({', '.join(map(_hours, diffs[:4]))})"
+    else:
+        return every
+    msg = (f"{source}: {name} (precipitation) has {seen}; tp24 truth needs amounts at a regular spacing that "
+           "divides 24 h (hourly ERA5 amounts, 3- or 6-hourly, or daily 24 h sums): resample it, or give truth_tp24")
+    raise BadInputError(msg)
+
+
+def _window_sums(a: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """The sums of the ``n`` values up to each position along ``axis`` (a block of times with the n - 1 times
+    before it), NaN where fewer than n precede or one of them is NaN; one cumulative sum, not n additions."""
+    t = np.moveaxis(a, axis, 0)  # (time, ...)
+    missing = np.isnan(t)
+    zero = np.zeros((1, *t.shape[1:]))
+    c = np.concatenate([zero, np.cumsum(np.where(missing, 0.0, t), axis=0, dtype=np.float64)])
+    gaps = np.concatenate([zero, np.cumsum(missing, axis=0, dtype=np.float64)])
+    out = np.full(t.shape, np.nan)
+    out[n - 1:] = np.where(gaps[n:] - gaps[:-n] > 0, np.nan, c[n:] - c[:-n])
+    return np.moveaxis(out, 0, axis)
+
+
+def _by_time(da: xr.DataArray, n: int) -> xr.DataArray:
+    """``da`` in chunks of ``n`` valid times (when indexed by them): arithmetic on it then reads and computes
+    only the chunks of the valid times selected, not the whole file (one chunk when it is stored contiguous)."""
+    return da.chunk({schema.VALID_TIME: n}) if schema.VALID_TIME in da.dims else _lazy(da)
+
+
+def _hours(td: pd.Timedelta) -> str:
+    return f"{td / pd.Timedelta(hours=1):g} h"
 
 
 def to_ens10(ds: xr.Dataset) -> xr.Dataset:

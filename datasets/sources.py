@@ -836,6 +836,11 @@ def _select_existing(ds: xr.Dataset, wanted: dict[str, Any]) -> xr.Dataset:
     return part.reindex({d: list(v) for d, v in wanted.items()})
 
 
+# Truth read in chunks of 24 times (a file stored contiguous would be one chunk): a date's few valid times, and
+# the derived truths computed from the hours before them (tp24), read those chunks only, not the whole file.
+_TRUTH_CHUNKS = {"time": 24, "valid_time": 24}
+
+
 @functools.lru_cache(maxsize=8)
 def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
     from postcast.datasets.io import open_zarr
@@ -844,7 +849,7 @@ def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
         if kind_of(paths[0]) == "zarr":
             raw = open_zarr(paths[0], chunks=None)
         else:
-            raw = xr.merge([xr.open_dataset(p, engine="netcdf4", chunks={}) for p in paths],
+            raw = xr.merge([xr.open_dataset(p, engine="netcdf4", chunks=_TRUTH_CHUNKS) for p in paths],
                            compat="override", join="outer")
     except (OSError, ValueError) as err:
         msg = f"{paths[0]}: cannot open truth ({err})"
