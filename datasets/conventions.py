@@ -369,7 +369,7 @@ def _truth_tp24(name: str, tp: xr.DataArray, source: str) -> xr.DataArray | None
 def _accumulation_period(times: pd.DatetimeIndex, name: str, source: str) -> pd.Timedelta:
     """The spacing of the valid times (the most common one; gaps of whole multiples of it are allowed):
     it must divide 24 h."""
-    steps, counts = np.unique(np.diff(times.asi8), return_counts=True)  # ns, ascending
+    steps, counts = np.unique(np.diff(times.as_unit("ns").asi8), return_counts=True)  # ns, ascending
     diffs = pd.to_timedelta(steps, unit="ns")
     every = diffs[np.argmax(counts)] if len(diffs) else None
     if every is None:

@@ -393,7 +393,8 @@ class CensoredShiftedGamma(Distribution):
         c = (self.shift / self.scale).expand_as(k)
         g = special.gammaincinv(k.detach().cpu().double().numpy(), tau.detach().cpu().double().numpy())
         g_t = torch.as_tensor(g, dtype=self.dtype, device=self.device)
-        return torch.where(tau > torch.special.gammainc(k, c), self.scale * (g_t - c), 0.0)
+        dry = torch.special.gammainc(k, c)  # P(Y = 0); NaN for NaN parameters, whose quantile stays NaN
+        return torch.where(tau > dry, self.scale * (g_t - c), torch.where(torch.isnan(dry), torch.nan, 0.0))
 
 
 # --- Bernstein quantile function ----------------------------------------------------------------

@@ -266,13 +266,13 @@ def predict_checkpoint(path: str, store: str, split: str, batch_size: int = 4
 # --- scoring: one lead -> a results Dataset (postcast.pipeline.verification) -------------------
 def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     """EFI (init_time, lat, lon) of the raw ensemble against the model climate of each date."""
-    all_members = target_members(store, ver.attrs["target"], ver.attrs["step_h"])
     times = store[schema.INIT_TIME].values
     mds = sorted(set(zip(pd.DatetimeIndex(times).month, pd.DatetimeIndex(times).day, strict=True)))
     out = np.empty(ver["truth"].shape)
     for i, t in enumerate(ver[schema.INIT_TIME].values):
         window = np.flatnonzero(metrics.climate_window(times, t, month_days=mds))
-        clim = all_members.isel({schema.INIT_TIME: window}).values.astype(np.float64)  # (n, M, lat, lon)
+        clim = target_members(store.isel({schema.INIT_TIME: window}), ver.attrs["target"], ver.attrs["step_h"]
+                              ).values.astype(np.float64)  # (n, M, lat, lon): the window's dates only
         q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0)
         out[i] = metrics.efi(q, ver["members"].values[i])
     return out

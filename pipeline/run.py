@@ -64,13 +64,20 @@ class CompressJob:
 
     def check_fields(self) -> None:
         """Refuse, before any stage runs, a preset that reads a variable with gaps (SST is undefined over
-        land): its fields are NaN there, and a neural field fits gap-free fields only."""
+        land): its fields are NaN there, and a neural field fits gap-free fields only; and one of a derived
+        target, whose members the artefact does not hold."""
         spec = self.data_config(Path("store.zarr")).sample
         gappy = sorted({i.variable for i in spec.inputs() if schema.VARIABLES[i.variable].missing_over_land})
         if gappy:
             msg = (f"compress.preset {self.preset}: it reads {', '.join(gappy)}, undefined over land (NaN), and a "
                    f"neural field fits gap-free fields only; give compress a preset without {', '.join(gappy)} "
                    "(e.g. configs/train/emos_t850.yaml) or remove this compress entry")
+            raise ConfigError(msg)
+        if schema.TARGETS[spec.target].derived:
+            msg = (f"compress.preset {self.preset}: its target {spec.target} is derived from the members "
+                   f"({', '.join(schema.TARGETS[spec.target].input_variables)}), which an artefact of ensemble "
+                   "statistics does not hold; give compress a preset of a variable target (e.g. "
+                   "configs/train/emos_t850.yaml) or remove this compress entry")
             raise ConfigError(msg)
 
     def data_config(self, store: Path) -> Any:

@@ -140,9 +140,10 @@ class Chunk:
         f_hi = dist.cdf(t_hi) if above else np.ones(shape)
         f_lo = dist.cdf_left(t_lo) if below else np.zeros(shape)
         stand_in = np.where(np.isfinite(t_hi), t_hi, t_lo)
+        unknown = ~(np.isfinite(f_hi) & np.isfinite(f_lo))  # NaN parameters or thresholds: the quantile says so
 
         def quantile(tau: float) -> np.ndarray:
-            need = (tau > f_hi) | (tau <= f_lo)
+            need = (tau > f_hi) | (tau <= f_lo) | unknown
             q = stand_in.copy()
             if need.any():
                 q[need] = dist.quantile_where(tau, need)

@@ -116,6 +116,24 @@ def test_pipeline_compress_stage_of_a_preset_reading_sst(tmp_path, capsys, monke
     assert not (tmp_path / "work" / "synth").exists() and time.perf_counter() - t0 < 60  # no stage ran
 
 
+def test_pipeline_compress_stage_of_a_derived_target(tmp_path, capsys, monkeypatch):
+    """The compress stage with a tp24 preset: the artefact holds ensemble statistics, not the tp members tp24 is
+    derived from, so compressed training cannot use it (its sampler asks for the members: KeyError 'tp', exit 70).
+    Before: every stage ran and wrote that artefact (exit 0); now refused before any stage runs."""
+    monkeypatch.chdir(tmp_path)
+    cfg = {"kind": "pipeline", "workdir": str(tmp_path / "work"), "workers": 1, "processes": False,
+           "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [850],
+                     "targets": ["tp24"]}, "evaluate": False,
+           "compress": [{"preset": str(ROOT / "configs/train/emos_tp24.yaml"),  # no sst among its inputs
+                         "field": {"width": 8, "steps": 20}}]}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = in_process(["run", str(path)], capsys)
+    assert_ok("run: compress stage of a derived target", res, not (tmp_path / "work" / "compressed").exists())
+    assert res.code == 2 and "tp24" in res.error_lines[0] and "derived" in res.error_lines[0]
+    assert not (tmp_path / "work" / "synth").exists()  # no stage ran
+
+
 # --- forecast ---------------------------------------------------------------------------------------
 def test_forecast_from_a_store_with_a_deleted_chunk(t2m_ckpt, store, tmp_path, capsys):
     """A chunk of the last date deleted: damaged input (65), and the fix names forecast's own options

@@ -110,6 +110,7 @@ def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
     shape = (6, 3, 4)  # (T, lat, lon)
     k, theta, delta = rng.uniform(0.4, 2.0, shape), rng.uniform(0.5, 4.0, shape), rng.uniform(0.1, 2.0, shape)
     y = np.maximum(rng.gamma(k, theta) - delta, 0.0)
+    k[0, 0, 0] = np.nan  # a broken parameter stays NaN in every score (the shortcut made it finite)
     ff = ev.FamilyForecast(D.CensoredShiftedGamma(*(torch.from_numpy(a) for a in (k, theta, delta))))
     events = {"below_q10": np.quantile(y, 0.1, axis=0), "above_q90": np.quantile(y, 0.9, axis=0),
               "above_t1": np.full(shape[1:], 1.0), "above_t2": np.full(shape[1:], 10.0)}
@@ -117,6 +118,32 @@ def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
     full = verification.Chunk(y, np.zeros_like(y), dist=_EveryQuantile(ff), thresholds=events).tail_scores
     for e in events:
         np.testing.assert_allclose(fast[f"twcrps_{e}"], full[f"twcrps_{e}"], rtol=1e-12, atol=1e-14)
+        assert np.isnan(fast[f"twcrps_{e}"][0, 0, 0]) and np.isfinite(fast[f"twcrps_{e}"][1:]).all()
     law = lambda z: special.gammainc(k, (np.maximum(z, 0.0) + delta) / theta) * (z >= 0)  # noqa: E731
-    np.testing.assert_allclose(fast["twcrps_above_t1"], tw_crps_integral(law, ff.quantile, y, events["above_t1"]),
-                               rtol=5e-3, atol=1e-3)
+    integral = tw_crps_integral(law, ff.quantile, y, events["above_t1"])
+    np.testing.assert_allclose(fast["twcrps_above_t1"][1:], integral[1:], rtol=5e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_the_targets_run_end_to_end(tmp_path):
+    """`postcast run configs/targets.yaml` (6 min on 2 cores): t2m, ws10 and tp24 trained, evaluated against their
+    baselines with the new scores in the report, and forecast files for each model."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "targets.yaml"
+    cfg.write_text((root / "configs/targets.yaml").read_text().replace("workdir: runs/targets",
+                                                                        f"workdir: {tmp_path / 'run'}"))
+    proc = subprocess.run([sys.executable, "-m", "postcast", "--no-progress", "run", str(cfg)], cwd=root,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run/report/metrics.json").read_text())
+    assert set(summary["targets"]) == {"t2m", "ws10", "tp24"}
+    tp24 = summary["targets"]["tp24"]["forecasts"]
+    assert tp24["emos_tp24"]["global"]["distribution"] == "csg"
+    assert tp24["emos_tp24"]["global"]["crps"] < summary["targets"]["tp24"]["raw_ensemble"]["global"]["crps_fair"]
+    assert "Brier y &gt; t1" in (tmp_path / "run/report/report.html").read_text()
+    files = {p.parent.name for p in (tmp_path / "run/forecasts").rglob("*.nc")}
+    assert {"t2m", "ws10", "tp24"} <= files

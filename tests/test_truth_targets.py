@@ -214,3 +214,18 @@ def test_evaluate_scores_ws10_on_the_derived_truth(hourly, cli, tmp_path):
     np.testing.assert_allclose(at["truth_ws10"], y[:, ::-1], rtol=1e-6)  # the store is south -> north
     crps = sr.crps_ensemble(y[:, ::-1], x, m_axis=1, estimator="fair").mean()
     np.testing.assert_allclose(res["raw_ensemble"]["global"]["crps_fair"], crps, rtol=1e-6)
+
+
+def test_tp24_truth_of_an_in_memory_dataset_in_microseconds(forecasts, tmp_path):
+    """pandas 3 / xarray keep datetime64[us] for data built in memory: the spacing was read as nanoseconds
+    (1 h as 3.6 ms), and every tp24 truth came out NaN without a word."""
+    from postcast.datasets import conventions
+
+    _, inits = forecasts
+    ds = _era5(tmp_path / "era5.nc", inits)
+    us = ds.assign_coords(valid_time=ds["valid_time"].values.astype("datetime64[us]"))
+    assert us["valid_time"].dtype == np.dtype("datetime64[us]")
+    got = conventions.normalise_truth(us)["truth_tp24"].load()
+    want = conventions.normalise_truth(xr.open_dataset(tmp_path / "era5.nc"))["truth_tp24"].load()
+    assert np.isfinite(got.values).any()
+    np.testing.assert_allclose(got.values, want.values, rtol=1e-6)
