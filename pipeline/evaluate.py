@@ -323,7 +323,7 @@ def score_lead(ver: xr.Dataset, efi: np.ndarray, *, thresholds: dict[str, np.nda
                bootstrap: int = 1000, families: dict[str, FamilyForecast] | None = None) -> xr.Dataset:
     """Every forecast of ``ver``, then the ``families`` (name -> a checkpoint's non-Gaussian forecast on
     ``ver``'s dates), and the raw members as ``raw_ensemble``, on one lead: scores per metric, region and
-    weighting, per-date scores, significance against the raw Gaussian, the CRPS decomposition, CRPS
+    weighting, per-date scores, significance against the target's :func:`baseline`, the CRPS decomposition, CRPS
     maps, reliability, PIT and rank histograms."""
     names, chunks = _chunks(ver, efi, oracle_forecast(ver) | (families or {}))
     lat, lon = ver[schema.LAT].values, ver[schema.LON].values
@@ -465,7 +465,8 @@ def results_dataset(per_target: dict[str, xr.Dataset]) -> xr.Dataset:
     parts = [ds.expand_dims(target=[t]) for t, ds in per_target.items()]
     out = xr.concat(parts, dim="target", join="outer", data_vars="all", coords="different", compat="equals")
     units = [ds.attrs["units"] for ds in per_target.values()]
-    out = out.assign_coords(units=("target", units), metric_units=(("target", "metric"), [
+    out = out.assign_coords(units=("target", units), baseline=("target", [baseline(t) for t in per_target]),
+                            metric_units=(("target", "metric"), [
         [u if m.units else "1" for m in verification.METRICS] for u in units]))
     out["lead"].attrs["units"] = "hours"
     out.attrs = {}

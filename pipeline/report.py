@@ -1,13 +1,14 @@
 """The evaluation report: ``report.md`` and ``report.html`` with PNG figures, read from the results
 Dataset (``results.nc``, :func:`postcast.pipeline.evaluate.results_dataset`) and its JSON summary.
 
-Figures: a scorecard (CRPS skill against the raw Gaussian for every forecast, target and lead, a
+Figures: a scorecard (CRPS skill against each target's baseline, the raw Gaussian or, for a non-Gaussian
+target, the raw members, for every forecast, target and lead, a
 ``*`` where the difference is significant at 95 % by Diebold-Mariano), skill against lead time,
 CRPS maps, reliability diagrams of tail events at climatological thresholds, the CRPS
 decomposition, and calibration (spread/skill, the raw ensemble's rank histogram, PIT). Tables: every
 metric of :data:`postcast.pipeline.verification.METRICS` (a row each, with its label, units and
 format; their descriptions in the legend; a column per forecast, a non-Gaussian one labelled with
-its predictive family), the CRPS against the raw Gaussian, the CRPS at every lead
+its predictive family), the CRPS against the baseline, the CRPS at every lead
 and its decomposition.
 """
 
@@ -44,12 +45,14 @@ def _save(fig: Any, path: Path) -> str:
 
 
 def _skill_grid(ds: xr.Dataset) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-    """Rows: forecasts; columns: target @ lead; skill (%) vs the raw Gaussian and significance."""
+    """Rows: forecasts; columns: target @ lead; skill (%) vs the target's baseline (``baseline``: the raw
+    Gaussian, or the raw members of a non-Gaussian target) and significance against it."""
     crps = ds["score"].sel(metric="crps", region="global", weighting="none")  # (target, forecast, lead)
-    skill = 100 * (1 - crps / crps.sel(forecast="raw"))
+    base = crps.sel(forecast=ds["baseline"])  # (target, lead): each target's own baseline
+    skill = 100 * (1 - crps / base)
     sig = ds["significant"].sel(region="global", weighting="none")
     cols = [(str(t), int(h)) for t in ds["target"].values for h in ds["lead"].values
-            if np.isfinite(crps.sel(target=t, lead=h, forecast="raw"))]
+            if np.isfinite(base.sel(target=t, lead=h))]
     names = [str(f) for f in ds["forecast"].values]
     grid = np.array([[float(skill.sel(target=t, lead=h, forecast=f)) for t, h in cols] for f in names])
     marks = np.array([[bool(sig.sel(target=t, lead=h, forecast=f) == 1) for t, h in cols] for f in names])
@@ -67,7 +70,8 @@ def scorecard(ds: xr.Dataset, out: Path) -> str:
             ax.text(j, i, f"{v:+.1f}%{'*' if marks[i, j] else ''}", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right")
     ax.set_yticks(range(len(names)), names)
-    ax.set_title("CRPS skill vs raw Gaussian (blue = better; * significant at 95 %, Diebold-Mariano)", fontsize=9)
+    ax.set_title("CRPS skill vs each target's baseline: the raw Gaussian, the raw members for a non-Gaussian target\n"
+                 "(blue = better; * significant at 95 %, Diebold-Mariano)", fontsize=9)
     fig.colorbar(im, ax=ax, shrink=0.8)
     return _save(fig, out / "scorecard.png")
 
@@ -207,7 +211,7 @@ def _family_label(res: dict[str, Any], name: str) -> str:
 
 
 def _crps_vs_raw_table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    head = ["forecast", "skill vs raw", "gap closed", "95% CI vs raw", "DM p"]
+    head = ["forecast", "skill vs baseline", "gap closed", "95% CI vs baseline", "DM p"]
     rows = []
     for f, regions in res["forecasts"].items():
         g = regions["global"]

@@ -57,6 +57,21 @@ def test_tp24_scores_against_scoringrules(derived_store, evaluated):
     assert oracle["crps_minus_raw"]["mean"] < 0  # against the members, not their Gaussian
 
 
+def test_the_scorecard_measures_each_target_against_its_baseline(evaluated):
+    """results.nc names each target's baseline, and the report's scorecard shows skill against it (it took the
+    raw Gaussian for every target, beside significance marks tested against the members)."""
+    from postcast.pipeline import report
+
+    summary, results, _ = evaluated
+    assert dict(zip(results["target"].values, results["baseline"].values, strict=True)) == {
+        "t2m": "raw", "ws10": "raw_ensemble", "tp24": "raw_ensemble"}
+    names, cols, grid, _ = report._skill_grid(results)
+    for target in ("t2m", "tp24"):
+        res = summary["targets"][target]
+        want = 100 * res["forecasts"]["oracle"]["global"]["skill_vs_raw"]
+        assert grid[names.index("oracle"), cols.index(f"{target} +48h")] == pytest.approx(want, rel=1e-9)
+
+
 def test_ws10_members_are_derived_per_member(derived_store, evaluated):
     summary, _, _ = evaluated
     ds = contract.open_store(derived_store)
