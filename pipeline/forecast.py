@@ -372,6 +372,19 @@ def _predict(run: _Run, day: xr.Dataset) -> Params:
             for k, v in dist.params.items()}
 
 
+def fallback_law(target: str, raw: dict[str, np.ndarray]) -> tuple[str, Params]:
+    """The raw ensemble's own law when the model cannot run: the target's family (``schema.TARGETS``) through
+    the shared head at zero outputs, from the members' mean ``m`` and std ``s`` (H, W; a derived target's over
+    its derived members): the Gaussian N(m, s^2) for z500/t850/t2m, a normal truncated at 0 for ws10, a
+    censored shifted gamma for tp24, so a bounded target's fallback never gives a negative quantile."""
+    family = schema.TARGETS[target].family
+    m = torch.from_numpy(raw["m"].astype(np.float64))
+    s = torch.from_numpy(np.maximum(raw["s"].astype(np.float64), 1e-6))  # identical members: sigma > 0
+    head = distributions.get(family)
+    dist = head.from_raw(torch.zeros((*m.shape, head.n_raw), dtype=torch.float64), m, s)
+    return family, {k: v.numpy() for k, v in dist.params.items()}  # (H, W) each
+
+
 def _regrid(values: np.ndarray, src: regrid.SourceGrid, back: schema.Grid, method: str) -> np.ndarray:
     """A parameter map (lat, lon) or (K, lat, lon) on ``back``: each (lat, lon) slice regridded. The
     methods average with non-negative weights, so positive scales and increasing coefficients stay so."""
@@ -397,10 +410,8 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         params = _predict(run, day)
         if not all(np.isfinite(v).all() for v in params.values()):
             product, reason = FALLBACK, "the model produced non-finite values"
-    if product == FALLBACK:  # the raw ensemble's Gaussian (a derived target's: over its derived members)
-        raw = run.sampler.target_statistics(day)  # m, s (H, W) target units
-        family, params = GAUSSIAN, {"mu": raw["m"].astype(np.float64),
-                                    "sigma": np.maximum(raw["s"].astype(np.float64), 1e-6)}
+    if product == FALLBACK:
+        family, params = fallback_law(spec.target, run.sampler.target_statistics(day))
     attrs = {"product": product, "postcast_fallback": int(product == FALLBACK), "model_name": run.name,
              "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": run.ckpt_hash,
              "model": str(run.model.hparams["family"]), "inputs": str(cfg.input),

@@ -139,10 +139,13 @@ def _members(raw: xr.Dataset, target: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("target", ["ws10", "tp24"])
-def test_fallback_is_the_gaussian_of_the_derived_members(cli, world, ckpts, window, target, tmp_path):
+def test_fallback_is_the_raw_law_of_the_derived_members(cli, world, ckpts, window, target, tmp_path):
     """An input with only the target's own inputs (the checkpoint reads every surface variable): the raw
-    fallback, N(members' mean, members' std), with the target's CF metadata. Before: the fallback asked the
-    input for a variable named like the target (exit 66, 'ws10' / 'tp24' not in the input)."""
+    fallback, the target's family at the head's zero outputs from the members' mean m and std s (ws10: a normal
+    truncated at 0 with mu = m, sigma = s; tp24: a censored shifted gamma with shift = s log 2, X of mean
+    max(m, 0) + shift and std s), with the target's CF metadata, never a negative quantile. Before: the
+    fallback asked the input for a variable named like the target (exit 66); then it was N(m, s^2), whose
+    rain quantiles went below 0."""
     raw = xr.open_zarr(world / "raw" / "forecast.zarr", consolidated=False)  # ENS-10 names: time = init
     only = raw[list(schema.TARGETS[target].input_variables)].isel(time=[-2, -1]).load()
     src = tmp_path / "only.zarr"
@@ -151,11 +154,24 @@ def test_fallback_is_the_gaussian_of_the_derived_members(cli, world, ckpts, wind
     proc = cli("forecast", "--checkpoint", str(ckpts[target]), "--input", str(src), *window, "--out", str(out))
     assert proc.returncode == 0 and "(2 fallback)" in proc.stdout, proc.stderr[-2000:]
     ds = _one(out, "fallback_raw", "emos", target)
-    assert ds.attrs["postcast_fallback"] == 1 and ds.attrs["predictive_distribution"] == "gaussian"
+    assert ds.attrs["postcast_fallback"] == 1 and ds.attrs["predictive_distribution"] == schema.TARGETS[target].family
     assert "missing" in ds.attrs["comment"]
     x = _members(only.isel(time=[0]).sortby("latitude"), target)[0]  # (number, lat, lon) ascending latitude
-    np.testing.assert_allclose(ds[f"{target}_mean"].values, x.mean(axis=0), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ds[f"{target}_std"].values, np.maximum(x.std(axis=0), 1e-6), rtol=1e-4, atol=1e-5)
+    m, s = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)
+    if target == "ws10":
+        np.testing.assert_allclose(ds["ws10_mu"].values, m, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ds["ws10_sigma"].values, s, rtol=1e-4, atol=1e-5)
+        want = stats.truncnorm(-m / s, np.inf, loc=m, scale=s).mean()
+    else:
+        shift = s * np.log(2.0)
+        mean_x = np.maximum(m, 0.0) + shift  # X's mean; its std is s
+        np.testing.assert_allclose(ds["tp24_shift"].values, shift, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(ds["tp24_shape"].values, (mean_x / s) ** 2, rtol=1e-3)
+        np.testing.assert_allclose(ds["tp24_scale"].values, s * s / mean_x, rtol=1e-3, atol=1e-6)
+        k, theta = (mean_x / s) ** 2, s * s / mean_x
+        want = theta * (k * gammaincc(k + 1, shift / theta) - shift / theta * gammaincc(k, shift / theta))
+    np.testing.assert_allclose(ds[f"{target}_mean"].values, want, rtol=2e-3, atol=1e-4)
+    assert (ds[f"{target}_quantile"].values >= 0).all()
     std_name, units, thresholds = CF[target]
     assert ds[f"{target}_mean"].attrs["standard_name"] == std_name and ds[f"{target}_mean"].attrs["units"] == units
     assert ds["threshold"].values.tolist() == thresholds
