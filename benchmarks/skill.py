@@ -117,11 +117,15 @@ def summary(agg: dict[str, dict[str, dict[str, float]]], tp24: dict[str, dict[st
 
 
 def print_table(agg: dict[str, dict[str, dict[str, float]]]) -> None:
-    print(f"{'target':6} {'forecast':12} {'CRPS mean +- std':>24} {'skill vs raw':>13} {'gap closed':>16} {'seeds':>5}")
+    """CRPS, skill and gap closed against each target's baseline (``-``: the raw members of a Gaussian target,
+    which are not its baseline)."""
+    print(f"{'target':6} {'forecast':13} {'CRPS mean +- std':>24} {'skill vs baseline':>17} {'gap closed':>16} "
+          f"{'seeds':>5}")
     for t, fs in agg.items():
         for f, c in sorted(fs.items(), key=lambda kv: -kv[1]["crps_mean"]):
-            print(f"{t:6} {f:12} {c['crps_mean']:>14.5g} +- {c['crps_std']:<7.2g} {100 * c['skill_mean']:>12.1f}% "
-                  f"{100 * c['gap_mean']:>8.1f} +- {100 * c['gap_std']:<4.1f}% {c['n']:>5}")
+            skill = f"{100 * c['skill_mean']:.1f}%" if np.isfinite(c["skill_mean"]) else "-"
+            gap = f"{100 * c['gap_mean']:.1f} +- {100 * c['gap_std']:.1f}%" if np.isfinite(c["gap_mean"]) else "-"
+            print(f"{t:6} {f:13} {c['crps_mean']:>14.5g} +- {c['crps_std']:<7.2g} {skill:>17} {gap:>16} {c['n']:>5}")
 
 
 def presets(models: list[str], targets: list[str]) -> list[tuple[str, str]]:
