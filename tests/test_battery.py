@@ -253,6 +253,17 @@ def test_synth_and_run_bad_options(tmp_path, capsys):
     assert_ok("run: unreadable config", in_process(["run", str(garbage)], capsys))
 
 
+def _answers(port: int) -> bool:
+    """Whether a server on the loopback ``port`` answers ``/health`` (any status)."""
+    import httpx
+
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -264,9 +275,12 @@ def test_serve_bad_folders(tmp_path, capsys):
     folder = tmp_path / "fc" / "postprocessed" / "emos" / "t850"
     folder.mkdir(parents=True)
     (folder / "not-a-date.nc").write_bytes(b"junk")
-    cmd = [sys.executable, "-m", "postcast", "serve", str(tmp_path / "fc"), "--port", str(_free_port())]
+    port = _free_port()
+    cmd = [sys.executable, "-m", "postcast", "serve", str(tmp_path / "fc"), "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(12)  # either it refused the folder with one line, or it serves (skipping the file)
+    deadline = time.monotonic() + 60  # either it refuses the folder with one line, or it serves (skipping the file)
+    while proc.poll() is None and not _answers(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)

@@ -28,6 +28,16 @@ LOADERS = {  # --data.cfg.loader modes, and the DataLoader workers of the plain 
     "plain-workers": ["--data.cfg.loader", "plain", "--data.cfg.num_workers", "2"],
     "fixed": ["--data.cfg.loader", "fixed"],
 }
+# The default tier runs the two mechanisms a fault travels through: the prefetch threads ("auto", which is
+# the clairvoyant loader without workers) and DataLoader worker processes ("plain-workers"); the same paths
+# under the other names ("clairvoyant", "plain" in the main thread, the diagnostic "fixed") run with -m slow.
+IN_DEFAULT_TIER = ("auto", "plain-workers")
+
+
+def _tiered(*values: object, loader: str) -> object:
+    return pytest.param(*values, marks=() if loader in IN_DEFAULT_TIER else pytest.mark.slow)
+
+
 ERROR_WITHIN_S = 60  # process start (torch and Lightning imports: ~10 s here) to exit 65
 EXIT_AFTER_SIGNAL_S = 15
 
@@ -81,7 +91,7 @@ def damaged(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("loader", list(LOADERS))
+@pytest.mark.parametrize("loader", [_tiered(name, loader=name) for name in LOADERS])
 def test_damaged_chunk_stops_training_in_every_loader(damaged, tmp_path, loader):
     """Before: the clairvoyant loader's prefetch thread died and training hung (killed here after 60 s);
     the plain loader printed a traceback and exited 1."""
@@ -114,9 +124,10 @@ def test_truncated_chunk_is_named_before_training(store, tmp_path):
 
 
 @pytest.mark.parametrize(("loader", "sig", "code"), [
-    *((name, signal.SIGTERM, 128 + signal.SIGTERM) for name in ("auto", "plain", "plain-workers", "fixed")),
+    *(_tiered(name, signal.SIGTERM, 128 + signal.SIGTERM, loader=name) for name in ("auto", "plain", "plain-workers",
+                                                                                     "fixed")),
     ("auto", signal.SIGINT, 130),
-    pytest.param("plain-workers", signal.SIGINT, 130, marks=pytest.mark.slow)])  # (the default tier's 10 min)
+    pytest.param("plain-workers", signal.SIGINT, 130, marks=pytest.mark.slow)])
 def test_signals_end_training_promptly(store, tmp_path, loader, sig, code):
     """Signalled once its first epoch is saved, a long run ends within seconds with the signal's exit code
     and no process of its group left. Before: SIGTERM exited 0 (Lightning's SIGTERMException carries no
