@@ -27,9 +27,38 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3, levels=(500, 850))
 
 
+MYPY: list[subprocess.Popen[str]] = []  # the mypy run of test_quality.py::test_mypy_clean, once started
+
+
+def start_mypy() -> subprocess.Popen[str]:
+    """``python -m mypy`` over the package (its config: pyproject.toml), output captured."""
+    return subprocess.Popen([sys.executable, "-m", "mypy"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The battery's tally (tests/battery.py) counts the cases of every file: it runs after all of them."""
+    """The battery's tally (tests/battery.py) counts the cases of every file: it runs after all of them.
+    mypy, when its test is selected, starts now in its own process: on a cold cache it takes about 25 s of a
+    core, which it spends beside the tests instead of after them (test_mypy_clean collects the result)."""
     items.sort(key=lambda item: item.name == "test_battery_count")
+    if any(item.nodeid.endswith("test_quality.py::test_mypy_clean") for item in items):
+        MYPY.append(start_mypy())
+
+
+@pytest.fixture
+def mypy_result() -> tuple[int, str]:
+    """(exit code, output) of mypy over the package: the run started at collection, else one started now."""
+    proc = MYPY.pop() if MYPY else start_mypy()
+    out, _ = proc.communicate(timeout=900)
+    return proc.returncode, out
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A mypy run nobody collected (the session stopped early) is stopped with it."""
+    for proc in MYPY:
+        proc.kill()
+        proc.communicate()
 
 
 def run_cli(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -113,11 +113,14 @@ def test_every_family_goes_through_the_registry(family, chunk_case):
 
 
 def _tw_sr(y: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """scoringrules' twCRPS (weight 1{z >= t}, the standard 'nrg' estimator) point by point: its threshold
-    is one float. x (T, lat, lon, M), t (lat, lon)."""
+    """scoringrules' twCRPS (weight 1{z >= t}, the standard estimator) point by point: its threshold is one
+    float. x (T, lat, lon, M), t (lat, lon). 'qd' (quantile decomposition) is the standard 'nrg' estimator in
+    O(M log M): equal to it (checked on the first point), and 4000 members took 'nrg' O(M^2) seconds."""
     out = np.empty(y.shape)
     for i, j in np.ndindex(t.shape):
-        out[:, i, j] = sr.twcrps_ensemble(y[:, i, j], x[:, i, j], a=float(t[i, j]), estimator="nrg")
+        out[:, i, j] = sr.twcrps_ensemble(y[:, i, j], x[:, i, j], a=float(t[i, j]), estimator="qd")
+    np.testing.assert_allclose(out[:, 0, 0], sr.twcrps_ensemble(y[:, 0, 0], x[:, 0, 0], a=float(t[0, 0]),
+                                                                estimator="nrg"), rtol=1e-9)
     return out
 
 

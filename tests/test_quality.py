@@ -70,9 +70,10 @@ def test_ruff_clean():
     assert proc.returncode == 0, proc.stdout[-4000:]
 
 
-def test_mypy_clean():
-    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+def test_mypy_clean(mypy_result):
+    """mypy over the package, started at collection (conftest) so that it runs beside the other tests."""
+    code, out = mypy_result
+    assert code == 0, out[-4000:]
 
 
 def test_mypy_sees_across_modules(tmp_path):
