@@ -15,9 +15,10 @@ parameters, its mean and std in closed form, :func:`moments`, its quantiles and 
 exceeding thresholds by the family's own ``quantile`` and ``exceedance``), with CF metadata
 (forecast_reference_time, time, forecast_period, units, standard_name) and provenance (checkpoint
 hash, code version, inputs). ``product`` is ``postprocessed``, or ``fallback_raw`` when the model
-cannot run (the raw-ensemble Gaussian, flagged in the attributes). A derived target (ws10, tp24) is read
-as the variables it is computed from at the leads it needs (tp24: +24 and +48 h), its fallback is the
-Gaussian of its derived members, and its default thresholds are its own. Writes are atomic; a file that
+cannot run (the raw ensemble's own law in the target's family, :func:`fallback_law`, flagged in the
+attributes). A derived target (ws10, tp24) is read as the variables it is computed from at the leads it
+needs (tp24: +24 and +48 h), its fallback is taken over its derived members, and its default thresholds
+are its own. Writes are atomic; a file that
 exists is kept (idempotent reruns) unless ``overwrite``.
 
 The layout, the CF content (:func:`products`: mean, std and the law -> CF dataset) and the atomic
@@ -44,7 +45,7 @@ from postcast.datasets.errors import BadInputError, ConfigError, MissingInputErr
 from postcast.datasets.ingest_tasks import ensemble_statistics
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
-from postcast.models import distributions
+from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor, load_checkpoint
 from postcast.pipeline.archive import (
     DEFAULT_QUANTILES,
@@ -378,10 +379,9 @@ def fallback_law(target: str, raw: dict[str, np.ndarray]) -> tuple[str, Params]:
     its derived members): the Gaussian N(m, s^2) for z500/t850/t2m, a normal truncated at 0 for ws10, a
     censored shifted gamma for tp24, so a bounded target's fallback never gives a negative quantile."""
     family = schema.TARGETS[target].family
-    m = torch.from_numpy(raw["m"].astype(np.float64))
-    s = torch.from_numpy(np.maximum(raw["s"].astype(np.float64), 1e-6))  # identical members: sigma > 0
-    head = distributions.get(family)
-    dist = head.from_raw(torch.zeros((*m.shape, head.n_raw), dtype=torch.float64), m, s)
+    m, s = (torch.from_numpy(raw[k].astype(np.float64)) for k in ("m", "s"))  # (H, W) target units
+    zeros = [torch.zeros_like(m)] * distributions.get(family).n_raw
+    dist = losses.distribution_head(zeros, m, s, family)  # s floored at 1e-6: identical members
     return family, {k: v.numpy() for k, v in dist.params.items()}  # (H, W) each
 
 
