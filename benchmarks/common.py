@@ -31,7 +31,7 @@ def require_store(store: str | Path, default: Path = DEFAULT_STORE, pipeline: Pa
                          f"or leave --store at its default ({default}), which is built on demand")
     import os
 
-    from postcast.datasets import config
+    from postcast.datasets.core import config
     from postcast.pipeline.run import run
 
     cfg = config.load(pipeline, expect_kind="pipeline")

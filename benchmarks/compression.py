@@ -53,7 +53,7 @@ from postcast.compression import baselines, report
 from postcast.compression.artefact import Artefact
 from postcast.compression.field import FieldConfig, FieldNet, Fields, to_fields, train_network
 from postcast.datasets.io import write_json
-from postcast.datasets.synthetic import SynthConfig, truth_dataset
+from postcast.datasets.synth.synthetic import SynthConfig, truth_dataset
 
 FIELDS = ("z500", "t850")
 LEVERS = (("fp16", "none"), ("fp16", "lzma"), ("q8", "lzma"), ("q6", "lzma"), ("q4", "lzma"))

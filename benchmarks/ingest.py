@@ -51,25 +51,17 @@ from pathlib import Path
 from typing import Any
 
 # isort: off
-import pyproj  # noqa: F401  (before eccodes: see datasets/grib.py)
+import pyproj  # noqa: F401  (before eccodes: see datasets/sources/messages.py)
 import eccodes
 # isort: on
 
-from postcast.datasets import (
-    download,
-    grib,
-    ingest,
-    ingest_layout,
-    ingest_tasks,
-    io,
-    schema,
-    sources,
-    statistics,
-    synthetic,
-    synthfiles,
-)
+from postcast.datasets import download, io, schema, sources, statistics
 from postcast.datasets import store as contract
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.ingest import layout as ingest_layout
+from postcast.datasets.ingest import run as ingest
+from postcast.datasets.sources import messages as grib
+from postcast.datasets.synth import synthetic, synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ENS10_DATES = len(schema.month_days_subset(105)) * 20  # 105 month-days x 20 reforecast years
@@ -202,7 +194,7 @@ def breakdown(src: Path, work: Path) -> dict[str, float]:
     out["checks"] = time.perf_counter() - t0
     out["decode_and_assemble"] = load_s - out["checks"]
     t0 = time.perf_counter()
-    ens = ingest_tasks.ensemble_statistics(ds)
+    ens = statistics.ensemble_statistics(ds)
     out["ens_stats_alone"] = time.perf_counter() - t0
     extras = [e.load(t, plan) for e in (found.truth, found.oracle) if e is not None]
     t0 = time.perf_counter()
@@ -358,7 +350,7 @@ def regrid_cost(fields: int = 20) -> dict[str, float]:
     (a batch of ``fields`` fields of a smooth random field; the median of 3 runs)."""
     import numpy as np
 
-    from postcast.datasets import regrid
+    from postcast.datasets.sources import regrid
 
     src = schema.Grid(0.25)
     rng = np.random.default_rng(0)

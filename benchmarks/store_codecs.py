@@ -6,7 +6,7 @@ What the training store holds at 0.5 deg (361 x 720), float32, NaN fill (docs/st
 * ``ens``: ensemble mean / std, one slot = 361 x 720 (1 MB);
 * ``truth``: truth (and oracle), one init date = 3 steps x 361 x 720 (3.1 MB).
 
-The values are the synthetic ENS-10 world's (``datasets/synthetic.py``: z500, t850, q850, u850,
+The values are the synthetic ENS-10 world's (``datasets/synth/synthetic.py``: z500, t850, q850, u850,
 msl, tcc, ...) packed and unpacked through eccodes with the ENS-10 16-bit simple packing, as an
 ingest from GRIB writes them (not random noise, which compresses like nothing real).
 
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 # isort: off
-import pyproj  # noqa: F401  (before eccodes: see datasets/grib.py)
+import pyproj  # noqa: F401  (before eccodes: see datasets/sources/messages.py)
 import eccodes
 # isort: on
 import numpy as np
@@ -52,8 +52,9 @@ import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore
 
-from postcast.datasets import grib, io, schema
-from postcast.datasets.synthetic import World
+from postcast.datasets import io, schema
+from postcast.datasets.sources import messages as grib
+from postcast.datasets.synth.synthetic import World
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = [("z", 500), ("t", 850), ("q", 850), ("u", 850), ("msl", 0), ("tcc", 0), ("t2m", 0), ("w", 500)]

@@ -9,4 +9,6 @@ Subpackages (imports go one way: datasets <- models/compression <- pipeline <- s
 - ``postcast.serve``: HTTP forecast service.
 """
 
-__version__ = "0.1.0"
+from postcast.datasets.core.version import __version__
+
+__all__ = ["__version__"]

@@ -1,7 +1,7 @@
 """The ``postcast`` command line: one entry point, one small adapter per verb.
 
 Each verb turns flags (and an optional YAML preset) into a typed config and calls one library
-function. Exit codes: :data:`postcast.datasets.errors.EXIT_CODES`. :func:`main` is the one place
+function. Exit codes: :data:`postcast.datasets.core.errors.EXIT_CODES`. :func:`main` is the one place
 that turns exceptions into exit codes and the one-line ``postcast: error: ...`` (see
 :func:`exit_code`): the library raises a ``PostcastError`` subclass where it finds an expected
 problem (bad usage, bad or missing input, an unwritable output); anything else is a bug (exit 70).
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import postcast
-from postcast.datasets.errors import (
+from postcast.datasets.core.errors import (
     EXIT_CODES,
     BadInputError,
     ConfigError,
@@ -102,8 +102,9 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_synth(a: argparse.Namespace) -> int:
-    from postcast.datasets import config, synthfiles
-    from postcast.datasets.synthetic import SynthConfig
+    from postcast.datasets.core import config
+    from postcast.datasets.synth import synthfiles
+    from postcast.datasets.synth.synthetic import SynthConfig
 
     over = {"seed": a.seed, "resolution": a.resolution, "years": a.years, "dates_per_year": a.dates_per_year,
             "levels": a.levels, "format": a.format}
@@ -162,8 +163,8 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ingest(a: argparse.Namespace) -> int:
-    from postcast.datasets import config
-    from postcast.datasets.ingest import IngestConfig, ingest
+    from postcast.datasets.core import config
+    from postcast.datasets.ingest.run import IngestConfig, ingest
 
     splits = {k: list(v) for k, v in (("train", a.train_years), ("val", a.val_years), ("test", a.test_years)) if v}
     over: dict[str, Any] = {"source": a.source, "out": a.out, "truth": a.truth, "variables": a.variables,
@@ -223,10 +224,10 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 def _run_config_validate(a: argparse.Namespace) -> int:
     # every module that owns a config kind registers it on import (kind: synth, ingest, pipeline)
-    import postcast.datasets.ingest
-    import postcast.datasets.synthetic
+    import postcast.datasets.ingest.run
+    import postcast.datasets.synth.synthetic
     import postcast.pipeline.run  # noqa: F401
-    from postcast.datasets import config
+    from postcast.datasets.core import config
 
     worst = 0
     for f in a.files:
@@ -376,7 +377,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_run(a: argparse.Namespace) -> int:
-    from postcast.datasets import config
+    from postcast.datasets.core import config
     from postcast.pipeline.run import run
 
     cfg = config.load(a.config, "pipeline")

@@ -31,7 +31,7 @@ import xarray as xr
 from postcast.compression import field, sz3
 from postcast.compression.field import FieldConfig, FieldNet, Fields
 from postcast.datasets import io, schema
-from postcast.datasets.errors import BadInputError, ConfigError
+from postcast.datasets.core.errors import BadInputError, ConfigError
 
 MAGIC = b"PCNF"
 FORMAT_VERSION = 3  # 3: a codec byte (0 none, 1 lzma) then the header and arrays, coded together

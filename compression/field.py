@@ -30,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from postcast.datasets import schema
-from postcast.datasets.errors import BadInputError, ConfigError
+from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import kernels
 
 log = logging.getLogger(__name__)

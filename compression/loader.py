@@ -30,7 +30,7 @@ from postcast.compression.field import FieldConfig, Fields, to_fields
 from postcast.compression.report import store_fields
 from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, ConfigError
+from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset, to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from postcast.datasets.geo import latitude_weights
+from postcast.datasets.core.geo import latitude_weights
 
 
 def field_errors(data: np.ndarray, decoded: np.ndarray, lat: np.ndarray) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from postcast.datasets import schema
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 
 log = logging.getLogger(__name__)
 

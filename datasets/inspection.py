@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import grib, integrity, schema, sources
+from postcast.datasets import integrity, schema, sources
 from postcast.datasets import store as contract
+from postcast.datasets.sources import messages as grib
 
 
 def summary(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 import zarr
 
 from postcast.datasets import io
-from postcast.datasets.errors import BadInputError
+from postcast.datasets.core.errors import BadInputError
 
 MANIFEST = "postcast-chunks.json"  # {"version": 1, "chunks": {"<array>/c/i/j/k": {"size": n, "sha256": hex}}}
 MANIFEST_VERSION = 1

@@ -28,7 +28,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from postcast.datasets import schema
-from postcast.datasets.errors import OutputError
+from postcast.datasets.core.errors import OutputError
 
 # Every array is blosc-lz4 with byte shuffle, written through the zarrs Rust codec pipeline when it is
 # installed: measured per array kind by benchmarks/store_codecs.py (docs/store.md "Encoding"). At 0.5 deg

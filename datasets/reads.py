@@ -29,7 +29,7 @@ from zarr.core.sync import sync
 from zarr.storage import WrapperStore
 
 from postcast.datasets import integrity
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.core.errors import BadInputError, MissingInputError
 
 FIX = "check the store with `postcast inspect STORE --verify`; rebuild it with `postcast ingest --overwrite`"
 

@@ -35,7 +35,7 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError, MissingInputError
+from postcast.datasets.core.errors import ConfigError, MissingInputError
 
 Sample = dict[str, np.ndarray]
 

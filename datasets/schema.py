@@ -4,7 +4,7 @@ Everything that knows what ENS-10 *is* lives here; readers, writers and the gene
 The dataset itself (members, dates, grid, variables, files, targets, splits) is described in
 docs/ens10.md; this module is that description as code.
 
-Canonical conventions of every postcast dataset (after :func:`postcast.datasets.conventions.normalise`):
+Canonical conventions of every postcast dataset (after :func:`postcast.datasets.sources.conventions.normalise`):
 
 ===============  ==========================================================================
 dimension        meaning
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from postcast.datasets.errors import ConfigError
+from postcast.datasets.core.errors import ConfigError
 
 # --- canonical dimension names -------------------------------------------------------------------
 INIT_TIME = "init_time"

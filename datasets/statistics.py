@@ -28,7 +28,8 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import schema
-from postcast.datasets.errors import ConfigError
+from postcast.datasets import store as contract
+from postcast.datasets.core.errors import ConfigError
 
 STAT_KINDS = ("mean", "std", "min", "max")
 
@@ -89,7 +90,7 @@ def ensemble_moments(x: np.ndarray, *, with_partial: bool = True
     moments (per grid point over the members, per variable/level over members and grid points). Mean and
     std are numpy's ``mean``/``std(ddof=0)`` with ``dtype=float64``, operation for operation (the same
     sum order over members), cast to float32: the bits
-    :func:`postcast.datasets.ingest_tasks.ensemble_statistics` gives at forecast time."""
+    :func:`ensemble_statistics` gives at forecast time."""
     nm, outer, (ny, nx) = x.shape[1], x.shape[2:-2], x.shape[-2:]
     ens_mean = np.empty((1, *outer, ny, nx), dtype=np.float32)
     ens_std = np.empty_like(ens_mean)
@@ -470,3 +471,24 @@ def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
     names = statistic_fields(ds)
     merged = dask.compute(*[_field_partials(train[n]) for n in names])  # on the active scheduler
     return from_partials(train, dict(zip(names, merged, strict=True)), train[schema.INIT_TIME].values, splits)
+
+
+def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
+    """Per-sample ensemble mean and population std (ddof 0) of every member field, as float32, lazily on
+    dask: the one implementation, :func:`ensemble_moments` (float64 sums, numpy's operation
+    order), which the ingest task runs too, so a model sees at forecast time what it trained on."""
+    out = {}
+    for name, x in ds.data_vars.items():
+        mean, std = xr.apply_ufunc(_member_moments, x, input_core_dims=[[schema.MEMBER]], output_core_dims=[[], []],
+                                   dask="parallelized", output_dtypes=[np.float32, np.float32])
+        out[contract.ens_mean(str(name))], out[contract.ens_std(str(name))] = mean, std
+    return xr.Dataset(out)
+
+
+def _member_moments(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(init_time, ..., lat, lon, member) -> mean, std (init_time, ..., lat, lon), one init date at a time."""
+    x = np.moveaxis(np.asarray(a, dtype=np.float32), -1, 1)  # (T, M, ..., lat, lon)
+    pairs = [ensemble_moments(x[t:t + 1], with_partial=False)[:2] for t in range(x.shape[0])]
+    mean = np.concatenate([m for m, _ in pairs]).reshape(a.shape[:-1])
+    std = np.concatenate([s for _, s in pairs]).reshape(a.shape[:-1])
+    return mean, std

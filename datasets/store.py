@@ -1,7 +1,7 @@
 """The training store's contract: field names, split codes, format version, the ``.partial`` convention
 and the one way to open a store.
 
-A postcast store (zarr 3, written by :mod:`postcast.datasets.ingest`; layout in docs/store.md) holds
+A postcast store (zarr 3, written by :mod:`postcast.datasets.ingest.run`; layout in docs/store.md) holds
 
 * member fields ``F`` (``z, t, ...``: init_time, member, step[, level], latitude, longitude);
 * per-sample ensemble statistics :func:`ens_mean` / :func:`ens_std` of each member field;
@@ -29,7 +29,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import io, schema
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 
 FORMAT_VERSION = 1
 VERSION_ATTR = "postcast_store_version"

@@ -30,7 +30,7 @@ import torch
 
 from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, postprocessors, registry
 from postcast.models.distributions import Distribution

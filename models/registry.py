@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 from torch import nn
 
-from postcast.datasets import config
+from postcast.datasets.core import config
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ import xarray as xr
 from scipy import interpolate, optimize, stats
 from scipy.special import ndtr, ndtri
 
-import postcast
 from postcast.datasets import io, schema
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.core.errors import BadInputError, MissingInputError
+from postcast.datasets.core.version import __version__
 
 POSTPROCESSED, FALLBACK = "postprocessed", "fallback_raw"
 PRODUCTS = (POSTPROCESSED, FALLBACK)
@@ -169,7 +169,7 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
             schema.LON: (schema.LON, lon, {"standard_name": "longitude", "units": "degrees_east", "axis": "X"}),
         },
         attrs={"Conventions": "CF-1.8", "title": f"postcast calibrated forecast of {target}",
-               "institution": "postcast", "source": f"postcast {postcast.__version__}",
+               "institution": "postcast", "source": f"postcast {__version__}",
                "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast", **family,
                **attrs},
     )

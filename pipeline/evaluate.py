@@ -37,7 +37,7 @@ import xarray as xr
 
 from postcast.datasets import io, reads, schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, PostcastError
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions

@@ -40,11 +40,12 @@ import torch
 import xarray as xr
 from scipy.special import comb, erfcx, gammaincc, softplus, spence
 
-from postcast.datasets import io, regrid, schema, sources
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError
-from postcast.datasets.ingest_tasks import ensemble_statistics
+from postcast.datasets import io, schema, sources
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
+from postcast.datasets.sources import regrid
+from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor, load_checkpoint
 from postcast.pipeline.archive import (

@@ -20,7 +20,7 @@ estimator: the two differ by a factor M/(M-1) on the spread term, which matters 
 
 numpy/scipy only at import: torch (and :mod:`postcast.models.kernels`) is imported only when
 :func:`crps_ensemble` takes the torch engine (``engine="torch"``, or ``"auto"`` with a CUDA GPU).
-Latitude weights are :func:`postcast.datasets.geo.latitude_weights`, re-exported here.
+Latitude weights are :func:`postcast.datasets.core.geo.latitude_weights`, re-exported here.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any, Literal
 import numpy as np
 from scipy import special
 
-from postcast.datasets.errors import BadInputError
-from postcast.datasets.geo import latitude_weights as latitude_weights  # re-exported: one implementation
+from postcast.datasets.core.errors import BadInputError
+from postcast.datasets.core.geo import latitude_weights as latitude_weights  # re-exported: one implementation
 
 Estimator = Literal["fair", "standard"]
 _INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
@@ -300,7 +300,7 @@ def brier_score(prob: np.ndarray, y: np.ndarray, threshold: float) -> np.ndarray
     return (np.asarray(prob, dtype=np.float64) - event) ** 2
 
 
-# --- weighting (latitude_weights: postcast.datasets.geo, re-exported above), calibration ----------
+# --- weighting (latitude_weights: postcast.datasets.core.geo, re-exported above), calibration ----------
 def spread_skill_ratio(ens_std: np.ndarray, ens_mean: np.ndarray, truth: np.ndarray) -> float:
     """Mean ensemble spread over the RMSE of the ensemble mean (1 for a calibrated ensemble; the
     spread is taken as sqrt(mean variance), as WeatherBench 2 does)."""

@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from postcast.datasets import config, io, schema
-from postcast.datasets.errors import ConfigError, PostcastError
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets import io, schema
+from postcast.datasets.core import config
+from postcast.datasets.core.errors import ConfigError, PostcastError
+from postcast.datasets.synth.synthetic import SynthConfig
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ class Manifest:
 
 # --- stage actions -----------------------------------------------------------------------------
 def _synth(cfg: PipelineConfig, progress: bool) -> list[str]:
-    from postcast.datasets import synthfiles
+    from postcast.datasets.synth import synthfiles
 
     assert cfg.synth is not None
     synthfiles.write_synthetic(cfg.synth, cfg.root / "synth", progress=progress)
@@ -239,7 +240,7 @@ def _download(job: DownloadJob, progress: bool) -> list[str]:
 
 
 def _ingest(cfg: PipelineConfig, progress: bool) -> list[str]:
-    from postcast.datasets.ingest import IngestConfig, ingest
+    from postcast.datasets.ingest.run import IngestConfig, ingest
 
     source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
     # the manifest decided that this stage runs (never done, inputs or settings changed, or forced): a

@@ -8,7 +8,7 @@ from the instantiated DataModule, and the normalisation statistics are copied in
 start, so checkpoints are self-describing.
 
 Every YAML the parser reads (``-c`` files, the paths fragment, YAML values) goes through the limits of
-:func:`postcast.datasets.config.check_yaml` (jsonargparse loader mode :data:`YAML_MODE`); named files
+:func:`postcast.datasets.core.config.check_yaml` (jsonargparse loader mode :data:`YAML_MODE`); named files
 are checked first, so an alias bomb is one line naming the file and the limit (exit 2). SIGTERM ends a
 run at once, whatever the loader is waiting for (exit 143, 128 + SIGTERM); SIGINT exits 130.
 """
@@ -29,8 +29,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from postcast.datasets import config
-from postcast.datasets.errors import TERMINATED
+from postcast.datasets.core import config
+from postcast.datasets.core.errors import TERMINATED
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor, read_checkpoint
@@ -136,7 +136,7 @@ def data_config(args: Sequence[str] | dict[str, Any]) -> DataConfig:
 def validate_preset(path: str) -> str | None:
     """Check a training preset (with the paths fragment) without instantiating anything: the Lightning
     parser's checks, then the model family's options and the sample spec. None if valid, else the error."""
-    from postcast.datasets.errors import ConfigError
+    from postcast.datasets.core.errors import ConfigError
     from postcast.models import distributions, registry
 
     try:

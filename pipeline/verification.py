@@ -31,7 +31,7 @@ import numpy as np
 import xarray as xr
 from scipy import special
 
-from postcast.datasets.geo import latitude_weights
+from postcast.datasets.core.geo import latitude_weights
 from postcast.pipeline import metrics
 
 GAUSSIAN, DISTRIBUTION, ENSEMBLE = "gaussian", "distribution", "ensemble"

@@ -56,9 +56,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from pandas.errors import OutOfBoundsDatetime
 from pydantic import BaseModel
 
-import postcast
 from postcast.datasets import schema
-from postcast.datasets.errors import BadInputError
+from postcast.datasets.core.errors import BadInputError
+from postcast.datasets.core.version import __version__
 from postcast.pipeline import archive
 from postcast.pipeline.archive import Field, Product, Skipped
 
@@ -530,7 +530,7 @@ def create_app(forecasts: str | Path, token: str | None = None, *, public_metric
     """The service over the archive ``forecasts``; ``token`` enables bearer auth on every path but
     /health (and /metrics when ``public_metrics``); the archive is rescanned at most every ``watch_s``
     seconds (None: only on ``/forecasts?refresh=true``)."""
-    app = FastAPI(title="postcast", version=postcast.__version__,
+    app = FastAPI(title="postcast", version=__version__,
                   description="Calibrated ensemble forecasts written by `postcast forecast`.")
     catalog = Catalog(forecasts, watch_s)
     stats = Stats()
@@ -600,7 +600,7 @@ def _info_routes(app: FastAPI, catalog: Catalog, stats: Stats, token: str | None
         header = request.headers.get("authorization")
         full = bearer_ok(header.encode("latin-1") if header is not None else None, secret)
         out: dict[str, Any] = {"status": "degraded" if catalog.skipped else "ok", "forecasts": len(catalog.entries),
-                               "models": len(catalog.all_models), "version": postcast.__version__,
+                               "models": len(catalog.all_models), "version": __version__,
                                "skipped": [{"path": s.path, "reason": s.reason if full else s.public_reason}
                                            for s in catalog.skipped]}
         if full:

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from postcast.datasets.errors import ConfigError
+from postcast.datasets.core.errors import ConfigError
 
 HEADER_TIMEOUT_ENV = "POSTCAST_HEADER_TIMEOUT"
 SHED_AT = 0.8  # fraction of --limit-concurrency above which idle connections are shed, oldest first

@@ -16,7 +16,7 @@ import pytest
 from postcast.cli import main
 
 OK_CODES = {2, 65, 66}
-DISK_FULL = {74}  # EX_IOERR: the output cannot be written (not bad or missing input; see datasets/errors.py)
+DISK_FULL = {74}  # EX_IOERR: the output cannot be written (not bad or missing input; see datasets/core/errors.py)
 TALLY: dict[str, tuple[bool, bool]] = {}  # case -> (clean, data safe)
 
 

@@ -17,9 +17,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 
 from postcast.cli import main
-from postcast.datasets import synthfiles
-from postcast.datasets.ingest import IngestConfig, ingest
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.ingest.run import IngestConfig, ingest
+from postcast.datasets.synth import synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
 
 # Small but complete: 10 deg grid (19 x 36), 2 levels, 6 years x 3 month-days (Feb, Jul, Oct) = 18 dates,
 # covering the train (2012-2013), val (2014-2015) and test (2016-2017) splits.

@@ -15,7 +15,8 @@ import xarray as xr
 from battery import assert_ok, in_process
 from test_operational_files import GRID, _truth_t2m, write_control_25, write_lead_78, write_tp_accumulated
 
-from postcast.datasets import grib, schema, sources
+from postcast.datasets import schema, sources
+from postcast.datasets.sources import messages as grib
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = str(ROOT / "configs/train/tiny_emos_t2m.yaml")  # target t2m, every surface variable by default

@@ -9,8 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-from postcast.datasets import conventions, grib, synthetic, synthfiles
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.sources import conventions
+from postcast.datasets.sources import messages as grib
+from postcast.datasets.synth import synthetic, synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
 
 SMALL = SynthConfig(seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=1, levels=(500, 850), format="grib")
 PL, SFC = grib.file_name("pl", 7, 2), grib.file_name("sfc", 7, 2)

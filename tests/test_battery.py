@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 from battery import TALLY, Outcome, assert_ok, in_process, subprocess_case
 
-from postcast.datasets import grib, integrity, io, synthfiles
+from postcast.datasets import integrity, io
 from postcast.datasets import store as contract
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.sources import messages as grib
+from postcast.datasets.synth import synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = SynthConfig(seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=1, levels=(500, 850), format="grib")

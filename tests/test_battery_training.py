@@ -14,8 +14,8 @@ import torch
 import zarr
 from battery import assert_ok, in_process
 
-from postcast.datasets import config
-from postcast.datasets.ingest import IngestConfig, ingest
+from postcast.datasets.core import config
+from postcast.datasets.ingest.run import IngestConfig, ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = str(ROOT / "configs/train/tiny_emos_t2m.yaml")

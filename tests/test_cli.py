@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from postcast.datasets import config
-from postcast.datasets.errors import ConfigError
-from postcast.datasets.ingest import IngestConfig
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.core import config
+from postcast.datasets.core.errors import ConfigError
+from postcast.datasets.ingest.run import IngestConfig
+from postcast.datasets.synth.synthetic import SynthConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,7 +220,7 @@ def test_a_bug_inside_ingest_is_an_internal_error_with_a_log(cli, synth_zarr, tm
                                                               internal_error):
     """A bug is not the user's bad data (65) and not a traceback (1): exit 70, the trace in a log file."""
     planted_bug, assert_internal_error = internal_error
-    monkeypatch.setattr("postcast.datasets.ingest_tasks.load_date", planted_bug)  # runs in the date tasks
+    monkeypatch.setattr("postcast.datasets.ingest.tasks.load_date", planted_bug)  # runs in the date tasks
     proc = cli("ingest", str(synth_zarr), "--out", str(tmp_path / "s.zarr"), "--threads")
     assert_internal_error(proc)
 
@@ -238,7 +238,7 @@ def test_exit_codes_come_from_one_table(cli):
     """README, the architecture doc, --help and the error classes agree with errors.EXIT_CODES (two of five
     former lists omitted 74)."""
     from postcast.cli import INTERNAL, INTERRUPTED
-    from postcast.datasets import errors
+    from postcast.datasets.core import errors
 
     table = set(errors.EXIT_CODES)
     assert _codes_in((ROOT / "README.md").read_text(), "Exit codes (") == table

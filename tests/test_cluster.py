@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from postcast.cli import main
-from postcast.datasets import ingest
 from postcast.datasets import store as contract
-from postcast.datasets.cluster import dask_client
-from postcast.datasets.errors import MissingInputError
-from postcast.datasets.ingest import IngestConfig
+from postcast.datasets.core.errors import MissingInputError
+from postcast.datasets.ingest import run as ingest
+from postcast.datasets.ingest.cluster import dask_client
+from postcast.datasets.ingest.run import IngestConfig
 
 DASK = shutil.which("dask", path=Path(sys.executable).parent)
 

@@ -9,7 +9,7 @@ import torch
 
 from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError
+from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models.losses import crps_gaussian as metrics_torch_crps

@@ -15,7 +15,7 @@ import torch
 from battery import assert_ok, in_process
 from scipy import integrate, interpolate, optimize, special, stats
 
-from postcast.datasets.errors import BadInputError, ConfigError
+from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import distributions as D
 from postcast.models import losses, registry
 from postcast.models.module import PostProcessor

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from postcast.datasets import download
-from postcast.datasets.errors import BadInputError
+from postcast.datasets.core.errors import BadInputError
 
 
 class Server:

@@ -11,7 +11,7 @@ from test_download import Server, _dates
 
 from postcast.cli import main
 from postcast.datasets import download
-from postcast.datasets.errors import MissingInputError
+from postcast.datasets.core.errors import MissingInputError
 
 
 def _sfc(src):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from postcast.datasets import schema, synthetic
+from postcast.datasets import schema
 from postcast.datasets import store as contract
+from postcast.datasets.synth import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 

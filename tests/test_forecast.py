@@ -248,7 +248,7 @@ def regional_ckpt(tmp_path_factory):
     """A local EMOS trained on a regional (Europe, 2 deg) T2m store, as in tests/test_layouts.py."""
     from test_layouts import EUROPE, _truth_nc, write_ecmwf
 
-    from postcast.datasets.ingest import IngestConfig, ingest
+    from postcast.datasets.ingest.run import IngestConfig, ingest
     from postcast.pipeline import train
 
     root = tmp_path_factory.mktemp("regional_fc")

@@ -215,8 +215,8 @@ def test_every_family_round_trips_through_the_archive(family, tmp_path):
 def test_on_input_grid_regrids_the_parameters(family_ckpt, tmp_path):
     """--on-input-grid with a 5 deg input and a 10 deg checkpoint: the family's parameters are regridded to
     the input's grid and the law evaluated there (scipy.stats reproduces it from the saved parameters)."""
-    from postcast.datasets import synthfiles
-    from postcast.datasets.synthetic import SynthConfig
+    from postcast.datasets.synth import synthfiles
+    from postcast.datasets.synth.synthetic import SynthConfig
     from postcast.pipeline.forecast import ForecastConfig, forecast
 
     family, ckpt = family_ckpt

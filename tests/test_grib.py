@@ -6,7 +6,9 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import grib, io, schema, synthetic
+from postcast.datasets import io, schema
+from postcast.datasets.sources import messages as grib
+from postcast.datasets.synth import synthetic
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,17 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-import postcast.datasets.ingest_budget as ingest_budget
-import postcast.datasets.ingest_layout as ingest_layout
-import postcast.datasets.ingest_progress as ingest_progress
-import postcast.datasets.ingest_tasks as ingest_tasks
-from postcast.datasets import conventions, ingest, integrity, io, schema, sources, statistics, synthetic
+import postcast.datasets.ingest.budget as ingest_budget
+import postcast.datasets.ingest.layout as ingest_layout
+import postcast.datasets.ingest.progress as ingest_progress
+import postcast.datasets.ingest.tasks as ingest_tasks
+from postcast.datasets import integrity, io, schema, sources, statistics
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError
-from postcast.datasets.ingest import IngestConfig
+from postcast.datasets.core.errors import ConfigError
+from postcast.datasets.ingest import run as ingest
+from postcast.datasets.ingest.run import IngestConfig
+from postcast.datasets.sources import conventions
+from postcast.datasets.synth import synthetic
 
 
 def test_store_layout_and_values(store, tiny_cfg):
@@ -85,7 +88,7 @@ def test_statistics_use_training_years_only(store):
 def test_pure_cores_on_numpy_and_dask(chunked, tiny_cfg):
     fc = synthetic.forecast_dataset(tiny_cfg, variables=["t", "sst"]).isel(init_time=slice(0, 4)).compute()
     fc = fc.chunk({"init_time": 1}) if chunked else fc
-    ens = ingest_tasks.ensemble_statistics(fc)
+    ens = statistics.ensemble_statistics(fc)
     assert (ens["ens_std_t"].chunks is not None) == chunked
     ref = fc["t"].values.astype(np.float64)
     np.testing.assert_allclose(ens["ens_std_t"].values, ref.std(1), rtol=1e-4)
@@ -139,7 +142,7 @@ def test_grib_source_matches_zarr_source(synth_grib, store, tmp_path):
 
 
 def test_netcdf_source(tmp_path, tiny_cfg):
-    from postcast.datasets import synthfiles
+    from postcast.datasets.synth import synthfiles
 
     cfg = synthetic.SynthConfig(**{**tiny_cfg.to_dict(), "format": "netcdf", "years": (2012, 2013),
                                    "levels": (850,), "dates_per_year": 1})
@@ -490,7 +493,7 @@ def test_progress_is_logged_during_an_ingest(synth_zarr, tmp_path, caplog):
     import logging
     import re
 
-    caplog.set_level(logging.INFO, logger="postcast.datasets.ingest_progress")
+    caplog.set_level(logging.INFO, logger="postcast.datasets.ingest.progress")
     out = tmp_path / "p.zarr"
     res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
                                      variables=("t",), dates_per_task=3))
@@ -511,7 +514,7 @@ def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
     src = sources.discover(str(synth_zarr)).forecast
     plan = src.plan(IngestConfig(source=str(synth_zarr), out="unused", variables=("t", "sst")).expectation)
     day = src.load(plan.init_times[0], plan)
-    ref = ingest_tasks.ensemble_statistics(day)
+    ref = statistics.ensemble_statistics(day)
     for name in ("t", "sst"):
         x = day[name].values
         mean, std, part = statistics.ensemble_moments(x)
@@ -562,7 +565,7 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     the heap: page faults counted by the kernel, not timed."""
     code = (
         "import resource, numpy as np\n"
-        "from postcast.datasets import cluster\n"
+        "from postcast.datasets.ingest import cluster\n"
         "def faults():\n"
         "    n = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    for _ in range(50):\n"

@@ -14,8 +14,8 @@ import xarray as xr
 
 from postcast.datasets import plausibility, schema, sources
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, MissingInputError
-from postcast.datasets.ingest import IngestConfig, ingest
+from postcast.datasets.core.errors import BadInputError, MissingInputError
+from postcast.datasets.ingest.run import IngestConfig, ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 INIT = pd.Timestamp("2017-07-03")

@@ -13,7 +13,7 @@ import scoringrules
 import torch
 
 from postcast.compression.metrics import field_errors
-from postcast.datasets import geo
+from postcast.datasets.core import geo
 from postcast.models import losses
 from postcast.pipeline import metrics
 

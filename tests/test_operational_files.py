@@ -15,9 +15,10 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import grib, schema, sources
+from postcast.datasets import schema, sources
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError
+from postcast.datasets.core.errors import ConfigError
+from postcast.datasets.sources import messages as grib
 
 GRID = schema.Grid(5.0)  # 37 x 72, global: small files, a regular grid the store keeps as is
 # 25 surface parameters of an ECMWF control forecast (paramId); tp and cp are accumulations since step 0,

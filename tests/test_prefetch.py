@@ -66,7 +66,7 @@ def test_backing_reads_equal_accesses_minus_predicted_hits(cfg, store):
         cached = [plan.counts[i] for i in plan.slots]
         assert min(cached) >= max([c for i, c in plan.counts.items() if i not in plan.slots], default=0)
         data = prefetch.ClairvoyantDataset(base, plan, threads=2, lookahead=2)
-        sampler = prefetch.ReplaySampler(data, spec)
+        sampler = prefetch.ReplaySampler(data, spec, data.begin_epoch)
         loader = DataLoader(data, batch_size=2, sampler=sampler)
         for epoch in range(EPOCHS):
             sampler.set_epoch(epoch)

@@ -137,7 +137,7 @@ def test_a_process_using_grib_and_regridding_exits_cleanly():
     """eccodes' and pyproj's wheels bundle native libraries that abort the process at exit ("free():
     invalid size", exit 134) when eccodes loads first; postcast's GRIB module loads pyproj first, so any
     process that reads GRIB and regrids (pyresample -> pyproj) exits 0."""
-    code = ("from postcast.datasets import grib, regrid\n"
+    code = ("from postcast.datasets.sources import messages as grib, regrid\n"
             "import pyresample.geometry, eccodes\n"
             "print(eccodes.codes_get_api_version())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)

@@ -1,9 +1,10 @@
-"""Regridding (datasets/regrid.py): analytic fields with stated error bounds, every source-grid form."""
+"""Regridding (datasets/sources/regrid.py): analytic fields with stated error bounds, every source-grid form."""
 
 import numpy as np
 import pytest
 
-from postcast.datasets import regrid, schema
+from postcast.datasets import schema
+from postcast.datasets.sources import regrid
 
 
 def harmonic(lat, lon):

@@ -9,7 +9,7 @@ import pytest
 
 from postcast.datasets import sources
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.core.errors import BadInputError, MissingInputError
 
 
 def _forecast_only(tmp_path, synth_zarr):

@@ -16,7 +16,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from postcast.datasets import io, schema
-from postcast.datasets.synthetic import World
+from postcast.datasets.synth.synthetic import World
 
 DEFAULT_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from postcast.datasets import io, schema, synthetic, synthfiles
+from postcast.datasets import io, schema
 from postcast.datasets import store as contract
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.synth import synthetic, synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
 
 
 def crps_gaussian(mu, sigma, y):
@@ -181,7 +182,8 @@ def test_config_validation():
 def test_every_schema_variable_has_one_registered_generator():
     """Generators were found by getattr(f"_f_{name}"): a new variable failed deep inside with an
     AttributeError. They are now a registry checked against the schema, with the fix in the error."""
-    from postcast.datasets import schema, synthetic
+    from postcast.datasets import schema
+    from postcast.datasets.synth import synthetic
 
     assert set(synthetic.GENERATORS) == set(schema.VARIABLES)
     w = synthetic.world(0, 30.0)

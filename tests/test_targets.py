@@ -14,12 +14,13 @@ import xarray as xr
 from battery import assert_ok, in_process
 from scipy import stats
 
-from postcast.datasets import schema, synthetic, synthfiles
+from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError
-from postcast.datasets.ingest import IngestConfig, ingest
+from postcast.datasets.core.errors import ConfigError
+from postcast.datasets.ingest.run import IngestConfig, ingest
 from postcast.datasets.sample import Sampler, SampleSpec
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.synth import synthetic, synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
 from postcast.models import distributions
 from postcast.pipeline import train
 from postcast.pipeline.metrics import crps_ensemble

@@ -14,9 +14,10 @@ import scoringrules as sr
 import xarray as xr
 from battery import assert_ok, in_process
 
-from postcast.datasets import schema, synthfiles
+from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.synth import synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
 
 RAW = SynthConfig(seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=2, levels=(850,),
                   targets=("t2m", "ws10", "tp24"))
@@ -219,7 +220,7 @@ def test_evaluate_scores_ws10_on_the_derived_truth(hourly, cli, tmp_path):
 def test_tp24_truth_of_an_in_memory_dataset_in_microseconds(forecasts, tmp_path):
     """pandas 3 / xarray keep datetime64[us] for data built in memory: the spacing was read as nanoseconds
     (1 h as 3.6 ms), and every tp24 truth came out NaN without a word."""
-    from postcast.datasets import conventions
+    from postcast.datasets.sources import conventions
 
     _, inits = forecasts
     ds = _era5(tmp_path / "era5.nc", inits)

@@ -12,8 +12,8 @@ import pytest
 import scoringrules
 import xarray as xr
 
-from postcast.datasets import geo
 from postcast.datasets import store as contract
+from postcast.datasets.core import geo
 from postcast.pipeline import evaluate, significance, verification
 
 LAT = np.array([-75.0, -45.0, -15.0, 15.0, 45.0, 75.0])
@@ -314,7 +314,7 @@ def test_a_registered_metric_reaches_metrics_json_results_nc_and_the_report(stor
 def test_one_member_is_refused_not_mistaken_for_a_missing_numba():
     """A ValueError of the numba kernel (one member: no fair CRPS) was caught as "numba missing" and the
     numpy kernel returned inf/NaN scores; it is now bad input, named."""
-    from postcast.datasets.errors import BadInputError
+    from postcast.datasets.core.errors import BadInputError
 
     rng = np.random.default_rng(0)
     y = rng.normal(size=(3, 4, 5))

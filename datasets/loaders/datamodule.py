@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from postcast.datasets import io, reads, schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, ConfigError, MissingInputError, PostcastError
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.datasets.loaders import prefetch
 from postcast.datasets.sample import Sample, Sampler, SampleSpec
 

@@ -265,7 +265,7 @@ def clairvoyant_loader(base: Dataset[Sample], spec: StreamSpec, *, batch_size: i
     plan = plan_cache(spec, sample_bytes=sample_bytes, ram_bytes=ram_bytes, disk_bytes=disk_bytes,
                       epochs=epochs, start_epoch=start_epoch)
     data = ClairvoyantDataset(base, plan, threads=threads, lookahead=lookahead, disk_dir=disk_dir)
-    return DataLoader(data, batch_size=batch_size, sampler=ReplaySampler(data, spec), num_workers=0)
+    return DataLoader(data, batch_size=batch_size, sampler=ReplaySampler(data, spec, data.begin_epoch), num_workers=0)
 
 
 class FixedBatchLoader:

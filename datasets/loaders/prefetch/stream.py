@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
-from torch.utils.data import DistributedSampler
-
-if TYPE_CHECKING:
-    from postcast.datasets.loaders.prefetch.dataset import ClairvoyantDataset
+from torch.utils.data import Dataset, DistributedSampler
 
 
 def lightning_seed() -> int:
@@ -73,12 +70,12 @@ class ReplaySampler(DistributedSampler[int]):
     """The real ``DistributedSampler`` (so Lightning keeps it and calls ``set_epoch``), which also
     tells the clairvoyant dataset which epoch starts and what it will yield."""
 
-    def __init__(self, dataset: ClairvoyantDataset, spec: StreamSpec):
+    def __init__(self, dataset: Dataset[Any], spec: StreamSpec, begin_epoch: Callable[[int, list[int]], None]):
         super().__init__(dataset, num_replicas=spec.world, rank=spec.rank, shuffle=spec.shuffle,
                          seed=spec.seed, drop_last=spec.drop_last)
-        self.clairvoyant = dataset
+        self.begin_epoch = begin_epoch  # the clairvoyant dataset's: which epoch starts, what it will yield
 
     def __iter__(self) -> Iterator[int]:
         indices = list(super().__iter__())
-        self.clairvoyant.begin_epoch(self.epoch, indices)
+        self.begin_epoch(self.epoch, indices)
         return iter(indices)

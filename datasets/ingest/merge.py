@@ -12,8 +12,8 @@ import numpy as np
 
 from postcast.datasets import io, schema, sources, statistics
 from postcast.datasets import store as contract
-from postcast.datasets.cluster import keep_freed_memory
-from postcast.datasets.ingest_tasks import marker_name
+from postcast.datasets.ingest.cluster import keep_freed_memory
+from postcast.datasets.ingest.tasks import marker_name
 
 STATS_DIR = "stats"  # OUT.partial/stats/merged.npz: the merged partials of the training dates it lists
 MERGED = "merged.npz"

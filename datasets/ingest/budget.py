@@ -5,14 +5,21 @@ two-pass statistics, and whether the training statistics fit one pass (docs/inge
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from postcast.datasets import schema, sources
 
-if TYPE_CHECKING:
-    from postcast.datasets.ingest import IngestConfig
-
 log = logging.getLogger(__name__)
+
+
+class StatisticsOptions(Protocol):
+    """The ingest options the statistics decision reads (:class:`~.run.IngestConfig` has them)."""
+
+    @property
+    def statistics(self) -> str: ...  # auto | one-pass | two-pass
+
+    @property
+    def one_pass_max_gb(self) -> float | None: ...
 
 TASK_BYTES = 64 * 2**20  # member data per date task, and per read chunk of the two-pass statistics
 
@@ -54,7 +61,7 @@ def one_pass_bytes(plan: sources.Plan) -> int:
     return 2 * partial_bytes(plan) + 2 * date_bytes(plan)
 
 
-def one_pass(cfg: IngestConfig, plan: sources.Plan, worker_gb: float | None = None) -> bool:
+def one_pass(cfg: StatisticsOptions, plan: sources.Plan, worker_gb: float | None = None) -> bool:
     """Whether the training statistics come from the date tasks' partials (one pass) or from a dask
     reduction over the finished store (two passes, bounded memory): in auto mode, one pass while
     :func:`one_pass_bytes` fits ``one_pass_max_gb``, by default 60% of the smallest worker's memory

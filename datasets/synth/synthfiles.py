@@ -29,9 +29,12 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import conventions, grib, io, schema, synthetic
+from postcast.datasets import io, schema
 from postcast.datasets import store as contract
-from postcast.datasets.synthetic import SynthConfig
+from postcast.datasets.sources import conventions
+from postcast.datasets.sources import messages as grib
+from postcast.datasets.synth import synthetic
+from postcast.datasets.synth.synthetic import SynthConfig
 
 log = logging.getLogger(__name__)
 

@@ -42,25 +42,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-import postcast
-from postcast.datasets import (
-    cluster,
-    config,
-    grib,
-    ingest_budget,
-    ingest_layout,
-    ingest_lock,
-    ingest_merge,
-    ingest_progress,
-    ingest_tasks,
-    integrity,
-    io,
-    schema,
-    sources,
-    statistics,
-)
+from postcast.datasets import integrity, io, schema, sources, statistics
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError, MissingInputError
+from postcast.datasets.core import config
+from postcast.datasets.core.errors import ConfigError, MissingInputError
+from postcast.datasets.core.version import __version__
+from postcast.datasets.ingest import budget as ingest_budget
+from postcast.datasets.ingest import cluster
+from postcast.datasets.ingest import layout as ingest_layout
+from postcast.datasets.ingest import lock as ingest_lock
+from postcast.datasets.ingest import merge as ingest_merge
+from postcast.datasets.ingest import progress as ingest_progress
+from postcast.datasets.ingest import tasks as ingest_tasks
+from postcast.datasets.sources import messages as grib
 
 log = logging.getLogger(__name__)
 
@@ -427,7 +421,7 @@ def _code_version() -> str:
                              timeout=5, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""
-    return f"{postcast.__version__}+g{sha}" if sha else postcast.__version__
+    return f"{__version__}+g{sha}" if sha else __version__
 
 
 def _checksum(path: str) -> str:

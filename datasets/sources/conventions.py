@@ -20,7 +20,7 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import BadInputError, MissingInputError
+from postcast.datasets.core.errors import BadInputError, MissingInputError
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def _fix_step(ds: xr.Dataset, source: str) -> xr.Dataset:
 def _fix_lonlat(ds: xr.Dataset, source: str, *, any_grid: bool = False) -> xr.Dataset:
     """Latitude ascending, longitude 0..360 on a regular global grid; with ``any_grid``, other regular
     grids (regional, any longitude convention) keep their longitudes and point grids (``values``) pass,
-    to be regridded when read (datasets/regrid.py)."""
+    to be regridded when read (datasets/sources/regrid.py)."""
     for c in (schema.LAT, schema.LON):
         if c not in ds.coords:
             msg = (f"{source}: no {c} coordinate; expected a latitude/longitude grid (regular, or reduced "

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from postcast.datasets.errors import ConfigError
+from postcast.datasets.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -47,9 +47,10 @@ import pandas as pd
 import xarray as xr
 from scipy import special, stats
 
-from postcast.datasets import config, schema
+from postcast.datasets import schema
 from postcast.datasets import store as contract
-from postcast.datasets.errors import ConfigError
+from postcast.datasets.core import config
+from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.schema import GRAVITY, TARGETS, Grid, Target
 
 FORMAT_VERSION = 1
@@ -360,7 +361,7 @@ class World:
         valid = init + pd.Timedelta(hours=step_h)
         if name not in GENERATORS:
             msg = (f"no synthetic generator for variable {name!r}: add a World method decorated "
-                   f"@generates({name!r}) in datasets/synthetic.py")
+                   f"@generates({name!r}) in datasets/synth/synthetic.py")
             raise KeyError(msg)
         out: np.ndarray = GENERATORS[name](self, level, init, step_h, valid)
         return out
@@ -674,7 +675,7 @@ def _coords(cfg: SynthConfig, with_members: bool = True, levels: bool = True) ->
 
 
 # The CF attributes moved to the schema (``schema.cf_attrs``); this alias keeps the one remaining
-# importer, datasets/sources.py, working until it switches.
+# importer, datasets/sources/, working until it switches.
 
 
 def forecast_dataset(cfg: SynthConfig, variables: list[str] | None = None) -> xr.Dataset:

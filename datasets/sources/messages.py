@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import regrid, schema
-from postcast.datasets.errors import BadInputError
+from postcast.datasets import schema
+from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.io import atomic_path
+from postcast.datasets.sources import regrid
 
 MISSING_VALUE = 9999.0  # what ENS-10 readers see for missing SST (the reference loader fills 9999)
 BITS_PER_VALUE = 16

@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import schema
-from postcast.datasets.errors import ConfigError
+from postcast.datasets.core.errors import ConfigError
 
 METHODS = ("bilinear", "nearest", "conservative")
 EARTH_RADIUS_M = 6_371_000.0

@@ -13,7 +13,7 @@ import xarray as xr
 
 from postcast.datasets import integrity, io, schema, sources, statistics
 from postcast.datasets import store as contract
-from postcast.datasets.cluster import keep_freed_memory
+from postcast.datasets.ingest.cluster import keep_freed_memory
 
 
 def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
@@ -65,27 +65,6 @@ def load_date(forecast: sources.ForecastSource, truth: sources.TruthSource | Non
     if partials:
         parts |= statistics.date_partials(day[[n for n in statistics.statistic_fields(day) if n not in parts]])
     return day, parts if partials else None
-
-
-def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
-    """Per-sample ensemble mean and population std (ddof 0) of every member field, as float32, lazily on
-    dask: the one implementation, :func:`statistics.ensemble_moments` (float64 sums, numpy's operation
-    order), which the ingest task runs too, so a model sees at forecast time what it trained on."""
-    out = {}
-    for name, x in ds.data_vars.items():
-        mean, std = xr.apply_ufunc(_moments, x, input_core_dims=[[schema.MEMBER]], output_core_dims=[[], []],
-                                   dask="parallelized", output_dtypes=[np.float32, np.float32])
-        out[contract.ens_mean(str(name))], out[contract.ens_std(str(name))] = mean, std
-    return xr.Dataset(out)
-
-
-def _moments(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(init_time, ..., lat, lon, member) -> mean, std (init_time, ..., lat, lon), one init date at a time."""
-    x = np.moveaxis(np.asarray(a, dtype=np.float32), -1, 1)  # (T, M, ..., lat, lon)
-    pairs = [statistics.ensemble_moments(x[t:t + 1], with_partial=False)[:2] for t in range(x.shape[0])]
-    mean = np.concatenate([m for m, _ in pairs]).reshape(a.shape[:-1])
-    std = np.concatenate([s for _, s in pairs]).reshape(a.shape[:-1])
-    return mean, std
 
 
 def marker_name(t: Any) -> str:

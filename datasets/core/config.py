@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from postcast.datasets.errors import ConfigError
+from postcast.datasets.core.errors import ConfigError
 
 T = TypeVar("T")
 _KINDS: dict[str, type] = {}

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from postcast.datasets.errors import ConfigError, MissingInputError
+from postcast.datasets.core.errors import ConfigError, MissingInputError
 
 WORKERS_PER_CORE = 2  # local workers run one task each: more than this per core only queue for the CPU
 MIN_WORKER_GB = 0.5  # what a worker process holds before its first task (interpreter, dask, numpy, zarr)

@@ -1,0 +1,5 @@
+"""The neutral floor every layer stands on: errors with exit codes, typed YAML configs, the version, geometry.
+
+Nothing here imports another postcast module outside :mod:`postcast.datasets.core`, so any layer (the data
+core, models, pipeline, serve, the CLI) imports from here without climbing.
+"""
