@@ -55,8 +55,7 @@ import pyproj  # noqa: F401  (before eccodes: see datasets/sources/messages.py)
 import eccodes
 # isort: on
 
-from postcast.datasets import download, io, schema, sources, statistics
-from postcast.datasets import store as contract
+from postcast.datasets import contract, download, io, schema, sources, statistics
 from postcast.datasets.ingest import layout as ingest_layout
 from postcast.datasets.ingest import run as ingest
 from postcast.datasets.sources import messages as grib

@@ -57,8 +57,7 @@ from xbatcher.loaders.torch import MapDataset
 from zarr.storage import LocalStore
 from zarr.testing.store import LatencyStore
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.io import write_json
 from postcast.datasets.loaders import prefetch
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset

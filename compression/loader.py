@@ -28,8 +28,7 @@ from postcast.compression import sz3
 from postcast.compression.artefact import Artefact, grid_arrays, grid_spec
 from postcast.compression.field import FieldConfig, Fields, to_fields
 from postcast.compression.report import store_fields
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset, to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec

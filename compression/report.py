@@ -18,8 +18,7 @@ from postcast.compression import baselines
 from postcast.compression.artefact import Artefact
 from postcast.compression.field import Fields, to_fields
 from postcast.compression.metrics import field_errors
-from postcast.datasets import io, schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, io, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sources import conventions
 

@@ -13,8 +13,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import integrity, schema, sources
-from postcast.datasets import store as contract
+from postcast.datasets import contract, integrity, schema, sources
 from postcast.datasets.sources import messages as grib
 
 

@@ -33,8 +33,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import ConfigError, MissingInputError
 
 Sample = dict[str, np.ndarray]
@@ -191,7 +190,8 @@ class SampleSpec:
     def select(self, da: xr.DataArray, level: int | None = None, offset_h: int = 0) -> np.ndarray:
         """The spec's lead (plus ``offset_h``) and ``level`` (else the target's, else the first) of ``da`` (positional
         indexing on the Variable: ~30x cheaper than DataArray.sel). A lead the data lacks is a ConfigError
-        naming the leads it holds and ``--data.cfg.sample.step_h`` (:func:`postcast.datasets.store.step_position`)."""
+        naming the leads it holds and ``--data.cfg.sample.step_h``
+        (:func:`~postcast.datasets.contract.step_position`)."""
         pos: dict[str, int] = {}
         if schema.STEP in da.dims:
             pos[schema.STEP] = contract.step_position(da.get_index(schema.STEP), self.step_h + offset_h)

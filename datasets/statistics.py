@@ -27,8 +27,7 @@ import dask.array
 import numpy as np
 import xarray as xr
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import ConfigError
 
 STAT_KINDS = ("mean", "std", "min", "max")

@@ -28,8 +28,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, postprocessors, registry

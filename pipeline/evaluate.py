@@ -35,8 +35,7 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from postcast.datasets import io, reads, schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, io, reads, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from battery import TALLY, Outcome, assert_ok, in_process, subprocess_case
 
-from postcast.datasets import integrity, io
-from postcast.datasets import store as contract
+from postcast.datasets import contract, integrity, io
 from postcast.datasets.sources import messages as grib
 from postcast.datasets.synth import synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig

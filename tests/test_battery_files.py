@@ -9,7 +9,7 @@ import pytest
 from battery import assert_ok, in_process
 from test_operational_files import write_control_25, write_seasonal_means, write_tp_accumulated
 
-from postcast.datasets import store as contract
+from postcast.datasets import contract
 
 
 def _ingest(src: Path, out: Path, *extra: str) -> list[str]:

@@ -19,7 +19,7 @@ import yaml
 from battery import assert_ok, in_process, subprocess_case
 
 from postcast.cli import main
-from postcast.datasets import store as contract
+from postcast.datasets import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from postcast.cli import main
-from postcast.datasets import store as contract
+from postcast.datasets import contract
 from postcast.datasets.core.errors import MissingInputError
 from postcast.datasets.ingest import run as ingest
 from postcast.datasets.ingest.cluster import dask_client

@@ -7,8 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 from postcast.datasets.sample import SampleSpec

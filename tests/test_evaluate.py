@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from postcast.datasets import store as contract
+from postcast.datasets import contract
 from postcast.models.module import load_checkpoint
 from postcast.pipeline import evaluate, metrics
 

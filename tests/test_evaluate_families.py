@@ -11,7 +11,7 @@ import scoringrules as sr
 import torch
 from scipy import special, stats
 
-from postcast.datasets import store as contract
+from postcast.datasets import contract
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions as D

@@ -13,8 +13,7 @@ import scoringrules as sr
 import xarray as xr
 from scipy import special
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.pipeline.evaluate import EvalConfig, evaluate
 
 

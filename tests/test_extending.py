@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.synth import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]

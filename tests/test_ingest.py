@@ -19,8 +19,7 @@ import postcast.datasets.ingest.budget as ingest_budget
 import postcast.datasets.ingest.layout as ingest_layout
 import postcast.datasets.ingest.progress as ingest_progress
 import postcast.datasets.ingest.tasks as ingest_tasks
-from postcast.datasets import integrity, io, schema, sources, statistics
-from postcast.datasets import store as contract
+from postcast.datasets import contract, integrity, io, schema, sources, statistics
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.ingest import run as ingest
 from postcast.datasets.ingest.run import IngestConfig

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from postcast.cli import main
-from postcast.datasets import integrity
-from postcast.datasets import store as contract
+from postcast.datasets import contract, integrity
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import plausibility, schema, sources
-from postcast.datasets import store as contract
+from postcast.datasets import contract, plausibility, schema, sources
 from postcast.datasets.core.errors import BadInputError, MissingInputError
 from postcast.datasets.ingest.run import IngestConfig, ingest
 

@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import schema, sources
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema, sources
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.sources import messages as grib
 

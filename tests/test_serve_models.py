@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from postcast.datasets import store as contract
+from postcast.datasets import contract
 from postcast.pipeline import evaluate
 from postcast.serve.app import create_app
 from postcast.serve.testing import running_server, write_forecasts

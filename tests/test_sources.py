@@ -7,8 +7,7 @@ import shutil
 
 import pytest
 
-from postcast.datasets import sources
-from postcast.datasets import store as contract
+from postcast.datasets import contract, sources
 from postcast.datasets.core.errors import BadInputError, MissingInputError
 
 

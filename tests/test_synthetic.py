@@ -8,8 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from postcast.datasets import io, schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, io, schema
 from postcast.datasets.synth import synthetic, synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
 

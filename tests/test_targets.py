@@ -14,8 +14,7 @@ import xarray as xr
 from battery import assert_ok, in_process
 from scipy import stats
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.ingest.run import IngestConfig, ingest
 from postcast.datasets.sample import Sampler, SampleSpec

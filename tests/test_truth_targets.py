@@ -14,8 +14,7 @@ import scoringrules as sr
 import xarray as xr
 from battery import assert_ok, in_process
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.synth import synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
 

@@ -12,7 +12,7 @@ import pytest
 import scoringrules
 import xarray as xr
 
-from postcast.datasets import store as contract
+from postcast.datasets import contract
 from postcast.datasets.core import geo
 from postcast.pipeline import evaluate, significance, verification
 

@@ -1,6 +1,6 @@
 """The layout of the training store ingest writes: its empty template and its chunk shapes.
 
-Layout of the store (see docs/store.md for the reasoning; the names are :mod:`postcast.datasets.store`'s):
+Layout of the store (see docs/store.md for the reasoning; the names are :mod:`postcast.datasets.contract`'s):
 
 * member fields ``z, t, q, w, d, u, v`` (init_time, member, step, level, latitude, longitude) and
   ``sst .. skt`` (init_time, member, step, latitude, longitude), float32, one chunk per
@@ -24,8 +24,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import io, schema, sources
-from postcast.datasets import store as contract
+from postcast.datasets import contract, io, schema, sources
 
 
 def chunk_shapes(plan: sources.Plan) -> dict[str, tuple[int, ...]]:

@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from postcast.datasets import io, schema, sources, statistics
-from postcast.datasets import store as contract
+from postcast.datasets import contract, io, schema, sources, statistics
 from postcast.datasets.ingest.cluster import keep_freed_memory
 from postcast.datasets.ingest.tasks import marker_name
 

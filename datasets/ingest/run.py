@@ -42,8 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from postcast.datasets import integrity, io, schema, sources, statistics
-from postcast.datasets import store as contract
+from postcast.datasets import contract, integrity, io, schema, sources, statistics
 from postcast.datasets.core import config
 from postcast.datasets.core.errors import ConfigError, MissingInputError
 from postcast.datasets.core.version import __version__

@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import integrity, io, schema, sources, statistics
-from postcast.datasets import store as contract
+from postcast.datasets import contract, integrity, io, schema, sources, statistics
 from postcast.datasets.ingest.cluster import keep_freed_memory
 
 

@@ -29,8 +29,7 @@ import xarray as xr
 import zarr
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from postcast.datasets import io, reads, schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, io, reads, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.datasets.loaders import prefetch
 from postcast.datasets.sample import Sample, Sampler, SampleSpec
@@ -217,7 +216,7 @@ class StoreDataModule(L.LightningDataModule):
 
     def climate_thresholds(self) -> tuple[float, ...]:
         """Default exceedance thresholds for the model's forecasts: the target's own (schema.TARGETS: tp24 1
-        and 10 mm), else quantiles of the training truth (:func:`postcast.datasets.store.truth_quantiles`)."""
+        and 10 mm), else quantiles of the training truth (:func:`postcast.datasets.contract.truth_quantiles`)."""
         spec = self.cfg.sample
         own = schema.TARGETS[spec.target].thresholds
         return own or contract.truth_quantiles(_open(self.cfg.store)[0], spec.target, spec.step_h)

@@ -18,8 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import BadInputError, MissingInputError
 
 log = logging.getLogger(__name__)

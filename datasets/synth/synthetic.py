@@ -23,7 +23,7 @@ chunk can be generated on its own, in any process, in any order):
 * **Derived targets** (opt in with ``SynthConfig.targets``): ``ws10`` (each member's 10 m wind speed)
   has a truth drawn from a normal truncated at 0, ``tp24`` (each member's 24 h precipitation, mm) one
   drawn from a censored shifted gamma (dry subtropical land, heavy amounts near extremes), both given
-  the forecast; their oracle parameters are stored under :func:`postcast.datasets.store.oracle_parameters`
+  the forecast; their oracle parameters are stored under :func:`postcast.datasets.contract.oracle_parameters`
   (docs/ens10.md "Targets beyond ENS-10").
 
 Public entry points: :func:`forecast_dataset` and :func:`truth_dataset` return lazy (dask) datasets
@@ -47,8 +47,7 @@ import pandas as pd
 import xarray as xr
 from scipy import special, stats
 
-from postcast.datasets import schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core import config
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.schema import GRAVITY, TARGETS, Grid, Target
@@ -720,7 +719,7 @@ def _truth_block_mapped(block_info: dict[Any, Any] | None = None, *, cfg: SynthC
 
 def truth_dataset(cfg: SynthConfig) -> xr.Dataset:
     """Lazy ERA5-like truth ``truth_<target>`` and the oracle (``oracle_mean_<target>`` /
-    ``oracle_std_<target>``, or :func:`postcast.datasets.store.oracle_parameters`) for every target of
+    ``oracle_std_<target>``, or :func:`postcast.datasets.contract.oracle_parameters`) for every target of
     the config and every step, dims (init_time, step, latitude, longitude)."""
     arrays = _truth_arrays(cfg)
     chunks = ((len(arrays),), _time_chunks(cfg), (len(schema.STEPS_H),), *((n,) for n in cfg.grid.shape))

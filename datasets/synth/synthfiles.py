@@ -29,8 +29,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import io, schema
-from postcast.datasets import store as contract
+from postcast.datasets import contract, io, schema
 from postcast.datasets.sources import conventions
 from postcast.datasets.sources import messages as grib
 from postcast.datasets.synth import synthetic
