@@ -54,7 +54,7 @@ def write_forecasts(out: Path, target: str = schema.DEFAULT_TARGET, n: int = 3, 
         init = pd.Timestamp("2017-01-02") + pd.Timedelta(days=k)
         mu = 280.0 - 30.0 * np.abs(np.sin(np.deg2rad(lat)))[:, None] + rng.normal(0, 1, grid.shape)
         sigma = 1.0 + rng.random(grid.shape)
-        ds = products(mu, sigma, target=target, init=init, step_h=schema.TARGET_STEP_H, lat=lat, lon=lon,
+        ds = products(mu, sigma, target=schema.target(target), init=init, step_h=schema.TARGET_STEP_H, lat=lat, lon=lon,
                       quantiles=DEFAULT_QUANTILES, thresholds=(273.15,), attrs={"product": POSTPROCESSED})
         for fmt in formats:
             path = product_path(out, POSTPROCESSED, model, target, init, EXTENSIONS[fmt])

@@ -13,7 +13,8 @@ import xarray as xr
 from fastapi.testclient import TestClient
 
 from postcast.datasets import schema
-from postcast.serve.app import Locator, _nearest, create_app
+from postcast.serve.app import create_app
+from postcast.serve.grid import Locator, _nearest
 from postcast.serve.testing import write_forecasts
 
 POINT = {"target": "t850", "lat": 45.0, "lon": 10.0}

@@ -1,0 +1,135 @@
+"""The service's documented interface: the pydantic models of its answers (errors included), the
+query parameters of its routes, the documented error answers per route, and the parsing of ``time=``."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Annotated, Any
+
+import pandas as pd
+from fastapi import HTTPException, Query
+from pandas.errors import OutOfBoundsDatetime
+from pydantic import BaseModel
+
+from postcast.datasets import schema
+
+
+# --- the answers -------------------------------------------------------------------------------------
+class Problem(BaseModel):
+    """Every error: what went wrong and how to fix it."""
+
+    detail: str
+
+
+class PointAnswer(BaseModel):
+    target: str
+    units: str
+    init_time: str
+    valid_time: str
+    product: str
+    model: str
+    latitude: float
+    longitude: float
+    mean: float
+    std: float
+    quantiles: dict[str, float]
+    exceedance: dict[str, float]
+
+
+class BoxAnswer(BaseModel):
+    target: str
+    units: str
+    init_time: str
+    valid_time: str
+    product: str
+    model: str
+    latitude: list[float]
+    longitude: list[float]
+    mean: list[list[float]]
+    std: list[list[float]]
+
+
+class Health(BaseModel):
+    """Counts and names for anyone; the archive's and the scores file's paths and the full reasons of
+    the skipped entries only with the token."""
+
+    status: str
+    forecasts: int
+    models: int
+    version: str
+    skipped: list[dict[str, str]]
+    archive: str | None = None
+    scores: str | None = None
+
+
+class Listed(BaseModel):
+    target: str
+    init_time: str
+    valid_time: str
+    product: str
+    model: str
+
+
+class ModelListed(BaseModel):
+    model: str
+    crps: float | None  # archive.SCORE from the scores file; None: not scored
+    forecasts: int
+
+
+class TargetListed(BaseModel):
+    target: str
+    default_model: str
+    chosen_by: str
+    models: list[ModelListed]  # best first
+
+
+class Listing(BaseModel):
+    targets: list[TargetListed]
+    forecasts: list[Listed]
+
+
+# --- the request parameters ------------------------------------------------------------------------
+# the targets come from the schema (one home for target facts): the pattern checks, the enum documents
+Target = Annotated[str, Query(description=f"one of {', '.join(schema.TARGETS)}",
+                              pattern="^(" + "|".join(map(re.escape, schema.TARGETS)) + ")$",
+                              json_schema_extra={"enum": list(schema.TARGETS)})]
+# the models come from the archive: the OpenAPI document enumerates them as they are (see postcast.serve.openapi)
+Model = Annotated[str | None, Query(description="the model (see /forecasts); default: the target's best-verified "
+                                                "model, then the next one that has a forecast for that time")]
+Lat = Annotated[float, Query(ge=-90.0, le=90.0, description="degrees north")]
+Lon = Annotated[float, Query(ge=-180.0, le=360.0, description="degrees east (-180..360)")]
+Time = Annotated[str | None, Query(description="valid time (ISO 8601, e.g. 2017-01-04T00:00); default: the latest",
+                                   json_schema_extra={"format": "date-time"})]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "missing or wrong bearer token"},
+    404: {"model": Problem, "description": "no readable forecast for that target, model and time"},
+    422: {"model": Problem, "description": "invalid parameters"},
+}
+
+
+def error_answers(*codes: int, guarded: bool, json_media: bool = False) -> dict[int | str, dict[str, Any]]:
+    """The documented error answers; ``json_media`` for a route whose own answer is not JSON (the
+    errors still are)."""
+    out: dict[int | str, dict[str, Any]] = {c: ERRORS[c] for c in codes if c != 401 or guarded}
+    if json_media:
+        ref = {"schema": {"$ref": "#/components/schemas/Problem"}}
+        out = {c: {"description": r["description"], "content": {"application/json": ref}} for c, r in out.items()}
+    return out
+
+
+@lru_cache(maxsize=4096)  # clients ask for the same few valid times over and over (errors are not cached)
+def parse_time(text: str | None) -> pd.Timestamp | None:
+    """``time=`` as a naive UTC timestamp (None: the latest); 422 when it is no date-time, 404 when no
+    forecast can exist for it."""
+    if text is None:
+        return None
+    try:
+        stamp = pd.Timestamp(text)
+    except OutOfBoundsDatetime as err:  # a date-time, but no forecast can exist for it
+        raise HTTPException(404, f"time {text!r}: no forecast for that time") from err
+    except ValueError as err:
+        raise HTTPException(422, f"time {text!r}: not a date-time (e.g. 2017-01-04T00:00)") from err
+    if stamp is pd.NaT:
+        raise HTTPException(422, f"time {text!r}: not a date-time (e.g. 2017-01-04T00:00)")
+    return stamp.tz_convert("UTC").tz_localize(None) if stamp.tzinfo else stamp
