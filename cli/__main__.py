@@ -1,5 +1,5 @@
 import sys
 
-from postcast.cli import main
+from postcast.main import main
 
 sys.exit(main())

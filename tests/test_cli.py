@@ -108,7 +108,7 @@ def test_train_presets_cover_every_model_and_target(cli, tmp_path):
     from postcast.models import registry
 
     presets = {p.stem for p in (ROOT / "configs/train").glob("*.yaml")}
-    assert {f"{m}_{t}" for m in registry.families() for t in ("z500", "t850", "t2m")} <= presets  # all validated
+    assert {f"{m}_{t}" for m in registry.architectures() for t in ("z500", "t850", "t2m")} <= presets  # all validated
     cases = {"trainer: {max_epochs: many}\nmodel: {family: mlp}\n": "max_epochs",
              "model: {family: resnet}\n": "resnet",  # no such family
              "model: {family: unet, net: {hidden: 3}}\n": "hidden",  # another family's option
@@ -171,7 +171,7 @@ def _options(parser, where="postcast"):
 
 
 def test_every_option_says_what_it_does_and_its_default():
-    from postcast.cli import HelpFormatter, build_parser
+    from postcast.main import HelpFormatter, build_parser
 
     fmt = HelpFormatter("postcast")
     undocumented = [f"{v} {a.option_strings[0]}" for v, a in _options(build_parser()) if not a.help]
@@ -181,6 +181,23 @@ def test_every_option_says_what_it_does_and_its_default():
     assert undocumented == [] and no_default == []
     text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
     assert "--host HOST" in text and "(default: 127.0.0.1)" in text
+
+
+def test_every_verb_module_is_on_the_command_line():
+    """Each cli/verb_*.py is listed in main.VERBS, has the verb interface (add_parser, run) and adds a command
+    whose parser runs that module."""
+    import importlib
+
+    from postcast.main import VERBS, build_parser
+
+    modules = {f"postcast.{p.stem}" for p in (ROOT / "cli").glob("verb_*.py")}
+    assert {v.__name__ for v in VERBS} == modules and len(VERBS) == len(modules)
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in sorted(modules):
+        verb = importlib.import_module(name)
+        assert callable(verb.add_parser) and callable(verb.run), name
+        assert any(p.get_default("verb") is verb for p in commands.values()), f"{name} adds no command"
+    assert all(p.get_default("verb") in VERBS for p in commands.values())
 
 
 def test_run_help_describes_every_stage(cli):
@@ -237,8 +254,8 @@ def _codes_in(text: str, start: str) -> set[int]:
 def test_exit_codes_come_from_one_table(cli):
     """README, the architecture doc, --help and the error classes agree with errors.EXIT_CODES (two of five
     former lists omitted 74)."""
-    from postcast.cli import INTERNAL, INTERRUPTED
     from postcast.datasets.core import errors
+    from postcast.main import INTERNAL, INTERRUPTED
 
     table = set(errors.EXIT_CODES)
     assert _codes_in((ROOT / "README.md").read_text(), "Exit codes (") == table
@@ -293,7 +310,7 @@ def test_asyncio_leftovers_stay_out_of_the_error_output():
     import io
     import logging
 
-    from postcast.cli import _log_handler
+    from postcast.main import _log_handler
 
     root, before = logging.getLogger(), logging.getLogger().level
     for level, shown in (("INFO", False), ("DEBUG", True)):

@@ -3,6 +3,9 @@
 Every preset in ``configs/`` carries ``kind: <name>`` naming the dataclass it fills (registered by
 the module that owns it with ``@register("<name>")``); unknown keys,
 wrong types and failed cross-field checks raise :class:`ConfigError` with the key path and the fix.
+The kinds are found through the package's entry points (group :data:`ENTRY_POINTS`, declared in
+pyproject.toml as ``<kind> = "module:Class"``): a kind's module is imported when a preset of that kind
+is loaded, so no driver keeps a list of modules to import first.
 
 Every YAML file postcast reads goes through :func:`load_yaml` (typed presets here, Lightning training
 presets through the jsonargparse loader that ``postcast train`` registers): UTF-8 only, at most
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,10 +28,14 @@ from postcast.datasets.core.errors import ConfigError
 
 T = TypeVar("T")
 _KINDS: dict[str, type] = {}
+# [project.entry-points."postcast.config_kinds"] in pyproject.toml: <kind> = "<module>:<dataclass>"
+ENTRY_POINTS = "postcast.config_kinds"
 
 
 def register(kind: str) -> Any:
-    """Class decorator: make a config dataclass loadable from YAML as ``kind: <kind>``."""
+    """Class decorator: make a config dataclass loadable from YAML as ``kind: <kind>``. Declare it as an
+    entry point too (group :data:`ENTRY_POINTS`), so that the kind is known before its module is imported
+    (``tests/test_config_kinds.py`` checks each registered kind has one)."""
 
     def deco(cls: type[T]) -> type[T]:
         _KINDS[kind] = cls
@@ -36,10 +44,35 @@ def register(kind: str) -> Any:
     return deco
 
 
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    """The kinds' entry points of every distribution on the path. Not ``metadata.entry_points(group=...)``:
+    it reads only the first distribution of each name, and a process started in a source checkout (``python
+    -m``, ``python -c``) finds the checkout's ``postcast.egg-info`` first, left by an older build and
+    without the kinds declared since, before the metadata of the installed package."""
+    found: dict[str, metadata.EntryPoint] = {}
+    for dist in metadata.distributions():
+        for ep in dist.entry_points.select(group=ENTRY_POINTS):
+            found.setdefault(ep.name, ep)
+    return found
+
+
+def kind_names() -> list[str]:
+    """Every kind there is, registered or declared (nothing is imported)."""
+    return sorted(set(_KINDS) | set(_entry_points()))
+
+
+def kind(name: str) -> type | None:
+    """The dataclass of kind ``name`` (its module imported through its entry point), None if unknown."""
+    if name not in _KINDS:
+        ep = _entry_points().get(name)
+        if ep is not None:
+            _KINDS.setdefault(name, ep.load())  # importing its module registered it (@register) or not
+    return _KINDS.get(name)
+
+
 def kinds() -> dict[str, type]:
-    """The kinds registered so far: each config module registers its own with :func:`register` when it
-    is imported (this module imports no stage); the CLI imports every stage before validating."""
-    return dict(_KINDS)
+    """Every kind and its dataclass (the module of each imported through its entry point)."""
+    return {name: cls for name in kind_names() if (cls := kind(name)) is not None}
 
 
 def _convert_union(args: tuple[Any, ...], value: Any, where: str) -> Any:
@@ -222,13 +255,13 @@ def load(path: str | Path, expect_kind: str | None = None, **overrides: Any) -> 
     if not isinstance(data, dict):
         msg = f"{p}: expected a mapping at the top level"
         raise ConfigError(msg)
-    kind = data.pop("kind", None)
-    known = kinds()
-    if kind is None or kind not in known:
-        msg = f"{p}: set 'kind:' to one of {sorted(known)} (got {kind!r})"
+    name = data.pop("kind", None)
+    cls = kind(name) if isinstance(name, str) else None
+    if cls is None:
+        msg = f"{p}: set 'kind:' to one of {kind_names()} (got {name!r})"
         raise ConfigError(msg)
-    if expect_kind is not None and kind != expect_kind:
-        msg = f"{p}: is a {kind!r} config, expected {expect_kind!r}"
+    if expect_kind is not None and name != expect_kind:
+        msg = f"{p}: is a {name!r} config, expected {expect_kind!r}"
         raise ConfigError(msg)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return from_dict(known[kind], data, where=str(p))
+    return from_dict(cls, data, where=str(p))

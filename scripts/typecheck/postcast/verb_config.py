@@ -1,0 +1,1 @@
+../../../cli/verb_config.py

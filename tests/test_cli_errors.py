@@ -1,0 +1,88 @@
+"""Errors -> exit codes: only postcast's own error classes (and a parser's usage errors) are the user's
+problem; any other exception, a ValueError included, is a bug: exit 70, one line, the traceback in a log."""
+
+import argparse
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError, OutputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CALLBACK = '''
+from lightning.pytorch.callbacks import Callback
+
+
+class PlantedBug(Callback):
+    """A bug in training code: a ValueError that no user input causes."""
+
+    def on_train_start(self, trainer, pl_module):
+        raise ValueError("planted bug")
+'''
+
+
+def test_a_bug_inside_train_fit_is_an_internal_error(store, tmp_path):
+    """`train fit` answered every ValueError as bad usage (exit 2, "postcast: error: planted bug"), bugs
+    included; a real process with a callback that raises one now exits 70 with the traceback in a log."""
+    (tmp_path / "planted_callbacks.py").write_text(CALLBACK)
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "postcast", "--no-progress", "train", "fit",
+           "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
+           "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "1",
+           "--trainer.enable_model_summary", "false", "--trainer.callbacks+=planted_callbacks.PlantedBug"]
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "POSTCAST_LOG_DIR": str(logs), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
+    assert proc.returncode == 70, (proc.returncode, proc.stderr[-3000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("postcast:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("postcast: internal error: ValueError: planted bug") and "please report" in lines[0]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    files = list(logs.glob("internal-error-*.log"))
+    assert len(files) == 1 and str(files[0]) in lines[0], (files, lines[0])
+    text = files[0].read_text()
+    assert "Traceback (most recent call last)" in text and "on_train_start" in text and "planted bug" in text
+
+
+def _raised_while_handling(err: Exception, handled: Exception) -> Exception:
+    """``err`` as raised in an ``except`` block of ``handled`` (its ``__context__``, not its cause)."""
+    try:
+        try:
+            raise handled
+        except Exception:
+            raise err  # noqa: B904
+    except Exception as caught:
+        return caught
+
+
+@pytest.mark.parametrize(("err", "code"), [
+    (ConfigError("bad option"), 2), (BadInputError("bad data"), 65), (MissingInputError("no file"), 66),
+    (OutputError("cannot write"), 74), (argparse.ArgumentError(None, "bad usage"), 2),
+    (OSError(errno.ENOSPC, "No space left on device"), 74), (FileNotFoundError("x.zarr"), 66),
+    (ValueError("a bug"), None), (KeyError("a bug"), None), (TypeError("a bug"), None),
+    (_raised_while_handling(ValueError("a bug in an except block"), ConfigError("bad option")), None),
+], ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v))
+def test_only_postcast_errors_are_the_users(err, code):
+    """None: an internal error (exit 70)."""
+    from postcast.main import exit_code
+
+    assert exit_code(err) == code
+
+
+def test_a_postcast_error_raised_from_is_the_users():
+    """The Lightning CLI wraps an error of a linked argument in a ValueError raised from it."""
+    from postcast.main import _message, exit_code
+
+    try:
+        try:
+            raise ConfigError("data.cfg.sample.target 't999': use one of t2m, t850")
+        except ConfigError as cause:
+            raise ValueError(f"Call to compute_fn of link failed: {cause}") from cause
+    except ValueError as wrapped:
+        assert exit_code(wrapped) == 2
+        assert _message(wrapped, None) == "data.cfg.sample.target 't999': use one of t2m, t850"
