@@ -148,8 +148,8 @@ def print_comparison(tp24: dict[str, dict[str, float]]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--store", default=str(TARGETS_STORE))
-    families = list(registry.families())
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=families)
+    architectures = list(registry.architectures())
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=architectures)
     p.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, help="override every preset's max_epochs")

@@ -32,7 +32,7 @@ from postcast.models import registry
 from postcast.models.module import PostProcessor
 from postcast.pipeline.train import data_config, resolve
 
-MODELS = list(registry.families())
+MODELS = list(registry.architectures())
 
 GRIDS = {"5": (37, 72), "0.5": (361, 720)}
 N_MEMBERS = 10

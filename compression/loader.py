@@ -50,9 +50,10 @@ def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
     if cfg.sample.members:
         msg = "compressed training reads ensemble statistics only: set data.cfg.sample.members: false"
         raise ConfigError(msg)
-    if schema.TARGETS[cfg.sample.target].derived:
-        msg = (f"compressed training reads ensemble statistics only, and {cfg.sample.target} is derived from the "
-               f"members ({', '.join(schema.TARGETS[cfg.sample.target].input_variables)}): train it from the store")
+    tg = cfg.sample.resolved_target
+    if tg.derived:
+        msg = (f"compressed training reads ensemble statistics only, and {tg.name} is derived from the "
+               f"members ({', '.join(tg.input_variables)}): train it from the store")
         raise ConfigError(msg)
     src = StoreDataset(cfg, split)
     return store_fields(cfg.store, src.indices, cfg.sample.step_h, _channels(cfg.sample))

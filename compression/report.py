@@ -88,11 +88,11 @@ def _member(sel: Selection, ds: xr.Dataset) -> int:
     return int(text)
 
 
-def store_fields(store: str, rows: Sequence[int] | np.ndarray, step_h: int,
+def store_fields(store_path: str, rows: Sequence[int] | np.ndarray, step_h: int,
                  channels: Sequence[Sequence[Any]]) -> xr.Dataset:
     """Fields of a training store as (init_time, lat, lon) variables: ``rows`` (init-time indices) at
     lead ``step_h``, one variable per channel ``(name, store variable, level or None)``."""
-    ds = contract.open_store(store)
+    ds = contract.open_store(store_path)
     step = contract.step_position(ds.get_index(schema.STEP), step_h)
     rows_ds = ds.isel({schema.INIT_TIME: list(rows), schema.STEP: step})
     out = xr.Dataset()

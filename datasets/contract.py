@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import io, schema
+from postcast.datasets import io, laws, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 
 FORMAT_VERSION = 1
@@ -45,22 +45,29 @@ SPLIT_FLAG_MEANINGS = "none train val test"
 # Each is ``name(variable_or_target) -> str``, e.g. ens_mean("t") == "ens_mean_t".
 ens_mean = "ens_mean_{}".format  # per-sample ensemble mean of a member field
 ens_std = "ens_std_{}".format  # per-sample ensemble std (population, ddof 0) of a member field
-truth_name = "truth_{}".format  # the verifying analysis of a target, e.g. truth_t850
-oracle_mean = "oracle_mean_{}".format  # the true predictive mean of a target (synthetic data)
-oracle_std = "oracle_std_{}".format
-# The parameters of each predictive family as models/distributions.py names them (its dataclass fields).
-FAMILY_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "gaussian": ("mu", "sigma"), "truncnormal": ("mu", "sigma"), "csg": ("shape", "scale", "shift")}
 
 
-def oracle_parameters(target: str) -> dict[str, str]:
+def truth_name(name: str) -> str:
+    """The verifying analysis of the target called ``name`` (``Target.name``), e.g. truth_t850."""
+    return f"truth_{name}"
+
+
+def oracle_mean(name: str) -> str:
+    """The true predictive mean of the target called ``name`` (synthetic data), e.g. oracle_mean_t850."""
+    return f"oracle_mean_{name}"
+
+
+def oracle_std(name: str) -> str:
+    return f"oracle_std_{name}"
+
+
+def oracle_parameters(target: schema.Target) -> dict[str, str]:
     """The store names of the oracle's parameters of ``target`` (synthetic data), by the parameter names
     of its family: a Gaussian target's are ``oracle_mean_T`` / ``oracle_std_T``; another family's are
     ``oracle_<parameter>_T`` (``oracle_shape_tp24``), so no reader takes them for a Gaussian's."""
-    tg = schema.TARGETS[target]
-    if tg.family == "gaussian":
-        return {"mu": oracle_mean(target), "sigma": oracle_std(target)}
-    return {p: f"oracle_{p}_{target}" for p in FAMILY_PARAMETERS[tg.family]}
+    if target.family == "gaussian":
+        return {"mu": oracle_mean(target.name), "sigma": oracle_std(target.name)}
+    return {p: f"oracle_{p}_{target.name}" for p in laws.get(target.family).names}
 
 
 point_mean = "{}_point_mean".format  # per-grid-point training mean of a field (statistics group)
@@ -142,7 +149,7 @@ def open_statistics(path: str | os.PathLike[str]) -> xr.Dataset | None:
 CLIMATE_QUANTILES = (0.1, 0.5, 0.9)  # default exceedance thresholds of forecasts
 
 
-def truth_quantiles(ds: xr.Dataset, target: str, step_h: int,
+def truth_quantiles(ds: xr.Dataset, target: schema.Target, step_h: int,
                     quantiles: tuple[float, ...] = CLIMATE_QUANTILES) -> tuple[float, ...]:
     """Quantiles of the training split's truth of ``target`` at ``step_h``, pooled over dates and grid
     points, in the target's units, to 4 significant digits (a forecast's default exceedance thresholds:
@@ -150,9 +157,9 @@ def truth_quantiles(ds: xr.Dataset, target: str, step_h: int,
     rows = split_rows(ds, "train", target=target, step_h=step_h)
     if not rows.size:
         return ()
-    da = ds[truth_name(target)].isel({schema.STEP: step_position(ds.get_index(schema.STEP), step_h)})
+    da = ds[truth_name(target.name)].isel({schema.STEP: step_position(ds.get_index(schema.STEP), step_h)})
     if schema.LEVEL in da.dims:
-        da = da.sel({schema.LEVEL: schema.TARGETS[target].level})
+        da = da.sel({schema.LEVEL: target.level})
     y = da.isel({schema.INIT_TIME: rows}).values
     return tuple(float(f"{q:.4g}") for q in np.nanquantile(y, quantiles))
 
@@ -173,12 +180,12 @@ def step_position(steps: pd.Index, step_h: int, option: str = MODEL_LEAD) -> int
     raise ConfigError(msg)
 
 
-def split_rows(ds: xr.Dataset, split: str, *, target: str | None = None,
+def split_rows(ds: xr.Dataset, split: str, *, target: schema.Target | None = None,
                step_h: int = schema.TARGET_STEP_H) -> np.ndarray:
     """Row indices (along init_time) of ``split``; with ``target``, only rows with its truth at
     ``step_h`` (checked at the first grid point)."""
     keep = ds[SPLIT].values == split_code(split)
     if target is not None:
-        truth = ds[truth_name(target)].isel({schema.STEP: step_position(ds.get_index(schema.STEP), step_h)})
+        truth = ds[truth_name(target.name)].isel({schema.STEP: step_position(ds.get_index(schema.STEP), step_h)})
         keep &= np.isfinite(truth.isel({schema.LAT: 0, schema.LON: 0}).values)
     return np.flatnonzero(keep)

@@ -10,7 +10,10 @@ Transfers: several at once (a thread pool; HTTP is I/O-bound), each streamed to 
 resumed with an HTTP ``Range`` request after a dropped connection or an interrupted run; the size is
 checked against what the server announced (``Content-Length`` / ``Content-Range``), the MD5 against a
 single-part S3 ``ETag`` when the server sends one; only a checked file is renamed to ``NAME``
-(atomic ``os.replace``), so a file under its final name is always complete and reruns skip it.
+(atomic ``os.replace``), so a file under its final name is always complete and reruns skip it. Bytes a
+transfer wrote are vouched for by a record beside the part (``NAME.part.sha256``: length and SHA-256);
+where the server sends no MD5, a part that record does not vouch for (left by something else, or
+damaged since) is fetched again from the start, never renamed into place unchecked.
 ``dry_run`` lists names and addresses (sizes where a ``HEAD`` answers; none offline). Standard
 library only (urllib), no torch.
 """
@@ -22,6 +25,7 @@ import contextlib
 import email.message
 import hashlib
 import http.client
+import json
 import logging
 import os
 import re
@@ -157,14 +161,17 @@ def _attempt(remote: Remote, part: Path, timeout: float, bar: object | None) -> 
         if offset and resp.status != 206:  # the server ignored the Range: start again
             offset = 0
         total = _total_size(resp, offset) if resp.status in (200, 206) else None
-        with open(part, "r+b" if offset else "wb") as f:
-            f.seek(offset)
-            f.truncate()
-            while block := resp.read(CHUNK):
-                f.write(block)
-                if bar is not None:
-                    bar.update(len(block))  # type: ignore[attr-defined]
-            have = f.tell()
+        try:
+            with open(part, "r+b" if offset else "wb") as f:
+                f.seek(offset)
+                f.truncate()
+                while block := resp.read(CHUNK):
+                    f.write(block)
+                    if bar is not None:
+                        bar.update(len(block))  # type: ignore[attr-defined]
+                have = f.tell()
+        finally:
+            _vouch(part)
         if total is not None and have < total:  # a dropped connection reads as a short body, not an error
             msg = f"connection closed at byte {have} of {total}"
             raise ConnectionError(msg)
@@ -183,17 +190,60 @@ def fetch(remote: Remote, out: Path, *, retries: int = 5, timeout: float = 60.0,
     final.parent.mkdir(parents=True, exist_ok=True)
     part = final.with_name(final.name + ".part")
     earlier = part.exists() and part.stat().st_size > 0  # bytes of an earlier run, resumed, not checked yet
-    problem = _problem(remote, part, *_transfer(remote, part, retries, timeout, bar, backoff))
+    vouched = _vouched(part)
+    size, md5 = _transfer(remote, part, retries, timeout, bar, backoff)
+    problem = _problem(remote, part, size, md5)
+    if problem is None and earlier and not vouched and (md5 or remote.md5) is None:
+        problem = "the server sends no MD5 to check the bytes an earlier run left in the part file"
     if problem is not None and earlier:  # the earlier bytes may be the damaged ones: once more from the start
         log.warning("%s: %s; discarding %s and fetching the whole file again", remote.name, problem, part.name)
         part.unlink()
         problem = _problem(remote, part, *_transfer(remote, part, retries, timeout, bar, backoff))
     if problem is not None:
         part.unlink()
+        _record(part).unlink(missing_ok=True)
         msg = f"{remote.url}: {problem}; the partial file was removed, rerun to fetch it again"
         raise BadInputError(msg)
     os.replace(part, final)
+    _record(part).unlink(missing_ok=True)
     return "fetched"
+
+
+def _record(part: Path) -> Path:
+    return part.with_name(part.name + ".sha256")
+
+
+def _digest(part: Path, nbytes: int) -> str:
+    h = hashlib.sha256()
+    with open(part, "rb") as f:
+        while nbytes > 0 and (block := f.read(min(CHUNK, nbytes))):
+            h.update(block)
+            nbytes -= len(block)
+    return h.hexdigest()
+
+
+def _vouch(part: Path) -> None:
+    """Record the part's length and SHA-256: these bytes came from the server through this code."""
+    if part.exists():
+        n = part.stat().st_size
+        tmp = _record(part).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"bytes": n, "sha256": _digest(part, n)}))
+        os.replace(tmp, _record(part))
+
+
+def _vouched(part: Path) -> bool:
+    """Whether the record beside ``part`` vouches for its bytes; bytes past the recorded length (a
+    transfer killed before it could record them) are cut off, so a resume starts from vouched bytes."""
+    try:
+        rec = json.loads(_record(part).read_text())
+        n, digest = int(rec["bytes"]), str(rec["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not part.exists() or part.stat().st_size < n or _digest(part, n) != digest:
+        return False
+    with open(part, "r+b") as f:
+        f.truncate(n)
+    return True
 
 
 def _transfer(remote: Remote, part: Path, retries: int, timeout: float, bar: object | None,

@@ -37,11 +37,11 @@ def chunk_record(root: Path, path: Path) -> tuple[str, dict[str, Any]]:
     return path.relative_to(root).as_posix(), {"size": path.stat().st_size, "sha256": io.sha256_file(path)}
 
 
-def date_chunks(store: str | os.PathLike[str], arrays: list[str], index: int) -> dict[str, dict[str, Any]]:
+def date_chunks(store_path: str | os.PathLike[str], arrays: list[str], index: int) -> dict[str, dict[str, Any]]:
     """The records of the chunk files of init date ``index`` (the chunk row ``ARRAY/c/index/...``) of
     ``arrays``, arrays chunked one init date per chunk along their first axis: what an ingest task hashes
     right after writing them, while they are in the page cache."""
-    root = Path(store)
+    root = Path(store_path)
     out: dict[str, dict[str, Any]] = {}
     for name in arrays:
         row = root / name / "c" / str(index)
@@ -50,11 +50,11 @@ def date_chunks(store: str | os.PathLike[str], arrays: list[str], index: int) ->
     return out
 
 
-def record(store: str | os.PathLike[str], known: dict[str, dict[str, Any]] | None = None) -> int:
+def record(store_path: str | os.PathLike[str], known: dict[str, dict[str, Any]] | None = None) -> int:
     """Write the chunk manifest of a freshly written store; returns the number of chunks recorded. ``known``
     holds records made when the chunks were written (:func:`date_chunks`); a chunk file of the same size is
     taken from it, every other one is hashed here."""
-    root = Path(store)
+    root = Path(store_path)
     known = known or {}
     files = _chunk_files(root)
     keys = [p.relative_to(root).as_posix() for p in files]
@@ -102,9 +102,9 @@ class Report:
                 "rebuild the store with `postcast ingest --overwrite`")
 
 
-def verify(store: str | os.PathLike[str]) -> Report:
+def verify(store_path: str | os.PathLike[str]) -> Report:
     """Read every chunk of the store: against the manifest (when ingest recorded one) and through zarr."""
-    root = Path(store)
+    root = Path(store_path)
     rep = Report(str(root))
     manifest = root / MANIFEST
     recorded = _read_manifest(manifest) if manifest.is_file() else {}

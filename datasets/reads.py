@@ -72,10 +72,10 @@ def _row_error(name: str, arr: zarr.Array[Any], row: int) -> BadInputError | Non
     return None
 
 
-def first_undecodable(store: str | os.PathLike[str], names: Iterable[str]) -> BadInputError | None:
+def first_undecodable(store_path: str | os.PathLike[str], names: Iterable[str]) -> BadInputError | None:
     """The error naming the first chunk of arrays ``names`` that does not decode, None if all do: what a
     reader that failed inside xarray or dask (which name neither variable nor chunk) reports instead."""
-    group = zarr.open_group(store, mode="r")
+    group = zarr.open_group(store_path, mode="r")
     for name in names:
         arr = group.get(name)
         if not isinstance(arr, zarr.Array):
@@ -87,12 +87,12 @@ def first_undecodable(store: str | os.PathLike[str], names: Iterable[str]) -> Ba
     return None
 
 
-def check_chunks(store: str | os.PathLike[str], names: Iterable[str], rows: Iterable[int]) -> None:
+def check_chunks(store_path: str | os.PathLike[str], names: Iterable[str], rows: Iterable[int]) -> None:
     """Every chunk file of ``names`` at init-date ``rows`` (arrays chunked one date per chunk along the
     first axis, as ingest writes them) that the store's chunk manifest records is present and of the
     recorded size: a deleted one is a MissingInputError, one of another size a BadInputError, each naming
     the chunk. A stat per chunk, no read; stores without a manifest are not checked."""
-    root = Path(store)
+    root = Path(store_path)
     manifest = root / integrity.MANIFEST
     if not manifest.is_file():
         return

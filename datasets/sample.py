@@ -27,6 +27,7 @@ Input variables are names (``t``: at the target's level) or ``name@level`` (``u@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -64,7 +65,7 @@ def parse_variable(spec: str) -> tuple[str, int | None]:
 class SampleSpec:
     """What a post-processor reads (saved in its checkpoint)."""
 
-    target: str = schema.DEFAULT_TARGET  # a key of schema.TARGETS
+    target: str = schema.DEFAULT_TARGET  # a key of schema.TARGETS (resolved: :attr:`resolved_target`)
     variables: tuple[str, ...] | None = None  # None: all pressure (pressure-level target) or surface variables;
     # entries "name" (pressure variables at the target level) or "name@level" ("u@850")
     step_h: int = schema.TARGET_STEP_H
@@ -84,6 +85,11 @@ class SampleSpec:
         if problems:
             raise ConfigError("; ".join(problems))
 
+    @cached_property
+    def resolved_target(self) -> schema.Target:
+        """The :class:`~postcast.datasets.schema.Target` the spec names (checked when the spec is made)."""
+        return schema.target(self.target)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SampleSpec:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
@@ -101,13 +107,13 @@ class SampleSpec:
     def input_variables(self) -> tuple[str, ...]:
         if self.variables is not None:
             return self.variables
-        pl = schema.TARGETS[self.target].level is not None
+        pl = self.resolved_target.level is not None
         src = schema.PL_VARIABLES if pl else schema.SFC_VARIABLES
         return tuple(v.name for v in src)
 
     def inputs(self) -> list[Input]:
         """Every input with its level resolved (the target's for pressure variables without one)."""
-        tg = schema.TARGETS[self.target]
+        tg = self.resolved_target
         out = []
         for spec in self.input_variables:
             name, level = parse_variable(spec)
@@ -119,7 +125,7 @@ class SampleSpec:
     def target_fields(self) -> tuple[str, ...]:
         """The channels a derived target adds after the inputs' (its members' mean, std and dry fraction);
         () for a variable target, whose statistics are among the inputs'."""
-        tg = schema.TARGETS[self.target]
+        tg = self.resolved_target
         if not tg.derived:
             return ()
         dry = (f"dry_fraction_{self.target}",) if tg.dry_below is not None else ()
@@ -129,7 +135,7 @@ class SampleSpec:
     def n_member_variables(self) -> int:
         """Variables V' of ``members`` (M, V', H, W): the inputs', then a derived target's own members (the
         models that read the target's members, global EMOS and the Transformer, find it at V)."""
-        return len(self.input_variables) + int(schema.TARGETS[self.target].derived)
+        return len(self.input_variables) + int(self.resolved_target.derived)
 
     @property
     def n_fields(self) -> int:
@@ -154,7 +160,7 @@ class SampleSpec:
     def target_variable_index(self) -> int:
         """Position of the target variable (at the target level) among the input variables; a derived
         target's statistics come after the inputs' (channels 2V, 2V + 1): position V."""
-        tg = schema.TARGETS[self.target]
+        tg = self.resolved_target
         if tg.derived:
             return len(self.input_variables)
         for i, (name, level) in enumerate(parse_variable(v) for v in self.input_variables):
@@ -165,7 +171,7 @@ class SampleSpec:
 
     def store_variables(self, *, oracle: bool = False) -> list[str]:
         """The store variables a sample reads."""
-        tg = schema.TARGETS[self.target]
+        tg = self.resolved_target
         names = [n for i in self.inputs() for n in (contract.ens_mean(i.variable), contract.ens_std(i.variable))]
         if self.members:
             names += [i.variable for i in self.inputs()]
@@ -175,12 +181,12 @@ class SampleSpec:
             names += [contract.ens_mean(tg.variable), contract.ens_std(tg.variable)]
         names.append(contract.truth_name(self.target))
         if oracle:
-            names += list(contract.oracle_parameters(self.target).values())
+            names += list(contract.oracle_parameters(tg).values())
         return list(dict.fromkeys(names))
 
     def raw_needs(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """Raw variables and pressure levels a sample is computed from (the target's included)."""
-        tg = schema.TARGETS[self.target]
+        tg = self.resolved_target
         variables = {*tg.input_variables, *(i.variable for i in self.inputs())}
         levels = {(i.level or schema.LEVELS[0]) for i in self.inputs() if i.pressure}
         levels |= {tg.level} if tg.level else set()
@@ -196,7 +202,7 @@ class SampleSpec:
         if schema.STEP in da.dims:
             pos[schema.STEP] = contract.step_position(da.get_index(schema.STEP), self.step_h + offset_h)
         if schema.LEVEL in da.dims:
-            lv = level if level is not None else schema.TARGETS[self.target].level
+            lv = level if level is not None else self.resolved_target.level
             levels = da[schema.LEVEL].values
             if lv is not None and lv not in levels:
                 msg = f"{da.name}: level {lv} hPa is not in the data (it has {levels.tolist()})"
@@ -261,7 +267,7 @@ class Sampler:
 
     def nbytes(self, n_members: int) -> int:
         """Bytes of one sample (every field is float32 of the grid's shape)."""
-        oracle = len(contract.oracle_parameters(self.spec.target)) if self.oracle else 0
+        oracle = len(contract.oracle_parameters(self.spec.resolved_target)) if self.oracle else 0
         planes = (self.spec.n_channels + 3 + oracle
                   + (n_members * self.spec.n_member_variables if self.spec.members else 0))
         return 4 * planes * self.lat.size * self.lon.size
@@ -291,8 +297,8 @@ class Sampler:
         if members:
             out["members"] = np.stack(members, axis=1).astype(np.float32)  # (M, V', H, W): n_member_variables
         if self.oracle:
-            gaussian = schema.TARGETS[spec.target].family == "gaussian"
-            for param, name in contract.oracle_parameters(spec.target).items():
+            gaussian = spec.resolved_target.family == "gaussian"
+            for param, name in contract.oracle_parameters(spec.resolved_target).items():
                 key = {"mu": "oracle_mean", "sigma": "oracle_std"}[param] if gaussian else f"oracle_{param}"
                 out[key] = spec.select(day[name]).astype(np.float32)  # (H, W)
         return out
@@ -300,7 +306,7 @@ class Sampler:
     def derived_members(self, day: xr.Dataset) -> np.ndarray | None:
         """A derived target's members (M, H, W) float64 in its units, from the fields it is derived from; None
         for a variable target."""
-        spec, tg = self.spec, schema.TARGETS[self.spec.target]
+        spec, tg = self.spec, self.spec.resolved_target
         if not tg.derived:
             return None
         return tg.members(lambda v, offset_h: spec.select(day[v], offset_h=offset_h).astype(np.float64))
@@ -310,7 +316,7 @@ class Sampler:
         from the store's ``ens_mean_*``/``ens_std_*``, a derived one's over its members: ``derived``, else
         :meth:`derived_members`), and ``dry`` (H, W), the fraction of members below ``dry_below``, for a
         target that has one."""
-        spec, tg = self.spec, schema.TARGETS[self.spec.target]
+        spec, tg = self.spec, self.spec.resolved_target
         if not tg.derived:
             return {"m": spec.select(day[contract.ens_mean(tg.variable)]).astype(np.float32),
                     "s": spec.select(day[contract.ens_std(tg.variable)]).astype(np.float32)}

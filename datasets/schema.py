@@ -23,6 +23,7 @@ dimension        meaning
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets.core.errors import ConfigError
+from postcast.datasets.core.geo import Grid as Grid  # the grid is geometry: it lives in core/geo.py
 
 # --- canonical dimension names -------------------------------------------------------------------
 INIT_TIME = "init_time"
@@ -215,37 +217,79 @@ class TargetKind(StrEnum):
     DERIVED = "derived"  # computed per member from schema variables (wind speed, a 24 h amount)
 
 
-def wind_speed(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Speed (m/s) of wind components u, v (m/s), elementwise: sqrt(u^2 + v^2)."""
-    return np.hypot(u, v)
+class DeriveKind(StrEnum):
+    HYPOT = "hypot"  # the magnitude sqrt(a^2 + b^2 + ...) of components at the lead (10 m wind speed)
+    ACCUMULATION = "accumulation difference"  # an accumulated variable's amount over the window ending at the lead
 
 
-def amount_mm(later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
-    """The amount (mm) between two accumulations from the start (m): (later - earlier) * 1000, clipped at 0
-    (packing noise can make an accumulation shrink)."""
-    return np.maximum(later - earlier, 0.0) * 1000.0
+@dataclass(frozen=True)
+class Derivation:
+    """How a derived target's values come from schema variables, as data: ``kind`` over ``variables``
+    (:class:`DeriveKind`), over ``window_h`` hours for an accumulation, clipped below at ``clip_min`` (None:
+    not clipped), then times ``scale`` (the variables' units -> the target's: m -> mm is 1000).
+
+    Forecast members read the variables at the lead plus the offsets of :attr:`inputs` (an accumulation from
+    the start: at the lead and ``window_h`` before); a truth file's fields are combined the same way
+    (:func:`postcast.datasets.sources.conventions.normalise_truth`; there an accumulation's amounts per
+    interval are summed over the window)."""
+
+    kind: DeriveKind
+    variables: tuple[str, ...]  # the schema variables it is computed from, e.g. ("u10", "v10") or ("tp",)
+    window_h: int = 0  # an accumulation's window (hours up to the lead)
+    clip_min: float | None = None
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        one = self.kind is DeriveKind.ACCUMULATION
+        if (len(self.variables) != 1) if one else (len(self.variables) < 2):
+            msg = f"a {self.kind} derivation over {self.variables}: give {'one variable' if one else 'two or more'}"
+            raise ConfigError(msg)
+
+    @property
+    def inputs(self) -> tuple[tuple[str, int], ...]:
+        """(schema variable, lead offset in hours) pairs, in the order :meth:`__call__` takes their values."""
+        if self.kind is DeriveKind.ACCUMULATION:
+            return ((self.variables[0], 0), (self.variables[0], -self.window_h))
+        return tuple((v, 0) for v in self.variables)
+
+    def __call__(self, *values: np.ndarray) -> np.ndarray:
+        """The derived values from the values of :attr:`inputs` (elementwise; numpy or dask arrays)."""
+        if self.kind is DeriveKind.HYPOT:
+            out = functools.reduce(np.hypot, values)
+        else:
+            later, earlier = values
+            out = later - earlier
+        if self.clip_min is not None:
+            out = np.maximum(out, self.clip_min)  # packing noise can make an accumulation shrink
+        return out * self.scale if self.scale != 1.0 else out
+
+    def describe(self) -> str:
+        """For messages: ``u10 and v10``, ``tp``."""
+        return " and ".join(self.variables)
 
 
 @dataclass(frozen=True)
 class Target:
     """A post-processing target: a variable at a level (None for surface) at the lead ``lead_h``, or a
-    quantity derived per member from schema variables (``inputs``: (variable, lead offset in hours) pairs
-    fed in order to ``derive``), with its units, default predictive family and exceedance thresholds."""
+    quantity derived per member from schema variables (``derive``: its :class:`Derivation`, data), with
+    its units, default predictive family and exceedance thresholds. Resolve a name with :func:`target`."""
 
     name: str  # "z500", "t850", "t2m", "ws10", "tp24"
     variable: str  # the schema variable; a derived target: its own name
     level: int | None
     # Reference scale of the 48 h forecast error (units of the target); sets synthetic magnitudes.
     error_scale: float
-    kind: TargetKind = TargetKind.VARIABLE
-    inputs: tuple[tuple[str, int], ...] = ()  # derived: (schema variable, lead offset h), e.g. ("tp", -24)
-    derive: Callable[..., np.ndarray] | None = field(default=None, compare=False, repr=False)
+    derive: Derivation | None = None  # a derived target's declaration; None: a variable target
     unit: str | None = None  # a derived target's units (a variable target has its variable's)
     cf_standard_name: str | None = None  # a derived target's CF standard name (a variable target: its variable's)
     lead_h: int = TARGET_STEP_H
     family: str = "gaussian"  # the default predictive family (models/distributions.py)
     thresholds: tuple[float, ...] = ()  # default exceedance thresholds (units); () = climate quantiles
     dry_below: float | None = None  # a member below this (units) is dry: the dry fraction is a predictor
+
+    @property
+    def kind(self) -> TargetKind:
+        return TargetKind.VARIABLE if self.derive is None else TargetKind.DERIVED
 
     @property
     def units(self) -> str:
@@ -258,137 +302,59 @@ class Target:
 
     @property
     def derived(self) -> bool:
-        return self.kind is TargetKind.DERIVED
+        return self.derive is not None
+
+    @property
+    def inputs(self) -> tuple[tuple[str, int], ...]:
+        """A derived target's (schema variable, lead offset h) pairs, e.g. ("tp", -24); () for a variable target."""
+        return self.derive.inputs if self.derive is not None else ()
 
     @property
     def input_variables(self) -> tuple[str, ...]:
         """The schema variables the target is read or derived from (in order, once each)."""
-        return tuple(dict.fromkeys(v for v, _ in self.inputs)) if self.derived else (self.variable,)
+        return self.derive.variables if self.derive is not None else (self.variable,)
 
     def members(self, read: Callable[[str, int], np.ndarray]) -> np.ndarray:
         """The target's member values (M, ...) at a lead: ``read(variable, offset_h)`` gives a variable's
         members (M, ...) at the lead plus ``offset_h``; a variable target reads its variable."""
         if self.derive is None:
             return read(self.variable, 0)
-        return self.derive(*(read(v, off) for v, off in self.inputs))
+        return self.derive(*(read(v, off) for v, off in self.derive.inputs))
 
 
 TARGETS: dict[str, Target] = {
     "z500": Target("z500", "z", 500, error_scale=140.0),  # m2 s-2 (~14 m of height)
     "t850": Target("t850", "t", 850, error_scale=1.2),  # K
     "t2m": Target("t2m", "t2m", None, error_scale=1.3),  # K
-    "ws10": Target("ws10", "ws10", None, error_scale=1.5, kind=TargetKind.DERIVED,
-                   inputs=(("u10", 0), ("v10", 0)), derive=wind_speed, unit="m s**-1",
+    "ws10": Target("ws10", "ws10", None, error_scale=1.5,
+                   derive=Derivation(DeriveKind.HYPOT, ("u10", "v10")), unit="m s**-1",
                    cf_standard_name="wind_speed", family="truncnormal",
                    thresholds=(10.0, 20.0)),  # 10 m wind speed, m/s
-    "tp24": Target("tp24", "tp24", None, error_scale=2.0, kind=TargetKind.DERIVED,
-                   inputs=(("tp", 0), ("tp", -24)), derive=amount_mm, unit="mm",
-                   cf_standard_name="lwe_thickness_of_precipitation_amount", family="csg",
-                   thresholds=(1.0, 10.0), dry_below=0.1),  # mm in the 24 h up to the lead
+    "tp24": Target("tp24", "tp24", None, error_scale=2.0,
+                   derive=Derivation(DeriveKind.ACCUMULATION, ("tp",), window_h=24, clip_min=0.0, scale=1000.0),
+                   unit="mm", cf_standard_name="lwe_thickness_of_precipitation_amount", family="csg",
+                   thresholds=(1.0, 10.0), dry_below=0.1),  # mm in the 24 h up to the lead (tp in m)
 }
+
+
+def target(name: str) -> Target:
+    """The target called ``name`` (a key of :data:`TARGETS`): resolve names once, where they come in (options,
+    configs, checkpoint metadata, file attributes), and pass the :class:`Target` on. ConfigError naming the
+    known targets for any other name."""
+    found = TARGETS.get(name)
+    if found is None:
+        msg = f"target {name!r}: use one of {list(TARGETS)}"
+        raise ConfigError(msg)
+    return found
+
+
+def derived_targets() -> tuple[Target, ...]:
+    """The targets computed from schema variables (ws10, tp24), in :data:`TARGETS` order."""
+    return tuple(t for t in TARGETS.values() if t.derived)
+
+
 ENS10_TARGETS: tuple[str, ...] = ("z500", "t850", "t2m")  # the ENS-10 benchmark's three (Gaussian)
 DEFAULT_TARGET = "t850"  # what a sample spec or a preset without a target post-processes
-
-
-# --- grid ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Grid:
-    """A regular latitude/longitude grid: global with both poles (ENS-10: 0.5 deg, 361 x 720), or
-    regional with ``area = (south, north, west, east)`` in degrees, edges included. Regional
-    longitudes increase from ``west`` (0..360) and may pass 360 (a grid across the date line)."""
-
-    resolution: float = 0.5  # degrees
-    area: tuple[float, float, float, float] | None = None  # (south, north, west, east); None: global
-
-    def __post_init__(self) -> None:
-        n_lat, n_lon = 180.0 / self.resolution, 360.0 / self.resolution
-        if self.resolution <= 0 or abs(n_lat - round(n_lat)) > 1e-9 or abs(n_lon - round(n_lon)) > 1e-9:
-            msg = (f"grid resolution {self.resolution} deg does not divide 180 and 360; "
-                   "use e.g. 0.5, 1, 2, 2.5, 3, 4, 5")
-            raise ValueError(msg)
-        if self.area is not None:
-            self._check_area(tuple(float(a) for a in self.area))
-
-    def _check_area(self, area: tuple[float, ...]) -> None:
-        s, n, w, e = area
-        spans = ((n - s) / self.resolution, (e - w) / self.resolution)
-        if not (-90 <= s < n <= 90 and 0 <= w < 360 and w < e < w + 360
-                and all(abs(x - round(x)) < 1e-6 for x in spans)):
-            msg = (f"grid area {list(area)} (south, north, west, east): need -90 <= south < north <= 90, "
-                   f"0 <= west < 360, west < east < west + 360, spans that are multiples of {self.resolution:g} deg")
-            raise ValueError(msg)
-
-    @property
-    def is_global(self) -> bool:
-        return self.area is None
-
-    @property
-    def n_lat(self) -> int:
-        if self.area is not None:
-            return round((self.area[1] - self.area[0]) / self.resolution) + 1
-        return round(180.0 / self.resolution) + 1
-
-    @property
-    def n_lon(self) -> int:
-        if self.area is not None:
-            return round((self.area[3] - self.area[2]) / self.resolution) + 1
-        return round(360.0 / self.resolution)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.n_lat, self.n_lon)
-
-    def latitudes(self) -> np.ndarray:
-        """Ascending latitudes (canonical order), float64, degrees north."""
-        if self.area is not None:
-            return self.area[0] + np.arange(self.n_lat, dtype=np.float64) * self.resolution
-        return np.linspace(-90.0, 90.0, self.n_lat)
-
-    def longitudes(self) -> np.ndarray:
-        west = self.area[2] if self.area is not None else 0.0
-        return west + np.arange(self.n_lon, dtype=np.float64) * self.resolution
-
-    def describe(self) -> str:
-        """For provenance and messages: 'regular_ll 1 deg global 181x360' or '... lat 30..70 lon 340..400 41x61'."""
-        where = "global" if self.area is None else (f"lat {self.area[0]:g}..{self.area[1]:g} "
-                                                    f"lon {self.area[2]:g}..{self.area[3]:g}")
-        return f"regular_ll {self.resolution:g} deg {where} {self.n_lat}x{self.n_lon}"
-
-    @classmethod
-    def from_coords(cls, lat: np.ndarray, lon: np.ndarray, *, regional: bool = False) -> Grid:
-        """Recognise a regular global grid from coordinates (with ``regional``, also an evenly spaced
-        regional one), or raise ``ValueError`` naming the problem."""
-        lat = np.sort(np.asarray(lat, dtype=np.float64))
-        lon = np.asarray(lon, dtype=np.float64)
-        if lat.size < 3 or lon.size < 3:
-            msg = f"grid too small: {lat.size} latitudes x {lon.size} longitudes"
-            raise ValueError(msg)
-        res = float(lat[1] - lat[0])
-        grid = cls(round(res, 6))
-        if regional and (lat.size != grid.n_lat or lon.size != grid.n_lon):
-            return cls._regional(lat, lon, grid.resolution)
-        if lat.size != grid.n_lat or lon.size != grid.n_lon:
-            msg = (f"not a global {res} deg grid: got {lat.size} x {lon.size} points, expected "
-                   f"{grid.n_lat} x {grid.n_lon} (latitude -90..90 with both poles, longitude 0..360)")
-            raise ValueError(msg)
-        if not (np.allclose(lat, grid.latitudes(), atol=1e-4) and np.allclose(lon, grid.longitudes(), atol=1e-4)):
-            msg = (f"grid coordinates are not the regular {res} deg grid (latitude {lat[0]}..{lat[-1]}, "
-                   f"longitude {lon[0]}..{lon[-1]}); regrid to a global regular grid first")
-            raise ValueError(msg)
-        return grid
-
-    @classmethod
-    def _regional(cls, lat: np.ndarray, lon: np.ndarray, res: float) -> Grid:
-        """An evenly spaced regional grid (longitudes in their order, unwrapped from the first)."""
-        lon_u = np.mod(lon - lon[0], 360.0) + np.mod(lon[0], 360.0)
-        s, n, w, e = (round(float(x), 6) for x in (lat[0], lat[-1], lon_u[0], lon_u[-1]))
-        area = (s, n, w, e)
-        grid = cls(res, area)
-        if not (np.allclose(lat, grid.latitudes(), atol=1e-4) and np.allclose(lon_u, grid.longitudes(), atol=1e-4)):
-            msg = (f"not an evenly spaced {res:g} deg grid (latitude {lat[0]}..{lat[-1]}, longitude "
-                   f"{lon[0]}..{lon[-1]} in steps of {res:g})")
-            raise ValueError(msg)
-        return grid
 
 
 # --- calendar ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from postcast.models.postprocessors import Batch, Outputs, zero_init
-from postcast.models.registry import NetIO, family
+from postcast.models.registry import NetIO, architecture
 
 
 def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right: int = -1) -> torch.Tensor:
@@ -101,19 +101,19 @@ class UNet(nn.Module):
         return tuple(self.head(self.trunk(batch["x"])).unbind(1))  # K x (B, H, W)
 
 
-# --- families -----------------------------------------------------------------------------------
-@family("lenet")
+# --- architectures ------------------------------------------------------------------------------
+@architecture("lenet")
 @dataclass(frozen=True)
-class LeNetFamily:
+class LeNetArchitecture:
     """The ENS-10 LeNet-style patch model."""
 
     def build(self, io: NetIO) -> nn.Module:
         return LeNet(io.in_channels, outputs=io.outputs)
 
 
-@family("unet")
+@architecture("unet")
 @dataclass(frozen=True)
-class UNetFamily:
+class UNetArchitecture:
     """U-Net: ``base_filters`` channels at full resolution, doubling at each of 2 down levels."""
 
     base_filters: int = 32

@@ -1,12 +1,14 @@
-"""Predictive distribution families: closed-form CRPS (the training loss), log score, cdf, quantiles,
-exceedance probabilities, PIT, and the map from a network's raw outputs to valid parameters.
+"""Predictive distribution families, the torch side: the closed-form CRPS (the training loss), the log
+score, and the head that maps a network's raw outputs to valid parameters.
 
-A family is a frozen dataclass of parameter tensors (all one shape S, e.g. (B, H, W)) registered by
-name with :func:`register`; :func:`get` and :func:`names` look them up. ``from_raw(raw, m, s)``
-builds one from the network's unconstrained outputs ``raw`` (*S, K) (``K = n_raw(name)``) and the
-raw ensemble's mean ``m`` and (floored) std ``s``, spread-relative like the Gaussian head: all raw
-outputs at zero give a distribution close to the raw ensemble. Formulas and references:
-docs/distributions.md.
+The law itself (its parameters, units, moments, cdf, survival function and quantiles, on numpy arrays)
+lives in :mod:`postcast.datasets.laws`, which every layer reads; here each family is a frozen dataclass of
+parameter tensors (all one shape S, e.g. (B, H, W)) whose fields are the law's parameter names
+(:func:`register` checks them against :mod:`postcast.datasets.laws`); :func:`get` and :func:`names` look
+them up. ``from_raw(raw, m, s)`` builds one from the network's unconstrained outputs ``raw`` (*S, K)
+(``K = n_raw``) and the raw ensemble's mean ``m`` and (floored) std ``s``, spread-relative like the
+Gaussian head: all raw outputs at zero give a distribution close to the raw ensemble. Formulas and
+references: docs/distributions.md.
 
 Families: ``gaussian``, ``truncnormal`` (normal truncated to [0, inf), wind speed), ``clogistic``
 (logistic censored at 0: a point mass P(Y = 0), precipitation), ``csg`` (censored shifted gamma,
@@ -24,10 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy import special
 
+from postcast.datasets import laws
+from postcast.datasets.core.errors import ConfigError
 from postcast.models import kernels
 
 SQRT2 = math.sqrt(2.0)
@@ -41,7 +45,6 @@ class Distribution(ABC):
 
     name: ClassVar[str]
     n_raw: ClassVar[int]  # raw network outputs per point
-    lower: ClassVar[float | None] = None  # the support's lower bound (a point mass there if censored)
 
     @classmethod
     @abstractmethod
@@ -56,39 +59,27 @@ class Distribution(ABC):
     def log_score(self, y: torch.Tensor) -> torch.Tensor:
         """-log density at y (*S) (for a point mass at 0: -log P(Y = 0) at y = 0)."""
 
-    @abstractmethod
-    def cdf(self, x: torch.Tensor) -> torch.Tensor:
-        """P(Y <= x), x broadcastable to S."""
-
-    @abstractmethod
-    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
-        """Q(tau) = inf {x : F(x) >= tau}, tau in (0, 1) broadcastable to S."""
-
-    def sf(self, x: torch.Tensor) -> torch.Tensor:
-        """P(Y > x)."""
-        return 1.0 - self.cdf(x)
-
-    def exceedance(self, t: torch.Tensor | float) -> torch.Tensor:
-        """P(Y > t) at a threshold t (a float or a tensor broadcastable to S)."""
-        return self.sf(torch.as_tensor(t, dtype=self.dtype, device=self.device))
-
-    def cdf_left(self, x: torch.Tensor) -> torch.Tensor:
-        """P(Y < x): differs from the cdf only at a point mass (the censoring point)."""
-        return self.cdf(x)
-
-    def pit(self, y: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
-        """Probability integral transform F(y); with uniforms u (*S) randomised where F jumps (an outcome
-        at a point mass gets a uniform draw over [P(Y < y), P(Y <= y)])."""
-        upper = self.cdf(y)
-        return upper if u is None else torch.lerp(self.cdf_left(y), upper, u)
-
     def select(self, mask: torch.Tensor) -> Distribution:
         """The distributions where ``mask`` (boolean, shape S) holds: parameters (N,) (Bernstein: (N, d + 1))."""
         return type(self)(**{k: v[mask] for k, v in self.params.items()})
 
     @property
+    def law(self) -> laws.Family:
+        """The law of this family on numpy arrays: parameters, moments, cdf, survival function, quantiles."""
+        return laws.get(self.name)
+
+    @property
     def params(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        """The parameter tensors by name, in the law's order."""
+        return {name: getattr(self, name) for name in self.law.names}
+
+    def numpy_params(self) -> laws.Params:
+        """The parameters as the law reads them: float64 numpy, a vector parameter's axis first ((K, *S))."""
+        out = {}
+        for name, v in self.params.items():
+            a = v.detach().cpu().double().numpy()
+            out[name] = np.moveaxis(a, -1, 0) if self.law.parameter(name).vector else a
+        return out
 
     @property
     def dtype(self) -> torch.dtype:
@@ -104,9 +95,14 @@ D = TypeVar("D", bound=type[Distribution])
 
 
 def register(name: str, n_raw: int) -> Callable[[D], D]:
-    """Class decorator: the family ``name`` with ``n_raw`` network outputs per point."""
+    """Class decorator: the torch side of the law ``name`` (:mod:`postcast.datasets.laws`) with ``n_raw``
+    network outputs per point; its dataclass fields must be the law's parameters, in order."""
 
     def deco(cls: D) -> D:
+        declared = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+        if declared != laws.get(name).names:
+            msg = f"{cls.__name__}: fields {declared}, the law {name!r} has the parameters {laws.get(name).names}"
+            raise TypeError(msg)
         cls.name, cls.n_raw = name, n_raw
         _FAMILIES[name] = cls
         return cls
@@ -119,9 +115,10 @@ def names() -> list[str]:
 
 
 def get(name: str) -> type[Distribution]:
+    """The family ``name``; :class:`~postcast.datasets.core.errors.ConfigError` naming the families otherwise."""
     if name not in _FAMILIES:
-        msg = f"distribution {name!r}: choose one of {names()}"
-        raise ValueError(msg)
+        msg = f"model.distribution {name!r}: choose one of {names()}"
+        raise ConfigError(msg)
     return _FAMILIES[name]
 
 
@@ -187,15 +184,6 @@ class Gaussian(Distribution):
         z = (y - self.mu) / self.sigma
         return torch.log(self.sigma) + 0.5 * z * z + HALF_LOG_2PI
 
-    def cdf(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.special.ndtr((x - self.mu) / self.sigma)
-
-    def sf(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.special.ndtr((self.mu - x) / self.sigma)
-
-    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
-        return self.mu + self.sigma * torch.special.ndtri(tau)
-
 
 # --- truncated normal ---------------------------------------------------------------------------
 def _tn_crps_std(t: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -224,7 +212,6 @@ class TruncNormal(Distribution):
 
     mu: torch.Tensor
     sigma: torch.Tensor
-    lower: ClassVar[float | None] = 0.0
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> TruncNormal:
@@ -240,28 +227,6 @@ class TruncNormal(Distribution):
         dens = torch.log(self.sigma) + 0.5 * z * z + HALF_LOG_2PI + torch.special.log_ndtr(self.mu / self.sigma)
         return torch.where(y >= 0, dens, torch.inf)
 
-    def _log_sf(self, x: torch.Tensor) -> torch.Tensor:
-        """log P(Y > x) for x >= 0: log Phi(-z) - log Phi(mu / sigma)."""
-        return torch.special.log_ndtr((self.mu - x) / self.sigma) - torch.special.log_ndtr(self.mu / self.sigma)
-
-    def cdf(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(x >= 0, -torch.expm1(self._log_sf(x.clamp_min(0.0))), 0.0)
-
-    def sf(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(x >= 0, torch.exp(self._log_sf(x.clamp_min(0.0))), 1.0)
-
-    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
-        """Solves log Phi(-z) = log(1 - tau) + log Phi(a): closed form, then Newton steps in log space
-        (where Phi(a) underflows, from z = sqrt(-2 target))."""
-        a = self.mu / self.sigma
-        target = torch.log1p(-tau) + torch.special.log_ndtr(a)  # (*S), log of P(Y > Q) in N(0, 1) terms
-        z = -torch.special.ndtri(torch.exp(target))
-        z = torch.where(torch.isfinite(z), z, torch.sqrt(-2.0 * target))
-        for _ in range(6):  # only changes a < 0 (z > 0 there, where M is finite)
-            step = (torch.special.log_ndtr(-z) - target) * mills(z.clamp_min(0.0))
-            z = torch.where(a < 0, z + step, z)
-        return (self.mu + self.sigma * z).clamp_min(0.0)
-
 
 # --- censored logistic --------------------------------------------------------------------------
 @register("clogistic", n_raw=2)
@@ -272,7 +237,6 @@ class CensoredLogistic(Distribution):
 
     loc: torch.Tensor
     scale: torch.Tensor
-    lower: ClassVar[float | None] = 0.0
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> CensoredLogistic:
@@ -291,18 +255,6 @@ class CensoredLogistic(Distribution):
         dens = torch.log(self.scale) + softplus(w) + softplus(-w)
         atom = softplus(self.loc / self.scale)  # -log P(Y = 0) = -log sigmoid(-loc / scale)
         return torch.where(y > 0, dens, torch.where(y == 0, atom, torch.inf))
-
-    def cdf(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(x >= 0, torch.sigmoid((x - self.loc) / self.scale), 0.0)
-
-    def sf(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(x >= 0, torch.sigmoid((self.loc - x) / self.scale), 1.0)
-
-    def cdf_left(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(x > 0, self.cdf(x), 0.0)
-
-    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
-        return (self.loc + self.scale * torch.logit(tau)).clamp_min(0.0)
 
 
 # --- censored shifted gamma ---------------------------------------------------------------------
@@ -344,7 +296,6 @@ class CensoredShiftedGamma(Distribution):
     shape: torch.Tensor
     scale: torch.Tensor
     shift: torch.Tensor
-    lower: ClassVar[float | None] = 0.0
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> CensoredShiftedGamma:
@@ -373,28 +324,6 @@ class CensoredShiftedGamma(Distribution):
         dens = torch.log(self.scale) - torch.xlogy(self.shape - 1.0, u) + u + torch.lgamma(self.shape)
         atom = -torch.log(torch.special.gammainc(self.shape, self.shift / self.scale))
         return torch.where(y > 0, dens, torch.where(y == 0, atom, torch.inf))
-
-    def cdf(self, x: torch.Tensor) -> torch.Tensor:
-        p = torch.special.gammainc(self.shape, (x.clamp_min(0.0) + self.shift) / self.scale)
-        return torch.where(x >= 0, p, 0.0)
-
-    def sf(self, x: torch.Tensor) -> torch.Tensor:
-        q = torch.special.gammaincc(self.shape, (x.clamp_min(0.0) + self.shift) / self.scale)
-        return torch.where(x >= 0, q, 1.0)
-
-    def cdf_left(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(x > 0, self.cdf(x), 0.0)
-
-    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
-        """0 where tau <= P(Y = 0), else theta (P^-1(k, tau) - c), c = shift / theta, with P^-1 from
-        scipy's ``gammaincinv`` (float64; a search over torch's gammainc was 100x slower). Not
-        differentiable: training differentiates the closed-form CRPS, never the quantiles."""
-        k, tau = torch.broadcast_tensors(self.shape, torch.as_tensor(tau, dtype=self.dtype, device=self.device))
-        c = (self.shift / self.scale).expand_as(k)
-        g = special.gammaincinv(k.detach().cpu().double().numpy(), tau.detach().cpu().double().numpy())
-        g_t = torch.as_tensor(g, dtype=self.dtype, device=self.device)
-        dry = torch.special.gammainc(k, c)  # P(Y = 0); NaN for NaN parameters, whose quantile stays NaN
-        return torch.where(tau > dry, self.scale * (g_t - c), torch.where(torch.isnan(dry), torch.nan, 0.0))
 
 
 # --- Bernstein quantile function ----------------------------------------------------------------
@@ -430,15 +359,15 @@ class Bernstein(Distribution):
         rise = torch.cat([torch.zeros_like(raw[..., :1]), steps.cumsum(-1)], dim=-1)  # (*S, d + 1)
         return cls(a0.unsqueeze(-1) + s.unsqueeze(-1) * rise)
 
-    def quantile(self, tau: torch.Tensor) -> torch.Tensor:
-        tau = torch.as_tensor(tau, dtype=self.dtype, device=self.device)  # broadcastable to S
+    def _q(self, tau: torch.Tensor) -> torch.Tensor:
+        """Q(tau) on the device, for the CRPS's level tau* (the law's quantiles: :mod:`postcast.datasets.laws`)."""
         return (bernstein_basis(tau, self.degree) * self.coef).sum(-1)
 
-    def cdf(self, x: torch.Tensor) -> torch.Tensor:
-        """The tau with Q(tau) = x by bisection (0 below a_0, 1 above a_d); no gradient."""
-        x = torch.as_tensor(x, dtype=self.dtype, device=self.device).expand(self.coef.shape[:-1])
-        zero = torch.zeros_like(x)
-        return _bisect(lambda t: self.quantile(t) - x, zero, zero + 1.0, iters=64)
+    def _level(self, y: torch.Tensor) -> torch.Tensor:
+        """tau* = F(y), the tau with Q(tau) = y by bisection on the device (0 below a_0, 1 above a_d), no
+        gradient: the CRPS and log score need it every training step (the law's cdf is on numpy arrays)."""
+        zero = torch.zeros_like(y.expand(self.coef.shape[:-1]))
+        return _bisect(lambda t: self._q(t) - y, zero, zero + 1.0, iters=64)
 
     @_float64
     def crps(self, y: torch.Tensor) -> torch.Tensor:
@@ -447,7 +376,7 @@ class Bernstein(Distribution):
         (= (d + 1) int_tau*^1 B_{j,d}): CRPS = y (2 tau* - 1) - 2 sum_j a_j w_j + 2 / (d + 1) sum_j a_j U_j.
         tau* carries no gradient and needs none: the integrand vanishes at tau* (Q(tau*) = y)."""
         d = self.degree
-        t = self.cdf(y)  # (*S), detached
+        t = self._level(y)  # (*S), detached
         j = torch.arange(d + 1, dtype=y.dtype, device=y.device)
         w = (j + 1.0) / ((d + 1) * (d + 2))  # (d + 1,)
         up = bernstein_basis(t, d + 1)  # (*S, d + 2)
@@ -457,6 +386,6 @@ class Bernstein(Distribution):
     def log_score(self, y: torch.Tensor) -> torch.Tensor:
         """log Q'(F(y)) inside [a_0, a_d] (the density is 1 / Q'), +inf outside."""
         d = self.degree
-        slope = d * (bernstein_basis(self.cdf(y), d - 1) * self.coef.diff(dim=-1)).sum(-1)
+        slope = d * (bernstein_basis(self._level(y), d - 1) * self.coef.diff(dim=-1)).sum(-1)
         inside = (y >= self.coef[..., 0]) & (y <= self.coef[..., -1])
         return torch.where(inside, torch.log(slope), torch.inf)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from postcast.datasets.core.errors import BadInputError
 from postcast.models import distributions, kernels
 from postcast.models.distributions import Distribution
 
@@ -41,7 +42,7 @@ class CRPSGaussianLoss(torch.nn.Module):
         valid = torch.isfinite(y)
         if not bool(valid.any()):
             msg = "CRPSGaussianLoss: every target is NaN; check the truth in the store"
-            raise ValueError(msg)
+            raise BadInputError(msg)
         return crps_gaussian(mu[valid], sigma[valid], y[valid]).mean()
 
 
@@ -61,5 +62,5 @@ class CRPSLoss(torch.nn.Module):
         valid = torch.isfinite(y)  # (B, H, W)
         if not bool(valid.any()):
             msg = "CRPSLoss: every target is NaN; check the truth in the store"
-            raise ValueError(msg)
+            raise BadInputError(msg)
         return dist.select(valid).crps(y[valid]).mean()

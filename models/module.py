@@ -7,9 +7,11 @@ scales the ``fields`` and ``members`` with the per-grid-point statistics it carr
 its network and returns (mu, sigma) in the target's units. ``forecast`` and ``evaluate`` therefore
 call the model and rebuild no scaling.
 
-The network is a model family (:mod:`postcast.models.registry`): ``family`` names it and ``net``
-holds that family's own options. A checkpoint carries everything inference needs: the
-hyperparameters (family, its options, the sample spec, grid, members), the statistics buffers and
+The network is an architecture (:mod:`postcast.models.registry`): ``family`` names it (the preset key
+``model.family`` and the checkpoints' hyperparameter keep that name) and ``net`` holds its own options;
+``distribution`` names the predictive family (:mod:`postcast.datasets.laws`). A checkpoint carries
+everything inference needs: the hyperparameters (architecture, its options, the distribution, the sample
+spec, grid, members), the statistics buffers and
 ``checkpoint["postcast"]`` with the format version, the default exceedance thresholds and a content
 checksum verified on load (:func:`content_checksum`). Only the current format is read: earlier ones
 carried no checksum, so they are refused with the fix (retrain), never loaded unchecked.
@@ -28,7 +30,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from postcast.datasets import contract, schema
+from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, postprocessors, registry
@@ -44,9 +46,9 @@ class PostProcessor(L.LightningModule):
     """Trains one post-processor with the closed-form Gaussian CRPS.
 
     Args:
-        family: the model family (``postcast.models.registry.families()``: emos, emos_global, mlp,
-            lenet, unet, unet_smoe, smoe, transformer).
-        net: the family's options, e.g. ``{base_filters: 32}`` for unet, ``{hidden: 128}`` for mlp,
+        family: the network architecture (``postcast.models.registry.architectures()``: emos, emos_global,
+            mlp, lenet, unet, unet_smoe, smoe, transformer); the key keeps this name in presets and checkpoints.
+        net: the architecture's options, e.g. ``{base_filters: 32}`` for unet, ``{hidden: 128}`` for mlp,
             ``{smoe: {experts: 3, gate: latent}}`` for smoe/unet_smoe, ``{width: 16, heads: 4}`` for
             the transformer.
         sample, grid, grid_area, n_members: linked from the data module by ``postcast train`` (the
@@ -65,15 +67,15 @@ class PostProcessor(L.LightningModule):
                  distribution: str | None = None):
         super().__init__()
         spec = SampleSpec.from_dict(sample or {})
-        distribution = distribution or schema.TARGETS[spec.target].family  # None: the target's (datasets/schema.py)
+        distribution = distribution or spec.resolved_target.family  # None: the target's (datasets/schema.py)
         if distribution not in distributions.names():
             msg = f"model.distribution {distribution!r}: choose one of {distributions.names()}"
             raise ConfigError(msg)
-        fam = registry.make(family, net)
-        if fam.needs_members and not spec.members:
+        arch = registry.make(family, net)
+        if arch.needs_members and not spec.members:
             msg = f"the {family} model reads the raw members: set data.cfg.sample.members: true in the training config"
-            raise ValueError(msg)
-        net = _plain(dataclasses.asdict(fam))
+            raise ConfigError(msg)
+        net = _plain(dataclasses.asdict(arch))
         sample = spec.to_dict()
         grid = (int(grid[0]), int(grid[1]))
         self.save_hyperparameters()
@@ -82,7 +84,7 @@ class PostProcessor(L.LightningModule):
         io = registry.NetIO(in_channels=spec.n_channels, grid=grid, n_members=n_members,
                             n_variables=spec.n_member_variables, target_variable=spec.target_variable_index,
                             outputs=distributions.get(distribution).n_raw)
-        self.net = fam.build(io)
+        self.net = arch.build(io)
         self.smoe_layer: SMoEHead | None = getattr(self.net, "smoe", None)
         self.norm_mean: torch.Tensor
         self.norm_std: torch.Tensor
@@ -154,9 +156,9 @@ class PostProcessor(L.LightningModule):
         family's (the censored shifted gamma of tp24)."""
         if "oracle_mean" in batch:
             return distributions.Gaussian(batch["oracle_mean"], batch["oracle_std"])
-        family = schema.TARGETS[self.spec.target].family
-        names = contract.FAMILY_PARAMETERS.get(family, ())
-        if not names or any(f"oracle_{p}" not in batch for p in names):
+        family = self.spec.resolved_target.family
+        names = laws.get(family).names
+        if any(f"oracle_{p}" not in batch for p in names):
             return None
         return distributions.get(family)(**{p: batch[f"oracle_{p}"] for p in names})
 

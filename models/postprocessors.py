@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models.distributions import Distribution
 from postcast.models.losses import CRPSLoss, distribution_head
-from postcast.models.registry import NetIO, family
+from postcast.models.registry import NetIO, architecture
 
 Batch = dict[str, torch.Tensor]
 Outputs = tuple[torch.Tensor, ...]  # K head maps, each (B, H, W)
@@ -72,7 +73,7 @@ class LocalEMOS(nn.Module):
 def require_members(batch: Batch, model: str) -> torch.Tensor:
     if "members" not in batch:
         msg = f"the {model} model reads the raw members: set data.cfg.sample.members: true in the training config"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     return batch["members"]  # (B, M, V, H, W)
 
 
@@ -95,7 +96,7 @@ class GlobalEMOS(nn.Module):
         z = require_members(batch, "emos_global")[:, :, self.variable_index]  # (B, M, H, W)
         if z.shape[1] != self.mean.in_features:
             msg = f"emos_global was built for {self.mean.in_features} members, the batch has {z.shape[1]}"
-            raise ValueError(msg)
+            raise BadInputError(msg)
         a = self.mean(z.movedim(1, -1)).squeeze(-1)  # (B, H, W)
         b = self.spread(batch["x"][:, self.std_channel].unsqueeze(-1)).squeeze(-1)
         return (a, b, *constant_outputs(self.extra, a))
@@ -111,28 +112,28 @@ def crps_loss(model: nn.Module, batch: Batch, distribution: str = "gaussian") ->
     return CRPSLoss()(predict(model, batch, distribution), batch["y"])
 
 
-# --- families -----------------------------------------------------------------------------------
-@family("emos")
+# --- architectures ------------------------------------------------------------------------------
+@architecture("emos")
 @dataclass(frozen=True)
-class LocalEMOSFamily:
+class LocalEMOSArchitecture:
     """Local EMOS: 4 coefficients per grid point on the target's normalised ensemble mean and std."""
 
     def build(self, io: NetIO) -> nn.Module:
         return LocalEMOS(io.grid, *io.target_channels, io.outputs)
 
 
-@family("emos_global", needs_members=True)
+@architecture("emos_global", needs_members=True)
 @dataclass(frozen=True)
-class GlobalEMOSFamily:
+class GlobalEMOSArchitecture:
     """The ENS-10 reference EMOS: M + 3 parameters for the whole globe (reads the members)."""
 
     def build(self, io: NetIO) -> nn.Module:
         return GlobalEMOS(io.n_members, io.target_variable, io.target_channels[1], io.outputs)
 
 
-@family("mlp")
+@architecture("mlp")
 @dataclass(frozen=True)
-class MLPFamily:
+class MLPArchitecture:
     """The ENS-10 pointwise MLP."""
 
     hidden: int = 128  # hidden units

@@ -1,12 +1,14 @@
-"""Model families: one small config dataclass per family, registered where the network lives.
+"""Network architectures: one small config dataclass per architecture, registered where the network lives.
 
-A family is a frozen dataclass decorated with :func:`family`; its fields are the family's own
-hyperparameters (nothing else), and ``build(io)`` returns the network for the data described by
-:class:`NetIO`. ``needs_members`` declares that the network reads the raw members (the sample spec
-must set ``members: true``). Adding a model is one file under ``models/``: :func:`families`
-imports every module of :mod:`postcast.models` to find the registered families.
+An architecture is a frozen dataclass decorated with :func:`architecture`; its fields are the
+architecture's own hyperparameters (nothing else), and ``build(io)`` returns the network for the data
+described by :class:`NetIO`. ``needs_members`` declares that the network reads the raw members (the
+sample spec must set ``members: true``). Adding a model is one file under ``models/``:
+:func:`architectures` imports every module of :mod:`postcast.models` to find the registered ones.
+("Family" is the predictive family, :mod:`postcast.datasets.laws`.)
 
-In a training preset: ``model: {family: unet, net: {base_filters: 32}, lr: 0.002}``.
+In a training preset the key keeps its first name, ``family`` (presets, ``--model.family`` and the
+hyperparameters of saved checkpoints carry it): ``model: {family: unet, net: {base_filters: 32}, lr: 0.002}``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, ClassVar, Protocol
 from torch import nn
 
 from postcast.datasets.core import config
+from postcast.datasets.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class NetIO:
         return (2 * self.target_variable, 2 * self.target_variable + 1)
 
 
-class Family(Protocol):
+class Architecture(Protocol):
     __dataclass_fields__: ClassVar[dict[str, Any]]  # a (frozen) dataclass: its options travel in checkpoints
     name: ClassVar[str]
     needs_members: ClassVar[bool]
@@ -46,19 +49,20 @@ class Family(Protocol):
     def build(self, io: NetIO) -> nn.Module: ...
 
 
-_FAMILIES: dict[str, type] = {}
+_ARCHITECTURES: dict[str, type] = {}
 
 
-def family(name: str, *, needs_members: bool = False) -> Any:
-    """Class decorator: register a config dataclass as the model family ``name``."""
+def architecture(name: str, *, needs_members: bool = False) -> Any:
+    """Class decorator: register a config dataclass as the network architecture ``name``."""
 
     def deco(cls: type) -> type:
-        if name in _FAMILIES and _FAMILIES[name] is not cls:
-            msg = f"model family {name!r} is registered twice ({_FAMILIES[name].__module__}, {cls.__module__})"
+        if name in _ARCHITECTURES and _ARCHITECTURES[name] is not cls:
+            msg = (f"architecture {name!r} is registered twice ({_ARCHITECTURES[name].__module__}, "
+                   f"{cls.__module__})")
             raise ValueError(msg)
         cls.name = name  # type: ignore[attr-defined]
         cls.needs_members = needs_members  # type: ignore[attr-defined]
-        _FAMILIES[name] = cls
+        _ARCHITECTURES[name] = cls
         return cls
 
     return deco
@@ -72,21 +76,22 @@ def _discover() -> None:
             importlib.import_module(f"{package.__name__}.{info.name}")
 
 
-def families() -> dict[str, type]:
-    """Every registered family by name."""
+def architectures() -> dict[str, type]:
+    """Every registered architecture by name."""
     _discover()
-    return dict(sorted(_FAMILIES.items()))
+    return dict(sorted(_ARCHITECTURES.items()))
 
 
 def get(name: str) -> type:
-    known = families()
+    """The architecture ``name`` (the preset's ``model.family``); :class:`ConfigError` naming the known ones."""
+    known = architectures()
     if name not in known:
-        msg = f"model family {name!r}: choose one of {list(known)}"
-        raise ValueError(msg)
+        msg = f"model.family {name!r} (the network architecture): choose one of {list(known)}"
+        raise ConfigError(msg)
     return known[name]
 
 
-def make(name: str, options: dict[str, Any] | None) -> Family:
-    """The family's config from plain options, checked (unknown keys and wrong types name the fix)."""
+def make(name: str, options: dict[str, Any] | None) -> Architecture:
+    """The architecture's config from plain options, checked (unknown keys and wrong types name the fix)."""
     cls = get(name)
     return config.from_dict(cls, dict(options or {}), where=f"model.net ({name})")

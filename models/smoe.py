@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import kernels
 from postcast.models.convnets import UNetTrunk
 from postcast.models.kernels.reference import TopKRouting, routing_correct
 from postcast.models.postprocessors import Batch, Outputs
-from postcast.models.registry import NetIO, family
+from postcast.models.registry import NetIO, architecture
 
 __all__ = ["SMoE", "SMoEConfig", "SMoEHead", "TopKRouting", "UNetSMoE", "rc_labels", "routing_correct"]
 
@@ -56,13 +57,13 @@ class SMoEConfig:
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             msg = f"smoe.gate {self.gate!r}: use one of {GATES}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.experts < 2:
             msg = f"smoe.experts={self.experts}: need at least 2 experts to route between"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if not 0.0 <= self.quantile <= 1.0 or self.damping < 0.0:
             msg = f"smoe.quantile={self.quantile} must be in [0, 1] and smoe.damping={self.damping} >= 0"
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
 
 def rc_labels(idx: torch.Tensor, correct: torch.Tensor, experts: int) -> torch.Tensor:
@@ -108,7 +109,7 @@ class SMoEHead(nn.Module):
         if (h, w) != tuple(self.latent.shape[-2:]):
             msg = (f"latent SMoE gate was trained on a {tuple(self.latent.shape[-2:])} grid, "
                    f"the input is {(h, w)}; use gate: conv for other grids")
-            raise ValueError(msg)
+            raise BadInputError(msg)
         return self.latent.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(b * self.outputs, self.cfg.experts, h, w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,10 +159,10 @@ class UNetSMoE(nn.Module):
         return tuple(self.smoe(self.trunk(batch["x"])).unbind(1))  # K x (B, H, W)
 
 
-# --- families -----------------------------------------------------------------------------------
-@family("smoe")
+# --- architectures ------------------------------------------------------------------------------
+@architecture("smoe")
 @dataclass(frozen=True)
-class SMoEFamily:
+class SMoEArchitecture:
     """The SMoE layer alone, on the inputs."""
 
     smoe: SMoEConfig = field(default_factory=SMoEConfig)
@@ -170,9 +171,9 @@ class SMoEFamily:
         return SMoE(io.in_channels, io.grid, self.smoe, io.outputs)
 
 
-@family("unet_smoe")
+@architecture("unet_smoe")
 @dataclass(frozen=True)
-class UNetSMoEFamily:
+class UNetSMoEArchitecture:
     """U-Net whose final layer is an SMoE."""
 
     smoe: SMoEConfig = field(default_factory=SMoEConfig)

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models import kernels
 from postcast.models.convnets import earth_pad
 from postcast.models.postprocessors import Batch, Outputs, require_members, zero_init
-from postcast.models.registry import NetIO, family
+from postcast.models.registry import NetIO, architecture
 
 
 class _Embed(nn.Module):
@@ -48,7 +49,7 @@ class MemberAttention(nn.Module):
         super().__init__()
         if width % heads:
             msg = f"transformer width {width} must be a multiple of heads {heads}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         self.heads = heads
         self.qkv = nn.Conv2d(width, 3 * width, 1)
         self.out = nn.Conv2d(width, width, 1)
@@ -90,10 +91,10 @@ class EnsembleTransformer(nn.Module):
         return (shift, log_spread, *self.extra(h.mean(dim=1)).unbind(1))  # (B, width, H, W) -> K - 2 x (B, H, W)
 
 
-# --- families -----------------------------------------------------------------------------------
-@family("transformer", needs_members=True)
+# --- architectures ------------------------------------------------------------------------------
+@architecture("transformer", needs_members=True)
 @dataclass(frozen=True)
-class TransformerFamily:
+class TransformerArchitecture:
     """Ensemble Transformer: attention across members (reads the members)."""
 
     width: int = 16  # embedding channels

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import interpolate, optimize, stats
-from scipy.special import ndtr, ndtri
 
-from postcast.datasets import io, schema
+from postcast.datasets import io, laws, schema
 from postcast.datasets.core.errors import BadInputError, MissingInputError
 from postcast.datasets.core.version import __version__
 
@@ -67,23 +64,10 @@ def write_product(ds: xr.Dataset, path: Path) -> None:
 
 
 # --- the product's content ------------------------------------------------------------------------
-GAUSSIAN = "gaussian"
-TARGET_UNITS = ""  # in PARAMETERS: the parameter is in the target's units
-# family -> parameter -> (long name, units): the parameters of each predictive family of
-# models/distributions.py as a file carries them (variable <target>_<parameter>, shape (lat, lon);
-# Bernstein's coefficients (coefficient, lat, lon)). A Gaussian file's parameters are its mean and std.
-PARAMETERS: dict[str, dict[str, tuple[str, str]]] = {
-    GAUSSIAN: {"mu": ("mean", TARGET_UNITS), "sigma": ("standard deviation", TARGET_UNITS)},
-    "truncnormal": {"mu": ("location mu of the normal law before truncation to [0, inf)", TARGET_UNITS),
-                    "sigma": ("scale sigma of the normal law before truncation to [0, inf)", TARGET_UNITS)},
-    "clogistic": {"loc": ("location of the logistic law before censoring at 0", TARGET_UNITS),
-                  "scale": ("scale of the logistic law before censoring at 0", TARGET_UNITS)},
-    "csg": {"shape": ("shape k of the gamma law X (Y = max(0, X - shift))", "1"),
-            "scale": ("scale theta of the gamma law X (Y = max(0, X - shift))", TARGET_UNITS),
-            "shift": ("shift of the gamma law X (Y = max(0, X - shift))", TARGET_UNITS)},
-    "bernstein": {"coef": ("coefficients a_j of the Bernstein quantile function Q(tau) = sum_j a_j B_j,d(tau)",
-                           TARGET_UNITS)},
-}
+GAUSSIAN = laws.Gaussian.name
+# A file carries the parameters of its predictive family (datasets/laws.py: names, long names, units) as
+# variables <target>_<parameter>, shape (lat, lon) (Bernstein's coefficients (coefficient, lat, lon)); a
+# Gaussian file's parameters are its mean and std.
 
 
 @dataclass(frozen=True)
@@ -98,63 +82,66 @@ class Law:
     exceedance: np.ndarray
     moments: str
 
-
-def gaussian_law(mu: np.ndarray, sigma: np.ndarray, quantiles: tuple[float, ...],
-                 thresholds: tuple[float, ...]) -> Law:
-    """The Gaussian forecast N(mu, sigma^2) (mu, sigma: (lat, lon), target units)."""
-    q = np.asarray(quantiles, dtype=np.float64)
-    thr = np.asarray(thresholds, dtype=np.float64)
-    quant = mu[None] + sigma[None] * ndtri(q)[:, None, None]  # (Q, lat, lon), target units
-    exceed = 1.0 - ndtr((thr[:, None, None] - mu[None]) / sigma[None])  # (T, lat, lon)
-    return Law(GAUSSIAN, {"mu": mu, "sigma": sigma}, quant, exceed, "the parameters mu and sigma")
+    @classmethod
+    def of(cls, family: str, params: dict[str, np.ndarray], quantiles: tuple[float, ...],
+           thresholds: tuple[float, ...]) -> Law:
+        """The forecast of the ``family`` law with ``params`` ((lat, lon) each, Bernstein's coef (K, lat, lon)):
+        its quantiles and exceedance probabilities by the law itself (:mod:`postcast.datasets.laws`), float64."""
+        law = laws.get(family)
+        shape = next(iter(params.values())).shape[-2:]  # (lat, lon)
+        quant = [law.quantile(params, q) for q in quantiles]
+        exceed = [law.sf(params, t) for t in thresholds]
+        return cls(family, params, np.stack(quant) if quant else np.zeros((0, *shape)),  # (Q, lat, lon)
+                   np.stack(exceed) if exceed else np.zeros((0, *shape)), law.moments_from)  # (T, lat, lon)
 
 
 def _parameter_variables(law: Law, target: str, units: str) -> dict[str, tuple[tuple[str, ...], np.ndarray,
                                                                                   dict[str, Any]]]:
-    """``<target>_<parameter>`` of a non-Gaussian law, with its long name and units (:data:`PARAMETERS`)."""
+    """``<target>_<parameter>`` of a non-Gaussian law, with its long name and units (datasets/laws.py)."""
     out = {}
     for name, values in law.params.items():
-        what, unit = PARAMETERS[law.family][name]
+        param = laws.get(law.family).parameter(name)
+        what, unit = param.long_name, param.units_of(units)
         dims = (("coefficient",) if values.ndim == 3 else ()) + ("forecast_reference_time", schema.LAT, schema.LON)
         out[f"{target}_{name}"] = (dims, np.expand_dims(values, -3).astype(np.float64),  # exact: the law's source
                                    {"long_name": f"{target} {law.family} parameter {name}: {what}",
-                                    "units": unit or units})
+                                    "units": unit})
     return out
 
 
-def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timestamp, step_h: int,
+def products(mu: np.ndarray, sigma: np.ndarray, *, target: schema.Target, init: pd.Timestamp, step_h: int,
              lat: np.ndarray, lon: np.ndarray, quantiles: tuple[float, ...], thresholds: tuple[float, ...],
              attrs: dict[str, Any], law: Law | None = None) -> xr.Dataset:
     """The CF dataset of one forecast: mean and std ``mu``, ``sigma`` ((lat, lon), target units) and
     ``law`` (None: the Gaussian N(mu, sigma^2))."""
-    tg = schema.TARGETS[target]
-    law = law or gaussian_law(mu, sigma, quantiles, thresholds)
+    tg, t_name = target, target.name
+    law = law or Law.of(GAUSSIAN, {"mu": mu, "sigma": sigma}, quantiles, thresholds)
     q = np.asarray(quantiles, dtype=np.float64)
     thr = np.asarray(thresholds, dtype=np.float64)
     quant, exceed = law.quantiles, law.exceedance  # (Q, lat, lon), (T, lat, lon)
     dims = ("forecast_reference_time", schema.LAT, schema.LON)
     std_name = {"standard_name": tg.standard_name} if tg.standard_name else {}  # ws10: wind_speed
-    names = ({"mu": f"{target}_mean", "sigma": f"{target}_std"} if law.family == GAUSSIAN
-             else {p: f"{target}_{p}" for p in law.params})
+    names = ({"mu": f"{t_name}_mean", "sigma": f"{t_name}_std"} if law.family == GAUSSIAN
+             else {p: f"{t_name}_{p}" for p in law.params})
     family = {"predictive_distribution": law.family,
               "predictive_parameters": " ".join(f"{p}: {v}" for p, v in names.items())}
     how = f"{law.family} law, from {law.moments}"
     ds = xr.Dataset(
         {
-            f"{target}_mean": (dims, mu[None].astype(np.float32),
-                               {**std_name, "long_name": f"{target} predictive mean",
+            f"{t_name}_mean": (dims, mu[None].astype(np.float32),
+                               {**std_name, "long_name": f"{t_name} predictive mean",
                                 "units": tg.units, "comment": how}),
-            f"{target}_std": (dims, sigma[None].astype(np.float32),
-                              {"long_name": f"{target} predictive standard deviation", "units": tg.units,
+            f"{t_name}_std": (dims, sigma[None].astype(np.float32),
+                              {"long_name": f"{t_name} predictive standard deviation", "units": tg.units,
                                "comment": how}),
-            **({} if law.family == GAUSSIAN else _parameter_variables(law, target, tg.units)),
-            f"{target}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
+            **({} if law.family == GAUSSIAN else _parameter_variables(law, t_name, tg.units)),
+            f"{t_name}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
                                    quant[:, None].astype(np.float32),
-                                   {**std_name, "long_name": f"{target} predictive quantiles",
+                                   {**std_name, "long_name": f"{t_name} predictive quantiles",
                                     "units": tg.units}),
-            f"{target}_exceedance_probability": (
+            f"{t_name}_exceedance_probability": (
                 ("threshold", "forecast_reference_time", schema.LAT, schema.LON), exceed[:, None].astype(np.float32),
-                {"long_name": f"probability that {target} exceeds the threshold", "units": "1",
+                {"long_name": f"probability that {t_name} exceeds the threshold", "units": "1",
                  "valid_min": np.float32(0.0), "valid_max": np.float32(1.0)}),
         },
         coords={
@@ -164,11 +151,11 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: str, init: pd.Timesta
                      {"standard_name": "time", "long_name": "valid time"}),
             "forecast_period": ((), np.float64(step_h), {"standard_name": "forecast_period", "units": "hours"}),
             "quantile": ("quantile", q, {"long_name": "probability level of the quantile", "units": "1"}),
-            "threshold": ("threshold", thr, {"long_name": f"{target} threshold", "units": tg.units}),
+            "threshold": ("threshold", thr, {"long_name": f"{t_name} threshold", "units": tg.units}),
             schema.LAT: (schema.LAT, lat, {"standard_name": "latitude", "units": "degrees_north", "axis": "Y"}),
             schema.LON: (schema.LON, lon, {"standard_name": "longitude", "units": "degrees_east", "axis": "X"}),
         },
-        attrs={"Conventions": "CF-1.8", "title": f"postcast calibrated forecast of {target}",
+        attrs={"Conventions": "CF-1.8", "title": f"postcast calibrated forecast of {t_name}",
                "institution": "postcast", "source": f"postcast {__version__}",
                "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast", **family,
                **attrs},
@@ -341,9 +328,9 @@ def _check(p: Product, f: Field) -> None:
     if f.mean.shape != shape or f.std.shape != shape or f.quantiles.shape[1:] != shape:
         msg = f"{p.path}: fields of shape {f.mean.shape} do not match the grid {shape}"
         raise UnreadableProduct(msg)
-    if f.family not in SURVIVAL or set(f.params) != set(PARAMETERS[f.family]):
+    if f.family not in laws.names() or set(f.params) != set(laws.get(f.family).names):
         msg = (f"{p.path}: predictive family {f.family!r} with parameters {sorted(f.params)}; this postcast reads "
-               f"{', '.join(f'{k} ({sorted(v)})' for k, v in PARAMETERS.items())}")
+               f"{', '.join(f'{k} ({sorted(laws.get(k).names)})' for k in laws.names())}")
         raise UnreadableProduct(msg)
     # a censored law may put all its mass at 0 (std 0); a Gaussian's std is its sigma (> 0)
     spread = f.std > 0 if f.family == GAUSSIAN else f.std >= 0
@@ -352,37 +339,10 @@ def _check(p: Product, f: Field) -> None:
         raise UnreadableProduct(msg)
 
 
-def _bernstein_sf(p: dict[str, np.ndarray], t: float) -> float:
-    """1 - tau where Q(tau) = t (Q increasing on [0, 1]; 1 below Q(0), 0 from Q(1) up)."""
-    q = interpolate.BPoly(p["coef"][:, None], [0.0, 1.0])  # coef (K,): one interval
-    lo, hi = float(q(0.0)), float(q(1.0))
-    if not lo < t < hi:
-        return float(t < lo)
-    return 1.0 - float(optimize.brentq(lambda tau: float(q(tau)) - t, 0.0, 1.0, xtol=1e-14))
-
-
-Survival = Callable[[dict[str, np.ndarray], float], float]  # (parameters at one point, t) -> P(Y > t)
-
-
-def _censored(sf: Callable[[dict[str, np.ndarray], float], Any]) -> Survival:
-    """A law on [0, inf): P(Y > t) = 1 below 0."""
-    return lambda p, t: 1.0 if t < 0 else float(sf(p, t))
-
-
-# family -> P(Y > t) from the parameters at one point (scipy: the service's own thresholds, no torch)
-SURVIVAL: dict[str, Survival] = {
-    GAUSSIAN: lambda p, t: float(stats.norm.sf(t, p["mu"], p["sigma"])),
-    "truncnormal": _censored(lambda p, t: stats.truncnorm.sf(t, -p["mu"] / p["sigma"], np.inf, loc=p["mu"],
-                                                              scale=p["sigma"])),
-    "clogistic": _censored(lambda p, t: stats.logistic.sf(t, p["loc"], p["scale"])),
-    "csg": _censored(lambda p, t: stats.gamma.sf(t + p["shift"], p["shape"], scale=p["scale"])),
-    "bernstein": _bernstein_sf,
-}
-
-
 def exceedance_at(f: Field, i: int, j: int, t: float) -> float:
-    """P(Y > t) of the forecast's law at grid point (i, j), for a threshold the file does not carry."""
-    return SURVIVAL[f.family]({k: v[..., i, j] for k, v in f.params.items()}, t)
+    """P(Y > t) of the forecast's law at grid point (i, j), for a threshold the file does not carry (the
+    family's survival function, datasets/laws.py)."""
+    return float(laws.get(f.family).sf({k: v[..., i, j] for k, v in f.params.items()}, t))
 
 
 # --- verification scores ------------------------------------------------------------------------------

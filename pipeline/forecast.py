@@ -11,8 +11,8 @@ them itself) and writes, per model, target and init time, one file
 products of two models never share a path.
 
 holding the predictive law of the checkpoint's family (``model.distribution``: its name, its
-parameters, its mean and std in closed form, :func:`moments`, its quantiles and probabilities of
-exceeding thresholds by the family's own ``quantile`` and ``exceedance``), with CF metadata
+parameters, its mean and std in closed form, its quantiles and probabilities of exceeding thresholds,
+all by the law of :mod:`postcast.datasets.laws`), with CF metadata
 (forecast_reference_time, time, forecast_period, units, standard_name) and provenance (checkpoint
 hash, code version, inputs). ``product`` is ``postprocessed``, or ``fallback_raw`` when the model
 cannot run (the raw ensemble's own law in the target's family, :func:`fallback_law`, flagged in the
@@ -38,9 +38,8 @@ import numpy as np
 import pandas as pd
 import torch
 import xarray as xr
-from scipy.special import comb, erfcx, gammaincc, softplus, spence
 
-from postcast.datasets import io, schema, sources
+from postcast.datasets import io, laws, schema, sources
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
@@ -63,78 +62,6 @@ from postcast.pipeline.archive import (
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
-
-
-# --- the law of any family ---------------------------------------------------------------------
-def _truncnormal(p: Params) -> tuple[np.ndarray, np.ndarray]:
-    """N(mu, sigma^2) on [0, inf): alpha = -mu / sigma, lam = phi(alpha) / Phi(-alpha) (inverse Mills
-    ratio, erfcx: 0 where alpha << 0); mean = mu + sigma lam, var = sigma^2 (1 + alpha lam - lam^2)."""
-    mu, sigma = p["mu"], p["sigma"]
-    alpha = -mu / sigma
-    with np.errstate(over="ignore"):  # erfcx overflows to inf for alpha < -26: lam = 0
-        lam = 1.0 / (np.sqrt(np.pi / 2.0) * erfcx(alpha / np.sqrt(2.0)))
-    return mu + sigma * lam, sigma * np.sqrt(np.maximum(1.0 + alpha * lam - lam * lam, 0.0))
-
-
-def _fermi_dirac_1(t: np.ndarray) -> np.ndarray:
-    """int_0^inf u / (1 + e^(u - t)) du = -Li2(-e^t), Li2(-x) = spence(1 + x); for t > 0 through
-    Li2(-e^t) = -pi^2/6 - t^2/2 - Li2(-e^-t) (no overflow)."""
-    e = np.exp(-np.abs(t))
-    return np.where(t > 0, np.pi**2 / 6.0 + 0.5 * t * t + spence(1.0 + e), -spence(1.0 + e))
-
-
-def _clogistic(p: Params) -> tuple[np.ndarray, np.ndarray]:
-    """max(0, X), X logistic(loc, s), t = loc / s: E Y = s softplus(t), E Y^2 = 2 s^2 F_1(t)."""
-    s, t = p["scale"], p["loc"] / p["scale"]
-    mean = s * softplus(t)
-    return mean, np.sqrt(np.maximum(2.0 * s * s * _fermi_dirac_1(t) - mean * mean, 0.0))
-
-
-def _csg(p: Params) -> tuple[np.ndarray, np.ndarray]:
-    """max(0, X - shift), X ~ Gamma(k, theta), c = shift / theta, Q = upper regularised incomplete gamma:
-    E Y = theta (k Q(k+1, c) - c Q(k, c)), E Y^2 = theta^2 (k (k+1) Q(k+2, c) - 2 c k Q(k+1, c) + c^2 Q(k, c))."""
-    k, theta = p["shape"], p["scale"]
-    c = p["shift"] / theta
-    q0, q1, q2 = gammaincc(k, c), gammaincc(k + 1.0, c), gammaincc(k + 2.0, c)
-    mean = k * q1 - c * q0  # in units of theta
-    second = k * (k + 1.0) * q2 - 2.0 * c * k * q1 + c * c * q0
-    return theta * mean, theta * np.sqrt(np.maximum(second - mean * mean, 0.0))
-
-
-def _bernstein(p: Params) -> tuple[np.ndarray, np.ndarray]:
-    """Q = sum_j a_j B_j,d: E Y = mean_j a_j (each B_j,d integrates to 1 / (d + 1)); with a centred,
-    var = a^T G a, G_ij = int B_i,d B_j,d = C(d, i) C(d, j) / (C(2d, i + j) (2d + 1))."""
-    a = p["coef"]  # (K, lat, lon), K = d + 1
-    d = a.shape[0] - 1
-    j = np.arange(d + 1)
-    gram = comb(d, j)[:, None] * comb(d, j)[None] / (comb(2 * d, j[:, None] + j[None]) * (2 * d + 1))  # (K, K)
-    mean = a.mean(axis=0)
-    dev = a - mean  # (K, lat, lon): Q - mean has coefficients a_j - mean (the B_j,d sum to 1)
-    return mean, np.sqrt(np.maximum(np.einsum("ixy,ij,jxy->xy", dev, gram, dev), 0.0))
-
-
-# family -> its mean and std in closed form from its parameters (numpy, float64); one per family of
-# models/distributions.py (tests/test_forecast_families.py checks them by integration)
-MOMENTS = {GAUSSIAN: lambda p: (p["mu"], p["sigma"]), "truncnormal": _truncnormal, "clogistic": _clogistic,
-           "csg": _csg, "bernstein": _bernstein}
-
-
-def moments(family: str, params: Params) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, std), each (lat, lon), of the ``family`` law with ``params`` (closed form)."""
-    return MOMENTS[family](params)
-
-
-def law(family: str, params: Params, quantiles: tuple[float, ...], thresholds: tuple[float, ...]) -> Law:
-    """The forecast's law: quantiles and exceedance probabilities by the family's own methods, in float64."""
-    dist = distributions.get(family)(**{k: torch.from_numpy(np.moveaxis(v, 0, -1) if v.ndim == 3 else v)
-                                        for k, v in params.items()})  # parameters (lat, lon) [coef (lat, lon, K)]
-    shape = next(iter(params.values())).shape[-2:]  # (lat, lon)
-    with torch.no_grad():
-        quant = [dist.quantile(torch.tensor(q, dtype=torch.float64)).numpy() for q in quantiles]
-        exceed = [dist.exceedance(t).numpy() for t in thresholds]
-    return Law(family, params, np.stack(quant) if quant else np.zeros((0, *shape)),  # (Q, lat, lon)
-               np.stack(exceed) if exceed else np.zeros((0, *shape)), "its parameters in closed form")  # (T, ...)
-
 
 
 @dataclass(frozen=True)
@@ -211,7 +138,7 @@ def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timest
 def _leads(spec: SampleSpec) -> tuple[int, ...]:
     """The leads (h) a sample reads: the spec's, and those a derived target is computed from (tp24 at +48 h:
     +24 and +48 h)."""
-    offsets = {0, *(off for _, off in schema.TARGETS[spec.target].inputs)}
+    offsets = {0, *(off for _, off in spec.resolved_target.inputs)}
     return tuple(sorted(spec.step_h + off for off in offsets))
 
 
@@ -242,7 +169,7 @@ def _target_expectation(expect: sources.Expectation, tg: schema.Target) -> sourc
 def _check_lead(source: sources.ForecastSource, expect: sources.Expectation, spec: SampleSpec) -> None:
     """An input without the checkpoint's leads has no forecast to make, not even the raw fallback: say so
     in forecast's terms (the lead is the checkpoint's, not an option of this verb)."""
-    tg, need = schema.TARGETS[spec.target], _leads(spec)
+    tg, need = spec.resolved_target, _leads(spec)
     try:
         held = source.plan(replace(_target_expectation(expect, tg), steps_h=None)).steps_h
     except MissingInputError:
@@ -302,7 +229,7 @@ def _output_grid(plan: sources.Plan, model: PostProcessor) -> schema.Grid:
 
 
 def _target_only_plan(plan: sources.Plan, spec: SampleSpec) -> sources.Plan:
-    return replace(plan, variables=schema.TARGETS[spec.target].input_variables)
+    return replace(plan, variables=spec.resolved_target.input_variables)
 
 
 @dataclass(frozen=True)
@@ -327,7 +254,7 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
     spec = SampleSpec.from_dict(meta["sample"])
     found = sources.discover(cfg.input)
     variables, levels = spec.raw_needs()
-    tg = schema.TARGETS[spec.target]
+    tg = spec.resolved_target
     reason = ""
     expect = _expectation(model, spec, cfg.regrid_method)
     try:
@@ -374,12 +301,12 @@ def _predict(run: _Run, day: xr.Dataset) -> Params:
             for k, v in dist.params.items()}
 
 
-def fallback_law(target: str, raw: dict[str, np.ndarray]) -> tuple[str, Params]:
+def fallback_law(target: schema.Target, raw: dict[str, np.ndarray]) -> tuple[str, Params]:
     """The raw ensemble's own law when the model cannot run: the target's family (``schema.TARGETS``) through
     the shared head at zero outputs, from the members' mean ``m`` and std ``s`` (H, W; a derived target's over
     its derived members): the Gaussian N(m, s^2) for z500/t850/t2m, a normal truncated at 0 for ws10, a
     censored shifted gamma for tp24, so a bounded target's fallback never gives a negative quantile."""
-    family = schema.TARGETS[target].family
+    family = target.family
     m, s = (torch.from_numpy(raw[k].astype(np.float64)) for k in ("m", "s"))  # (H, W) target units
     zeros = [torch.zeros_like(m)] * distributions.get(family).n_raw
     dist = losses.distribution_head(zeros, m, s, family)  # s floored at 1e-6: identical members
@@ -412,7 +339,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         if not all(np.isfinite(v).all() for v in params.values()):
             product, reason = FALLBACK, "the model produced non-finite values"
     if product == FALLBACK:
-        family, params = fallback_law(spec.target, run.sampler.target_statistics(day))
+        family, params = fallback_law(spec.resolved_target, run.sampler.target_statistics(day))
     attrs = {"product": product, "postcast_fallback": int(product == FALLBACK), "model_name": run.name,
              "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": run.ckpt_hash,
              "model": str(run.model.hparams["family"]), "inputs": str(cfg.input),
@@ -425,10 +352,10 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
                   for k, v in params.items()}
         lat, lon = back.latitudes(), back.longitudes()
         attrs["output_grid"] = "input"
-    mean, std = moments(family, params)
-    ds = products(mean, std, target=spec.target, init=init, step_h=spec.step_h, lat=lat, lon=lon,
+    mean, std = laws.get(family).moments(params)
+    ds = products(mean, std, target=spec.resolved_target, init=init, step_h=spec.step_h, lat=lat, lon=lon,
                   quantiles=cfg.quantiles, thresholds=run.thresholds, attrs=attrs,
-                  law=None if family == GAUSSIAN else law(family, params, cfg.quantiles, run.thresholds))
+                  law=None if family == GAUSSIAN else Law.of(family, params, cfg.quantiles, run.thresholds))
     for path in paths[product]:
         write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)
         result.written.append(str(path))

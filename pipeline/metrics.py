@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import special
 
+from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.core.geo import latitude_weights as latitude_weights  # re-exported: one implementation
 
@@ -324,8 +325,9 @@ def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 
 
 
 def pit_gaussian(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Probability integral transform Phi((y - mu) / sigma): uniform for a calibrated forecast."""
-    return np.asarray(special.ndtr((np.asarray(y) - np.asarray(mu)) / np.asarray(sigma)))
+    """Probability integral transform Phi((y - mu) / sigma) (the Gaussian law's cdf): uniform for a calibrated
+    forecast."""
+    return laws.get(laws.Gaussian.name).cdf({"mu": np.asarray(mu), "sigma": np.asarray(sigma)}, np.asarray(y))
 
 
 # --- extreme forecast index and EECRPS (ENS-10, docs/ens10.md) ------------------------------------

@@ -76,9 +76,9 @@ def scorecard(ds: xr.Dataset, out: Path) -> str:
     return _save(fig, out / "scorecard.png")
 
 
-def skill_vs_lead(target: str, ds: xr.Dataset, out: Path) -> str:
+def skill_vs_lead(target: schema.Target, ds: xr.Dataset, out: Path) -> str:
     plt = _plt()
-    crps = ds["score"].sel(target=target, metric="crps", region="global")  # (forecast, lead, weighting)
+    crps = ds["score"].sel(target=target.name, metric="crps", region="global")  # (forecast, lead, weighting)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
     leads = ds["lead"].values
     for f in ds["forecast"].values:
@@ -88,16 +88,16 @@ def skill_vs_lead(target: str, ds: xr.Dataset, out: Path) -> str:
                 ax.plot(leads, y, marker="o", label=str(f))
     for ax, w in zip(axes, ("unweighted", "area-weighted"), strict=True):
         ax.set_xlabel("lead (h)")
-        ax.set_ylabel(f"CRPS ({ds['units'].sel(target=target).item()})")
-        ax.set_title(f"{target}: {w} CRPS against lead", fontsize=9)
+        ax.set_ylabel(f"CRPS ({ds['units'].sel(target=target.name).item()})")
+        ax.set_title(f"{target.name}: {w} CRPS against lead", fontsize=9)
         ax.set_xticks(leads)
     axes[0].legend(fontsize=7)
-    return _save(fig, out / f"skill_vs_lead_{target}.png")
+    return _save(fig, out / f"skill_vs_lead_{target.name}.png")
 
 
-def crps_maps(target: str, ds: xr.Dataset, lead: int, out: Path) -> str:
+def crps_maps(target: schema.Target, ds: xr.Dataset, lead: int, out: Path) -> str:
     plt = _plt()
-    one = ds.sel(target=target, lead=lead)
+    one = ds.sel(target=target.name, lead=lead)
     names = [str(f) for f in one["forecast"].values if np.isfinite(one["crps_map"].sel(forecast=f)).all()]
     lat, lon = ds["latitude"].values, ds["longitude"].values
     maps = [one["crps_map"].sel(forecast=f).values for f in names]
@@ -113,14 +113,14 @@ def crps_maps(target: str, ds: xr.Dataset, lead: int, out: Path) -> str:
         ax.set_yticks([])
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
-    units = ds["units"].sel(target=target).item()
+    units = ds["units"].sel(target=target.name).item()
     fig.colorbar(im, ax=axes, shrink=0.8, label=f"mean CRPS ({units})")
-    fig.suptitle(f"{target}: CRPS per grid point (+{lead} h)")
-    return _save(fig, out / f"crps_map_{target}.png")
+    fig.suptitle(f"{target.name}: CRPS per grid point (+{lead} h)")
+    return _save(fig, out / f"crps_map_{target.name}.png")
 
 
-def reliability_diagrams(target: str, ds: xr.Dataset, lead: int, out: Path) -> str | None:
-    rel = ds["reliability"].sel(target=target, lead=lead)  # (forecast, event, quantity, prob_bin)
+def reliability_diagrams(target: schema.Target, ds: xr.Dataset, lead: int, out: Path) -> str | None:
+    rel = ds["reliability"].sel(target=target.name, lead=lead)  # (forecast, event, quantity, prob_bin)
     if rel.sizes.get("event", 0) == 0:
         return None
     rel = rel.sel(event=[e for e in rel["event"].values if np.isfinite(rel.sel(event=e)).any()])  # this target's
@@ -137,21 +137,21 @@ def reliability_diagrams(target: str, ds: xr.Dataset, lead: int, out: Path) -> s
                 ax.plot(p, o, marker="o", ms=3, label=str(f))
         ax.set_xlabel("forecast probability")
         ax.set_ylabel("observed frequency")
-        ax.set_title(f"{target} +{lead} h: y {_event_label(target, str(ev))}", fontsize=9)
+        ax.set_title(f"{target.name} +{lead} h: y {_event_label(target, str(ev))}", fontsize=9)
     axes.flat[0].legend(fontsize=7)
-    return _save(fig, out / f"reliability_{target}.png")
+    return _save(fig, out / f"reliability_{target.name}.png")
 
 
-def _event_label(target: str, event: str) -> str:
+def _event_label(target: schema.Target, event: str) -> str:
     """``above q90 (training climate)`` or ``above 10 mm`` (a target's own threshold)."""
     side, q = event.split("_")
-    own = dict(zip(verification.THRESHOLD_EVENTS, schema.TARGETS[target].thresholds, strict=False))
-    return f"{side} {own[event]:g} {schema.TARGETS[target].units}" if event in own else f"{side} {q} (training climate)"
+    own = dict(zip(verification.THRESHOLD_EVENTS, target.thresholds, strict=False))
+    return f"{side} {own[event]:g} {target.units}" if event in own else f"{side} {q} (training climate)"
 
 
-def decomposition_figure(target: str, ds: xr.Dataset, lead: int, out: Path) -> str:
+def decomposition_figure(target: schema.Target, ds: xr.Dataset, lead: int, out: Path) -> str:
     plt = _plt()
-    dec = ds["decomposition"].sel(target=target, lead=lead, region="global")  # (forecast, component)
+    dec = ds["decomposition"].sel(target=target.name, lead=lead, region="global")  # (forecast, component)
     names = [str(f) for f in dec["forecast"].values if np.isfinite(dec.sel(forecast=f)).all()]
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.5))
     y = np.arange(len(names))
@@ -160,12 +160,12 @@ def decomposition_figure(target: str, ds: xr.Dataset, lead: int, out: Path) -> s
     ax.barh(y, pot, color="tab:blue", label="CRPS_pot = unc - resolution")
     ax.barh(y, reli, left=pot, color="tab:red", label="reliability")
     ax.set_yticks(y, names)
-    ax.set_xlabel(f"CRPS ({ds['units'].sel(target=target).item()}), Hersbach decomposition, area-weighted")
+    ax.set_xlabel(f"CRPS ({ds['units'].sel(target=target.name).item()}), Hersbach decomposition, area-weighted")
     ax.legend(fontsize=7)
-    return _save(fig, out / f"decomposition_{target}.png")
+    return _save(fig, out / f"decomposition_{target.name}.png")
 
 
-def calibration(target: str, res: dict[str, Any], out: Path) -> str:
+def calibration(target: schema.Target, res: dict[str, Any], out: Path) -> str:
     plt = _plt()
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 3.2))
     names = list(res["forecasts"])
@@ -183,18 +183,18 @@ def calibration(target: str, res: dict[str, Any], out: Path) -> str:
     a3.axhline(1.0, color="k", lw=1)
     a3.set_title("PIT density (1 = calibrated)")
     a3.legend(fontsize=7)
-    fig.suptitle(f"{target} +{res['lead_h']} h", y=1.04)
-    return _save(fig, out / f"calibration_{target}.png")
+    fig.suptitle(f"{target.name} +{res['lead_h']} h", y=1.04)
+    return _save(fig, out / f"calibration_{target.name}.png")
 
 
-def _score_table(target: str, ds: xr.Dataset, res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _score_table(target: schema.Target, ds: xr.Dataset, res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """One row per registered metric (and one more for the area-weighted value of a ``weighted``
     one), one column per forecast: global scores at the summary's lead; ``-`` where it does not apply."""
     names = [*res["forecasts"], ENSEMBLE]
-    scores = ds["score"].sel(target=target, lead=res["lead_h"], region="global", forecast=names)
+    scores = ds["score"].sel(target=target.name, lead=res["lead_h"], region="global", forecast=names)
     rows = []
     for m in verification.METRICS:
-        units = str(ds["metric_units"].sel(target=target, metric=m.name).values)
+        units = str(ds["metric_units"].sel(target=target.name, metric=m.name).values)
         for w in ("none", "area") if m.weighted else ("none",):
             values = scores.sel(metric=m.name, weighting=w).values
             if m.event and not np.isfinite(values).any():  # an event this target has no threshold for
@@ -222,9 +222,9 @@ def _crps_vs_raw_table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     return head, rows
 
 
-def _lead_table(target: str, ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
-    crps = ds["score"].sel(target=target, metric="crps", region="global")
-    sig = ds["significant"].sel(target=target, region="global", weighting="area")
+def _lead_table(target: schema.Target, ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
+    crps = ds["score"].sel(target=target.name, metric="crps", region="global")
+    sig = ds["significant"].sel(target=target.name, region="global", weighting="area")
     leads = [int(h) for h in ds["lead"].values]
     head = ["forecast"] + [f"+{h} h (unw. / area-w.)" for h in leads]
     rows = []
@@ -239,8 +239,8 @@ def _lead_table(target: str, ds: xr.Dataset) -> tuple[list[str], list[list[str]]
     return head, rows
 
 
-def _decomp_table(target: str, ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
-    dec = ds["decomposition"].sel(target=target, region="global")  # (forecast, component, lead)
+def _decomp_table(target: schema.Target, ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
+    dec = ds["decomposition"].sel(target=target.name, region="global")  # (forecast, component, lead)
     comps = [str(c) for c in dec["component"].values]
     head = ["forecast", "lead", *comps]
     rows = []
@@ -274,7 +274,7 @@ def _legend() -> list[str]:
     return [f"{m.label}: {m.description}" for m in verification.METRICS]
 
 
-def _target_section(target: str, ds: xr.Dataset, res: dict[str, Any], out: Path
+def _target_section(target: schema.Target, ds: xr.Dataset, res: dict[str, Any], out: Path
                     ) -> tuple[list[str], list[str]]:
     lead = res["lead_h"]
     note = (f"Raw ensemble mean |EFI| {res['raw_ensemble']['global']['mean_abs_efi']:.2f}; "
@@ -286,7 +286,7 @@ def _target_section(target: str, ds: xr.Dataset, res: dict[str, Any], out: Path
               (f"CRPS against the raw Gaussian at +{lead} h (global)", _crps_vs_raw_table(res)),
               ("CRPS at every lead", _lead_table(target, ds)),
               ("CRPS decomposition (global, area-weighted)", _decomp_table(target, ds))]
-    md, body = [f"## {target}", ""], [f"<h2>{html.escape(target)}</h2>"]
+    md, body = [f"## {target.name}", ""], [f"<h2>{html.escape(target.name)}</h2>"]
     for title, (head, rows) in tables:
         md += [f"### {title}", "", *_md(head, rows)]
         body += [f"<h3>{html.escape(title)}</h3>", _html(head, rows)]
@@ -307,7 +307,7 @@ def write_report(ds: xr.Dataset, results: dict[str, Any], out: Path) -> Path:
     md += [f"![scorecard]({card})", ""]
     body.append(f'<img src="{card}">')
     for target, res in results["targets"].items():
-        m, b = _target_section(target, ds, res, out)
+        m, b = _target_section(schema.target(target), ds, res, out)  # the summary names its targets
         md += m
         body += b
     io.write_text(out / "report.md", "\n".join(md) + "\n")

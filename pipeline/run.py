@@ -74,19 +74,19 @@ class CompressJob:
                    f"neural field fits gap-free fields only; give compress a preset without {', '.join(gappy)} "
                    "(e.g. configs/train/emos_t850.yaml) or remove this compress entry")
             raise ConfigError(msg)
-        if schema.TARGETS[spec.target].derived:
+        if spec.resolved_target.derived:
             msg = (f"compress.preset {self.preset}: its target {spec.target} is derived from the members "
-                   f"({', '.join(schema.TARGETS[spec.target].input_variables)}), which an artefact of ensemble "
+                   f"({', '.join(spec.resolved_target.input_variables)}), which an artefact of ensemble "
                    "statistics does not hold; give compress a preset of a variable target (e.g. "
                    "configs/train/emos_t850.yaml) or remove this compress entry")
             raise ConfigError(msg)
 
-    def data_config(self, store: Path) -> Any:
-        """The preset's data config as training resolves it, pointed at ``store`` (members off)."""
+    def data_config(self, store_path: Path) -> Any:
+        """The preset's data config as training resolves it, pointed at ``store_path`` (members off)."""
         from postcast.pipeline.train import data_config
 
         try:
-            return data_config(["-c", self.preset, "--data.cfg.store", str(store),
+            return data_config(["-c", self.preset, "--data.cfg.store", str(store_path),
                                 "--data.cfg.sample.members", "false"])
         except ValueError as err:
             msg = f"compress.preset {self.preset}: {err}"

@@ -135,20 +135,21 @@ def data_config(args: Sequence[str] | dict[str, Any]) -> DataConfig:
 
 def validate_preset(path: str) -> str | None:
     """Check a training preset (with the paths fragment) without instantiating anything: the Lightning
-    parser's checks, then the model family's options and the sample spec. None if valid, else the error."""
+    parser's checks, then the architecture's options (``model.family``), the predictive family
+    (``model.distribution``) and the sample spec. None if valid, else the error."""
     from postcast.datasets.core.errors import ConfigError
     from postcast.models import distributions, registry
 
     try:
         cfg = resolve(["--config", path])
         model = cfg.get("model") or {}
-        family = registry.make(model.get("family", "mlp"), model.get("net"))
+        arch = registry.make(model.get("family", "mlp"), model.get("net"))
         distributions.get(model.get("distribution") or "gaussian")  # None: the target's family (a registered one)
         spec = data_config(cfg).sample
     except (ValueError, ConfigError) as err:
         return str(err)
-    if family.needs_members and not spec.members:
-        return f"model.family {family.name!r} reads the raw members: set data.cfg.sample.members: true"
+    if arch.needs_members and not spec.members:
+        return f"model.family {arch.name!r} reads the raw members: set data.cfg.sample.members: true"
     return None
 
 

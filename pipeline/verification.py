@@ -29,8 +29,8 @@ from typing import Protocol
 
 import numpy as np
 import xarray as xr
-from scipy import special
 
+from postcast.datasets import laws
 from postcast.datasets.core.geo import latitude_weights
 from postcast.pipeline import metrics
 
@@ -72,7 +72,7 @@ REGIONS: tuple[Region, ...] = (Region("global"), Region("n_extratropics", 20.0, 
 # --- one forecast on one lead -----------------------------------------------------------------
 class Predictive(Protocol):
     """A predictive distribution, parameters of shape S = (T, lat, lon), numpy float64 in and out
-    (``postcast.pipeline.evaluate.FamilyForecast`` wraps ``postcast.models.distributions``)."""
+    (``postcast.pipeline.gather.FamilyForecast`` wraps ``postcast.models.distributions``)."""
 
     @property
     def name(self) -> str: ...
@@ -122,7 +122,7 @@ class Chunk:
         if self.dist is not None:
             return self.dist.quantile(tau)
         assert self.mu is not None and self.sigma is not None
-        return np.asarray(self.mu + self.sigma * special.ndtri(tau))
+        return laws.get(laws.Gaussian.name).quantile({"mu": self.mu, "sigma": self.sigma}, tau)
 
     def _tail_quantiles(self) -> Callable[[float], np.ndarray]:
         """tau -> Q(tau) (T, lat, lon) where some event's chaining can tell it apart, else a stand-in of the same
@@ -336,8 +336,8 @@ def score_chunk(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndar
 # --- diagnostics ------------------------------------------------------------------------------
 def quantile_members(mu: np.ndarray, sigma: np.ndarray, n: int = QUANTILE_MEMBERS) -> np.ndarray:
     """The n quantiles at levels (i - 1/2)/n of N(mu, sigma^2), sorted, on a new axis 1."""
-    z = special.ndtri((np.arange(n) + 0.5) / n)  # (n,)
-    return mu[:, None] + sigma[:, None] * z.reshape(1, n, *([1] * (mu.ndim - 1)))
+    tau = ((np.arange(n) + 0.5) / n).reshape(1, n, *([1] * (mu.ndim - 1)))  # (1, n, 1, ...)
+    return laws.get(laws.Gaussian.name).quantile({"mu": mu[:, None], "sigma": sigma[:, None]}, tau)
 
 
 def hersbach(sorted_x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
@@ -407,7 +407,7 @@ def exceedance(chunk: Chunk, threshold: np.ndarray, above: bool) -> np.ndarray:
         p_below = (chunk.members < threshold).mean(axis=1)
     else:
         assert chunk.mu is not None and chunk.sigma is not None
-        p_below = special.ndtr((threshold - chunk.mu) / chunk.sigma)
+        p_below = laws.get(laws.Gaussian.name).cdf({"mu": chunk.mu, "sigma": chunk.sigma}, threshold)
     return np.asarray(1.0 - p_below if above else p_below)
 
 

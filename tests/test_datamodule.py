@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from postcast.datasets import contract, schema
-from postcast.datasets.core.errors import BadInputError
+from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models.losses import crps_gaussian as metrics_torch_crps
@@ -155,3 +155,11 @@ def test_other_checkpoint_formats_are_refused_with_the_fix(cfg, tmp_path, versio
     fix = "upgrade postcast" if version == 4 else "retrain it"
     with pytest.raises(BadInputError, match=rf"checkpoint format {version}, this postcast reads format 3: {fix}"):
         load_checkpoint(str(path))
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 0}, {"num_workers": -1}])
+def test_loader_sizes_are_checked_as_options(options):
+    """``--data.cfg.batch_size 0`` reached torch's DataLoader, whose plain ValueError is an internal error
+    (exit 70) now that only the project's errors are the user's: the option is refused as one (exit 2)."""
+    with pytest.raises(ConfigError, match="batch_size"):
+        DataConfig(store="unused.zarr", **options)

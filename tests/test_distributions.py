@@ -1,7 +1,8 @@
-"""Predictive distribution families (postcast.models.distributions) against independent implementations:
-scoringrules 0.10 for the CRPS, scipy.stats for log scores and quantiles, scipy.integrate.quad of
-(F(x) - 1{x >= y})^2 where scoringrules is unstable or has no closed form, all in float64; then the
-one distribution head on every model family (float32 training, the Gaussian bit for bit as before)."""
+"""Predictive distribution families (postcast.models.distributions, the torch side; their laws in
+postcast.datasets.laws) against independent implementations: scoringrules 0.10 for the CRPS, scipy.stats
+for log scores and quantiles, scipy.integrate.quad of (F(x) - 1{x >= y})^2 where scoringrules is unstable
+or has no closed form, all in float64; then the one distribution head on every architecture (float32
+training, the Gaussian bit for bit as before)."""
 
 import dataclasses
 import itertools
@@ -15,6 +16,7 @@ import torch
 from battery import assert_ok, in_process
 from scipy import integrate, interpolate, optimize, special, stats
 
+from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import distributions as D
 from postcast.models import losses, registry
@@ -29,6 +31,11 @@ N = 400  # random cases per family
 
 def T(a) -> torch.Tensor:
     return torch.as_tensor(np.asarray(a, dtype=np.float64))
+
+
+def law_of(dist: D.Distribution) -> tuple[laws.Family, laws.Params]:
+    """The law of a torch family and its parameters as the law reads them (numpy; Bernstein's coef (K, *S))."""
+    return dist.law, dist.numpy_params()
 
 
 def quad_crps(cdf, sf, y: float, lower: float = -np.inf, breaks: tuple[float, ...] = ()) -> float:
@@ -215,7 +222,8 @@ def test_bernstein_crps_is_the_limit_of_scoringrules_crps_quantile():
     coef, y = _bernstein_cases(N)
     levels = (np.arange(20_000) + 0.5) / 20_000
     dist = D.Bernstein(T(coef))
-    grid = dist.quantile(T(levels).unsqueeze(-1)).numpy().T  # (N, levels)
+    law, p = law_of(dist)
+    grid = law.quantile(p, levels[:, None]).T  # (N, levels)
     assert np.abs(dist.crps(T(y)).numpy() - sr.crps_quantile(y, grid, levels)).max() < 1e-6
 
 
@@ -237,17 +245,18 @@ def _scipy_laws():
 @pytest.mark.parametrize("case", range(4), ids=["gaussian", "truncnormal", "clogistic", "csg"])
 def test_log_score_cdf_and_quantile_match_scipy(case):
     ours, law, shift, censored = _scipy_laws()[case]
+    fam, p = law_of(ours)  # cdf, survival function and quantiles: the law's (datasets/laws.py)
     n = 50
     tau = np.linspace(0.02, 0.98, n)
     x = np.abs(law.ppf(tau) - shift) + 0.01  # > 0: the continuous part
     assert np.allclose(ours.log_score(T(x)).numpy(), -law.logpdf(x + shift), rtol=1e-10, atol=1e-12)
-    assert np.allclose(ours.cdf(T(x)).numpy(), law.cdf(x + shift), rtol=0, atol=1e-12)
-    assert np.allclose(ours.exceedance(T(x)).numpy(), law.sf(x + shift), rtol=1e-10, atol=1e-14)
+    assert np.allclose(fam.cdf(p, x), law.cdf(x + shift), rtol=0, atol=1e-12)
+    assert np.allclose(fam.sf(p, x), law.sf(x + shift), rtol=1e-10, atol=1e-14)
     q_ref = law.ppf(tau) - shift
     if censored:  # Y = max(0, X - shift): the atom at 0 scores -log P(Y = 0)
         assert np.allclose(ours.log_score(T(np.zeros(n))).numpy(), -law.logcdf(shift), rtol=1e-10)
         q_ref = np.maximum(q_ref, 0.0)
-    assert np.allclose(ours.quantile(T(tau)).numpy(), q_ref, rtol=1e-9, atol=1e-9)
+    assert np.allclose(fam.quantile(p, tau), q_ref, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", D.names())
@@ -259,13 +268,13 @@ def test_quantile_and_cdf_round_trip(name):
     cls = D.get(name)
     raw = g.normal(0, 1.0, (n, cls.n_raw))
     raw[:20, 0] = -60.0  # far below the ensemble: mu/s ~ -60, nearly all mass at 0 when censored
-    dist = cls.from_raw(T(raw), T(g.normal(0, 2, n)), T(g.lognormal(0, 0.5, n)))
-    tau = T(g.uniform(0.001, 0.999, n))
-    q = dist.quantile(tau)
-    atom = dist.cdf(T(np.zeros(n))) if cls.lower is not None else torch.zeros(n, dtype=torch.float64)
+    law, p = law_of(cls.from_raw(T(raw), T(g.normal(0, 2, n)), T(g.lognormal(0, 0.5, n))))
+    tau = g.uniform(0.001, 0.999, n)
+    q = law.quantile(p, tau)
+    atom = law.cdf(p, np.zeros(n)) if law.lower is not None else np.zeros(n)
     cont = tau > atom + 1e-9
-    assert torch.allclose(dist.cdf(q)[cont], tau[cont], rtol=0, atol=1e-9)
-    assert bool((q[~cont] == 0).all())  # tau inside the point mass: the quantile is 0
+    assert np.allclose(law.cdf(p, q)[cont], tau[cont], rtol=0, atol=1e-9)
+    assert (q[~cont] == 0).all()  # tau inside the point mass: the quantile is 0
 
 
 @pytest.mark.parametrize("name", ["clogistic", "csg"])
@@ -274,12 +283,12 @@ def test_precipitation_families_never_go_below_zero(name):
     n = 300
     cls = D.get(name)
     raw = g.normal(0, 3.0, (n, cls.n_raw))
-    dist = cls.from_raw(T(raw), T(g.normal(0, 3, n)), T(g.lognormal(0, 1, n)))
-    tau = T(np.linspace(1e-6, 1 - 1e-6, 201)).unsqueeze(-1)  # (levels, 1) against (N,)
-    assert float(dist.quantile(tau).min()) >= 0.0
-    assert float(dist.cdf_left(T(np.zeros(n))).max()) == 0.0  # P(Y < 0)
-    assert float(dist.cdf(T(np.full(n, -1e-9))).max()) == 0.0
-    assert float(dist.exceedance(-1.0).min()) == 1.0
+    law, p = law_of(cls.from_raw(T(raw), T(g.normal(0, 3, n)), T(g.lognormal(0, 1, n))))
+    tau = np.linspace(1e-6, 1 - 1e-6, 201)[:, None]  # (levels, 1) against (N,)
+    assert float(law.quantile(p, tau).min()) >= 0.0
+    assert float(law.cdf_left(p, np.zeros(n)).max()) == 0.0  # P(Y < 0)
+    assert float(law.cdf(p, np.full(n, -1e-9)).max()) == 0.0
+    assert float(law.sf(p, -1.0).min()) == 1.0
 
 
 @pytest.mark.parametrize("name", D.names())
@@ -290,19 +299,20 @@ def test_randomised_pit_of_draws_is_uniform(name):
     cls = D.get(name)
     raw = np.tile(g.normal(0, 0.5, cls.n_raw), (n, 1))
     raw[:, 0] = -1.0  # some mass at 0 for the censored families
-    dist = cls.from_raw(T(raw), T(np.full(n, 0.5)), T(np.ones(n)))
-    y = dist.quantile(T(g.random(n)))
-    pit = dist.pit(y, T(g.random(n))).numpy()
+    law, p = law_of(cls.from_raw(T(raw), T(np.full(n, 0.5)), T(np.ones(n))))
+    y = law.quantile(p, g.random(n))
+    pit = law.pit(p, y, g.random(n))
     assert stats.kstest(pit, "uniform").pvalue > 1e-3
 
 
 def test_bernstein_log_score_is_minus_log_density():
     coef, _ = _bernstein_cases(30)
     dist = D.Bernstein(T(coef[1:]))
-    y = T(dist.quantile(T(np.full(29, 0.37))).numpy())
+    law, p = law_of(dist)
+    y = law.quantile(p, np.full(29, 0.37))
     h = 1e-6 * (coef[1:, -1] - coef[1:, 0])
-    dens = (dist.cdf(y + T(h)) - dist.cdf(y - T(h))).numpy() / (2 * h)
-    assert np.allclose(dist.log_score(y).numpy(), -np.log(dens), rtol=1e-6)
+    dens = (law.cdf(p, y + h) - law.cdf(p, y - h)) / (2 * h)
+    assert np.allclose(dist.log_score(T(y)).numpy(), -np.log(dens), rtol=1e-6)
     assert bool(torch.isinf(dist.log_score(T(coef[1:, -1] + 1.0))).all())
 
 
@@ -324,17 +334,17 @@ def test_zero_raw_outputs_give_the_raw_ensemble_spread(name):
     """raw = 0 is where every model starts (zero-initialised last layer): a law of the ensemble's scale."""
     n = 5
     m, s = T(np.full(n, 3.0)), T(np.full(n, 1.5))
-    dist = D.get(name).from_raw(T(np.zeros((n, D.get(name).n_raw))), m, s)
-    iqr = (dist.quantile(T(0.75)) - dist.quantile(T(0.25))).numpy()
+    law, p = law_of(D.get(name).from_raw(T(np.zeros((n, D.get(name).n_raw))), m, s))
+    iqr = law.quantile(p, 0.75) - law.quantile(p, 0.25)
     assert np.all((iqr > 0.5 * 1.349 * 1.5) & (iqr < 2.0 * 1.349 * 1.5))  # N(m, s) has IQR 1.349 s
 
 
 def test_unknown_family_names_the_choices():
-    with pytest.raises(ValueError, match=r"choose one of .*bernstein.*truncnormal"):
+    with pytest.raises(ConfigError, match=r"model.distribution 'weibull': choose one of .*bernstein.*truncnormal"):
         D.get("weibull")
 
 
-# --- one distribution head on every model family ------------------------------------------------------
+# --- one distribution head on every architecture ------------------------------------------------------
 H, W, M = 7, 10, 5
 SPEC = {"target": "t850", "variables": ["z", "t", "u"], "season_features": False, "members": True}
 
@@ -355,8 +365,8 @@ def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("distribution", D.names())
-@pytest.mark.parametrize("kind", sorted(registry.families()))
-def test_every_model_family_trains_every_distribution(kind, distribution):
+@pytest.mark.parametrize("kind", sorted(registry.architectures()))
+def test_every_architecture_trains_every_distribution(kind, distribution):
     """The zero-initialised head gives from_raw(0) (the raw ensemble's scale); a few steps lower the CRPS."""
     torch.manual_seed(0)
     model, b = _model(kind, distribution), _batch()
@@ -382,7 +392,7 @@ def test_every_model_family_trains_every_distribution(kind, distribution):
     assert set(model.predict_step(b, 0)) == set(zero.params)
 
 
-@pytest.mark.parametrize("kind", sorted(registry.families()))
+@pytest.mark.parametrize("kind", sorted(registry.architectures()))
 def test_gaussian_distribution_reproduces_the_ens10_head(kind):
     """distribution: gaussian gives exactly what the (a, b) head gave: mu = m + s a, sigma = s exp(b) and
     the Gaussian kernel's CRPS, with the same parameters (checkpoints keep loading)."""

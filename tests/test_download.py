@@ -20,11 +20,11 @@ class Server:
     """A threaded HTTP server on 127.0.0.1 with Range support (416 for a range past the end, as S3) and
     MD5 ETags; ``mode`` "drop" cuts the first GET of each file half way (then closes the connection),
     "wrong_size" announces 100 bytes more in HEAD, "cut" cuts every GET half way, "busy" answers every
-    GET with 503. ``times`` holds
-    when each GET arrived (time.monotonic)."""
+    GET with 503. ``etag`` "md5" sends single-part S3 ETags (the MD5), "multipart" S3's multipart form
+    (not an MD5), "none" no ETag. ``times`` holds when each GET arrived (time.monotonic)."""
 
-    def __init__(self, root: Path, mode: str = "ok"):
-        self.root, self.mode = root, mode
+    def __init__(self, root: Path, mode: str = "ok", etag: str = "md5"):
+        self.root, self.mode, self.etag = root, mode, etag
         self.requests: list[tuple[str, str, str | None]] = []
         self.dropped: set[str] = set()
         self.times: list[float] = []
@@ -65,8 +65,13 @@ class Server:
                 extra = 100 if server.mode == "wrong_size" else 0
                 self.send_response(200)
                 self.send_header("Content-Length", str(p.stat().st_size + extra))
-                self.send_header("ETag", '"' + hashlib.md5(p.read_bytes(), usedforsecurity=False).hexdigest() + '"')
+                self._etag(p.read_bytes())
                 self.end_headers()
+
+            def _etag(self, data: bytes) -> None:
+                md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+                if server.etag != "none":
+                    self.send_header("ETag", f'"{md5}"' if server.etag == "md5" else f'"{md5}-3"')
 
             def do_GET(self) -> None:
                 rng = self.headers.get("Range")
@@ -89,7 +94,7 @@ class Server:
                 if rng:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(body)))
-                self.send_header("ETag", '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"')
+                self._etag(data)
                 self.end_headers()
                 if server.mode == "cut" or (server.mode == "drop" and p.name not in server.dropped):
                     server.dropped.add(p.name)

@@ -36,6 +36,29 @@ def test_a_full_size_part_of_zeros_is_fetched_again_not_kept(synth_grib, tmp_pat
     assert gets == [f"bytes={len(data)}-", None]  # the resume (416), then the whole file
 
 
+@pytest.mark.parametrize("etag", ["none", "multipart"])
+def test_a_part_no_checksum_can_vouch_for_is_fetched_again(synth_grib, tmp_path, etag):
+    """A full-size ``.part`` of zeros that this postcast did not write, from a server that sends no MD5
+    (no ETag, or a multipart one): nothing can check those bytes, so they are not renamed into place."""
+    name, data = _sfc(synth_grib)
+    (tmp_path / f"{name}.part").write_bytes(bytes(len(data)))
+    with Server(synth_grib, etag=etag) as srv:
+        assert download.fetch(download.Remote(name, srv.url + name), tmp_path) == "fetched"
+    assert (tmp_path / name).read_bytes() == data and not (tmp_path / f"{name}.part").exists()
+
+
+@pytest.mark.parametrize("etag", ["none", "multipart"])
+def test_a_dropped_transfer_without_checksums_still_resumes(synth_grib, tmp_path, etag):
+    """The bytes postcast wrote itself are vouched for by its own record beside the part, so a dropped
+    connection resumes with a Range request even where the server sends no MD5."""
+    name, data = _sfc(synth_grib)
+    with Server(synth_grib, mode="drop", etag=etag) as srv:
+        assert download.fetch(download.Remote(name, srv.url + name), tmp_path, backoff=0.0) == "fetched"
+        gets = [r for m, _, r in srv.requests if m == "GET"]
+    assert (tmp_path / name).read_bytes() == data and len(gets) == 2 and gets[1] is not None
+    assert not list(tmp_path.glob("*.part*"))
+
+
 def test_a_416_without_a_prior_head_checks_the_etag_by_head(synth_grib, tmp_path):
     """:func:`download.fetch` called alone (no HEAD before): the 416 answer has no ETag, so fetch asks
     for it with a HEAD and still refuses to keep the damaged part."""

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from postcast.datasets import contract
+from postcast.datasets import contract, schema
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import evaluate, metrics
+from postcast.pipeline import evaluate, gather, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,10 +96,10 @@ def test_evaluate_rejects_bad_checkpoints(cli, store, tmp_path):
 def test_score_matches_the_metric_definitions(store, backend):
     ds = contract.open_store(store)
     ds = ds.load() if backend == "numpy" else ds
-    ver = evaluate.verification_dataset(ds, "t2m", "test")
+    ver = gather.verification_dataset(ds, schema.target("t2m"), "test")
     y = ver["truth"].values
     shifted = ver["mu"].sel(forecast="raw").values + 0.5
-    ver = evaluate.add_forecast(ver, "shifted", shifted, ver["sigma"].sel(forecast="raw").values)
+    ver = gather.add_forecast(ver, "shifted", shifted, ver["sigma"].sel(forecast="raw").values)
     efi = evaluate.efi_fields(ds, ver)
     assert efi.shape == y.shape and np.abs(efi).max() <= 1
     res = evaluate.score(ver, efi, bootstrap=50)

@@ -11,12 +11,12 @@ import scoringrules as sr
 import torch
 from scipy import special, stats
 
-from postcast.datasets import contract
+from postcast.datasets import contract, schema
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions as D
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import evaluate, verification
+from postcast.pipeline import evaluate, gather, verification
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("truncnormal", "csg")
@@ -63,7 +63,7 @@ def chunk_case():
 
 def test_family_chunk_scores_match_scipy_and_scoringrules(chunk_case):
     mu, sigma, y, t = chunk_case
-    dist = evaluate.FamilyForecast(D.TruncNormal(torch.from_numpy(mu), torch.from_numpy(sigma)))
+    dist = gather.FamilyForecast(D.TruncNormal(torch.from_numpy(mu), torch.from_numpy(sigma)))
     c = verification.Chunk(y, np.zeros_like(y), dist=dist, thresholds={"above_q90": t, "below_q10": t})
     cdf, ppf = scipy_law("truncnormal", {"mu": mu, "sigma": sigma})
     assert c.kind == verification.DISTRIBUTION
@@ -91,7 +91,7 @@ def test_every_family_goes_through_the_registry(family, chunk_case):
     y = np.where(y < 0.5, 0.0, y)  # rain-like: some outcomes exactly at the censoring point
     raw = torch.from_numpy(np.random.default_rng(5).normal(0.0, 0.5, (*y.shape, D.get(family).n_raw)))
     m, s = torch.full(y.shape, 1.0, dtype=torch.float64), torch.full(y.shape, 0.8, dtype=torch.float64)
-    ff = evaluate.FamilyForecast(D.get(family).from_raw(raw, m, s))
+    ff = gather.FamilyForecast(D.get(family).from_raw(raw, m, s))
     lat, lon = np.linspace(-60.0, 60.0, y.shape[1]), np.linspace(0.0, 270.0, y.shape[2])
     c = verification.Chunk(y, np.zeros_like(y), dist=ff)
     events = {"above_q90": t, "below_q10": t}
@@ -184,8 +184,8 @@ def test_evaluate_cli_scores_non_gaussian_checkpoints(cli, family_checkpoints, s
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads((out / "metrics.json").read_text())["targets"]["t2m"]
     ds = contract.open_store(str(store))
-    ver = evaluate.verification_dataset(ds, "t2m", "test", step_h=res["lead_h"])
-    y, t = ver["truth"].values, evaluate.climate_thresholds(ds, "t2m", res["lead_h"])["above_q90"]
+    ver = gather.verification_dataset(ds, schema.target("t2m"), "test", step_h=res["lead_h"])
+    y, t = ver["truth"].values, evaluate.climate_thresholds(ds, schema.target("t2m"), res["lead_h"])["above_q90"]
     report = (out / "report.md").read_text()
     for name, path in family_checkpoints.items():
         family = name.removeprefix("tiny_")

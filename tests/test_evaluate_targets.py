@@ -35,7 +35,7 @@ def test_tp24_scores_against_scoringrules(derived_store, evaluated):
     scoringrules on the members derived here from tp at +48 h and +24 h."""
     summary, _, _ = evaluated
     ds = contract.open_store(derived_store)
-    rows = contract.split_rows(ds, "val", target="tp24")
+    rows = contract.split_rows(ds, "val", target=schema.target("tp24"))
     x = np.maximum(_at(ds, "tp", rows, 48) - _at(ds, "tp", rows, 24), 0.0) * 1000.0  # (T, M, lat, lon) mm
     y = _at(ds, "truth_tp24", rows, 48)
     k, theta, delta = (_at(ds, f"oracle_{p}_tp24", rows, 48) for p in ("shape", "scale", "shift"))
@@ -74,7 +74,7 @@ def test_the_scorecard_measures_each_target_against_its_baseline(evaluated):
 def test_ws10_members_are_derived_per_member(derived_store, evaluated):
     summary, _, _ = evaluated
     ds = contract.open_store(derived_store)
-    rows = contract.split_rows(ds, "val", target="ws10")
+    rows = contract.split_rows(ds, "val", target=schema.target("ws10"))
     x = np.hypot(_at(ds, "u10", rows, 48), _at(ds, "v10", rows, 48))  # (T, M, lat, lon) m/s
     y = _at(ds, "truth_ws10", rows, 48)
     res = summary["targets"]["ws10"]

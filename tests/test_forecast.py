@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.pipeline import evaluate
+from postcast.pipeline import gather
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     p = ds["t850_exceedance_probability"].values
     assert ((p >= 0) & (p <= 1)).all() and (p[1] <= p[0]).all()
     # the same model through the evaluation path on the store gives the same mean and std
-    _, times, mu, sigma = evaluate.predict_checkpoint(str(checkpoint), str(store), "test")
+    _, times, mu, sigma = gather.predict_checkpoint(str(checkpoint), str(store), "test")
     np.testing.assert_allclose(ds["t850_mean"].sel(forecast_reference_time=times).values, mu, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(ds["t850_std"].sel(forecast_reference_time=times).values, sigma, rtol=1e-4, atol=1e-5)
     z = xr.open_zarr(out / "postprocessed/mlp/t850" / files[0].name.replace(".nc", ".zarr"), consolidated=False)
@@ -185,11 +185,11 @@ def test_a_bug_inside_forecast_is_an_internal_error_with_a_log(cli, checkpoint, 
 
 def test_each_forecast_input_is_checked_once(cli, checkpoint, synth_zarr, tmp_path, monkeypatch):
     """The source checked the values it loaded and the forecast checked them again."""
-    from postcast.datasets import sources
+    from postcast.datasets.sources import base
 
     calls = []
-    check = sources.check_values
-    monkeypatch.setattr(sources, "check_values", lambda ds, where: calls.append(where) or check(ds, where))
+    check = base.check_values
+    monkeypatch.setattr(base, "check_values", lambda ds, where: calls.append(where) or check(ds, where))
     cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
         "--end", "2017-12-31", "--out", str(tmp_path / "fc"), check=True)
     written = list((tmp_path / "fc").rglob("*.nc"))

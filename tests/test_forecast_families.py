@@ -13,9 +13,9 @@ import pytest
 import xarray as xr
 from scipy import integrate, interpolate, optimize, stats
 
+from postcast.datasets import laws
 from postcast.models import distributions
 from postcast.pipeline import archive
-from postcast.pipeline.forecast import MOMENTS, law, moments
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
@@ -99,7 +99,7 @@ def test_the_service_answers_a_point_query_on_any_family(cli, family_ckpt, synth
         "--end", "2017-12-31", "--out", str(out), "--thresholds", "279", check=True)
     found, skipped = archive.scan(out)
     field = archive.read_field(found[0])
-    assert not skipped and field.family == family and set(field.params) == set(archive.PARAMETERS[family])
+    assert not skipped and field.family == family and set(field.params) == set(laws.get(family).names)
     ds = xr.open_dataset(found[0].path).isel(forecast_reference_time=0).sel(latitude=40, longitude=10)
     point = {"target": "t2m", "lat": 40, "lon": 10}
     median = round(float(ds["t2m_quantile"].sel(quantile=0.5)), 2)  # where a skewed law differs most from a normal
@@ -109,7 +109,7 @@ def test_the_service_answers_a_point_query_on_any_family(cli, family_ckpt, synth
     np.testing.assert_allclose(list(body["quantiles"].values()), ds["t2m_quantile"].values, rtol=1e-6)
     assert body["exceedance"] == {"279": pytest.approx(float(ds["t2m_exceedance_probability"][0]), abs=1e-7)}
     assert body["mean"] == pytest.approx(float(ds["t2m_mean"])) and body["std"] == pytest.approx(float(ds["t2m_std"]))
-    p = {k: float(ds[f"t2m_{k}"]) for k in archive.PARAMETERS[family]}
+    p = {k: float(ds[f"t2m_{k}"]) for k in laws.get(family).names}
     want = (stats.truncnorm.sf(median, -p["mu"] / p["sigma"], np.inf, loc=p["mu"], scale=p["sigma"])
             if family == "truncnormal" else stats.gamma.sf(median + p["shift"], p["shape"], scale=p["scale"]))
     assert asked["exceedance"][f"{median:g}"] == pytest.approx(want, abs=1e-9)
@@ -160,18 +160,17 @@ def _scipy_moments(family: str, p: dict[str, np.ndarray], i: int) -> tuple[float
 
 @pytest.mark.parametrize("family", distributions.names())
 def test_every_family_has_its_file_form_checked_against_scipy(family):
-    """Each family of models/distributions.py has its parameters described for the file (archive.PARAMETERS,
-    the dataclass's fields) and closed-form moments (forecast.MOMENTS) that integration reproduces; its
-    quantiles and exceedance (the family's own methods) match scipy's law."""
-    assert list(archive.PARAMETERS[family]) == [f.name for f in dataclasses.fields(distributions.get(family))]
-    assert family in MOMENTS
+    """Each family of models/distributions.py has its parameters described for the file (datasets/laws.py,
+    the dataclass's fields) and closed-form moments (the law's) that integration reproduces; its quantiles
+    and exceedance (the law's, as the forecast writes them) match scipy's law."""
+    assert list(laws.get(family).names) == [f.name for f in dataclasses.fields(distributions.get(family))]
     p = _params(family)
-    mean, std = moments(family, p)
+    mean, std = laws.get(family).moments(p)
     for i in range(3):
         m, s = _scipy_moments(family, p, i)
         assert mean[0, i] == pytest.approx(m, rel=1e-6, abs=1e-8) and std[0, i] == pytest.approx(s, rel=1e-6)
     thresholds = (-0.5, 0.0, 0.7, 4.0)
-    got = law(family, p, LEVELS, thresholds)
+    got = archive.Law.of(family, p, LEVELS, thresholds)
     for i in range(3):
         want = [_scipy_sf(family, p, t, i) for t in thresholds]
         np.testing.assert_allclose(got.exceedance[:, 0, i], want, atol=1e-9)
@@ -191,13 +190,15 @@ def test_every_family_round_trips_through_the_archive(family, tmp_path):
     unreadable product, not a Gaussian."""
     import pandas as pd
 
+    from postcast.datasets import schema
+
     p = _params(family)
-    mean, std = moments(family, p)
+    mean, std = laws.get(family).moments(p)
     thresholds = (-0.5, 0.0, 0.7, 4.0)
-    ds = archive.products(mean, std, target="t2m", init=pd.Timestamp("2017-01-02"), step_h=48,
+    ds = archive.products(mean, std, target=schema.target("t2m"), init=pd.Timestamp("2017-01-02"), step_h=48,
                           lat=np.array([10.0]), lon=np.array([0.0, 5.0, 10.0]), quantiles=LEVELS,
                           thresholds=thresholds, attrs={"product": archive.POSTPROCESSED},
-                          law=None if family == "gaussian" else law(family, p, LEVELS, thresholds))
+                          law=None if family == "gaussian" else archive.Law.of(family, p, LEVELS, thresholds))
     for ext in ("nc", "zarr"):
         path = archive.product_path(tmp_path, archive.POSTPROCESSED, "m", "t2m", pd.Timestamp("2017-01-02"), ext)
         archive.write_product(ds, path)

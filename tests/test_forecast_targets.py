@@ -147,14 +147,14 @@ def test_fallback_is_the_raw_law_of_the_derived_members(cli, world, ckpts, windo
     fallback asked the input for a variable named like the target (exit 66); then it was N(m, s^2), whose
     rain quantiles went below 0."""
     raw = xr.open_zarr(world / "raw" / "forecast.zarr", consolidated=False)  # ENS-10 names: time = init
-    only = raw[list(schema.TARGETS[target].input_variables)].isel(time=[-2, -1]).load()
+    only = raw[list(schema.target(target).input_variables)].isel(time=[-2, -1]).load()
     src = tmp_path / "only.zarr"
     only.to_zarr(src, zarr_format=3, consolidated=False)
     out = tmp_path / "fc"
     proc = cli("forecast", "--checkpoint", str(ckpts[target]), "--input", str(src), *window, "--out", str(out))
     assert proc.returncode == 0 and "(2 fallback)" in proc.stdout, proc.stderr[-2000:]
     ds = _one(out, "fallback_raw", "emos", target)
-    assert ds.attrs["postcast_fallback"] == 1 and ds.attrs["predictive_distribution"] == schema.TARGETS[target].family
+    assert ds.attrs["postcast_fallback"] == 1 and ds.attrs["predictive_distribution"] == schema.target(target).family
     assert "missing" in ds.attrs["comment"]
     x = _members(only.isel(time=[0]).sortby("latitude"), target)[0]  # (number, lat, lon) ascending latitude
     m, s = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)

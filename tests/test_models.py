@@ -11,7 +11,7 @@ from postcast.models.smoe import SMoEConfig, SMoEHead, TopKRouting, rc_labels, r
 H, W, C, M, V = 13, 20, 9, 6, 3  # odd grid on purpose
 # 3 input variables (the target's is the second: channels 2, 3) + 3 location features = C channels
 SPEC = {"target": "t850", "variables": ["z", "t", "u"], "season_features": False, "members": True}
-MODELS = list(registry.families())
+MODELS = list(registry.architectures())
 
 
 def net_batch(b: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -103,7 +103,7 @@ def test_adding_a_family_is_one_registered_config():
     """Every family is found by discovery and builds from its own small config, nothing else."""
     assert set(MODELS) == {"emos", "emos_global", "mlp", "lenet", "unet", "unet_smoe", "smoe", "transformer"}
     with pytest.raises(Exception, match="unknown keys"):
-        registry.make("unet", {"hidden": 3})  # another family's option
+        registry.make("unet", {"hidden": 3})  # another architecture's option
     with pytest.raises(ValueError, match="choose one of"):
         registry.get("resnet")
 

@@ -1,7 +1,10 @@
-"""Static checks run with the tests: ruff and mypy clean, imports go one way between layers, and the
-data core stays free of torch."""
+"""Static checks run with the tests: ruff and mypy clean, imports go one way between layers, the data core
+stays free of torch, no import cycle (scripts/check_imports.py), no module over 500 lines, a small top level
+of datasets/, and the target table read through the schema's functions."""
 
 import ast
+import functools
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -10,6 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 500  # per module of the package
+MAX_DATASETS_TOP = 12  # modules directly in datasets/ (its __init__ aside): the rest lives in sub-packages
+MAX_TARGET_LOOKUPS = 5  # lines indexing the target table outside datasets/schema.py (schema.target(name) instead)
 # datasets <- models/compression <- pipeline <- serve; the CLI (folder cli/ = package postcast) on top
 LAYERS = {"datasets": 0, "models": 1, "compression": 1, "pipeline": 2, "serve": 3}
 CLI_RANK = 99  # anything under postcast.* that is not one of the layers above is the CLI package
@@ -142,3 +148,134 @@ def test_a_process_using_grib_and_regridding_exits_cleanly():
             "print(eccodes.codes_get_api_version())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
+
+
+# --- the import graph (scripts/check_imports.py), module sizes, the target table, formatting ---------------
+@functools.cache
+def _check_imports():
+    """scripts/check_imports.py as a module."""
+    spec = importlib.util.spec_from_file_location("check_imports", ROOT / "scripts" / "check_imports.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["check_imports"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _copy_package(dest: Path) -> Path:
+    for layer in ("cli", *LAYERS):
+        shutil.copytree(ROOT / layer, dest / layer, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def test_no_import_cycle_and_no_import_of_the_cli_below_it():
+    """The command that checks it: ``python scripts/check_imports.py`` (exit 1 and the cycles otherwise)."""
+    proc = subprocess.run([sys.executable, "scripts/check_imports.py"], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.startswith("no import cycle"), proc.stdout
+
+
+def test_import_graph_resolution(tmp_path):
+    """``from X import Y`` is an edge to the module X.Y when there is one, else to X (a name from its
+    ``__init__``); relative and TYPE_CHECKING imports count; ``import a.b`` is no edge to ``a``."""
+    ci = _check_imports()
+    files = {
+        "cli/__init__.py": "from postcast.datasets.core import version\n",
+        "datasets/__init__.py": "from postcast.datasets import a\nNAME = 1\n",
+        "datasets/a.py": "import postcast.datasets.sub.b\nfrom postcast.datasets.sub.b import thing\n",
+        "datasets/core/__init__.py": "",
+        "datasets/core/version.py": "",
+        "datasets/sub/__init__.py": "",
+        "datasets/sub/b.py": ("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                              "    from postcast.datasets import NAME\n"
+                              "def f():\n    from ..core import version\n    from . import c\n"),
+        "datasets/sub/c.py": "from .. import NAME, a\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for layer in LAYERS:
+        (tmp_path / layer).mkdir(exist_ok=True)
+    _, edges = ci.graph(tmp_path)
+    assert {(e.source, e.target) for e in edges} == {
+        ("postcast", "postcast.datasets.core.version"),
+        ("postcast.datasets", "postcast.datasets.a"),
+        ("postcast.datasets.a", "postcast.datasets.sub.b"),
+        ("postcast.datasets.sub.b", "postcast.datasets"),  # a name from the package's __init__
+        ("postcast.datasets.sub.b", "postcast.datasets.core.version"),
+        ("postcast.datasets.sub.b", "postcast.datasets.sub.c"),
+        ("postcast.datasets.sub.c", "postcast.datasets"),
+        ("postcast.datasets.sub.c", "postcast.datasets.a"),
+    }
+    (cycle,) = ci.cycles(edges)  # one per strongly connected component: its shortest from its first module
+    assert [(e.source, e.target) for e in cycle] == [("postcast.datasets", "postcast.datasets.a"),
+                                                     ("postcast.datasets.a", "postcast.datasets.sub.b"),
+                                                     ("postcast.datasets.sub.b", "postcast.datasets")]
+
+
+def test_import_check_finds_a_planted_cycle(tmp_path):
+    """An import back along an existing edge, hidden under TYPE_CHECKING, is a cycle the command reports."""
+    ci = _check_imports()
+    root = _copy_package(tmp_path)
+    known, edges = ci.graph(root)
+    assert ci.cycles(edges) == []
+    edge = next(e for e in edges if e.source.startswith("postcast.datasets.") and not known[e.target].is_package
+                and e.target.startswith("postcast.datasets."))
+    path = known[edge.target].path
+    path.write_text(path.read_text() + f"\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                       f"    import {edge.source}\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_imports.py"), str(root)], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stdout
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("import cycle: ") and edge.source in line and edge.target in line, line
+
+
+@pytest.mark.parametrize("line", [
+    "import postcast",
+    "from postcast import __version__",  # now postcast.datasets.core.version.__version__
+    "from ... import cli",  # relative, from datasets/sources/registry.py: postcast.cli
+    "from postcast.cli import main",
+])
+def test_import_check_finds_the_cli_imported_below_it(tmp_path, line):
+    ci = _check_imports()
+    root = _copy_package(tmp_path)
+    target = root / "datasets" / "sources" / "registry.py"
+    target.write_text(target.read_text() + f"\n{line}\n")
+    problems, _, _ = ci.report(root)  # (and a cycle where the CLI imports the importer)
+    found = [p for p in problems if p.startswith("the CLI package imported below it: ")]
+    assert len(found) == 1 and found[0].startswith(
+        "the CLI package imported below it: datasets/sources/registry.py:"), problems
+
+
+def test_no_module_over_500_lines():
+    over = {m.path.relative_to(ROOT).as_posix(): n for m in _check_imports().modules(ROOT).values()
+            if (n := len(m.path.read_text().splitlines())) > MAX_LINES}
+    assert over == {}, f"modules over {MAX_LINES} lines: {over}"
+
+
+def test_datasets_has_a_small_top_level():
+    top = sorted(p.name for p in (ROOT / "datasets").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_DATASETS_TOP, f"{len(top)} modules directly in datasets/: {top}"
+
+
+def test_the_target_table_is_read_through_the_schema():
+    """Lines indexing the target table by name outside datasets/schema.py, over the tracked and untracked
+    files (``git grep``): a name is resolved once where it comes in (``schema.target``), then passed on."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    proc = subprocess.run(["git", "grep", "--untracked", "-c", "TARGETS\\[", "--", ".", ":(exclude)datasets/schema.py"],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode in (0, 1), proc.stderr  # 1: no match
+    counts = {path: int(n) for path, _, n in (ln.rpartition(":") for ln in proc.stdout.splitlines())}
+    assert sum(counts.values()) <= MAX_TARGET_LOOKUPS, counts
+
+
+def test_ruff_format_clean():
+    ruff = shutil.which("ruff", path=Path(sys.executable).parent)
+    if ruff is None:
+        pytest.fail("ruff is not installed: run scripts/setup.sh")
+    proc = subprocess.run([ruff, "format", "--check", "--output-format", "concise", "."], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:]  # the files `ruff format` would change

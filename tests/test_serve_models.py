@@ -14,8 +14,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from postcast.datasets import contract
-from postcast.pipeline import evaluate
+from postcast.datasets import contract, schema
+from postcast.pipeline import evaluate, gather
 from postcast.serve.app import create_app
 from postcast.serve.testing import running_server, write_forecasts
 
@@ -31,9 +31,9 @@ def summary(store):
     """evaluate's summary of two forecasts of t2m on the test split: GOOD is the raw-ensemble Gaussian,
     BAD the same shifted by 10 K (so its CRPS is clearly worse)."""
     ds = contract.open_store(store).load()
-    ver = evaluate.verification_dataset(ds, TARGET, "test")
+    ver = gather.verification_dataset(ds, schema.target(TARGET), "test")
     mu, sigma = ver["mu"].sel(forecast="raw").values, ver["sigma"].sel(forecast="raw").values
-    ver = evaluate.add_forecast(evaluate.add_forecast(ver, GOOD, mu, sigma), BAD, mu + 10.0, sigma)
+    ver = gather.add_forecast(gather.add_forecast(ver, GOOD, mu, sigma), BAD, mu + 10.0, sigma)
     return {"split": "test", "targets": {TARGET: evaluate.score(ver, evaluate.efi_fields(ds, ver), bootstrap=20)}}
 
 

@@ -83,7 +83,7 @@ def test_seasonal_cycle(sample):
 
 def test_error_structure_and_oracle(sample):
     fc, truth = sample
-    for target, tg in ((t, schema.TARGETS[t]) for t in schema.ENS10_TARGETS):
+    for target, tg in ((t, schema.target(t)) for t in schema.ENS10_TARGETS):
         x = fc[tg.variable].sel(level=tg.level) if tg.level else fc[tg.variable]
         y = truth[contract.truth_name(target)]
         rmse, spread = [], []

@@ -30,17 +30,41 @@ SMALL = {"seed": 7, "resolution": 10.0, "years": (2016, 2017), "dates_per_year":
 
 
 def test_registry_describes_every_target():
-    ws, tp = schema.TARGETS["ws10"], schema.TARGETS["tp24"]
+    ws, tp = schema.target("ws10"), schema.target("tp24")
     assert ws.derived and ws.inputs == (("u10", 0), ("v10", 0)) and ws.units == "m s**-1"
     assert (ws.family, ws.thresholds, ws.lead_h) == ("truncnormal", (10.0, 20.0), 48)
     assert tp.derived and tp.inputs == (("tp", 0), ("tp", -24)) and tp.units == "mm"
     assert (tp.family, tp.thresholds) == ("csg", (1.0, 10.0))
     for name in schema.ENS10_TARGETS:  # the ENS-10 three: unchanged, Gaussian variables at +48 h
-        tg = schema.TARGETS[name]
+        tg = schema.target(name)
         assert not tg.derived and tg.family == "gaussian" and tg.input_variables == (tg.variable,)
-    for name, tg in schema.TARGETS.items():  # the store's oracle names are the family's parameters
+    for tg in schema.TARGETS.values():  # the store's oracle names are the family's parameters
         params = tuple(f.name for f in dataclasses.fields(distributions.get(tg.family)))
-        assert tuple(contract.oracle_parameters(name)) == params
+        assert tuple(contract.oracle_parameters(tg)) == params
+
+
+def test_an_unknown_target_is_a_config_error_naming_the_targets():
+    with pytest.raises(ConfigError, match=r"target 'nope': use one of \['z500', 't850', 't2m', 'ws10', 'tp24'\]"):
+        schema.target("nope")
+    assert schema.target("tp24") is schema.TARGETS["tp24"]  # resolved once, the registry's own object
+
+
+def test_each_derived_target_is_declared_as_data_and_reproduces_its_members_by_hand():
+    """ws10: hypot of (u10, v10) at the lead; tp24: tp at the lead minus tp 24 h before, clipped at 0, m -> mm."""
+    ws, tp = schema.target("ws10").derive, schema.target("tp24").derive
+    assert ws == schema.Derivation(schema.DeriveKind.HYPOT, ("u10", "v10"))
+    assert tp == schema.Derivation(schema.DeriveKind.ACCUMULATION, ("tp",), window_h=24, clip_min=0.0, scale=1000.0)
+    assert [t.name for t in schema.derived_targets()] == ["ws10", "tp24"]
+    u, v = np.array([[3.0, -6.0], [0.0, 1.0]]), np.array([[4.0, -8.0], [2.0, 0.0]])  # (member, point) m/s
+    tp48, tp24 = np.array([[0.0025, 0.010], [0.0, 0.0]]), np.array([[0.002, 0.0101], [0.0, 0.0]])  # m
+    fields = {("u10", 0): u, ("v10", 0): v, ("tp", 0): tp48, ("tp", -24): tp24}
+    by_hand = {"ws10": np.array([[5.0, 10.0], [2.0, 1.0]]), "tp24": np.array([[0.5, 0.0], [0.0, 0.0]])}
+    for tg in schema.derived_targets():
+        got = tg.members(lambda v, off: fields[(v, off)])
+        np.testing.assert_allclose(got, by_hand[tg.name], rtol=0, atol=1e-12)
+    assert (tp(tp48, tp24) >= 0).all()  # the shrinking accumulation (packing noise) is 0 mm, not negative
+    with pytest.raises(ConfigError, match="give two or more"):
+        schema.Derivation(schema.DeriveKind.HYPOT, ("u10",))
 
 
 def _day() -> xr.Dataset:
@@ -116,9 +140,9 @@ def test_ws10_truth_is_a_draw_from_the_oracle_truncated_normal(small):
     fc, truth = small
     y = _at48(truth, "truth_ws10")
     law = distributions.TruncNormal(*(torch.from_numpy(_at48(truth, n).astype(np.float64))
-                                      for n in contract.oracle_parameters("ws10").values()))
+                                      for n in contract.oracle_parameters(schema.target("ws10")).values()))
     assert (y >= 0).all()
-    pit = law.pit(torch.from_numpy(y.astype(np.float64))).numpy().ravel()
+    pit = law.law.pit(law.numpy_params(), y.astype(np.float64)).ravel()  # the law's (datasets/laws.py)
     assert stats.kstest(pit[::7], "uniform").pvalue > 1e-3
     members = np.hypot(_at48(fc, "u10"), _at48(fc, "v10"))  # (init, member, lat, lon): per member
     raw = crps_ensemble(np.moveaxis(members, 1, -1), y).mean()
@@ -130,17 +154,18 @@ def test_tp24_truth_is_a_draw_from_the_oracle_csg(small):
     fc, truth = small
     y = _at48(truth, "truth_tp24")
     law = distributions.CensoredShiftedGamma(*(torch.from_numpy(_at48(truth, n).astype(np.float64))
-                                               for n in contract.oracle_parameters("tp24").values()))
+                                               for n in contract.oracle_parameters(schema.target("tp24")).values()))
     gen = torch.Generator().manual_seed(0)
     u = torch.rand(y.shape, generator=gen, dtype=torch.float64)
-    pit = law.pit(torch.from_numpy(y.astype(np.float64)), u).numpy().ravel()  # randomised at the point mass
+    pit = law.law.pit(law.numpy_params(), y.astype(np.float64), u.numpy()).ravel()  # randomised at the point mass
     assert stats.kstest(pit[::7], "uniform").pvalue > 1e-3
-    p_dry = law.cdf(torch.zeros(y.shape, dtype=torch.float64)).numpy()
+    p_dry = law.law.cdf(law.numpy_params(), np.zeros(y.shape))
     dry = y == 0
     assert 0.1 < dry.mean() < 0.6 and abs(dry.mean() - p_dry.mean()) < 3 * np.sqrt(p_dry.mean() / dry.size) + 0.02
     assert p_dry.max() > 0.6 and p_dry.min() < 0.1  # dry regions and wet ones
     assert np.quantile(y, 0.999) > 5 * np.quantile(y[~dry], 0.5)  # rare heavy amounts
-    members = schema.amount_mm(_at48(fc, "tp"), fc["tp"].sel({schema.STEP: pd.Timedelta(hours=24)}).values)
+    members = schema.target("tp24").members(  # (init, member, lat, lon) mm: tp(+48 h) - tp(+24 h), clipped at 0
+        lambda v, off: fc[v].sel({schema.STEP: pd.Timedelta(hours=48 + off)}).values)
     raw = crps_ensemble(np.moveaxis(members, 1, -1), y).mean()
     oracle = law.crps(torch.from_numpy(y.astype(np.float64))).mean().item()
     assert oracle < 0.9 * raw, (oracle, raw)
@@ -167,8 +192,8 @@ def test_a_store_with_derived_targets_samples_them(tmp_path):
 
 def _raw_val_crps(store: Path, target: str) -> float:
     """The members' fair CRPS of ``target`` on the validation dates at +48 h (the raw baseline)."""
-    ds, tg = contract.open_store(store), schema.TARGETS[target]
-    rows = contract.split_rows(ds, "val", target=target)
+    ds, tg = contract.open_store(store), schema.target(target)
+    rows = contract.split_rows(ds, "val", target=tg)
     at = {h: contract.step_position(ds.get_index(schema.STEP), h) for h in (24, 48)}
     x = tg.members(lambda v, off: ds[v].isel({schema.INIT_TIME: rows, schema.STEP: at[48 + off]}).values
                    .astype(np.float64))  # (N, M, H, W)
@@ -181,7 +206,7 @@ def test_one_epoch_of_emos_beats_the_raw_members(derived_store, target, tmp_path
     """The tiny preset (the target's family: truncnormal, csg) after one epoch scores below the members."""
     cli = train.run(["fit", "-c", f"configs/train/tiny_emos_{target}.yaml", "--data.cfg.store", str(derived_store),
                      "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
-    tg = schema.TARGETS[target]  # the preset names no distribution nor thresholds: the target's own
+    tg = schema.target(target)  # the preset names no distribution nor thresholds: the target's own
     assert cli.model.hparams["distribution"] == tg.family and cli.model.thresholds == list(tg.thresholds)
     val = float(cli.trainer.callback_metrics["val_crps"])
     raw = _raw_val_crps(derived_store, target)
@@ -241,7 +266,7 @@ def test_models_reading_the_members_take_a_derived_target(derived_store, preset,
     spec = cli.datamodule.cfg.sample
     ds = contract.open_store(derived_store)
     sample = Sampler(spec, ds[schema.LAT].values, ds[schema.LON].values).sample(ds.isel({schema.INIT_TIME: 3}))
-    tg, at = schema.TARGETS[target], {h: contract.step_position(ds.get_index(schema.STEP), h) for h in (24, 48)}
+    tg, at = schema.target(target), {h: contract.step_position(ds.get_index(schema.STEP), h) for h in (24, 48)}
     own = tg.members(lambda v, off: ds[v].isel({schema.INIT_TIME: 3, schema.STEP: at[48 + off]}).values
                      .astype(np.float64))  # (M, H, W)
     assert sample["members"].shape[1] == spec.n_member_variables == len(spec.input_variables) + 1
@@ -257,7 +282,8 @@ def test_validation_logs_the_oracle_of_a_non_gaussian_target(derived_store, tmp_
                      "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
     logged = float(cli.trainer.callback_metrics["val_oracle_crps"])
     ds = contract.open_store(derived_store)
-    rows, step = contract.split_rows(ds, "val", target="tp24"), contract.step_position(ds.get_index(schema.STEP), 48)
+    rows = contract.split_rows(ds, "val", target=schema.target("tp24"))
+    step = contract.step_position(ds.get_index(schema.STEP), 48)
     k, theta, delta, y = (ds[n].isel({schema.INIT_TIME: rows, schema.STEP: step}).values.astype(np.float64)
                           for n in ("oracle_shape_tp24", "oracle_scale_tp24", "oracle_shift_tp24", "truth_tp24"))
     assert logged == pytest.approx(sr.crps_csg0(y, k, scale=theta, shift=delta).mean(), rel=1e-4)

@@ -12,16 +12,16 @@ import pytest
 import scoringrules
 import xarray as xr
 
-from postcast.datasets import contract
+from postcast.datasets import contract, schema
 from postcast.datasets.core import geo
-from postcast.pipeline import evaluate, significance, verification
+from postcast.pipeline import evaluate, gather, significance, verification
 
 LAT = np.array([-75.0, -45.0, -15.0, 15.0, 45.0, 75.0])
 LON = np.arange(0.0, 360.0, 45.0)
 
 
 def make_ver(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray, members: np.ndarray) -> xr.Dataset:
-    """A verification dataset as :func:`evaluate.verification_dataset` returns it: one Gaussian
+    """A verification dataset as :func:`gather.verification_dataset` returns it: one Gaussian
     forecast "raw" (T, lat, lon), members (T, M, lat, lon) and the truth."""
     t = np.arange(y.shape[0]).astype("datetime64[D]")
     dims = ("init_time", "latitude", "longitude")
@@ -287,14 +287,15 @@ def test_a_registered_metric_reaches_metrics_json_results_nc_and_the_report(stor
     out = tmp_path / "eval"
     evaluate.evaluate(evaluate.EvalConfig(store=str(store), targets=("t850",), out=str(out), bootstrap=20))
     summary = json.loads((out / "metrics.json").read_text())["targets"]["t850"]
-    ver = evaluate.verification_dataset(contract.open_store(store), "t850", "test", step_h=summary["lead_h"])
+    ver = gather.verification_dataset(contract.open_store(store), schema.target("t850"), "test",
+                                        step_h=summary["lead_h"])
     y, units = ver["truth"].values, ver.attrs["units"]
     errors = {"raw": np.abs(ver["mu"].sel(forecast="raw").values - y),
-              evaluate.ENSEMBLE: np.abs(ver["members"].values.mean(axis=1) - y)}
+              gather.ENSEMBLE: np.abs(ver["members"].values.mean(axis=1) - y)}
     want = {f: e.mean() for f, e in errors.items()}
     want_w = {f: weighted_mean(e, ver["latitude"].values) for f, e in errors.items()}
 
-    in_json = {"raw": summary["forecasts"]["raw"]["global"], evaluate.ENSEMBLE: summary[evaluate.ENSEMBLE]["global"]}
+    in_json = {"raw": summary["forecasts"]["raw"]["global"], gather.ENSEMBLE: summary[gather.ENSEMBLE]["global"]}
     ds = xr.open_dataset(out / "results.nc")
     in_nc = ds["score"].sel(target="t850", lead=summary["lead_h"], region="global", metric="mae")
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()

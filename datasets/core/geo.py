@@ -1,4 +1,5 @@
-"""Geometry of the latitude-longitude grid, torch-free: latitude weights for area-weighted means.
+"""Geometry of the latitude-longitude grid, torch-free: the regular :class:`Grid` (ENS-10's 0.5 deg and any
+other spacing or regional area) and latitude weights for area-weighted means.
 
 One implementation for the whole project: :mod:`postcast.pipeline.metrics` re-exports
 :func:`latitude_weights` (evaluation scores) and :mod:`postcast.compression.metrics` weights its
@@ -7,6 +8,7 @@ errors with it (the ``cos`` kind).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -40,3 +42,103 @@ def latitude_weights(lat: np.ndarray, kind: LatitudeWeighting = "area") -> np.nd
         msg = f"latitude weights {kind!r}: use 'area' or 'cos'"
         raise ValueError(msg)
     return w / w.mean()
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A regular latitude/longitude grid: global with both poles (ENS-10: 0.5 deg, 361 x 720), or
+    regional with ``area = (south, north, west, east)`` in degrees, edges included. Regional
+    longitudes increase from ``west`` (0..360) and may pass 360 (a grid across the date line)."""
+
+    resolution: float = 0.5  # degrees
+    area: tuple[float, float, float, float] | None = None  # (south, north, west, east); None: global
+
+    def __post_init__(self) -> None:
+        n_lat, n_lon = 180.0 / self.resolution, 360.0 / self.resolution
+        if self.resolution <= 0 or abs(n_lat - round(n_lat)) > 1e-9 or abs(n_lon - round(n_lon)) > 1e-9:
+            msg = (f"grid resolution {self.resolution} deg does not divide 180 and 360; "
+                   "use e.g. 0.5, 1, 2, 2.5, 3, 4, 5")
+            raise ValueError(msg)
+        if self.area is not None:
+            self._check_area(tuple(float(a) for a in self.area))
+
+    def _check_area(self, area: tuple[float, ...]) -> None:
+        s, n, w, e = area
+        spans = ((n - s) / self.resolution, (e - w) / self.resolution)
+        if not (-90 <= s < n <= 90 and 0 <= w < 360 and w < e < w + 360
+                and all(abs(x - round(x)) < 1e-6 for x in spans)):
+            msg = (f"grid area {list(area)} (south, north, west, east): need -90 <= south < north <= 90, "
+                   f"0 <= west < 360, west < east < west + 360, spans that are multiples of {self.resolution:g} deg")
+            raise ValueError(msg)
+
+    @property
+    def is_global(self) -> bool:
+        return self.area is None
+
+    @property
+    def n_lat(self) -> int:
+        if self.area is not None:
+            return round((self.area[1] - self.area[0]) / self.resolution) + 1
+        return round(180.0 / self.resolution) + 1
+
+    @property
+    def n_lon(self) -> int:
+        if self.area is not None:
+            return round((self.area[3] - self.area[2]) / self.resolution) + 1
+        return round(360.0 / self.resolution)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_lat, self.n_lon)
+
+    def latitudes(self) -> np.ndarray:
+        """Ascending latitudes (canonical order), float64, degrees north."""
+        if self.area is not None:
+            return self.area[0] + np.arange(self.n_lat, dtype=np.float64) * self.resolution
+        return np.linspace(-90.0, 90.0, self.n_lat)
+
+    def longitudes(self) -> np.ndarray:
+        west = self.area[2] if self.area is not None else 0.0
+        return west + np.arange(self.n_lon, dtype=np.float64) * self.resolution
+
+    def describe(self) -> str:
+        """For provenance and messages: 'regular_ll 1 deg global 181x360' or '... lat 30..70 lon 340..400 41x61'."""
+        where = "global" if self.area is None else (f"lat {self.area[0]:g}..{self.area[1]:g} "
+                                                    f"lon {self.area[2]:g}..{self.area[3]:g}")
+        return f"regular_ll {self.resolution:g} deg {where} {self.n_lat}x{self.n_lon}"
+
+    @classmethod
+    def from_coords(cls, lat: np.ndarray, lon: np.ndarray, *, regional: bool = False) -> Grid:
+        """Recognise a regular global grid from coordinates (with ``regional``, also an evenly spaced
+        regional one), or raise ``ValueError`` naming the problem."""
+        lat = np.sort(np.asarray(lat, dtype=np.float64))
+        lon = np.asarray(lon, dtype=np.float64)
+        if lat.size < 3 or lon.size < 3:
+            msg = f"grid too small: {lat.size} latitudes x {lon.size} longitudes"
+            raise ValueError(msg)
+        res = float(lat[1] - lat[0])
+        grid = cls(round(res, 6))
+        if regional and (lat.size != grid.n_lat or lon.size != grid.n_lon):
+            return cls._regional(lat, lon, grid.resolution)
+        if lat.size != grid.n_lat or lon.size != grid.n_lon:
+            msg = (f"not a global {res} deg grid: got {lat.size} x {lon.size} points, expected "
+                   f"{grid.n_lat} x {grid.n_lon} (latitude -90..90 with both poles, longitude 0..360)")
+            raise ValueError(msg)
+        if not (np.allclose(lat, grid.latitudes(), atol=1e-4) and np.allclose(lon, grid.longitudes(), atol=1e-4)):
+            msg = (f"grid coordinates are not the regular {res} deg grid (latitude {lat[0]}..{lat[-1]}, "
+                   f"longitude {lon[0]}..{lon[-1]}); regrid to a global regular grid first")
+            raise ValueError(msg)
+        return grid
+
+    @classmethod
+    def _regional(cls, lat: np.ndarray, lon: np.ndarray, res: float) -> Grid:
+        """An evenly spaced regional grid (longitudes in their order, unwrapped from the first)."""
+        lon_u = np.mod(lon - lon[0], 360.0) + np.mod(lon[0], 360.0)
+        s, n, w, e = (round(float(x), 6) for x in (lat[0], lat[-1], lon_u[0], lon_u[-1]))
+        area = (s, n, w, e)
+        grid = cls(res, area)
+        if not (np.allclose(lat, grid.latitudes(), atol=1e-4) and np.allclose(lon_u, grid.longitudes(), atol=1e-4)):
+            msg = (f"not an evenly spaced {res:g} deg grid (latitude {lat[0]}..{lat[-1]}, longitude "
+                   f"{lon[0]}..{lon[-1]} in steps of {res:g})")
+            raise ValueError(msg)
+        return grid

@@ -43,8 +43,8 @@ def chunk_shapes(plan: sources.Plan) -> dict[str, tuple[int, ...]]:
         eshape = tuple(n for d, n in zip(dims, shape, strict=True) if d != schema.MEMBER)
         out[contract.ens_mean(v)] = out[contract.ens_std(v)] = io.chunk_shape(
             edims, eshape, whole=(schema.LAT, schema.LON), grow=grow)
-    for t in schema.TARGETS:
-        for name in (contract.truth_name(t), *contract.oracle_parameters(t).values()):
+    for tg in schema.TARGETS.values():
+        for name in (contract.truth_name(tg.name), *contract.oracle_parameters(tg).values()):
             out[name] = (1, ns, ny, nx)
     return out
 
@@ -77,9 +77,8 @@ def template(plan: sources.Plan, *, truth: Sequence[str], oracle: Sequence[str],
                                            {**attrs, "long_name": f"ensemble std (ddof=0) of {var.long_name}"})
     tdims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
     for name in [*truth, *oracle]:
-        target = name.split("_")[-1]
-        data[name] = xr.Variable(tdims, empty((n_t, ns, ny, nx), name),
-                                 {"units": schema.TARGETS[target].units, "target": target})
+        tg = schema.target(name.split("_")[-1])  # truth_<target>, oracle_<parameter>_<target>
+        data[name] = xr.Variable(tdims, empty((n_t, ns, ny, nx), name), {"units": tg.units, "target": tg.name})
     return xr.Dataset(data, coords=_coordinates(plan, splits))
 
 

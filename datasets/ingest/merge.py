@@ -83,26 +83,26 @@ def checkpoint_partials(parts: statistics.FieldPartials | None, path: str,
     return parts
 
 
-def stored_partials(store: str, index: int) -> statistics.FieldPartials:
+def stored_partials(store_path: str, index: int) -> statistics.FieldPartials:
     """The partial statistics of init date ``index`` read back from the store: a resumed ingest's training
     dates finished after its last checkpoint of merged partials (the same float32 values, the same
     partials as the task that wrote them computed)."""
-    ds = io.open_zarr(store)
+    ds = io.open_zarr(store_path)
     day = ds[statistics.statistic_fields(ds)].isel({schema.INIT_TIME: [index]}).load(scheduler="synchronous")
     return statistics.date_partials(day)
 
 
-def statistics_template(store: Path) -> None:
+def statistics_template(store_path: Path) -> None:
     """Create the statistics group's arrays (metadata only: hundreds of arrays, ~1 s), here in the client
     while the workers ingest the dates."""
-    tmpl, chunks = statistics.template(io.open_zarr(store))
-    io.write_template(tmpl, store, chunks=chunks, group=contract.STATISTICS_GROUP)
+    tmpl, chunks = statistics.template(io.open_zarr(store_path))
+    io.write_template(tmpl, store_path, chunks=chunks, group=contract.STATISTICS_GROUP)
 
 
-def write_statistics(parts: statistics.FieldPartials | None, store: str, train_times: np.ndarray,
+def write_statistics(parts: statistics.FieldPartials | None, store_path: str, train_times: np.ndarray,
                      splits: schema.Splits) -> None:
     """Write the statistics group from the merged partials (a task: it runs where they are) into the arrays
     :func:`statistics_template` created."""
     keep_freed_memory()
-    stats = statistics.from_partials(io.open_zarr(store), parts or {}, train_times, splits)
-    io.write_into(stats, store, group=contract.STATISTICS_GROUP)
+    stats = statistics.from_partials(io.open_zarr(store_path), parts or {}, train_times, splits)
+    io.write_into(stats, store_path, group=contract.STATISTICS_GROUP)

@@ -16,7 +16,7 @@ from postcast.datasets.ingest.cluster import keep_freed_memory
 
 
 def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
-                 oracle: sources.TruthSource | None, plan: sources.Plan, indices: list[int], store: str,
+                 oracle: sources.TruthSource | None, plan: sources.Plan, indices: list[int], store_path: str,
                  done_dir: str, train: frozenset[int] = frozenset()) -> statistics.FieldPartials | None:
     """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks), then
     mark each done (the marker holds the checksums of the date's chunk files). Returns the merged partial
@@ -26,12 +26,12 @@ def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | 
     loaded = [load_date(forecast, truth, oracle, plan, i, partials=i in train) for i in indices]
     parts = [day for day, _ in loaded]
     full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
-    io.write_region(full, store, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
+    io.write_region(full, store_path, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
     merged: statistics.FieldPartials | None = None
     arrays = [str(n) for n in full.data_vars]
     for i, (_, mine) in zip(indices, loaded, strict=True):
         merged = statistics.combine_fields(merged, mine)
-        chunks = integrity.date_chunks(store, arrays, i)  # hashed now, while in the page cache
+        chunks = integrity.date_chunks(store_path, arrays, i)  # hashed now, while in the page cache
         io.write_json(Path(done_dir) / marker_name(plan.init_times[i]), {"chunks": chunks})
     return merged
 

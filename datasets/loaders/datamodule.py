@@ -65,6 +65,10 @@ class DataConfig:
         if self.loader not in LOADERS:
             msg = f"loader {self.loader!r}: use one of {list(LOADERS)}"
             raise ConfigError(msg)
+        if self.batch_size < 1 or self.num_workers < 0:
+            msg = (f"batch_size ({self.batch_size}) must be >= 1 and num_workers ({self.num_workers}) >= 0: "
+                   "set --data.cfg.batch_size / --data.cfg.num_workers")
+            raise ConfigError(msg)
         if min(self.cache_bytes, self.disk_cache_bytes, self.prefetch_threads) < 0:
             msg = (f"cache_bytes ({self.cache_bytes}), disk_cache_bytes ({self.disk_cache_bytes}) and "
                    f"prefetch_threads ({self.prefetch_threads}) must be >= 0")
@@ -109,49 +113,56 @@ def to_tensors(sample: Sample) -> dict[str, torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=4)
-def _open(store: str) -> tuple[xr.Dataset, xr.Dataset | None]:
+def _open(store_path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
     """The store (checked by the store contract) and its statistics group (None when it has none)."""
-    return contract.open_store(store), contract.open_statistics(store)
+    return contract.open_store(store_path), contract.open_statistics(store_path)
 
 
-def check_variables(ds: xr.Dataset, spec: SampleSpec, store: str) -> None:
+def check_variables(store: xr.Dataset, spec: SampleSpec, store_path: str) -> None:
     """MissingInputError naming the variables ``spec`` reads that the store lacks, and the fix."""
-    missing = [n for n in spec.store_variables() if n not in ds]
+    missing = [n for n in spec.store_variables() if n not in store]
     if missing:
         names = ", ".join(missing)
-        msg = (f"{store} has no {names}, which target {spec.target} with inputs {list(spec.input_variables)} reads: "
-               "ingest a store that holds them, or set data.cfg.sample.variables to inputs the store has")
+        msg = (f"{store_path} has no {names}, which target {spec.target} with inputs {list(spec.input_variables)} "
+               "reads: ingest a store that holds them, or set data.cfg.sample.variables to inputs the store has")
         raise MissingInputError(msg, missing=missing)
 
 
 class StoreDataset(Dataset[dict[str, torch.Tensor]]):
     """Samples of one split of a store (see :mod:`postcast.datasets.sample` for fields and shapes)."""
 
-    def __init__(self, cfg: DataConfig, split: str, *, source: Any = None):
+    def __init__(self, cfg: DataConfig, split: str, *, source: Any = None, store: xr.Dataset | None = None):
         """``source``: a zarr store (object) holding the same data as ``cfg.store`` to read samples
-        through, e.g. a wrapper that counts reads or adds latency; default: ``cfg.store`` itself."""
+        through, e.g. a wrapper that counts reads or adds latency; default: ``cfg.store`` itself.
+        ``store``: ``cfg.store`` already opened (:func:`postcast.datasets.contract.open_store`) by the caller,
+        who reads it too (evaluate); default: opened here (once per process)."""
         self.cfg, self.split, self.spec = cfg, split, cfg.sample
         self._source = io.open_zarr(source) if source is not None else None
         self._source_store = source
+        self._store = store
         self._arrays: dict[str, zarr.Array[Any]] | None = None  # opened on the first read
         self._coords: dict[str, np.ndarray] = {}
-        ds, _ = _open(cfg.store)
-        self.indices = contract.split_rows(ds, split, target=self.spec.target, step_h=self.spec.step_h)
+        ds = self._opened()
+        self.indices = contract.split_rows(ds, split, target=self.spec.resolved_target, step_h=self.spec.step_h)
         if self.indices.size == 0:
             msg = f"{cfg.store}: no init date with truth in split {split!r} for {self.spec.target}"
             raise MissingInputError(msg)
-        oracle = all(n in ds for n in contract.oracle_parameters(self.spec.target).values())  # synthetic stores
+        oracle = all(n in ds for n in contract.oracle_parameters(self.spec.resolved_target).values())  # synthetic
         check_variables(ds, self.spec, cfg.store)
         reads.check_chunks(cfg.store, self.spec.store_variables(oracle=oracle), self.indices.tolist())
         self.sampler = Sampler(self.spec, ds[schema.LAT].values, ds[schema.LON].values, oracle=oracle)
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
+
+    def _opened(self) -> xr.Dataset:
+        """The store: the caller's, else opened once per process (:func:`_open`)."""
+        return self._store if self._store is not None else _open(self.cfg.store)[0]
 
     def __len__(self) -> int:
         return int(self.indices.size)
 
     def sample_nbytes(self) -> int:
         """Bytes of one sample (all fields are float32 of fixed shape)."""
-        return self.sampler.nbytes(_open(self.cfg.store)[0].sizes[schema.MEMBER])
+        return self.sampler.nbytes(self._opened().sizes[schema.MEMBER])
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         try:
@@ -166,7 +177,7 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
     def _read(self, i: int) -> dict[str, torch.Tensor]:
         """Sample ``i``: the variables it needs are read in one concurrent zarr call (the same values
         as ``Sampler.sample(ds.isel(init_time=row))``, several times faster than xarray's lazy reads)."""
-        ds = self._source if self._source is not None else _open(self.cfg.store)[0]
+        ds = self._source if self._source is not None else self._opened()
         row = int(self.indices[i])
         if self._arrays is None:
             group = zarr.open_group(self._source_store if self._source_store is not None else self.cfg.store, mode="r")
@@ -218,8 +229,8 @@ class StoreDataModule(L.LightningDataModule):
         """Default exceedance thresholds for the model's forecasts: the target's own (schema.TARGETS: tp24 1
         and 10 mm), else quantiles of the training truth (:func:`postcast.datasets.contract.truth_quantiles`)."""
         spec = self.cfg.sample
-        own = schema.TARGETS[spec.target].thresholds
-        return own or contract.truth_quantiles(_open(self.cfg.store)[0], spec.target, spec.step_h)
+        own = spec.resolved_target.thresholds
+        return own or contract.truth_quantiles(_open(self.cfg.store)[0], spec.resolved_target, spec.step_h)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:
         return DataLoader(StoreDataset(self.cfg, split), batch_size=self.cfg.batch_size, shuffle=shuffle,

@@ -250,8 +250,9 @@ def normalise_oracle(ds: xr.Dataset, *, source: str = "oracle") -> xr.Dataset:
 def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
     """ERA5-like truth -> ``truth_<target>`` variables on a canonical grid, indexed by valid time
     (dim ``valid_time``), or already paired with forecasts (dims ``init_time``, ``step``). A derived
-    target's truth is computed here when the file does not give it: ws10 from u10 and v10, tp24 from
-    valid-time indexed precipitation amounts (:func:`_truth_tp24`)."""
+    target's truth is computed here when the file does not give it, as its declaration says
+    (:class:`postcast.datasets.schema.Derivation`): ws10 from u10 and v10, tp24 from valid-time indexed
+    precipitation amounts (:func:`_truth_accumulation`)."""
     names: dict[str, str] = {}
     if "time" in ds.dims:
         names["time"] = schema.INIT_TIME if "step" in ds.dims else schema.VALID_TIME
@@ -265,27 +266,30 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
         key = str(name)
         if _truth_variable(key, da) in _DERIVED_INPUTS:
             inputs[_truth_variable(key, da)] = (key, da)
-        target = _truth_target(key, da)
-        if target is None:
+        tg = _truth_target(key, da)
+        if tg is None:
             continue
-        tg = schema.TARGETS[target]
         if tg.level is not None and schema.LEVEL in da.coords:
             if tg.level not in np.atleast_1d(da[schema.LEVEL].values):
                 continue
             da = da.sel({schema.LEVEL: tg.level}, drop=True) if schema.LEVEL in da.dims else da.drop_vars(schema.LEVEL)
         conv = da if tg.derived else convert_units(da, schema.VARIABLES[tg.variable], source)
-        out[contract.truth_name(target)] = conv.assign_attrs(target=target)
-    out |= _derived_truths(inputs, [t for t in ("ws10", "tp24") if contract.truth_name(t) not in out], source)
+        out[contract.truth_name(tg.name)] = conv.assign_attrs(target=tg.name)
+    out |= _derived_truths(inputs, [t for t in schema.derived_targets() if contract.truth_name(t.name) not in out],
+                           source)
     if not out:
+        how = ", ".join(f"{t.name}{' is computed' * (i == 0)} from {t.derive.describe()}"
+                        for i, t in enumerate(schema.derived_targets()) if t.derive is not None)
         msg = (f"{source}: no truth variable for {', '.join(schema.TARGETS)} found (have {list(ds.data_vars)}; "
-               "ws10 is computed from u10 and v10, tp24 from tp)")
+               f"{how})")
         raise MissingInputError(msg)
     return xr.Dataset(out)
 
 
 # CF standard names of the 10 m wind in a truth file (fields without levels; u and v share them otherwise)
 _CF_WIND = {"eastward_wind": "u10", "northward_wind": "v10"}
-_DERIVED_INPUTS = ("u10", "v10", "tp")  # the truth variables the derived targets ws10, tp24 are computed from
+# the truth variables the derived targets (ws10, tp24) are computed from: u10, v10, tp
+_DERIVED_INPUTS = tuple(dict.fromkeys(v for t in schema.derived_targets() for v in t.input_variables))
 _TIME_CHUNK = 24  # valid times per chunk of the fields the derived truths are computed from
 
 
@@ -299,60 +303,75 @@ def _truth_variable(name: str, da: xr.DataArray) -> str:
     return canon
 
 
-def _truth_target(name: str, da: xr.DataArray) -> str | None:
+def _truth_target(name: str, da: xr.DataArray) -> schema.Target | None:
     if name.startswith("truth_") and name[6:] in schema.TARGETS:
-        return name[6:]
+        return schema.target(name[6:])
     if name in schema.TARGETS:
-        return name
+        return schema.target(name)
     canon = _truth_variable(name, da)
-    for target, tg in schema.TARGETS.items():
+    for tg in schema.TARGETS.values():
         if canon == tg.variable:
             if tg.level is None:
-                return target
+                return tg
             levels: list[int] = (np.atleast_1d(da[schema.LEVEL].values).tolist()
                                  if schema.LEVEL in da.coords else [])
             if tg.level in levels:
-                return target
+                return tg
     return None
 
 
-def _derived_truths(inputs: dict[str, tuple[str, xr.DataArray]], wanted: list[str],
+def _derived_truths(inputs: dict[str, tuple[str, xr.DataArray]], wanted: list[schema.Target],
                     source: str) -> dict[str, xr.DataArray]:
-    """Of the ``wanted`` targets (those the file gives no truth of): ``truth_ws10`` when the truth has u10 and
-    v10, ``truth_tp24`` when it has valid-time indexed tp."""
-    made = {"ws10": _truth_ws10(inputs, source) if "ws10" in wanted else None,
-            "tp24": _truth_tp24(*inputs["tp"], source) if "tp24" in wanted and "tp" in inputs else None}
-    return {contract.truth_name(t): da.assign_attrs(units=schema.TARGETS[t].units, target=t)
+    """Of the ``wanted`` derived targets (those the file gives no truth of), the truth of each whose input
+    variables the file has, computed as its declaration (``Target.derive``) says: ``truth_ws10`` when the
+    truth has u10 and v10, ``truth_tp24`` when it has valid-time indexed tp."""
+    made: dict[schema.Target, xr.DataArray | None] = {}
+    for tg in wanted:
+        if tg.derive is None:
+            continue
+        if tg.derive.kind is schema.DeriveKind.HYPOT:
+            made[tg] = _truth_hypot(tg, inputs, source)
+        elif tg.derive.variables[0] in inputs:  # an accumulation
+            made[tg] = _truth_accumulation(tg, *inputs[tg.derive.variables[0]], source)
+    return {contract.truth_name(t.name): da.assign_attrs(units=t.units, target=t.name)
             for t, da in made.items() if da is not None}
 
 
-def _truth_ws10(inputs: dict[str, tuple[str, xr.DataArray]], source: str) -> xr.DataArray | None:
-    """The speed (m/s) of the truth's 10 m wind, None unless it has both components."""
-    if "u10" not in inputs or "v10" not in inputs:
-        if "u10" in inputs or "v10" in inputs:
-            have, lack = ("u10", "v10") if "u10" in inputs else ("v10", "u10")
-            log.info("%s: %s without %s: no ws10 truth", source, have, lack)
+def _truth_hypot(tg: schema.Target, inputs: dict[str, tuple[str, xr.DataArray]], source: str) -> xr.DataArray | None:
+    """The magnitude (ws10: the speed in m/s of the truth's 10 m wind) of the components ``tg`` is derived from,
+    None unless the truth has every one."""
+    assert tg.derive is not None
+    names = tg.derive.variables
+    have = [v for v in names if v in inputs]
+    if len(have) < len(names):
+        if have:
+            log.info("%s: %s without %s: no %s truth", source, ", ".join(have),
+                     ", ".join(v for v in names if v not in inputs), tg.name)
         return None
-    (u_name, u), (v_name, v) = inputs["u10"], inputs["v10"]
-    m_s = [convert_units(_by_time(x, _TIME_CHUNK), schema.VARIABLES[n], source) for x, n in ((u, "u10"), (v, "v10"))]
-    log.info("%s: truth ws10 from u10, v10 (the file's %s, %s): their speed in m/s", source, u_name, v_name)
-    return xr.apply_ufunc(schema.wind_speed, *m_s, dask="allowed")  # lazy: np.hypot of the dask arrays
+    parts = [convert_units(_by_time(inputs[v][1], _TIME_CHUNK), schema.VARIABLES[v], source) for v in names]
+    log.info("%s: truth %s from %s (the file's %s): their magnitude (%s) in %s", source, tg.name, ", ".join(names),
+             ", ".join(inputs[v][0] for v in names), tg.derive.kind, tg.units)
+    return xr.apply_ufunc(tg.derive, *parts, dask="allowed")  # lazy: np.hypot of the dask arrays
 
 
-def _truth_tp24(name: str, tp: xr.DataArray, source: str) -> xr.DataArray | None:
-    """The 24 h precipitation amount (mm) ending at each valid time from amounts ``tp`` per interval ending
-    at their valid times (ERA5's hourly tp: the hour up to the valid time; a daily sum: the 24 h): the sum
-    over (valid time - 24 h, valid time], NaN where an amount of that window is missing, clipped at 0.
-    None for truth paired with forecasts (its tp would be an accumulation from the start)."""
-    if schema.VALID_TIME not in tp.dims:
-        log.info("%s: %s is not indexed by valid time: no tp24 truth from it (give truth_tp24)", source, name)
+def _truth_accumulation(tg: schema.Target, name: str, acc: xr.DataArray, source: str) -> xr.DataArray | None:
+    """The amount over the target's window (tp24: the 24 h precipitation in mm) ending at each valid time from
+    amounts ``acc`` per interval ending at their valid times (ERA5's hourly tp: the hour up to the valid time;
+    a daily sum: the 24 h): the sum over (valid time - window, valid time] times the declared scale, NaN where
+    an amount of that window is missing, clipped at the declared minimum. None for truth paired with forecasts
+    (its tp would be an accumulation from the start)."""
+    assert tg.derive is not None
+    if schema.VALID_TIME not in acc.dims:
+        log.info("%s: %s is not indexed by valid time: no %s truth from it (give %s)", source, name, tg.name,
+                 contract.truth_name(tg.name))
         return None
-    tp = tp.sortby(schema.VALID_TIME)
-    times = pd.DatetimeIndex(tp[schema.VALID_TIME].values)
-    every = _accumulation_period(times, name, source)
-    n = pd.Timedelta(hours=24) // every  # amounts per 24 h window
+    acc = acc.sortby(schema.VALID_TIME)
+    times = pd.DatetimeIndex(acc[schema.VALID_TIME].values)
+    every = _accumulation_period(times, name, source, tg)
+    n = pd.Timedelta(hours=tg.derive.window_h) // every  # amounts per window
     chunk = max(n, _TIME_CHUNK)  # a window reaches back into one chunk at most
-    mm = convert_units(_by_time(tp, chunk), schema.VARIABLES["tp"], source) * 1000.0  # m -> mm
+    variable = schema.VARIABLES[tg.derive.variables[0]]
+    mm = convert_units(_by_time(acc, chunk), variable, source) * tg.derive.scale  # tp: m -> mm
     full = pd.date_range(times[0], times[-1], freq=every)
     if len(full) != len(times):  # gaps between the dates: each missing interval is NaN (an incomplete window)
         mm = _by_time(mm.reindex({schema.VALID_TIME: full}), chunk)
@@ -360,27 +379,32 @@ def _truth_tp24(name: str, tp: xr.DataArray, source: str) -> xr.DataArray | None
     data = mm.data.map_overlap(_window_sums, depth={axis: (n - 1, 0)}, boundary="none", n=n, axis=axis,
                                dtype=np.float64)  # lazy, one chunk of times and the n - 1 before it at a time
     sums = xr.DataArray(data, coords=mm.coords, dims=mm.dims).sel({schema.VALID_TIME: times})
-    log.info("%s: truth tp24 from tp (the file's %s): sums of the %d amounts of %s ending at each valid time, "
-             "in mm, clipped at 0", source, name, n, _hours(every))
-    return sums.clip(min=0.0)
+    clipped = "" if tg.derive.clip_min is None else f", clipped at {tg.derive.clip_min:g}"
+    log.info("%s: truth %s from %s (the file's %s): sums of the %d amounts of %s ending at each valid time, "
+             "in %s%s", source, tg.name, variable.name, name, n, _hours(every), tg.units, clipped)
+    return sums if tg.derive.clip_min is None else sums.clip(min=tg.derive.clip_min)
 
 
-def _accumulation_period(times: pd.DatetimeIndex, name: str, source: str) -> pd.Timedelta:
+def _accumulation_period(times: pd.DatetimeIndex, name: str, source: str, tg: schema.Target) -> pd.Timedelta:
     """The spacing of the valid times (the most common one; gaps of whole multiples of it are allowed):
-    it must divide 24 h."""
+    it must divide the target's window (tp24: 24 h)."""
+    assert tg.derive is not None
+    window = pd.Timedelta(hours=tg.derive.window_h)
     steps, counts = np.unique(np.diff(times.as_unit("ns").asi8), return_counts=True)  # ns, ascending
     diffs = pd.to_timedelta(steps, unit="ns")
     every = diffs[np.argmax(counts)] if len(diffs) else None
     if every is None:
         seen = "one valid time"
-    elif pd.Timedelta(hours=24) % every:
+    elif window % every:
         seen = f"valid times every {_hours(every)}"
     elif any(d % every for d in diffs):
         seen = f"valid times at irregular spacings ({', '.join(map(_hours, diffs[:4]))})"
     else:
         return every
-    msg = (f"{source}: {name} (precipitation) has {seen}; tp24 truth needs amounts at a regular spacing that "
-           "divides 24 h (hourly ERA5 amounts, 3- or 6-hourly, or daily 24 h sums): resample it, or give truth_tp24")
+    what = schema.VARIABLES[tg.derive.variables[0]].long_name.split()[-1].lower()  # tp: precipitation
+    msg = (f"{source}: {name} ({what}) has {seen}; "
+           f"{tg.name} truth needs amounts at a regular spacing that divides {_hours(window)} (hourly ERA5 amounts, "
+           f"3- or 6-hourly, or daily {_hours(window)} sums): resample it, or give {contract.truth_name(tg.name)}")
     raise BadInputError(msg)
 
 

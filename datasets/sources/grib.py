@@ -15,9 +15,9 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError
+from postcast.datasets.sources import base, regrid
 from postcast.datasets.sources import messages as grib
-from postcast.datasets.sources import regrid
-from postcast.datasets.sources.base import Expectation, ForecastSource, Plan, check_values, raise_missing, target_grid
+from postcast.datasets.sources.base import Expectation, ForecastSource, Plan, raise_missing, target_grid
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class GribSource(ForecastSource):
             arr = np.moveaxis(arr, 0, 2)[None]  # (1, member, step, level, lat, lon)
             data[v] = arr if pl else arr[:, :, :, 0]
         ds = _assemble(data, init_time, plan)
-        check_values(ds, f"{self.path} {init_time:%Y-%m-%d}", frozenset(plan.generic))
+        base.check_values(ds, f"{self.path} {init_time:%Y-%m-%d}", frozenset(plan.generic))
         return ds
 
 

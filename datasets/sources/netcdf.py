@@ -13,12 +13,11 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError
-from postcast.datasets.sources import conventions, regrid
+from postcast.datasets.sources import base, conventions, regrid
 from postcast.datasets.sources.base import (
     Expectation,
     ForecastSource,
     Plan,
-    check_values,
     is_pressure_level,
     pick_variables,
     regridded,
@@ -132,7 +131,7 @@ class XarraySource(ForecastSource):
         if plan.source_grid is not None:
             out = regridded(out, plan)
         out = out.astype(np.float32, copy=False)  # float32 sources as they are (a copy: ~1 s per 0.5 deg date)
-        check_values(out, f"{self.path} {init_time:%Y-%m-%d}")
+        base.check_values(out, f"{self.path} {init_time:%Y-%m-%d}")
         return out
 
     def __getstate__(self) -> dict[str, Any]:

@@ -64,20 +64,20 @@ def _write_zarr_once(ds: xr.Dataset, path: Path, progress: bool) -> bool:
     return True
 
 
-def _era5_valid_time(truth: xr.Dataset, target: str) -> xr.Dataset:
+def _era5_valid_time(truth: xr.Dataset, target: schema.Target) -> xr.Dataset:
     """48 h truth of one target indexed by valid time, ERA5-style (latitude north -> south)."""
-    da = truth[contract.truth_name(target)].sel({schema.STEP: pd.Timedelta(hours=schema.TARGET_STEP_H)})
+    da = truth[contract.truth_name(target.name)].sel({schema.STEP: pd.Timedelta(hours=schema.TARGET_STEP_H)})
     da = da.drop_vars([schema.STEP, schema.VALID_TIME], errors="ignore")
     valid = da[schema.INIT_TIME].values + np.timedelta64(schema.TARGET_STEP_H, "h")
     da = da.assign_coords({schema.INIT_TIME: valid}).rename({schema.INIT_TIME: "time"})
-    tg = schema.TARGETS[target]
+    tg = target
     attrs = {"units": tg.units, "long_name": tg.name} if tg.derived else schema.cf_attrs(schema.VARIABLES[tg.variable])
     da.attrs = {**attrs, "long_name": f"ERA5-like {attrs['long_name']}"}
     if tg.level is not None:  # cdo-style pressure coordinate in Pa, as in ENS-10's ERA5_z500.nc
         da = da.expand_dims(plev=[tg.level * 100.0], axis=1)
         da["plev"].attrs = {"units": "Pa", "standard_name": "air_pressure"}
     ds = da.to_dataset(name=tg.variable).isel(latitude=slice(None, None, -1))
-    ds.attrs = {"Conventions": "CF-1.7", "title": f"postcast synthetic ERA5-like {target} at 48 h valid dates"}
+    ds.attrs = {"Conventions": "CF-1.7", "title": f"postcast synthetic ERA5-like {tg.name} at 48 h valid dates"}
     return ds
 
 
@@ -127,12 +127,12 @@ def write_synthetic(cfg: SynthConfig, out: str | Path, *, progress: bool = True)
         files.append("era5.zarr")
     else:
         files += _write_file_set(cfg, fc, out, progress)
-        for target in cfg.targets:
-            level = "sfc_" if schema.TARGETS[target].level is None else ""
-            path = out / "era5" / f"ERA5_{level}{target}.nc"
+        for tg in map(schema.target, cfg.targets):
+            level = "sfc_" if tg.level is None else ""
+            path = out / "era5" / f"ERA5_{level}{tg.name}.nc"
             files.append(str(path.relative_to(out)))
             if not path.exists():
-                io.write_netcdf(_era5_valid_time(truth, target).load(), path)
+                io.write_netcdf(_era5_valid_time(truth, tg).load(), path)
     oracle = truth[[n for n in truth.data_vars if str(n).startswith("oracle_")]]
     _write_zarr_once(oracle, out / "oracle.zarr", progress)
     files.append("oracle.zarr")

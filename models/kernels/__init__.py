@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models.kernels import reference
 
 BACKENDS = ("auto", "triton", "torch", "compile")
@@ -39,7 +40,7 @@ _state = {"backend": os.environ.get("POSTCAST_KERNELS", "auto")}
 def _check(name: str) -> str:
     if name not in BACKENDS:
         msg = f"kernel backend {name!r}: use one of {BACKENDS} (POSTCAST_KERNELS or set_backend)"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     return name
 
 

@@ -17,6 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from postcast.datasets.core.errors import ConfigError
+
 DEFAULT_TIMEOUT_S = 300.0  # every collective of the plugins runs on a group with this timeout
 
 
@@ -47,7 +49,7 @@ def world_of(group: dist.ProcessGroup | None) -> tuple[int, int]:
 def timeout(seconds: float) -> timedelta:
     if seconds <= 0:
         msg = f"timeout_s={seconds}: collectives need a positive timeout (e.g. {DEFAULT_TIMEOUT_S})"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     return timedelta(seconds=seconds)
 
 

@@ -30,6 +30,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models.plugins.comm import DEFAULT_TIMEOUT_S, ByteCounter, timeout, world_of
 from postcast.models.plugins.topk import SparseHookState, sparse_hook
 
@@ -104,7 +105,7 @@ def make_hook(comm: str, *, density: float = 0.01, powersgd_rank: int = 1, start
         ps.counter = ByteCounter()
         return ps, powersgd_counting_hook
     msg = f"comm={comm!r}: choose one of {COMMS}"
-    raise ValueError(msg)
+    raise ConfigError(msg)
 
 
 class CommDDPStrategy(DDPStrategy):
@@ -128,10 +129,10 @@ class CommDDPStrategy(DDPStrategy):
                  find_unused_parameters: bool = False, broadcast_buffers: bool | None = None) -> None:
         if comm not in COMMS:
             msg = f"comm={comm!r}: choose one of {COMMS}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if comm in ("topk", "oktopk") and not 0.0 < density <= 1.0:
             msg = f"density={density}: the fraction of gradient entries sent must be in (0, 1]"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         super().__init__(process_group_backend=process_group_backend, timeout=timeout(timeout_s),
                          find_unused_parameters=find_unused_parameters,
                          broadcast_buffers=comm != "noop" if broadcast_buffers is None else broadcast_buffers)

@@ -32,6 +32,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models.plugins import comm as C
 from postcast.models.plugins.comm import DEFAULT_TIMEOUT_S, ByteCounter, timeout, world_of
 from postcast.models.plugins.wagma import require_noop
@@ -65,13 +66,13 @@ class PartialAllreduce:
                  seed: int = 0, normalise: str = "world", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if mode not in MODES:
             msg = f"mode={mode!r}: choose one of {MODES}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if staleness_bound < 1:
             msg = f"staleness_bound={staleness_bound}: use >= 1 (1 = every round synchronous)"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if normalise not in ("world", "contributors"):
             msg = f"normalise={normalise!r}: choose 'world' or 'contributors'"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         self.rank, self.world = world_of(None)
         self.mode, self.tau, self.seed, self.normalise = mode, staleness_bound, seed, normalise
         self.store, self.name, self.timeout_s = store, name, timeout_s
@@ -198,7 +199,7 @@ class EagerSGD(L.Callback):
                  delay_rank: int = -1, delay_s: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if mode not in MODES:
             msg = f"mode={mode!r}: choose one of {MODES}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         self.mode, self.staleness_bound, self.normalise, self.seed = mode, staleness_bound, normalise, seed
         self.delay_rank, self.delay_s, self.timeout_s = delay_rank, delay_s, timeout_s
         self.comm: PartialAllreduce | None = None

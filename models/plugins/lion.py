@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models.plugins.comm import ByteCounter, world_of
 
 _BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
@@ -49,14 +50,14 @@ def vote(u: torch.Tensor, *, bits: int, group: dist.ProcessGroup | None = None,
     counter = counter if counter is not None else ByteCounter()
     if bits not in (1, 8):
         msg = f"bits={bits}: Lion Cub exchanges 8-bit (p-bit) or 1-bit packed votes; use 8 or 1"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     _, world = world_of(group)
     if world == 1:
         return u.float()
     if bits == 8:
         if world > 127:
             msg = f"bits=8 sums int8 votes, exact only for <= 127 ranks (have {world}); use bits=1"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         s = u.to(torch.int8)
         dist.all_reduce(s, group=group)  # int8 reduces on gloo and NCCL (int16 does not on gloo)
         counter.allreduce(s.numel(), world)
@@ -85,10 +86,10 @@ class LionCub(torch.optim.Optimizer):
                  weight_decay: float = 0.0, bits: int = 8, momentum_sync_every: int = 0) -> None:
         if lr <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             msg = f"lr={lr}, betas={betas}: need lr > 0 and betas in [0, 1)"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if bits not in (1, 8):
             msg = f"bits={bits}: use 8 (int8 vote sums) or 1 (packed signs)"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
         self.bits, self.momentum_sync_every = bits, momentum_sync_every
         self.counter = ByteCounter()

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from postcast.datasets.core.errors import ConfigError
+
 SCHEDULES = ("oneshot", "cubic")
 
 
@@ -47,7 +49,7 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float, structured: bool = Fal
     that fraction of output channels with the smallest L1 norm)."""
     if not 0.0 <= sparsity < 1.0:
         msg = f"sparsity={sparsity}: the fraction of zeroed weights must be in [0, 1)"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     ones = torch.ones_like(weight)
     method: prune.BasePruningMethod = (prune.LnStructured(sparsity, n=1, dim=0) if structured
                                        else prune.L1Unstructured(sparsity))
@@ -62,11 +64,11 @@ def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 
     if not 0 < n < m:
         msg = f"N:M = {n}:{m}: need 0 < n < m (2:4 for semi-structured sparsity)"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     w2 = weight.detach().reshape(weight.shape[0], -1)  # (out, in * kh * kw)
     if w2.shape[1] % m:
         msg = f"weight {tuple(weight.shape)}: row length {w2.shape[1]} is not a multiple of m={m}"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     lin = nn.Linear(w2.shape[1], w2.shape[0], bias=False)
     holder = nn.Sequential(lin)
     with torch.no_grad():
@@ -178,10 +180,10 @@ class MagnitudePruning(_MaskedTraining):
         super().__init__(min_numel, exclude)
         if schedule not in SCHEDULES:
             msg = f"schedule={schedule!r}: choose one of {SCHEDULES}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if schedule == "cubic" and (end_step <= start_step or every < 1):
             msg = f"cubic schedule: need end_step ({end_step}) > start_step ({start_step}) and every ({every}) >= 1"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         magnitude_mask(torch.ones(1), sparsity)  # validates the value
         self.target, self.schedule = sparsity, schedule
         self.start_step, self.end_step, self.every, self.structured = start_step, end_step, every, structured
@@ -223,7 +225,7 @@ class NMSparsity(_MaskedTraining):
         super().__init__(min_numel, exclude, semi_structured)
         if not 0 < n < m:
             msg = f"N:M = {n}:{m}: need 0 < n < m (2:4 for semi-structured sparsity)"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         self.n, self.m, self.start_step = n, m, start_step
         self.skipped: list[str] = []
 
@@ -245,7 +247,7 @@ def to_semi_structured(model: nn.Module) -> nn.Module:
     if not weights or weights[0].device.type != "cuda" or not torch.cuda.is_available():
         msg = ("semi_structured=True: 2:4 semi-structured kernels need the model on a CUDA GPU "
                "(compute capability >= 8.0); run on a GPU or set semi_structured: false")
-        raise ValueError(msg)
+        raise ConfigError(msg)
     try:
         from torchao.sparsity import semi_sparse_weight, sparsify_
 

@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models.plugins.comm import ByteCounter, world_of
 
 
 def _k_of(n: int, density: float) -> int:
     if not 0.0 < density <= 1.0:
         msg = f"density={density}: the fraction of gradient entries sent must be in (0, 1]"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     return max(1, min(n, math.ceil(density * n)))
 
 

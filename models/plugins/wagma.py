@@ -20,13 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models.plugins.comm import DEFAULT_TIMEOUT_S, ByteCounter, timeout, world_of
 
 
 def _log2(x: int, what: str) -> int:
     if x < 1 or x & (x - 1):
         msg = f"{what}={x}: WAGMA needs a power of two (use 2, 4, 8, ...)"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     return x.bit_length() - 1
 
 
@@ -36,7 +37,7 @@ def butterfly_groups(world: int, group_size: int) -> list[list[list[int]]]:
     if group_size > world or (k and logp % k):
         msg = (f"group_size={group_size} with {world} ranks: log2(group_size) must divide log2(world) "
                f"(e.g. group_size 2 or {world})")
-        raise ValueError(msg)
+        raise ConfigError(msg)
     n_phases = logp // k if k else 1
     phases = []
     for s in range(n_phases):
@@ -58,7 +59,7 @@ class GroupAverager:
         self.global_every = global_every
         if global_every < 1:
             msg = f"global_every={global_every}: use >= 1 (1 = a global average every step)"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         self.phases = butterfly_groups(self.world, self.group_size)
         self.groups: list[dist.ProcessGroup | None] = []
         if self.world > 1:
@@ -140,4 +141,4 @@ def require_noop(trainer: L.Trainer, plugin: str) -> None:
                f"(comm={getattr(trainer.strategy, 'comm', 'allreduce')!r}); use trainer.strategy: "
                "{class_path: postcast.models.plugins.CommDDPStrategy, init_args: {comm: noop}} "
                "(configs/plugins/*.yaml do)")
-        raise ValueError(msg)
+        raise ConfigError(msg)
