@@ -27,16 +27,17 @@ def require_store(store: str | Path, default: Path = DEFAULT_STORE, pipeline: Pa
     if path.exists():
         return str(store)
     if path != default:
-        raise SystemExit(f"{store}: no such store (exit 66); build one with `postcast synth` + `postcast ingest`, "
-                         f"or leave --store at its default ({default}), which is built on demand")
+        raise SystemExit(
+            f"{store}: no such store (exit 66); build one with `postcast synth` + `postcast ingest`, "
+            f"or leave --store at its default ({default}), which is built on demand"
+        )
     import os
 
     from postcast.datasets.core import config
     from postcast.pipeline.run import run
 
     cfg = config.load(pipeline, expect_kind="pipeline")
-    data_only = dataclasses.replace(cfg, train=(), evaluate=False,
-                                    forecast_from=None, compress=())
+    data_only = dataclasses.replace(cfg, train=(), evaluate=False, forecast_from=None, compress=())
     cwd = os.getcwd()
     os.chdir(ROOT)  # the pipeline's paths are relative to the repository
     try:

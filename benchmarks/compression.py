@@ -95,7 +95,7 @@ def neural_rows(fields: Fields, a: argparse.Namespace, target: str, out: Path) -
         cfg = FieldConfig(width=width, depth=a.depth, steps=steps, sigma=a.sigma, batch_points=a.batch_points)
         net, mean, std_, fit_s = fitted_net(out / f"{target}_w{width}_s{steps}.pcnf", fields, cfg)
         in_sweep = (width, steps) in sweep and (width not in a.widths or steps != a.steps)
-        for weights, entropy in ([tuple(a.hybrid_lever)] if in_sweep else LEVERS):
+        for weights, entropy in [tuple(a.hybrid_lever)] if in_sweep else LEVERS:
             art = Artefact.from_network(fields, replace(cfg, weights=weights, entropy=entropy), net, mean, std_, fit_s)
             codec = f"neural {lever_name(art.config)}" + (" steps" if in_sweep else "")
             rows.append(report.neural_row(fields, art, f"w={width} d={a.depth} {steps} steps", codec))
@@ -103,8 +103,11 @@ def neural_rows(fields: Fields, a: argparse.Namespace, target: str, out: Path) -
                 for f in a.hybrid_bounds:
                     hyb = art.with_error_bounds(fields, {fields.variables[0]: f * std})
                     hyb.fit_seconds = fit_s
-                    rows.append(report.neural_row(fields, hyb, f"w={width} {lever_name(art.config)} "
-                                                  f"sz3<={f:g}std", "neural+sz3"))
+                    rows.append(
+                        report.neural_row(
+                            fields, hyb, f"w={width} {lever_name(art.config)} sz3<={f:g}std", "neural+sz3"
+                        )
+                    )
     return rows
 
 
@@ -122,8 +125,11 @@ def compare_field(target: str, a: argparse.Namespace, out: Path) -> list[dict[st
 
 def best_gain(rows: list[dict[str, Any]], key: str, ref: str = "sz3") -> float:
     """Best neural (or hybrid) ratio in [100, 1000] over ``ref``'s ratio at the same error ``key``."""
-    gains = [r["ratio"] / report.ratio_at_equal_error(rows, ref, r[key], key) for r in rows
-             if r["codec"].startswith("neural") and not r["codec"].endswith("steps") and 100 <= r["ratio"] <= 1000]
+    gains = [
+        r["ratio"] / report.ratio_at_equal_error(rows, ref, r[key], key)
+        for r in rows
+        if r["codec"].startswith("neural") and not r["codec"].endswith("steps") and 100 <= r["ratio"] <= 1000
+    ]
     finite = [g for g in gains if math.isfinite(g)]
     return max(finite) if finite else float("nan")
 
@@ -139,13 +145,16 @@ def downstream_sources(a: argparse.Namespace, out: Path, cfg: Any) -> dict[str, 
     for width in a.down_widths:
         fcfg = FieldConfig(width=width, depth=a.depth, steps=a.down_steps, sigma=a.sigma, batch_points=a.batch_points)
         net, mean, sd, fit_s = fitted_net(out / f"unet_t850_train_w{width}.pcnf", fields, fcfg)
-        art = Artefact.from_network(fields, replace(fcfg, weights=a.down_lever[0], entropy=a.down_lever[1]),
-                                    net, mean, sd, fit_s)
+        art = Artefact.from_network(
+            fields, replace(fcfg, weights=a.down_lever[0], entropy=a.down_lever[1]), net, mean, sd, fit_s
+        )
         srcs[f"neural w={width}"] = ("neural", art)
         if width == max(a.down_widths):
             for r in a.down_bounds:
-                srcs[f"neural w={width}+sz3 r={r:g}"] = ("neural+sz3", art.with_error_bounds(
-                    fields, {v: r * s for v, s in std.items()}))
+                srcs[f"neural w={width}+sz3 r={r:g}"] = (
+                    "neural+sz3",
+                    art.with_error_bounds(fields, {v: r * s for v, s in std.items()}),
+                )
     for r in a.sz3_bounds:
         srcs[f"sz3 r={r:g}"] = ("sz3", SZ3Split.build(fields, {v: r * s for v, s in std.items()}))
     return srcs
@@ -168,12 +177,22 @@ def train_variant(name: str, src: Any, a: argparse.Namespace, out: Path, cfg: An
     dm = StoreDataModule(cfg) if src is None else CompressedDataModule(cfg, src)
     L.seed_everything(0)
     model = PostProcessor(**model_args, sample=cfg.sample.to_dict(), grid=dm.grid, n_members=dm.n_members)
-    trainer = L.Trainer(max_epochs=a.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=out / "downstream")
+    trainer = L.Trainer(
+        max_epochs=a.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out / "downstream",
+    )
     t0 = time.perf_counter()
     trainer.fit(model, dm)
-    res = {"key": key, "ratio": ratio, "train_s": time.perf_counter() - t0,
-           "test_crps": trainer.test(model, dm, verbose=False)[0]["test_crps"]}
+    res = {
+        "key": key,
+        "ratio": ratio,
+        "train_s": time.perf_counter() - t0,
+        "test_crps": trainer.test(model, dm, verbose=False)[0]["test_crps"],
+    }
     write_json(cache, res)
     return res
 
@@ -183,8 +202,9 @@ def downstream(a: argparse.Namespace, out: Path) -> dict[str, Any]:
 
     args = ["-c", "configs/train/unet_t850.yaml", "--data.cfg.store", a.store]
     model_args, cfg = resolve(args)["model"], data_config(args)
-    variants: dict[str, dict[str, Any]] = {"store": {"codec": "store", **train_variant("store", None, a, out, cfg,
-                                                                                         model_args)}}
+    variants: dict[str, dict[str, Any]] = {
+        "store": {"codec": "store", **train_variant("store", None, a, out, cfg, model_args)}
+    }
     for name, (codec, src) in downstream_sources(a, out, cfg).items():
         variants[name] = {"codec": codec, "bytes": src.nbytes, **train_variant(name, src, a, out, cfg, model_args)}
         print(f"  {name}: ratio {variants[name]['ratio']:.1f}, test CRPS {variants[name]['test_crps']:.4f}", flush=True)
@@ -205,15 +225,13 @@ def plot_downstream(variants: dict[str, dict[str, Any]], path: Path, title: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for codec, marker in (("neural", "o"), ("neural+sz3", "D"), ("sz3", "s")):
         pts = sorted((v["ratio"], v["penalty_pct"]) for v in variants.values() if v["codec"] == codec)
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=marker, label=codec)
     ax.axhline(2.0, color="k", lw=0.8, ls="--", label="2 % penalty")
-    ax.set(xscale="log", xlabel="compression ratio of the training fields", ylabel="test CRPS penalty (%)",
-           title=title)
+    ax.set(xscale="log", xlabel="compression ratio of the training fields", ylabel="test CRPS penalty (%)", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     report.save_png(fig, path, dpi=110)
@@ -229,8 +247,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch-points", type=int, default=8192)
     p.add_argument("--sigma", type=float, default=1.6)
     p.add_argument("--sweep-width", type=int, default=24)
-    p.add_argument("--sweep-steps", type=int, nargs="*", default=[300, 2000],
-                   help="a fit-length sweep on the first field (Z500)")
+    p.add_argument(
+        "--sweep-steps", type=int, nargs="*", default=[300, 2000], help="a fit-length sweep on the first field (Z500)"
+    )
     p.add_argument("--hybrid-lever", nargs=2, default=["q6", "lzma"], metavar=("WEIGHTS", "ENTROPY"))
     p.add_argument("--hybrid-bounds", type=float, nargs="*", default=[0.003, 0.01, 0.03], help="x field std")
     p.add_argument("--ebcc-bounds", type=float, nargs="*", default=[0.01, 0.1, 1.0], help="x field std")
@@ -239,10 +258,16 @@ def parse() -> argparse.Namespace:
     p.add_argument("--down-widths", type=int, nargs="+", default=[32])
     p.add_argument("--down-steps", type=int, default=800)
     p.add_argument("--down-lever", nargs=2, default=["q6", "lzma"], metavar=("WEIGHTS", "ENTROPY"))
-    p.add_argument("--down-bounds", type=float, nargs="*", default=[0.01, 0.03, 0.05, 0.1, 0.3],
-                   help="neural+sz3: x field std")
-    p.add_argument("--sz3-bounds", type=float, nargs="*", default=[0.003, 0.01, 0.03, 0.05, 0.1, 0.3],
-                   help="sz3 loader: x field std")
+    p.add_argument(
+        "--down-bounds", type=float, nargs="*", default=[0.01, 0.03, 0.05, 0.1, 0.3], help="neural+sz3: x field std"
+    )
+    p.add_argument(
+        "--sz3-bounds",
+        type=float,
+        nargs="*",
+        default=[0.003, 0.01, 0.03, 0.05, 0.1, 0.3],
+        help="sz3 loader: x field std",
+    )
     p.add_argument("--skip-comparison", action="store_true")
     p.add_argument("--skip-downstream", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -269,23 +294,33 @@ def main() -> None:
                 gains[key][target] = best_gain(r, key)
             gains["ebcc_wrmse"][target] = best_gain(r, "wrmse", "ebcc")
             print(f"\n{target}\n{report.format_table(r)}", flush=True)
-        report.plot_panels(rows, a.out / "ratio_vs_error.png", list(FIELDS),
-                           f"{a.dates} dates of 2016, {a.resolution} deg, {a.steps} CPU steps per fit")
+        report.plot_panels(
+            rows,
+            a.out / "ratio_vs_error.png",
+            list(FIELDS),
+            f"{a.dates} dates of 2016, {a.resolution} deg, {a.steps} CPU steps per fit",
+        )
     down = {} if a.skip_downstream else downstream(a, a.out)
     result = {k: float(np.min(list(v.values()))) if v else float("nan") for k, v in gains.items()}  # NaN wins
     at2 = largest_ratio_below(down, "neural", 2.0) if down else float("nan")
     sz3_at2 = largest_ratio_below(down, "sz3", 2.0) if down else float("nan")
     if down:
-        print(f"\ndownstream (U-Net T850, {a.epochs} epochs; bounds r x field std for both codecs)\n"
-              f"{'variant':<26}{'ratio':>8}{'test CRPS':>11}{'penalty %':>11}")
+        print(
+            f"\ndownstream (U-Net T850, {a.epochs} epochs; bounds r x field std for both codecs)\n"
+            f"{'variant':<26}{'ratio':>8}{'test CRPS':>11}{'penalty %':>11}"
+        )
         for name, v in down.items():
             print(f"{name:<26}{v['ratio']:>8.1f}{v['test_crps']:>11.4f}{v['penalty_pct']:>11.2f}")
         plot_downstream(down, a.out / "downstream_penalty.png", f"U-Net T850, {a.epochs} epochs")
-    write_json(a.out / "compression.json", {"rows": rows, "ratio_vs_sz3": gains, "downstream": down,
-                                            "args": {k: str(v) for k, v in vars(a).items()}})
-    print(f"RESULT ratio_vs_sz3_at_equal_wrmse={result['wrmse']:.3f} "
-          f"ratio_vs_sz3_at_equal_maxerr={result['max_abs']:.3f} downstream_ratio_at_2pct={at2:.1f} "
-          f"downstream_ratio_vs_sz3_loader={at2 / sz3_at2:.3f} ratio_vs_ebcc_at_equal_wrmse={result['ebcc_wrmse']:.3f}")
+    write_json(
+        a.out / "compression.json",
+        {"rows": rows, "ratio_vs_sz3": gains, "downstream": down, "args": {k: str(v) for k, v in vars(a).items()}},
+    )
+    print(
+        f"RESULT ratio_vs_sz3_at_equal_wrmse={result['wrmse']:.3f} "
+        f"ratio_vs_sz3_at_equal_maxerr={result['max_abs']:.3f} downstream_ratio_at_2pct={at2:.1f} "
+        f"downstream_ratio_vs_sz3_loader={at2 / sz3_at2:.3f} ratio_vs_ebcc_at_equal_wrmse={result['ebcc_wrmse']:.3f}"
+    )
 
 
 if __name__ == "__main__":

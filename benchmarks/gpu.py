@@ -84,8 +84,12 @@ F32 = 4  # bytes
 LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]  # compression/artefact.py's
 ARTEFACT_PREFIX = 4 + 2 + 4 + 4 + 1  # magic, version, header length, crc32, codec byte (artefact format 3)
 SZ3_BOUNDS = tuple(float(x) for x in np.logspace(-4, 0.5, 19))  # absolute bounds, fractions of the field's std
-RESULT_KEYS = (("kernels", "min_bandwidth_fraction"), ("kernels", "min_speedup_vs_eager"),
-               ("training", "unet_samples_per_s_bf16"), ("compression", "compression_ratio_at_sz3_error"))
+RESULT_KEYS = (
+    ("kernels", "min_bandwidth_fraction"),
+    ("kernels", "min_speedup_vs_eager"),
+    ("training", "unet_samples_per_s_bf16"),
+    ("compression", "compression_ratio_at_sz3_error"),
+)
 
 
 @dataclass(frozen=True)
@@ -133,18 +137,62 @@ class Sizes:
     fit_seconds: float
 
 
-GPU = Sizes(grid=(361, 720), budgets={"kernels": 95, "training": 170, "compression": 195}, deadline_s=470,
-            grace_s=8, copy_floats=64 * 2**20, kernel_points=361 * 720, kernel_reps=20, kernel_warmup=2,
-            kernel_seconds=2.0, batch=None, warmup_steps=3, timed_steps=20, timed_seconds=5.0, batch_cap=1024,
-            search_seconds=20, simulated_max_batch=None, compile_backend="inductor", compile_reserve_s=60,
-            threads=None, net_override={}, field=FieldSpec("full", 366, 361, 720), width=512, depth=12,
-            batch_points=32768, lr=5e-4, fit_seconds=120)
-DRY = Sizes(grid=(16, 32), budgets={"kernels": 150, "training": 150, "compression": 100}, deadline_s=400,
-            grace_s=3, copy_floats=2**20, kernel_points=64, kernel_reps=1, kernel_warmup=0, kernel_seconds=0.5,
-            batch=2, warmup_steps=1, timed_steps=2, timed_seconds=5.0, batch_cap=8, search_seconds=60,
-            simulated_max_batch=5, compile_backend="eager", compile_reserve_s=10, threads=1,
-            net_override={"base_filters": 8}, field=FieldSpec("dry", 4, 16, 32, modes=24, max_wavenumber=4),
-            width=16, depth=2, batch_points=1024, lr=5e-3, fit_seconds=3)
+GPU = Sizes(
+    grid=(361, 720),
+    budgets={"kernels": 95, "training": 170, "compression": 195},
+    deadline_s=470,
+    grace_s=8,
+    copy_floats=64 * 2**20,
+    kernel_points=361 * 720,
+    kernel_reps=20,
+    kernel_warmup=2,
+    kernel_seconds=2.0,
+    batch=None,
+    warmup_steps=3,
+    timed_steps=20,
+    timed_seconds=5.0,
+    batch_cap=1024,
+    search_seconds=20,
+    simulated_max_batch=None,
+    compile_backend="inductor",
+    compile_reserve_s=60,
+    threads=None,
+    net_override={},
+    field=FieldSpec("full", 366, 361, 720),
+    width=512,
+    depth=12,
+    batch_points=32768,
+    lr=5e-4,
+    fit_seconds=120,
+)
+DRY = Sizes(
+    grid=(16, 32),
+    budgets={"kernels": 150, "training": 150, "compression": 100},
+    deadline_s=400,
+    grace_s=3,
+    copy_floats=2**20,
+    kernel_points=64,
+    kernel_reps=1,
+    kernel_warmup=0,
+    kernel_seconds=0.5,
+    batch=2,
+    warmup_steps=1,
+    timed_steps=2,
+    timed_seconds=5.0,
+    batch_cap=8,
+    search_seconds=60,
+    simulated_max_batch=5,
+    compile_backend="eager",
+    compile_reserve_s=10,
+    threads=1,
+    net_override={"base_filters": 8},
+    field=FieldSpec("dry", 4, 16, 32, modes=24, max_wavenumber=4),
+    width=16,
+    depth=2,
+    batch_points=1024,
+    lr=5e-3,
+    fit_seconds=3,
+)
 
 
 # --- the run: one process per part ----------------------------------------------------------------------
@@ -153,14 +201,20 @@ def orchestrate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    summary: dict[str, Any] = {"script": "benchmarks/gpu.py", "mode": "dry-run" if args.dry_run else "gpu",
-                               "argv": sys.argv[1:], "deadline_s": sizes.deadline_s, "parts": {}}
+    summary: dict[str, Any] = {
+        "script": "benchmarks/gpu.py",
+        "mode": "dry-run" if args.dry_run else "gpu",
+        "argv": sys.argv[1:],
+        "deadline_s": sizes.deadline_s,
+        "parts": {},
+    }
     for part in args.parts:
         summary["parts"][part] = run_child(args, part, sizes, start + sizes.deadline_s)
         summary["seconds"] = time.time() - start
         write_json(out / "gpu.json", summary)
-    summary["device"] = next((p["device"] for p in summary["parts"].values() if p.get("device")),
-                             "cpu" if args.dry_run else "cuda")
+    summary["device"] = next(
+        (p["device"] for p in summary["parts"].values() if p.get("device")), "cpu" if args.dry_run else "cuda"
+    )
     summary["result"] = {key: figure(summary, part, key) for part, key in RESULT_KEYS}
     summary["seconds"] = time.time() - start
     write_json(out / "gpu.json", summary)
@@ -173,15 +227,24 @@ def run_child(args: argparse.Namespace, part: str, sizes: Sizes, end: float) -> 
     """Run one part in its own process within its budget (the time to the deadline less what the later
     parts keep); its JSON, or what went wrong."""
     out = Path(args.out)
-    later = args.parts[args.parts.index(part) + 1:]
+    later = args.parts[args.parts.index(part) + 1 :]
     budget = end - time.time() - sum(sizes.budgets[p] for p in later)  # what the later parts keep is theirs
     if budget < 2 * sizes.grace_s:
         return {"status": "skipped", "error": f"the run's deadline ({sizes.deadline_s} s) left {budget:.0f} s"}
     path, log = out / f"{part}.json", out / f"{part}.stderr.txt"
     path.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--part", part, "--out", str(out),
-           "--deadline", f"{time.time() + budget - sizes.grace_s:.3f}", *(["--dry-run"] if args.dry_run else []),
-           *(["--fail-part", args.fail_part] if args.fail_part else [])]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--part",
+        part,
+        "--out",
+        str(out),
+        "--deadline",
+        f"{time.time() + budget - sizes.grace_s:.3f}",
+        *(["--dry-run"] if args.dry_run else []),
+        *(["--fail-part", args.fail_part] if args.fail_part else []),
+    ]
     env = {**os.environ, **({"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"} if args.dry_run else {})}
     t0 = time.time()
     with log.open("w") as err:
@@ -292,8 +355,9 @@ class Part:
 
     def error(self, where: str, err: BaseException) -> None:
         """An error inside the part (one kernel, one config): recorded, the part goes on."""
-        self.res["errors"].append({"where": where, "error": f"{type(err).__name__}: {err}",
-                                   "traceback": traceback.format_exc()})
+        self.res["errors"].append(
+            {"where": where, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        )
         print(f"[{self.name}] {where}: {type(err).__name__}: {str(err)[:300]}", flush=True)
         self.save()
 
@@ -308,8 +372,12 @@ class Part:
         self.save(status="ok" if not self.res["errors"] else "partial", imported=third_party())
 
     def fail(self, err: BaseException) -> None:
-        self.save(status="error", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(),
-                  imported=third_party())
+        self.save(
+            status="error",
+            error=f"{type(err).__name__}: {err}",
+            traceback=traceback.format_exc(),
+            imported=third_party(),
+        )
 
 
 def third_party() -> list[str]:
@@ -321,18 +389,25 @@ def third_party() -> list[str]:
 def environment(dev: Any) -> dict[str, Any]:
     import torch
 
-    env: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0],
-                           "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"),
-                           "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-                           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"),
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+    }
     with contextlib.suppress(ImportError):
         import triton
 
         env["triton"] = triton.__version__
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
-        env.update(device_name=props.name, memory_gb=props.total_memory / 1e9, cuda=torch.version.cuda,
-                   capability=f"{props.major}.{props.minor}")
+        env.update(
+            device_name=props.name,
+            memory_gb=props.total_memory / 1e9,
+            cuda=torch.version.cuda,
+            capability=f"{props.major}.{props.minor}",
+        )
     return env
 
 
@@ -418,11 +493,16 @@ def part_kernels(part: Part) -> None:
 def kernel_figures(rows: list[dict[str, Any]], bw: float, n: int) -> dict[str, Any]:
     """The part's figures over the kernels timed so far (a part killed at its budget keeps them)."""
     done = [r for r in rows if isinstance(r.get("triton_ms"), float)]
-    return {"min_bandwidth_fraction": min((r["triton_bw_fraction"] for r in done), default=None),
-            "min_speedup_vs_eager": min((r["triton_speedup"] for r in done), default=None),
-            "min_bandwidth_fraction_memory_bound": min((r["triton_bw_fraction"] for r in done
-                                                        if r["kernel"].split()[0] in "12"), default=None),
-            "copy_bandwidth_GBps": bw / 1e9, "kernels_timed": len(done), "kernels": n}
+    return {
+        "min_bandwidth_fraction": min((r["triton_bw_fraction"] for r in done), default=None),
+        "min_speedup_vs_eager": min((r["triton_speedup"] for r in done), default=None),
+        "min_bandwidth_fraction_memory_bound": min(
+            (r["triton_bw_fraction"] for r in done if r["kernel"].split()[0] in "12"), default=None
+        ),
+        "copy_bandwidth_GBps": bw / 1e9,
+        "kernels_timed": len(done),
+        "kernels": n,
+    }
 
 
 def use_compile_backend(backend: str) -> None:
@@ -544,10 +624,20 @@ def kernel_paths(part: Part, row: dict[str, Any], case: Case, paths: tuple[str, 
             if path != "torch":
                 row[f"{path}_max_abs_diff_fwd"] = max_diff(out, want_out)
                 row[f"{path}_max_abs_diff_bwd"] = max_diff(case.backward(path) if case.backward else grad, want_grad)
-            t = timed(part, lambda path=path: case.run(path), part.sizes.kernel_reps, part.sizes.kernel_seconds,
-                      part.sizes.kernel_warmup)
-            row.update({f"{path}_ms": 1e3 * t, f"{path}_GBps": case.nbytes / t / 1e9,
-                        f"{path}_bw_fraction": case.nbytes / t / bw})
+            t = timed(
+                part,
+                lambda path=path: case.run(path),
+                part.sizes.kernel_reps,
+                part.sizes.kernel_seconds,
+                part.sizes.kernel_warmup,
+            )
+            row.update(
+                {
+                    f"{path}_ms": 1e3 * t,
+                    f"{path}_GBps": case.nbytes / t / 1e9,
+                    f"{path}_bw_fraction": case.nbytes / t / bw,
+                }
+            )
             if path != "torch" and "torch_ms" in row:
                 row[f"{path}_speedup"] = row["torch_ms"] / row[f"{path}_ms"]
         except Exception as err:
@@ -555,11 +645,16 @@ def kernel_paths(part: Part, row: dict[str, Any], case: Case, paths: tuple[str, 
 
 
 def print_kernels(part: Part, rows: list[dict[str, Any]], bw: float) -> None:
-    print(f"\nkernels on {part.dev.type}, copy bandwidth {bw / 1e9:.1f} GB/s, fields of {part.sizes.kernel_points} "
-          "points", flush=True)
-    print(f"{'kernel':24} {'timed':8} {'MB':>7}" + "".join(f" {p + ' ms':>11} {p + ' %bw':>11}"
-                                                        for p in ("torch", "compile", "triton"))
-          + f" {'triton x eager':>15} {'triton maxdiff':>15}")
+    print(
+        f"\nkernels on {part.dev.type}, copy bandwidth {bw / 1e9:.1f} GB/s, fields of {part.sizes.kernel_points} "
+        "points",
+        flush=True,
+    )
+    print(
+        f"{'kernel':24} {'timed':8} {'MB':>7}"
+        + "".join(f" {p + ' ms':>11} {p + ' %bw':>11}" for p in ("torch", "compile", "triton"))
+        + f" {'triton x eager':>15} {'triton maxdiff':>15}"
+    )
     for r in rows:
         line = f"{r['kernel']:24} {r.get('timed', ''):8} {r.get('bytes', 0) / 1e6:>7.1f}"
         for p in ("torch", "compile", "triton"):
@@ -594,8 +689,13 @@ def read_preset(path: Path, override: dict[str, Any] | None = None) -> Preset:
 
     cfg = yaml.safe_load(path.read_text())
     model, data = cfg["model"], cfg["data"]["cfg"]
-    return Preset(model["family"], {**(model.get("net") or {}), **(override or {})}, float(model.get("lr", 1e-3)),
-                  int(data.get("batch_size", 1)), tuple(data["sample"]["variables"]))
+    return Preset(
+        model["family"],
+        {**(model.get("net") or {}), **(override or {})},
+        float(model.get("lr", 1e-3)),
+        int(data.get("batch_size", 1)),
+        tuple(data["sample"]["variables"]),
+    )
 
 
 def build_net(preset: Preset, grid: tuple[int, int]) -> Any:
@@ -604,8 +704,14 @@ def build_net(preset: Preset, grid: tuple[int, int]) -> Any:
     registry.make would import every model module, models/module.py among them, which needs zarr."""
     from postcast.models.registry import NetIO
 
-    io = NetIO(in_channels=preset.in_channels, grid=grid, n_members=10, n_variables=len(preset.variables),
-               target_variable=preset.variables.index(T850_VARIABLE), outputs=2)
+    io = NetIO(
+        in_channels=preset.in_channels,
+        grid=grid,
+        n_members=10,
+        n_variables=len(preset.variables),
+        target_variable=preset.variables.index(T850_VARIABLE),
+        outputs=2,
+    )
     return from_options(registered(preset.family), preset.net).build(io)
 
 
@@ -623,8 +729,12 @@ def registered(name: str) -> type:
 def from_options(cls: type, options: dict[str, Any]) -> Any:
     """A config dataclass from plain options, nested dataclass fields (``smoe: {...}``) built from theirs."""
     hints = typing.get_type_hints(cls)
-    return cls(**{k: from_options(hints[k], v) if isinstance(v, dict) and dataclasses.is_dataclass(hints.get(k))
-                  else v for k, v in options.items()})
+    return cls(
+        **{
+            k: from_options(hints[k], v) if isinstance(v, dict) and dataclasses.is_dataclass(hints.get(k)) else v
+            for k, v in options.items()
+        }
+    )
 
 
 def random_batch(preset: Preset, batch: int, grid: tuple[int, int], dev: Any, seed: int = 0) -> dict[str, Any]:
@@ -643,8 +753,15 @@ def random_batch(preset: Preset, batch: int, grid: tuple[int, int], dev: Any, se
     mean, std = 250 + 10 * rnd(v2, h, w), 1 + rnd(v2, h, w).abs()
     m = 273 + 10 * rnd(batch, h, w)  # K
     s = 0.5 + rnd(batch, h, w).abs()
-    return {"fields": mean + std * rnd(batch, v2, h, w), "features": rnd(batch, N_FEATURES, h, w).clamp(-1, 1),
-            "m": m, "s": s, "y": m + s * rnd(batch, h, w), "norm_mean": mean, "norm_std": std}
+    return {
+        "fields": mean + std * rnd(batch, v2, h, w),
+        "features": rnd(batch, N_FEATURES, h, w).clamp(-1, 1),
+        "m": m,
+        "s": s,
+        "y": m + s * rnd(batch, h, w),
+        "norm_mean": mean,
+        "norm_std": std,
+    }
 
 
 def train_loss(net: Any, batch: dict[str, Any]) -> Any:
@@ -716,13 +833,21 @@ def throughput(part: Part, preset: Preset, precision: str, compiled: bool) -> di
     part.sync()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 1e9 if part.dev.type == "cuda" else None
-    return {"batch": b, "warmup_steps": part.sizes.warmup_steps, "warmup_s": warm, "timed_steps": steps,
-            "step_ms": 1e3 * dt / steps, "samples_per_s": b * steps / dt, "peak_memory_gb": peak,
-            "final_loss": float(loss)}
+    return {
+        "batch": b,
+        "warmup_steps": part.sizes.warmup_steps,
+        "warmup_s": warm,
+        "timed_steps": steps,
+        "step_ms": 1e3 * dt / steps,
+        "samples_per_s": b * steps / dt,
+        "peak_memory_gb": peak,
+        "final_loss": float(loss),
+    }
 
 
-def search_largest(fits: Callable[[int], bool], start: int, cap: int,
-                   out_of_time: Callable[[], bool]) -> dict[str, Any]:
+def search_largest(
+    fits: Callable[[int], bool], start: int, cap: int, out_of_time: Callable[[], bool]
+) -> dict[str, Any]:
     """The largest batch for which ``fits`` holds: double from ``start`` until it fails (or ``cap``), then
     bisect between the last fit and the first failure; stops early (``exact`` false) when out of time."""
     lo, hi, b = 0, None, start
@@ -734,8 +859,12 @@ def search_largest(fits: Callable[[int], bool], start: int, cap: int,
     while hi is not None and hi - lo > 1 and not out_of_time():
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return {"largest_batch": lo or None, "first_failure": hi, "capped": hi is None and b > cap,
-            "exact": hi is not None and hi - lo == 1}
+    return {
+        "largest_batch": lo or None,
+        "first_failure": hi,
+        "capped": hi is None and b > cap,
+        "exact": hi is not None and hi - lo == 1,
+    }
 
 
 def largest_batch(part: Part, preset: Preset, precision: str) -> dict[str, Any]:
@@ -764,8 +893,7 @@ def largest_batch(part: Part, preset: Preset, precision: str) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         release(part)
         peak = torch.cuda.max_memory_allocated() / 1e9 if part.dev.type == "cuda" else None
-        trials.append({"batch": b, "fits": ok, "seconds": time.perf_counter() - t0, "peak_memory_gb": peak,
-                       "why": why})
+        trials.append({"batch": b, "fits": ok, "seconds": time.perf_counter() - t0, "peak_memory_gb": peak, "why": why})
         return ok
 
     found = search_largest(fits, part.sizes.batch or preset.batch, part.sizes.batch_cap, lambda: time.time() > end)
@@ -775,12 +903,19 @@ def largest_batch(part: Part, preset: Preset, precision: str) -> dict[str, Any]:
 def training_plan(presets: dict[str, Preset]) -> list[tuple[str, str, str, bool]]:
     """(kind, family, precision, compiled) in priority order: the headline first, compiled configs late
     (each costs a compilation), so a tight budget drops the least informative ones."""
-    head = [("run", "unet", "bf16-mixed", False), ("run", "unet", "bf16-mixed", True),
-            ("run", "unet", "32-true", False), ("run", "unet_smoe", "bf16-mixed", False),
-            ("run", "unet_smoe", "32-true", False)]
+    head = [
+        ("run", "unet", "bf16-mixed", False),
+        ("run", "unet", "bf16-mixed", True),
+        ("run", "unet", "32-true", False),
+        ("run", "unet_smoe", "bf16-mixed", False),
+        ("run", "unet_smoe", "32-true", False),
+    ]
     search = [("largest", f, p, False) for f in presets for p in ("bf16-mixed", "32-true")]
-    late = [("run", "unet", "32-true", True), ("run", "unet_smoe", "bf16-mixed", True),
-            ("run", "unet_smoe", "32-true", True)]
+    late = [
+        ("run", "unet", "32-true", True),
+        ("run", "unet_smoe", "bf16-mixed", True),
+        ("run", "unet_smoe", "32-true", True),
+    ]
     return head + search + late
 
 
@@ -792,15 +927,19 @@ def part_training(part: Part) -> None:
     for kind, family, precision, compiled in training_plan(presets):
         if kind == "run":
             name = f"{family} {precision} {'compiled' if compiled else 'eager'}"
-            runs[name] = training_item(part, name, compiled, lambda f=family, p=precision, c=compiled:
-                                       throughput(part, presets[f], p, c))
+            runs[name] = training_item(
+                part, name, compiled, lambda f=family, p=precision, c=compiled: throughput(part, presets[f], p, c)
+            )
         else:
             name = f"{family} {precision}"
-            largest[name] = training_item(part, name, False, lambda f=family, p=precision:
-                                          largest_batch(part, presets[f], p))
+            largest[name] = training_item(
+                part, name, False, lambda f=family, p=precision: largest_batch(part, presets[f], p)
+            )
         bf16 = [r["samples_per_s"] for k, r in runs.items() if k.startswith("unet bf16") and "samples_per_s" in r]
-        figures = {"unet_samples_per_s_bf16": max(bf16, default=None),
-                   "batch": part.sizes.batch or presets["unet"].batch}
+        figures = {
+            "unet_samples_per_s_bf16": max(bf16, default=None),
+            "batch": part.sizes.batch or presets["unet"].batch,
+        }
         part.save(runs=runs, largest_batch=largest, figures=figures)
         print(f"[training] {name}: {summary_line(runs.get(name) or largest[name])}", flush=True)
     print_training(runs, largest)
@@ -842,8 +981,10 @@ def print_training(runs: dict[str, Any], largest: dict[str, Any]) -> None:
     for k, r in runs.items():
         if "samples_per_s" in r:
             peak = r["peak_memory_gb"]
-            print(f"{k:36} {r['samples_per_s']:>10.2f} {r['step_ms']:>9.1f} "
-                  f"{peak if peak is not None else float('nan'):>8.2f} {r['warmup_s']:>9.1f}")
+            print(
+                f"{k:36} {r['samples_per_s']:>10.2f} {r['step_ms']:>9.1f} "
+                f"{peak if peak is not None else float('nan'):>8.2f} {r['warmup_s']:>9.1f}"
+            )
         else:
             print(f"{k:36} {summary_line(r)}")
     for k, r in largest.items():
@@ -878,8 +1019,12 @@ def synthetic_field(spec: FieldSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def fingerprint(data: np.ndarray) -> dict[str, float]:
     x = data.astype(np.float64)
-    return {"mean": float(x.mean()), "std": float(x.std()), "corner": float(x[0, 0, 0]),
-            "sample_sum": float(x[::7, ::5, ::3].sum())}
+    return {
+        "mean": float(x.mean()),
+        "std": float(x.std()),
+        "corner": float(x[0, 0, 0]),
+        "sample_sum": float(x[::7, ::5, ::3].sum()),
+    }
 
 
 def lat_weights(lat: np.ndarray) -> np.ndarray:
@@ -910,15 +1055,38 @@ def prepare_sz3(path: Path) -> None:
         rows = []
         for frac in SZ3_BOUNDS:
             r = baselines.sz3(data, frac * std)
-            rows.append({"abs_bound": frac * std, "bound_over_std": frac, "bytes": r.nbytes,
-                         "ratio": data.nbytes / r.nbytes, "wrmse": weighted_rmse(data, r.decoded, lat),
-                         "max_abs": float(np.abs(r.decoded.astype(np.float64) - data).max())})
-            print(f"{spec.key}: bound {frac:.2e} std -> ratio {rows[-1]['ratio']:.1f}, wRMSE {rows[-1]['wrmse']:.4g}",
-                  flush=True)
-        fields[spec.key] = {"spec": asdict(spec), "shape": list(data.shape), "raw_bytes": data.nbytes, "std": std,
-                            "fingerprint": fingerprint(data), "seconds": time.perf_counter() - t0, "table": rows}
-    write_json(path, {"generated_by": "python benchmarks/gpu.py --prepare-sz3", "pysz": version("pysz"),
-                      "wrmse": "cos-latitude weighted RMSE (weights mean 1), K", "fields": fields})
+            rows.append(
+                {
+                    "abs_bound": frac * std,
+                    "bound_over_std": frac,
+                    "bytes": r.nbytes,
+                    "ratio": data.nbytes / r.nbytes,
+                    "wrmse": weighted_rmse(data, r.decoded, lat),
+                    "max_abs": float(np.abs(r.decoded.astype(np.float64) - data).max()),
+                }
+            )
+            print(
+                f"{spec.key}: bound {frac:.2e} std -> ratio {rows[-1]['ratio']:.1f}, wRMSE {rows[-1]['wrmse']:.4g}",
+                flush=True,
+            )
+        fields[spec.key] = {
+            "spec": asdict(spec),
+            "shape": list(data.shape),
+            "raw_bytes": data.nbytes,
+            "std": std,
+            "fingerprint": fingerprint(data),
+            "seconds": time.perf_counter() - t0,
+            "table": rows,
+        }
+    write_json(
+        path,
+        {
+            "generated_by": "python benchmarks/gpu.py --prepare-sz3",
+            "pysz": version("pysz"),
+            "wrmse": "cos-latitude weighted RMSE (weights mean 1), K",
+            "fields": fields,
+        },
+    )
     print(f"wrote {path}")
 
 
@@ -928,8 +1096,9 @@ def load_reference(spec: FieldSpec, data: np.ndarray) -> dict[str, Any]:
         raise FileNotFoundError(f"{REFERENCE}: missing; run `python benchmarks/gpu.py --prepare-sz3` with pysz")
     ref = json.loads(REFERENCE.read_text())["fields"][spec.key]
     if ref["spec"] != asdict(spec):
-        raise ValueError(f"the SZ3 reference was computed for {ref['spec']}, this run uses {asdict(spec)}: "
-                         "rerun --prepare-sz3")
+        raise ValueError(
+            f"the SZ3 reference was computed for {ref['spec']}, this run uses {asdict(spec)}: rerun --prepare-sz3"
+        )
     got = fingerprint(data)
     off = {k: (v, got[k]) for k, v in ref["fingerprint"].items() if not math.isclose(v, got[k], rel_tol=1e-5)}
     if off:
@@ -980,8 +1149,9 @@ class FieldFit:
 
         s = part.sizes
         self.part, self.lat, self.lon, self.shape = part, lat, lon, data.shape
-        self.cfg = nf.FieldConfig(width=s.width, depth=s.depth, batch_points=s.batch_points, lr=s.lr,
-                                  weights="q6", entropy="lzma")
+        self.cfg = nf.FieldConfig(
+            width=s.width, depth=s.depth, batch_points=s.batch_points, lr=s.lr, weights="q6", entropy="lzma"
+        )
         mean, std = nf.normalisation(data[None, :, None])  # per (variable, level): (1, 1) each
         self.mean, self.std = float(mean[0, 0]), float(std[0, 0])
         self.data = torch.from_numpy(data).to(part.dev)  # (T, H, W) K
@@ -1040,9 +1210,13 @@ def pick_fourier_backend(fit: FieldFit) -> dict[str, Any]:
             with kernels.use_backend(backend):
                 net = fit.new_net()
                 opt = torch.optim.Adam(net.parameters(), lr=fit.cfg.lr)
-                out[f"{backend}_step_ms"] = 1e3 * timed(part, lambda net=net, opt=opt: fit.step(net, opt),
-                                                        min(5, part.sizes.kernel_reps), 2.0,
-                                                        max(1, part.sizes.kernel_warmup))
+                out[f"{backend}_step_ms"] = 1e3 * timed(
+                    part,
+                    lambda net=net, opt=opt: fit.step(net, opt),
+                    min(5, part.sizes.kernel_reps),
+                    2.0,
+                    max(1, part.sizes.kernel_warmup),
+                )
         except Exception as err:
             part.error(f"fourier layer on {backend}", err)
     timings = {k.split("_")[0]: v for k, v in out.items()}
@@ -1069,9 +1243,14 @@ def fit_field(fit: FieldFit, seconds: float) -> tuple[Any, dict[str, Any]]:
     fit.part.sync()
     dt = time.perf_counter() - t0
     curve.append((steps, dt, math.sqrt(float(loss))))
-    return net.eval(), {"steps": steps, "seconds": dt, "points_per_s": steps * fit.cfg.batch_points / dt,
-                        "final_batch_rmse_normalised": curve[-1][2], "curve": curve,
-                        "parameters": sum(p.numel() for p in net.parameters())}
+    return net.eval(), {
+        "steps": steps,
+        "seconds": dt,
+        "points_per_s": steps * fit.cfg.batch_points / dt,
+        "final_batch_rmse_normalised": curve[-1][2],
+        "curve": curve,
+        "parameters": sum(p.numel() for p in net.parameters()),
+    }
 
 
 def stored(fit: FieldFit, net: Any, weights: str) -> tuple[dict[str, np.ndarray], Any]:
@@ -1079,8 +1258,10 @@ def stored(fit: FieldFit, net: Any, weights: str) -> tuple[dict[str, np.ndarray]
     the network with the weights the decoder sees (after the cast)."""
     from postcast.compression import field as nf
 
-    arrays: dict[str, np.ndarray] = {"norm.mean": np.array([[fit.mean]], np.float32),
-                                     "norm.std": np.array([[fit.std]], np.float32)}
+    arrays: dict[str, np.ndarray] = {
+        "norm.mean": np.array([[fit.mean]], np.float32),
+        "norm.std": np.array([[fit.std]], np.float32),
+    }
     state = {}
     for name, tensor in net.state_dict().items():
         if name == "bmat":
@@ -1090,7 +1271,7 @@ def stored(fit: FieldFit, net: Any, weights: str) -> tuple[dict[str, np.ndarray]
         arrays.update({f"w.{name}{suffix}": a for suffix, a in arrs.items()})
         state[name] = back
     b, ft, fl = net.bmat.cpu().numpy(), fit.cfg.time_features, fit.cfg.level_features
-    arrays.update({"fourier.time": b[0, :ft], "fourier.level": b[1, ft:ft + fl], "fourier.space": b[2:, ft + fl:]})
+    arrays.update({"fourier.time": b[0, :ft], "fourier.level": b[1, ft : ft + fl], "fourier.space": b[2:, ft + fl :]})
     q = copy.deepcopy(net)
     q.load_state_dict(state)
     return arrays, q.eval()
@@ -1106,11 +1287,20 @@ def artefact_bytes(fit: FieldFit, cfg: Any, arrays: dict[str, np.ndarray], error
         table[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": len(raw)}
         blobs.append(raw)
         offset += len(raw)
-    header = {"format_version": 3, "config": cfg.to_dict(), "variables": ["t850"], "units": ["K"],
-              "time_dim": "time", "times": [float(i) for i in range(n_t)], "times_are_datetimes": False,
-              "levels": [None], "grid": {"lon0": 0.0, "nlon": n_w, "lat0": -90.0, "dlat": 180.0 / (n_h - 1),
-                                         "nlat": n_h}, "shape": [1, n_t, 1, n_h, n_w], "errors": {"var0": errors},
-              "arrays": table}
+    header = {
+        "format_version": 3,
+        "config": cfg.to_dict(),
+        "variables": ["t850"],
+        "units": ["K"],
+        "time_dim": "time",
+        "times": [float(i) for i in range(n_t)],
+        "times_are_datetimes": False,
+        "levels": [None],
+        "grid": {"lon0": 0.0, "nlon": n_w, "lat0": -90.0, "dlat": 180.0 / (n_h - 1), "nlat": n_h},
+        "shape": [1, n_t, 1, n_h, n_w],
+        "errors": {"var0": errors},
+        "arrays": table,
+    }
     payload = json.dumps(_plain(header), separators=(",", ":")).encode() + b"".join(blobs)
     if cfg.entropy == "lzma":
         payload = lzma.compress(payload, format=lzma.FORMAT_RAW, filters=LZMA_FILTERS)
@@ -1140,9 +1330,14 @@ def decode_errors(fit: FieldFit, net: Any) -> dict[str, float]:
             sums += torch.stack([(err**2 * w).sum(), (err**2).sum(), err.abs().sum()])
             worst = torch.maximum(worst, err.abs().max())
     wmse, mse, mae = (sums / (n_t * n_h * n_w)).tolist()
-    return {"wrmse": math.sqrt(wmse), "rmse": math.sqrt(mse), "mae": mae, "max_abs": float(worst),
-            "psnr_db": 20 * math.log10(fit.range) - 10 * math.log10(max(mse, 1e-300)),
-            "wrmse_over_std": math.sqrt(wmse) / fit.wstd}
+    return {
+        "wrmse": math.sqrt(wmse),
+        "rmse": math.sqrt(mse),
+        "mae": mae,
+        "max_abs": float(worst),
+        "psnr_db": 20 * math.log10(fit.range) - 10 * math.log10(max(mse, 1e-300)),
+        "wrmse_over_std": math.sqrt(wmse) / fit.wstd,
+    }
 
 
 def part_compression(part: Part) -> None:
@@ -1154,8 +1349,15 @@ def part_compression(part: Part) -> None:
     t0 = time.perf_counter()
     data, lat, lon = synthetic_field(spec)
     ref = load_reference(spec, data)
-    part.save(field={**asdict(spec), "shape": list(data.shape), "raw_bytes": data.nbytes,
-                     "generate_s": time.perf_counter() - t0, "std": ref["std"]})
+    part.save(
+        field={
+            **asdict(spec),
+            "shape": list(data.shape),
+            "raw_bytes": data.nbytes,
+            "generate_s": time.perf_counter() - t0,
+            "std": ref["std"],
+        }
+    )
     if part.dev.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls in the fit and the decode
     fit = FieldFit(part, data, lat, lon)
@@ -1171,15 +1373,20 @@ def part_compression(part: Part) -> None:
             part.save(levers=levers)
     best = levers["q6+lzma"]
     part.res["figures"] = {
-        "compression_ratio_at_sz3_error": best["ratio"], "neural_wrmse": best["wrmse"],
-        "sz3_ratio_at_same_wrmse": best["sz3_ratio_at_same_wrmse"], "neural_over_sz3": best["neural_over_sz3"],
+        "compression_ratio_at_sz3_error": best["ratio"],
+        "neural_wrmse": best["wrmse"],
+        "sz3_ratio_at_same_wrmse": best["sz3_ratio_at_same_wrmse"],
+        "neural_over_sz3": best["neural_over_sz3"],
         "storage": "q6+lzma",
-        "definition": ("compression_ratio_at_sz3_error is the neural field's own ratio (raw float32 bytes / "
-                       "artefact bytes, q6 per row + lzma) at its own cos-latitude weighted RMSE neural_wrmse (K); "
-                       "sz3_ratio_at_same_wrmse is the ratio SZ3 needs for that same weighted RMSE, log-log "
-                       "interpolated from benchmarks/gpu_sz3_reference.json (pysz on the CPU machine, same "
-                       "field; null outside its range); neural_over_sz3 = the first over the second "
-                       "(> 1: the network is smaller at equal error)")}
+        "definition": (
+            "compression_ratio_at_sz3_error is the neural field's own ratio (raw float32 bytes / "
+            "artefact bytes, q6 per row + lzma) at its own cos-latitude weighted RMSE neural_wrmse (K); "
+            "sz3_ratio_at_same_wrmse is the ratio SZ3 needs for that same weighted RMSE, log-log "
+            "interpolated from benchmarks/gpu_sz3_reference.json (pysz on the CPU machine, same "
+            "field; null outside its range); neural_over_sz3 = the first over the second "
+            "(> 1: the network is smaller at equal error)"
+        ),
+    }
     part.save(levers=levers)
     print_compression(part, info, levers)
 
@@ -1197,19 +1404,29 @@ def lever(fit: FieldFit, net: Any, weights: str, entropy: str, ref: dict[str, An
     nbytes = artefact_bytes(fit, cfg, arrays, errors)
     ratio = 4 * math.prod(fit.shape) / nbytes
     sz3 = sz3_ratio_at(ref["table"], errors["wrmse"])
-    return {**errors, "bytes": nbytes, "ratio": ratio,
-            "sz3_ratio_at_same_wrmse": sz3, "neural_over_sz3": ratio / sz3 if sz3 else None,
-            "decode_s": t1 - t0, "encode_s": time.perf_counter() - t1}
+    return {
+        **errors,
+        "bytes": nbytes,
+        "ratio": ratio,
+        "sz3_ratio_at_same_wrmse": sz3,
+        "neural_over_sz3": ratio / sz3 if sz3 else None,
+        "decode_s": t1 - t0,
+        "encode_s": time.perf_counter() - t1,
+    }
 
 
 def print_compression(part: Part, info: dict[str, Any], levers: dict[str, Any]) -> None:
-    print(f"\nneural field width {part.sizes.width} x {part.sizes.depth} blocks, {info['parameters']} parameters, "
-          f"{info['steps']} steps in {info['seconds']:.0f} s on {part.dev.type}")
+    print(
+        f"\nneural field width {part.sizes.width} x {part.sizes.depth} blocks, {info['parameters']} parameters, "
+        f"{info['steps']} steps in {info['seconds']:.0f} s on {part.dev.type}"
+    )
     print(f"{'storage':10} {'ratio':>9} {'wRMSE K':>9} {'max abs K':>10} {'SZ3 ratio at same wRMSE':>24} {'x SZ3':>7}")
     for name, r in levers.items():
         sz3, rel = r["sz3_ratio_at_same_wrmse"], r["neural_over_sz3"]
-        print(f"{name:10} {r['ratio']:>9.1f} {r['wrmse']:>9.4f} {r['max_abs']:>10.3f} "
-              f"{fmt(sz3):>24} {fmt(rel):>7}", flush=True)
+        print(
+            f"{name:10} {r['ratio']:>9.1f} {r['wrmse']:>9.4f} {r['max_abs']:>10.3f} {fmt(sz3):>24} {fmt(rel):>7}",
+            flush=True,
+        )
 
 
 # --- entry point -------------------------------------------------------------------------------------------

@@ -149,13 +149,23 @@ def timed_ingest(src: Path, out: Path, workers: int, memory_limit: str | int = 0
     sampler.start()
     start = time.perf_counter()
     error, rss = "", {}
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                      memory_limit=memory_limit, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            memory_limit=memory_limit,
+            silence_logs=logging.ERROR,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.wait_for_workers(workers)
         cluster_s = time.perf_counter() - start
         try:
-            res = ingest.ingest(ingest.IngestConfig(source=str(src), out=str(out),
-                                                    scheduler=cluster.scheduler_address, progress=False))
+            res = ingest.ingest(
+                ingest.IngestConfig(source=str(src), out=str(out), scheduler=cluster.scheduler_address, progress=False)
+            )
             if not res.n_written == res.n_dates > 0:
                 error = f"wrote {res.n_written} of {res.n_dates} init dates"
         except Exception as err:  # a scale run that fails late still reports what it measured
@@ -165,8 +175,15 @@ def timed_ingest(src: Path, out: Path, workers: int, memory_limit: str | int = 0
             rss = client.run(_peak_rss_mb)
     sampled = sampler.stop()
     marks = [start + cluster_s, *sampler.marks]
-    return Run(seconds, cluster_s, max(rss.values(), default=0.0), sampled, workers,
-               [round(b - a, 1) for a, b in itertools.pairwise(marks)], error)
+    return Run(
+        seconds,
+        cluster_s,
+        max(rss.values(), default=0.0),
+        sampled,
+        workers,
+        [round(b - a, 1) for a, b in itertools.pairwise(marks)],
+        error,
+    )
 
 
 def breakdown(src: Path, work: Path) -> dict[str, float]:
@@ -182,8 +199,12 @@ def breakdown(src: Path, work: Path) -> dict[str, float]:
     truth_vars = found.truth.variables() if found.truth else []
     oracle_vars = found.oracle.variables() if found.oracle else []
     store = work / "breakdown.zarr"
-    io.write_zarr(ingest_layout.template(plan, truth=truth_vars, oracle=oracle_vars, splits=schema.Splits()), store,
-                  chunks=ingest_layout.chunk_shapes(plan), compute=False)
+    io.write_zarr(
+        ingest_layout.template(plan, truth=truth_vars, oracle=oracle_vars, splits=schema.Splits()),
+        store,
+        chunks=ingest_layout.chunk_shapes(plan),
+        compute=False,
+    )
     t = plan.init_times[0]
     t0 = time.perf_counter()
     ds = fc.load(t, plan)
@@ -225,8 +246,11 @@ def synth(cfg: SynthConfig, grib_dir: Path, zarr_dir: Path | None) -> float:
     """Write the GRIB (and zarr) forms of ``cfg`` unless already there (``--keep``); seconds taken."""
     start = time.perf_counter()
     if not (grib_dir / "synth.json").exists():
-        synthfiles.write_synthetic(SynthConfig(**{**cfg.to_dict(), "format": "grib", "years": cfg.years,
-                                                "levels": cfg.levels}), grib_dir, progress=False)
+        synthfiles.write_synthetic(
+            SynthConfig(**{**cfg.to_dict(), "format": "grib", "years": cfg.years, "levels": cfg.levels}),
+            grib_dir,
+            progress=False,
+        )
     if zarr_dir is not None and not (zarr_dir / "synth.json").exists():
         synthfiles.write_synthetic(cfg, zarr_dir, progress=False)
     return time.perf_counter() - start
@@ -245,16 +269,24 @@ def run_case(name: str, cfg: SynthConfig, work: Path, workers: int) -> dict[str,
     mb = n_bytes / 2**20
     store_mb = io_size(work / f"{name}_from_grib.zarr") / 2**20
     row: dict[str, Any] = {
-        "grid": f"{cfg.grid.n_lat}x{cfg.grid.n_lon}", "dates": len(cfg.init_times), "messages": n_msg,
-        "decoded_MB": round(mb, 1), "grib_MB": round(sum(p.stat().st_size for p in files) / 2**20, 1),
-        "store_MB": round(store_mb, 1), "decode_hot_s": round(t_decode, 2), "grib_ingest_s": round(g.seconds, 2),
-        "zarr_ingest_s": round(z.seconds, 2), "cluster_s": round(g.cluster_s, 2),
-        "decode_MB_per_s": round(mb / t_decode, 1), "grib_ingest_MB_per_s": round(mb / g.seconds, 1),
+        "grid": f"{cfg.grid.n_lat}x{cfg.grid.n_lon}",
+        "dates": len(cfg.init_times),
+        "messages": n_msg,
+        "decoded_MB": round(mb, 1),
+        "grib_MB": round(sum(p.stat().st_size for p in files) / 2**20, 1),
+        "store_MB": round(store_mb, 1),
+        "decode_hot_s": round(t_decode, 2),
+        "grib_ingest_s": round(g.seconds, 2),
+        "zarr_ingest_s": round(z.seconds, 2),
+        "cluster_s": round(g.cluster_s, 2),
+        "decode_MB_per_s": round(mb / t_decode, 1),
+        "grib_ingest_MB_per_s": round(mb / g.seconds, 1),
         "zarr_ingest_MB_per_s": round(mb / z.seconds, 1),
         "grib_ingest_over_decode": round(g.seconds / t_decode, 2),
         "grib_ingest_minus_cluster_over_decode": round((g.seconds - g.cluster_s) / t_decode, 2),
         "peak_rss_MB": round(max(g.peak_rss_mb, z.peak_rss_mb)),
-        "sampled_rss_MB": round(max(g.sampled_rss_mb, z.sampled_rss_mb)), "workers": g.n_workers,
+        "sampled_rss_MB": round(max(g.sampled_rss_mb, z.sampled_rss_mb)),
+        "workers": g.n_workers,
     }
     if cfg.resolution == 0.5:
         row["breakdown_one_date_s"] = breakdown(grib_dir, work / f"{name}_breakdown")
@@ -302,8 +334,11 @@ def scale_run(n: int, work: Path, workers: int, memory_limit: str) -> dict[str, 
     gb_in = sum(p.stat().st_size for p in files) / 1e9
     warm(files)
     t_decode, n_msg, n_bytes = decode_all(files)
-    print(f"scale: {n} dates, {gb_in:.2f} GB of GRIB synthesised in {synth_s:.0f} s; eccodes decodes them hot in "
-          f"{t_decode:.1f} s", flush=True)
+    print(
+        f"scale: {n} dates, {gb_in:.2f} GB of GRIB synthesised in {synth_s:.0f} s; eccodes decodes them hot in "
+        f"{t_decode:.1f} s",
+        flush=True,
+    )
     import dask
 
     # a worker past its memory limit ends the run at once (its figures are kept) instead of three retries
@@ -315,16 +350,27 @@ def scale_run(n: int, work: Path, workers: int, memory_limit: str) -> dict[str, 
     steady = run.date_s[1:] or run.date_s
     per_date_s = sum(steady) / max(len(steady), 1)
     return {
-        "dates": n, "messages": n_msg, "GB_in": round(gb_in, 2), "decoded_GB": round(n_bytes / 1e9, 2),
-        "store_GB": round(io_size(store) / 1e9, 2), "synth_s": round(synth_s, 1), "decode_hot_s": round(t_decode, 1),
-        "ingest_s": round(run.seconds, 1), "cluster_s": round(run.cluster_s, 1), "date_s": run.date_s,
-        "dates_done": len(run.date_s), "steady_s_per_date": round(per_date_s, 1),
+        "dates": n,
+        "messages": n_msg,
+        "GB_in": round(gb_in, 2),
+        "decoded_GB": round(n_bytes / 1e9, 2),
+        "store_GB": round(io_size(store) / 1e9, 2),
+        "synth_s": round(synth_s, 1),
+        "decode_hot_s": round(t_decode, 1),
+        "ingest_s": round(run.seconds, 1),
+        "cluster_s": round(run.cluster_s, 1),
+        "date_s": run.date_s,
+        "dates_done": len(run.date_s),
+        "steady_s_per_date": round(per_date_s, 1),
         "GRIB_MB_per_s": round(gb_in / n * 1e3 / per_date_s, 1),
         "decoded_MB_per_s": round(n_bytes / n / 1e6 / per_date_s, 1),
         "ingest_over_decode": round(per_date_s * n / t_decode, 2),
         "peak_rss_MB_per_worker": round(max(run.peak_rss_mb, run.sampled_rss_mb)),
-        "workers": run.n_workers, "memory_limit_per_worker": memory_limit, "cores": os.cpu_count(),
-        "completed": not run.error, "error": run.error,
+        "workers": run.n_workers,
+        "memory_limit_per_worker": memory_limit,
+        "cores": os.cpu_count(),
+        "completed": not run.error,
+        "error": run.error,
     }
 
 
@@ -338,9 +384,16 @@ def projection(s: dict[str, Any], fs_gbps: float, workers: tuple[int, ...] = (1,
     for w in workers:
         cpu_h = ENS10_GRIB_BYTES / 1e9 / (per_worker * w) / 3600
         io_h = io_gb / fs_gbps / 3600
-        rows.append({"workers": w, "cpu_bound_h": round(cpu_h, 2), "fs_bound_h": round(io_h, 2),
-                     "projected_h": round(max(cpu_h, io_h), 2), "limit": "CPU" if cpu_h >= io_h else "file system",
-                     "peak_RAM_GB": round(w * s["peak_rss_MB_per_worker"] / 1e3, 1)})
+        rows.append(
+            {
+                "workers": w,
+                "cpu_bound_h": round(cpu_h, 2),
+                "fs_bound_h": round(io_h, 2),
+                "projected_h": round(max(cpu_h, io_h), 2),
+                "limit": "CPU" if cpu_h >= io_h else "file system",
+                "peak_RAM_GB": round(w * s["peak_rss_MB_per_worker"] / 1e3, 1),
+            }
+        )
     return rows
 
 
@@ -379,8 +432,9 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=0, metavar="N", help="only the full-shape run of N init dates")
     ap.add_argument("--workers", type=int, default=2, help="dask LocalCluster workers for ingest")
     ap.add_argument("--memory-limit", default="8GB", help="dask memory limit per worker in the scale run")
-    ap.add_argument("--fs-gbps", type=float, default=2.0,
-                    help="assumed aggregate file-system bandwidth (GB/s) for the projection")
+    ap.add_argument(
+        "--fs-gbps", type=float, default=2.0, help="assumed aggregate file-system bandwidth (GB/s) for the projection"
+    )
     ap.add_argument("--out", help="JSON results path (default benchmarks/results/ingest.json, ingest_scale.json)")
     ap.add_argument("--keep", help="keep the data under this directory instead of a temporary one")
     args = ap.parse_args()
@@ -407,52 +461,113 @@ def main() -> None:
 def report(rows: dict[str, dict[str, Any]], scale: dict[str, Any], args: argparse.Namespace) -> None:
     cores = os.cpu_count()
     load = os.getloadavg()[0]
-    print(f"ingest on {args.workers} dask workers x 1 thread, {cores} cores (load average {load:.1f} at the end: "
-          "the machine is shared); decode: eccodes, one process, HOT (files read once before timing; the ingests "
-          "read them hot too); ingest times include the cluster start")
+    print(
+        f"ingest on {args.workers} dask workers x 1 thread, {cores} cores (load average {load:.1f} at the end: "
+        "the machine is shared); decode: eccodes, one process, HOT (files read once before timing; the ingests "
+        "read them hot too); ingest times include the cluster start"
+    )
     if rows:
-        print_rows(rows, ["grid", "dates", "messages", "decoded_MB", "store_MB", "decode_hot_s", "grib_ingest_s",
-                          "cluster_s", "zarr_ingest_s", "grib_ingest_MB_per_s", "zarr_ingest_MB_per_s",
-                          "peak_rss_MB", "grib_ingest_over_decode"])
+        print_rows(
+            rows,
+            [
+                "grid",
+                "dates",
+                "messages",
+                "decoded_MB",
+                "store_MB",
+                "decode_hot_s",
+                "grib_ingest_s",
+                "cluster_s",
+                "zarr_ingest_s",
+                "grib_ingest_MB_per_s",
+                "zarr_ingest_MB_per_s",
+                "peak_rss_MB",
+                "grib_ingest_over_decode",
+            ],
+        )
     headline = rows.get("ens10_0.5deg", rows.get("default_5deg", {}))
     if "breakdown_one_date_s" in headline:
         parts = headline["breakdown_one_date_s"]
         print("one 0.5 deg init date's task, in one process (s): " + "  ".join(f"{k}={v}" for k, v in parts.items()))
-    summary: dict[str, Any] = {
-        "grib_ingest_over_decode": headline.get("grib_ingest_over_decode"),
-        "zarr_ingest_MB_per_s": headline.get("zarr_ingest_MB_per_s"),
-        "peak_worker_rss_MB": headline.get("peak_rss_MB"),
-    } if headline else {}
+    summary: dict[str, Any] = (
+        {
+            "grib_ingest_over_decode": headline.get("grib_ingest_over_decode"),
+            "zarr_ingest_MB_per_s": headline.get("zarr_ingest_MB_per_s"),
+            "peak_worker_rss_MB": headline.get("peak_rss_MB"),
+        }
+        if headline
+        else {}
+    )
     cost = regrid_cost() if rows else {}
     if cost:
         summary["regrid_ms_per_field"] = cost["regrid_bilinear_ms_per_field"]
         print(f"{'regrid 0.25 -> 0.5 deg (ms per field, 1 core)':<48}" + "".join(f"{k}={v} " for k, v in cost.items()))
     proj: list[dict[str, Any]] = []
     if scale:
-        print(f"\nscale run: full ENS-10 shape (0.5 deg, 11 levels, 18 variables, 10 members, 3 steps), "
-              f"{scale['dates']} init dates, {scale['workers']} workers x 1 thread (memory limit "
-              f"{scale['memory_limit_per_worker']} each, one init date per task), {cores} cores")
-        print_rows({"scale": scale}, ["dates", "dates_done", "GB_in", "decoded_GB", "store_GB", "decode_hot_s",
-                                      "ingest_s", "cluster_s", "steady_s_per_date", "GRIB_MB_per_s",
-                                      "decoded_MB_per_s", "peak_rss_MB_per_worker", "ingest_over_decode",
-                                      "completed"], first="run")
-        print(f"seconds per finished init date: {scale['date_s']}" + (f"; failed: {scale['error']}"
-                                                                      if scale["error"] else ""))
+        print(
+            f"\nscale run: full ENS-10 shape (0.5 deg, 11 levels, 18 variables, 10 members, 3 steps), "
+            f"{scale['dates']} init dates, {scale['workers']} workers x 1 thread (memory limit "
+            f"{scale['memory_limit_per_worker']} each, one init date per task), {cores} cores"
+        )
+        print_rows(
+            {"scale": scale},
+            [
+                "dates",
+                "dates_done",
+                "GB_in",
+                "decoded_GB",
+                "store_GB",
+                "decode_hot_s",
+                "ingest_s",
+                "cluster_s",
+                "steady_s_per_date",
+                "GRIB_MB_per_s",
+                "decoded_MB_per_s",
+                "peak_rss_MB_per_worker",
+                "ingest_over_decode",
+                "completed",
+            ],
+            first="run",
+        )
+        print(
+            f"seconds per finished init date: {scale['date_s']}"
+            + (f"; failed: {scale['error']}" if scale["error"] else "")
+        )
         proj = projection(scale, args.fs_gbps)
-        print(f"\nprojection, whole ENS-10 ({ENS10_DATES} init dates, {ENS10_GRIB_BYTES / 1e12:.2f} TB of GRIB), "
-              f"one core per worker at the measured rate; file system assumed {args.fs_gbps} GB/s in all "
-              "(GRIB read + store written)")
-        print_rows({str(r["workers"]): r for r in proj},
-                   ["cpu_bound_h", "fs_bound_h", "projected_h", "limit", "peak_RAM_GB"], first="workers")
-        summary |= {"grib_ingest_over_decode": scale["ingest_over_decode"], "scale_dates": scale["dates"],
-                    "scale_GB_in": scale["GB_in"], "scale_ingest_s": scale["ingest_s"],
-                    "scale_MB_per_s": scale["GRIB_MB_per_s"],
-                    "scale_peak_worker_rss_MB": scale["peak_rss_MB_per_worker"],
-                    "ens10_h_64_workers": proj[-1]["projected_h"]}
-    io.write_json(args.out, {"cases": rows, "workers": args.workers, "cores": cores, "load_average": load,
-                             "zarrs": io.ZARRS_IN_USE,
-                             "scale": scale, "projection": proj, "regrid": cost, "fs_gbps_assumed": args.fs_gbps,
-                             "summary": summary})
+        print(
+            f"\nprojection, whole ENS-10 ({ENS10_DATES} init dates, {ENS10_GRIB_BYTES / 1e12:.2f} TB of GRIB), "
+            f"one core per worker at the measured rate; file system assumed {args.fs_gbps} GB/s in all "
+            "(GRIB read + store written)"
+        )
+        print_rows(
+            {str(r["workers"]): r for r in proj},
+            ["cpu_bound_h", "fs_bound_h", "projected_h", "limit", "peak_RAM_GB"],
+            first="workers",
+        )
+        summary |= {
+            "grib_ingest_over_decode": scale["ingest_over_decode"],
+            "scale_dates": scale["dates"],
+            "scale_GB_in": scale["GB_in"],
+            "scale_ingest_s": scale["ingest_s"],
+            "scale_MB_per_s": scale["GRIB_MB_per_s"],
+            "scale_peak_worker_rss_MB": scale["peak_rss_MB_per_worker"],
+            "ens10_h_64_workers": proj[-1]["projected_h"],
+        }
+    io.write_json(
+        args.out,
+        {
+            "cases": rows,
+            "workers": args.workers,
+            "cores": cores,
+            "load_average": load,
+            "zarrs": io.ZARRS_IN_USE,
+            "scale": scale,
+            "projection": proj,
+            "regrid": cost,
+            "fs_gbps_assumed": args.fs_gbps,
+            "summary": summary,
+        },
+    )
     print("RESULT " + " ".join(f"{k}={v}" for k, v in summary.items()))
 
 

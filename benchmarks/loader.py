@@ -74,7 +74,10 @@ def slow_store(path: str, latency_ms: float) -> LatencyStore:
 
 def array_names() -> list[str]:
     return [f"ens_{k}_{v}" for v in VARIABLES for k in ("mean", "std")] + [
-        "truth_t850", "oracle_mean_t850", "oracle_std_t850"]
+        "truth_t850",
+        "oracle_mean_t850",
+        "oracle_std_t850",
+    ]
 
 
 def train_rows(path: str) -> np.ndarray:
@@ -105,8 +108,9 @@ class XarraySamples(Dataset[torch.Tensor]):
         return torch.from_numpy(np.stack([day[v].values for v in array_names()]))  # (17, H, W)
 
 
-def run_epochs(make_iter: Callable[[int], Iterable[Any]], epochs: int,
-               count: Callable[[Any], int]) -> tuple[float, list[float], int]:
+def run_epochs(
+    make_iter: Callable[[int], Iterable[Any]], epochs: int, count: Callable[[Any], int]
+) -> tuple[float, list[float], int]:
     """(total seconds, seconds per epoch, samples) of iterating ``make_iter(epoch)`` per epoch."""
     per_epoch, samples = [], 0
     for e in range(epochs):
@@ -126,31 +130,46 @@ def case_xarray(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, list
 def case_xbatcher(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, list[float], int]:
     ds = open_lazy(args.store, args.latency_ms).isel({schema.INIT_TIME: rows})
     da = ds.to_array("variable").transpose(schema.INIT_TIME, "variable", schema.LAT, schema.LON)
-    gen = xbatcher.BatchGenerator(da, input_dims={"variable": da.sizes["variable"], schema.LAT: da.sizes[schema.LAT],
-                                                  schema.LON: da.sizes[schema.LON]},
-                                  batch_dims={schema.INIT_TIME: args.batch_size})
+    gen = xbatcher.BatchGenerator(
+        da,
+        input_dims={
+            "variable": da.sizes["variable"],
+            schema.LAT: da.sizes[schema.LAT],
+            schema.LON: da.sizes[schema.LON],
+        },
+        batch_dims={schema.INIT_TIME: args.batch_size},
+    )
     loader = DataLoader(MapDataset(gen), batch_size=None, shuffle=True, generator=torch.Generator().manual_seed(0))
     return run_epochs(lambda e: loader, args.epochs, len)
 
 
 def store_dataset(args: argparse.Namespace) -> StoreDataset:
-    cfg = DataConfig(store=args.store, sample=SampleSpec(target="t850", variables=VARIABLES),
-                     batch_size=args.batch_size)
+    cfg = DataConfig(
+        store=args.store, sample=SampleSpec(target="t850", variables=VARIABLES), batch_size=args.batch_size
+    )
     return StoreDataset(cfg, "train", source=slow_store(args.store, args.latency_ms))
 
 
 def case_direct(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, list[float], int]:
-    loader = DataLoader(store_dataset(args), batch_size=args.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        store_dataset(args), batch_size=args.batch_size, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     return run_epochs(lambda e: loader, args.epochs, lambda b: len(b["fields"]))
 
 
 def case_clairvoyant(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, list[float], int]:
     base = store_dataset(args)
     spec = prefetch.StreamSpec(len(base), seed=0)
-    loader = prefetch.clairvoyant_loader(base, spec, batch_size=args.batch_size, sample_bytes=base.sample_nbytes(),
-                                         ram_bytes=2 * 2**30, epochs=args.epochs, threads=args.threads,
-                                         lookahead=4 * args.batch_size)
+    loader = prefetch.clairvoyant_loader(
+        base,
+        spec,
+        batch_size=args.batch_size,
+        sample_bytes=base.sample_nbytes(),
+        ram_bytes=2 * 2**30,
+        epochs=args.epochs,
+        threads=args.threads,
+        lookahead=4 * args.batch_size,
+    )
     data = loader.dataset
     assert isinstance(data, prefetch.ClairvoyantDataset) and isinstance(loader.sampler, prefetch.ReplaySampler)
     sampler = loader.sampler
@@ -173,7 +192,7 @@ def case_raw(args: argparse.Namespace, rows: np.ndarray) -> tuple[float, list[fl
     def batches(e: int) -> Iterable[int]:
         order = rows[np.random.default_rng(e).permutation(len(rows))]
         for lo in range(0, len(order), args.batch_size):
-            sel = np.sort(order[lo:lo + args.batch_size])
+            sel = np.sort(order[lo : lo + args.batch_size])
             out = list(pool.map(lambda a, s=sel: a.get_orthogonal_selection((s,)), arrays))  # each (B, ...)
             yield sum(int(o.shape[0]) for o in out) // len(out)
 
@@ -193,8 +212,13 @@ def sample_mb(path: str) -> float:
     return total / 1e6
 
 
-CASES = {"xarray_dataloader": case_xarray, "xbatcher": case_xbatcher, "postcast_direct": case_direct,
-         "postcast_clairvoyant": case_clairvoyant, "raw_read": case_raw}
+CASES = {
+    "xarray_dataloader": case_xarray,
+    "xbatcher": case_xbatcher,
+    "postcast_direct": case_direct,
+    "postcast_clairvoyant": case_clairvoyant,
+    "raw_read": case_raw,
+}
 
 
 def main() -> None:
@@ -215,10 +239,14 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     for name in args.cases:
         total, per_epoch, samples = CASES[name](args, rows)
-        results[name] = {"seconds": round(total, 3), "epoch_s": [round(s, 3) for s in per_epoch],
-                         "samples": samples, "samples_per_s": round(samples / total, 1),
-                         "MB_per_s": round(samples * mb / total, 1),
-                         "cold_samples_per_s": round(len(rows) / per_epoch[0], 1)}
+        results[name] = {
+            "seconds": round(total, 3),
+            "epoch_s": [round(s, 3) for s in per_epoch],
+            "samples": samples,
+            "samples_per_s": round(samples / total, 1),
+            "MB_per_s": round(samples * mb / total, 1),
+            "cold_samples_per_s": round(len(rows) / per_epoch[0], 1),
+        }
         print(f"{name}: {results[name]}", flush=True)
     cols = ["case", "samples", "seconds", "epoch_s", "samples_per_s", "MB_per_s", "cold_samples_per_s"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
@@ -232,13 +260,23 @@ def main() -> None:
         raw = results["raw_read"]
         summary["fraction_of_raw"] = round(cv["samples_per_s"] / raw["samples_per_s"], 2)
         summary["cold_fraction_of_raw"] = round(cv["cold_samples_per_s"] / raw["cold_samples_per_s"], 2)
-    write_json(args.out, {"config": {k: v for k, v in vars(args).items() if k != "out"}, "sample_MB": mb,
-                          "train_samples": len(rows), "results": results, "summary": summary,
-                          "clairvoyant_epochs": getattr(case_clairvoyant, "stats", None)})
+    write_json(
+        args.out,
+        {
+            "config": {k: v for k, v in vars(args).items() if k != "out"},
+            "sample_MB": mb,
+            "train_samples": len(rows),
+            "results": results,
+            "summary": summary,
+            "clairvoyant_epochs": getattr(case_clairvoyant, "stats", None),
+        },
+    )
     print(f"\nclairvoyant per epoch: {getattr(case_clairvoyant, 'stats', None)}")
     print(f"summary: {summary}")
-    print(f"RESULT speedup_vs_xbatcher={summary.get('speedup_vs_xbatcher', float('nan'))} "
-          f"fraction_of_raw={summary.get('fraction_of_raw', float('nan'))}")
+    print(
+        f"RESULT speedup_vs_xbatcher={summary.get('speedup_vs_xbatcher', float('nan'))} "
+        f"fraction_of_raw={summary.get('fraction_of_raw', float('nan'))}"
+    )
 
 
 if __name__ == "__main__":

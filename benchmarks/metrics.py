@@ -60,9 +60,11 @@ def kernels(x: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], np.ndarray]]
         "properscoring": lambda: properscoring.crps_ensemble(y, x),
         "xskillscore": lambda: xskillscore.crps_ensemble(obs, fct, dim=[]).values,
         "presorted_postcast": lambda: metrics.crps_ensemble_pair(xs, y, presorted=True)[0],
-        "presorted_scoringrules_pwm": lambda: scoringrules.crps_ensemble(y, xs, estimator="pwm", sorted_ensemble=True,
-                                                                         backend="numba"),
+        "presorted_scoringrules_pwm": lambda: scoringrules.crps_ensemble(
+            y, xs, estimator="pwm", sorted_ensemble=True, backend="numba"
+        ),
     }
+
     def peer(estimator: str) -> Callable[[], np.ndarray]:
         return lambda: scoringrules.crps_ensemble(y, x, estimator=estimator, backend="numba")
 
@@ -99,9 +101,14 @@ def run_case(n: int, m: int, repeat: int) -> dict[str, Any]:
         estimator[name] = "fair" if is_fair else "standard"
     bw = 2 * x.nbytes / times.pop("copy")  # bytes read + written per second by np.copyto
     moved = x.nbytes + y.nbytes + 2 * y.nbytes  # members + outcomes + (fair, standard) written
-    return {"times_s": times, "estimator": estimator, "copy_bandwidth_GBs": bw / 1e9,
-            "bandwidth_fraction": {k: moved / t / bw for k, t in times.items()
-                                   if k.startswith(("postcast", "presorted_p"))}}
+    return {
+        "times_s": times,
+        "estimator": estimator,
+        "copy_bandwidth_GBs": bw / 1e9,
+        "bandwidth_fraction": {
+            k: moved / t / bw for k, t in times.items() if k.startswith(("postcast", "presorted_p"))
+        },
+    }
 
 
 def speedups(case: dict[str, Any]) -> dict[str, float]:
@@ -127,15 +134,22 @@ def spawn(mode: str, repeat: int) -> dict[str, Any]:
     else:
         for v in THREAD_VARS:
             env.pop(v, None)
-    proc = subprocess.run([sys.executable, __file__, "--phase", "--repeat", str(repeat)], env=env,
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--phase", "--repeat", str(repeat)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def table(mode: str, rows: dict[str, dict[str, Any]]) -> None:
     names = list(next(iter(rows.values()))["times_s"])
-    print(f"\n{mode} ({os.cpu_count()} cores on this machine; threads: "
-          f"{'1' if mode == 'per-core' else 'all'}): best time in ms")
+    print(
+        f"\n{mode} ({os.cpu_count()} cores on this machine; threads: "
+        f"{'1' if mode == 'per-core' else 'all'}): best time in ms"
+    )
     print(f"{'kernel':<28}{'estimator':>10}" + "".join(f"{c:>14}" for c in rows))
     for k in names:
         known: dict[str, str] = rows[next(iter(rows))]["estimator"]
@@ -144,9 +158,11 @@ def table(mode: str, rows: dict[str, dict[str, Any]]) -> None:
     for c, r in rows.items():
         s = speedups(r)
         frac = r["bandwidth_fraction"]
-        print(f"{c}: copy bandwidth {r['copy_bandwidth_GBs']:.2f} GB/s; speedup vs fastest peer fair "
-              f"{s['fair']:.2f}x, standard {s['standard']:.2f}x, presorted vs scoringrules sorted "
-              f"{s['presorted']:.2f}x; bandwidth fraction postcast_fair {frac['postcast_fair']:.2f}")
+        print(
+            f"{c}: copy bandwidth {r['copy_bandwidth_GBs']:.2f} GB/s; speedup vs fastest peer fair "
+            f"{s['fair']:.2f}x, standard {s['standard']:.2f}x, presorted vs scoringrules sorted "
+            f"{s['presorted']:.2f}x; bandwidth fraction postcast_fair {frac['postcast_fair']:.2f}"
+        )
 
 
 def main() -> None:
@@ -168,8 +184,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     frac = res["per-core"]["N=1e6,M=10"]["bandwidth_fraction"]["postcast_fair"]
-    print(f"RESULT fair_speedup_min={min(s['fair'] for s in core.values()):.2f} "
-          f"standard_speedup_min={min(s['standard'] for s in core.values()):.2f} bandwidth_fraction_m10={frac:.2f}")
+    print(
+        f"RESULT fair_speedup_min={min(s['fair'] for s in core.values()):.2f} "
+        f"standard_speedup_min={min(s['standard'] for s in core.values()):.2f} bandwidth_fraction_m10={frac:.2f}"
+    )
 
 
 if __name__ == "__main__":

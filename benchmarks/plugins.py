@@ -53,10 +53,14 @@ SPARSITY = {  # name -> callback entry for the sparsity table (runs under DDP)
     "magnitude_0.5": {"class_path": "postcast.models.plugins.MagnitudePruning", "init_args": {"sparsity": 0.5}},
     "magnitude_0.75": {"class_path": "postcast.models.plugins.MagnitudePruning", "init_args": {"sparsity": 0.75}},
     "magnitude_0.9": {"class_path": "postcast.models.plugins.MagnitudePruning", "init_args": {"sparsity": 0.9}},
-    "cubic_0.5": {"class_path": "postcast.models.plugins.MagnitudePruning",
-                  "init_args": {"sparsity": 0.5, "schedule": "cubic", "end_step": 40, "every": 4}},
-    "cubic_0.9": {"class_path": "postcast.models.plugins.MagnitudePruning",
-                  "init_args": {"sparsity": 0.9, "schedule": "cubic", "end_step": 40, "every": 4}},
+    "cubic_0.5": {
+        "class_path": "postcast.models.plugins.MagnitudePruning",
+        "init_args": {"sparsity": 0.5, "schedule": "cubic", "end_step": 40, "every": 4},
+    },
+    "cubic_0.9": {
+        "class_path": "postcast.models.plugins.MagnitudePruning",
+        "init_args": {"sparsity": 0.9, "schedule": "cubic", "end_step": 40, "every": 4},
+    },
 }
 FRAGMENT_SPARSITY = ["prune_magnitude", "sparsity_2to4"]  # the shipped fragments, counted in the RESULT
 
@@ -84,30 +88,53 @@ def run_one(rank: int, configs: list[str], extra: list[str], out: Path) -> dict[
     from postcast.pipeline.train import PostcastCLI
 
     args = [a for c in configs for a in ("-c", c)] + extra
-    args += ["--trainer.callbacks+=postcast.models.plugins.CommReport", "--trainer.logger", "false",
-             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-             "--trainer.default_root_dir", str(out)]
+    args += [
+        "--trainer.callbacks+=postcast.models.plugins.CommReport",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.default_root_dir",
+        str(out),
+    ]
     cli = PostcastCLI(PostProcessor, StoreDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
     start = time.perf_counter()
     cli.trainer.fit(cli.model, cli.datamodule)
     wall = time.perf_counter() - start
     report = next(c for c in cli.trainer.callbacks if isinstance(c, CommReport)).summary
     masks = [c for c in cli.trainer.callbacks if isinstance(c, _MaskedTraining)]
-    res = {"steps": cli.trainer.global_step, "fit_s": wall, "bytes_per_step": report["bytes_per_step"],
-           "n_parameters": report["n_parameters"], "sparsity": masks[0].sparsity() if masks else 0.0}
+    res = {
+        "steps": cli.trainer.global_step,
+        "fit_s": wall,
+        "bytes_per_step": report["bytes_per_step"],
+        "n_parameters": report["n_parameters"],
+        "sparsity": masks[0].sparsity() if masks else 0.0,
+    }
     if rank == 0:
         res["crps"] = val_crps(cli.model, cli.datamodule)
     return res
 
 
 def worker(rank: int, runs: list[tuple[str, list[str], list[str]]], tmp: str, results: Any) -> None:
-    os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "NODE_RANK": "0", "WORLD_SIZE": str(WORLD),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "PYTHONWARNINGS": "ignore"})
+    os.environ.update(
+        {
+            "LOCAL_RANK": str(rank),
+            "RANK": str(rank),
+            "NODE_RANK": "0",
+            "WORLD_SIZE": str(WORLD),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1",
+            "PYTHONWARNINGS": "ignore",
+        }
+    )
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     for i, (name, configs, extra) in enumerate(runs):
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store{i}", rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=300))
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp}/store{i}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=300)
+        )
         try:
             res = run_one(rank, configs, extra, Path(tmp) / name)
             results.put((name, rank, res))
@@ -148,9 +175,20 @@ def main() -> None:
     a.store = require_store(a.store)
     preset = str(ROOT / "configs/train/unet_t850.yaml")
     steps_per_epoch = 128 // (4 * WORLD)
-    extra = ["--data.cfg.store", a.store, "--model.net", json.dumps({"base_filters": a.base_filters}),
-             "--trainer.max_steps", str(a.steps), "--trainer.max_epochs", str(-(-a.steps // steps_per_epoch)),
-             "--data.cfg.batch_size", "4", "--trainer.devices", str(WORLD)]
+    extra = [
+        "--data.cfg.store",
+        a.store,
+        "--model.net",
+        json.dumps({"base_filters": a.base_filters}),
+        "--trainer.max_steps",
+        str(a.steps),
+        "--trainer.max_epochs",
+        str(-(-a.steps // steps_per_epoch)),
+        "--data.cfg.batch_size",
+        "4",
+        "--trainer.devices",
+        str(WORLD),
+    ]
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         todo = [(n, c) for n, c in fragments(Path(tmp)) if not a.only or n == "ddp" or n in a.only]
@@ -178,25 +216,45 @@ def main() -> None:
     rows = []
     for name, _ in todo:
         r0 = got[name][0]
-        rows.append({"plugin": name, "crps": round(r0["crps"], 4),
-                     "crps_vs_ddp": round(r0["crps"] / base["crps"], 3),
-                     "bytes_per_step": round(r0["bytes_per_step"]),
-                     "bytes_vs_ddp": round(r0["bytes_per_step"] / base["bytes_per_step"], 3),
-                     "sparsity": round(r0["sparsity"], 3), "steps": r0["steps"],
-                     "fit_s": round(max(got[name][r]["fit_s"] for r in range(WORLD)), 1)})
+        rows.append(
+            {
+                "plugin": name,
+                "crps": round(r0["crps"], 4),
+                "crps_vs_ddp": round(r0["crps"] / base["crps"], 3),
+                "bytes_per_step": round(r0["bytes_per_step"]),
+                "bytes_vs_ddp": round(r0["bytes_per_step"] / base["bytes_per_step"], 3),
+                "sparsity": round(r0["sparsity"], 3),
+                "steps": r0["steps"],
+                "fit_s": round(max(got[name][r]["fit_s"] for r in range(WORLD)), 1),
+            }
+        )
     counted = [r for r in rows if r["plugin"] in COMM_PLUGINS + FRAGMENT_SPARSITY]
     within = sum(r["crps_vs_ddp"] <= 1.05 for r in counted)
     comm_rows = [r for r in rows if r["plugin"] in ["ddp", *COMM_PLUGINS]]
     sparse_rows = [r for r in rows if r["plugin"] in ["ddp", *FRAGMENT_SPARSITY, *SPARSITY]]
-    print(f"\nU-Net (base {a.base_filters}, {base['n_parameters']} parameters), T850, {WORLD} gloo ranks, "
-          f"{a.steps} steps, batch 4 per rank; CRPS on the validation split (K)\n")
+    print(
+        f"\nU-Net (base {a.base_filters}, {base['n_parameters']} parameters), T850, {WORLD} gloo ranks, "
+        f"{a.steps} steps, batch 4 per rank; CRPS on the validation split (K)\n"
+    )
     print(table(comm_rows, ["plugin", "crps", "crps_vs_ddp", "bytes_per_step", "bytes_vs_ddp", "steps", "fit_s"]))
     print("\nCRPS against sparsity (DDP communication)\n")
     print(table(sparse_rows, ["plugin", "sparsity", "crps", "crps_vs_ddp", "steps", "fit_s"]))
-    write_json(a.out, {"config": {"steps": a.steps, "base_filters": a.base_filters, "world": WORLD,
-                                  "store": a.store, "n_parameters": base["n_parameters"]},
-                       "rows": rows, "within_5pct": within, "counted": len(counted),
-                       "wall_s": time.perf_counter() - t_start})
+    write_json(
+        a.out,
+        {
+            "config": {
+                "steps": a.steps,
+                "base_filters": a.base_filters,
+                "world": WORLD,
+                "store": a.store,
+                "n_parameters": base["n_parameters"],
+            },
+            "rows": rows,
+            "within_5pct": within,
+            "counted": len(counted),
+            "wall_s": time.perf_counter() - t_start,
+        },
+    )
     print(f"\nwall {time.perf_counter() - t_start:.0f} s; {a.out}")
     print(f"RESULT plugins_within_5pct_of_ddp={within}/{len(counted)}")
 

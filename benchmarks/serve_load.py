@@ -49,14 +49,21 @@ class Phase:
 
     def row(self) -> dict[str, object]:
         ms = np.asarray(self.latencies) * 1e3
-        return {"phase": self.name, "in_flight": self.in_flight, "requests": len(ms),
-                "qps": round(len(ms) / self.seconds, 1), "p50_ms": round(float(np.percentile(ms, 50)), 2),
-                "p99_ms": round(float(np.percentile(ms, 99)), 2), "max_ms": round(float(ms.max()), 2),
-                "errors": self.errors}
+        return {
+            "phase": self.name,
+            "in_flight": self.in_flight,
+            "requests": len(ms),
+            "qps": round(len(ms) / self.seconds, 1),
+            "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2),
+            "max_ms": round(float(ms.max()), 2),
+            "errors": self.errors,
+        }
 
 
-async def load(url: str, queries: list[str], concurrency: int, limit_s: float,
-               ok: Callable[[int, bytes], bool]) -> tuple[list[float], int, float]:
+async def load(
+    url: str, queries: list[str], concurrency: int, limit_s: float, ok: Callable[[int, bytes], bool]
+) -> tuple[list[float], int, float]:
     """Send ``queries`` with ``concurrency`` in flight; (latencies in s, errors, elapsed s)."""
     latencies: list[float] = []
     errors = 0
@@ -93,12 +100,15 @@ def point_queries(n: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     lats, lons = rng.uniform(-90, 90, n), rng.uniform(-180, 360, n)
     days = rng.integers(4, 7, n)  # valid 2017-01-04 .. 06 (init 02 .. 04)
-    return [f"/forecast/point?target=t850&lat={lats[i]:.3f}&lon={lons[i]:.3f}&time=2017-01-{days[i]:02d}T00:00"
-            for i in range(n)]
+    return [
+        f"/forecast/point?target=t850&lat={lats[i]:.3f}&lon={lons[i]:.3f}&time=2017-01-{days[i]:02d}T00:00"
+        for i in range(n)
+    ]
 
 
-def run_phase(name: str, url: str, queries: list[str], in_flight: int, limit_s: float,
-              ok: Callable[[int, bytes], bool]) -> Phase:
+def run_phase(
+    name: str, url: str, queries: list[str], in_flight: int, limit_s: float, ok: Callable[[int, bytes], bool]
+) -> Phase:
     lat, errors, elapsed = asyncio.run(load(url, queries, in_flight, limit_s, ok))
     return Phase(name, in_flight, lat, errors, elapsed)
 
@@ -116,8 +126,16 @@ def main() -> None:
     a = p.parse_args()
     is_point: Callable[[int, bytes], bool] = lambda s, b: s == 200 and b.startswith(b'{"target":"t850"')  # noqa: E731
     with running_trivial_server(workers=a.workers) as url:
-        phases = [run_phase("framework", url, ["/ping"] * a.requests, 16, a.time_limit,
-                            lambda s, b: s == 200 and b == b'{"ok":true}')]
+        phases = [
+            run_phase(
+                "framework",
+                url,
+                ["/ping"] * a.requests,
+                16,
+                a.time_limit,
+                lambda s, b: s == 200 and b == b'{"ok":true}',
+            )
+        ]
     with tempfile.TemporaryDirectory() as tmp:
         write_forecasts(Path(tmp), n=3, resolution=a.resolution)
         write_forecasts(Path(tmp), target="z500", n=1, resolution=a.bbox_resolution)
@@ -125,28 +143,66 @@ def main() -> None:
             phases.append(run_phase("point", url, point_queries(a.requests, 0), 16, a.time_limit, is_point))
             phases.append(run_phase("point", url, point_queries(a.requests, 1), 64, a.time_limit, is_point))
             box = "/forecast/bbox?target=z500&lat_min=-90&lat_max=90&lon_min=0&lon_max=359.99"
-            phases.append(run_phase("bbox", url, [box] * a.bbox_requests, 16, a.time_limit,
-                                    lambda s, b: s == 200 and b.startswith(b'{"target":"z500"')))
-            phases.append(run_phase("map", url, ["/map.png?target=t850"] * a.map_requests, 16, a.time_limit,
-                                    lambda s, b: s == 200 and b[:4] == b"\x89PNG"))
+            phases.append(
+                run_phase(
+                    "bbox",
+                    url,
+                    [box] * a.bbox_requests,
+                    16,
+                    a.time_limit,
+                    lambda s, b: s == 200 and b.startswith(b'{"target":"z500"'),
+                )
+            )
+            phases.append(
+                run_phase(
+                    "map",
+                    url,
+                    ["/map.png?target=t850"] * a.map_requests,
+                    16,
+                    a.time_limit,
+                    lambda s, b: s == 200 and b[:4] == b"\x89PNG",
+                )
+            )
     rows = [ph.row() for ph in phases]
     framework, p16, p64, bbox, maps = rows
-    summary = {"qps": p16["qps"], "fraction_of_framework": round(float(p16["qps"]) / float(framework["qps"]), 3),  # type: ignore[arg-type]
-               "p99_ms_16": p16["p99_ms"], "p99_ms_64": p64["p99_ms"], "bbox_qps": bbox["qps"],
-               "map_p99_ms": maps["p99_ms"], "errors": sum(int(r["errors"]) for r in rows)}  # type: ignore[call-overload]
+    summary = {
+        "qps": p16["qps"],
+        "fraction_of_framework": round(float(p16["qps"]) / float(framework["qps"]), 3),  # type: ignore[arg-type]
+        "p99_ms_16": p16["p99_ms"],
+        "p99_ms_64": p64["p99_ms"],
+        "bbox_qps": bbox["qps"],
+        "map_p99_ms": maps["p99_ms"],
+        "errors": sum(int(r["errors"]) for r in rows),
+    }  # type: ignore[call-overload]
     cores = os.cpu_count()
-    print(f"loopback, client and server on the same {cores} cores; {a.workers} worker(s); "
-          f"point/map grid {a.resolution} deg, bbox grid {a.bbox_resolution} deg")
+    print(
+        f"loopback, client and server on the same {cores} cores; {a.workers} worker(s); "
+        f"point/map grid {a.resolution} deg, bbox grid {a.bbox_resolution} deg"
+    )
     print("| " + " | ".join(rows[0]) + " |")
     print("|" + "---|" * len(rows[0]))
     for r in rows:
         print("| " + " | ".join(str(v) for v in r.values()) + " |")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    io.write_json(a.out, {"cores": cores, "workers": a.workers, "grid_deg": a.resolution,
-                          "bbox_grid_deg": a.bbox_resolution, "phases": rows, **summary})
+    io.write_json(
+        a.out,
+        {
+            "cores": cores,
+            "workers": a.workers,
+            "grid_deg": a.resolution,
+            "bbox_grid_deg": a.bbox_resolution,
+            "phases": rows,
+            **summary,
+        },
+    )
     print(json.dumps(summary))
-    print("RESULT " + " ".join(f"{k}={summary[k]}" for k in ("qps", "fraction_of_framework", "p99_ms_16",
-                                                             "p99_ms_64", "map_p99_ms", "errors")))
+    print(
+        "RESULT "
+        + " ".join(
+            f"{k}={summary[k]}"
+            for k in ("qps", "fraction_of_framework", "p99_ms_16", "p99_ms_64", "map_p99_ms", "errors")
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -40,18 +40,37 @@ MODELS = ("emos", "mlp", "unet")  # a preset each per target (configs/train/<mod
 GAUSSIAN_TP24 = "emos_gaussian"  # tp24's Gaussian comparison (configs/train/emos_gaussian_tp24.yaml)
 CENSORED_TP24 = "emos"
 
+
 def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs: int | None) -> dict[str, Any]:
     root = out / "runs" / f"{model}_{target}_s{seed}"
-    args = ["fit", "-c", str(ROOT / f"configs/train/{model}_{target}.yaml"), "--seed_everything", str(seed),
-            "--data.cfg.store", store, "--trainer.default_root_dir", str(root),
-            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    args = [
+        "fit",
+        "-c",
+        str(ROOT / f"configs/train/{model}_{target}.yaml"),
+        "--seed_everything",
+        str(seed),
+        "--data.cfg.store",
+        store,
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+    ]
     if epochs:
         args += ["--trainer.max_epochs", str(epochs)]
     t0 = time.perf_counter()
     cli = train(args)
     cb = cli.trainer.checkpoint_callback
-    return {"model": model, "target": target, "seed": seed, "checkpoint": cb.best_model_path,  # type: ignore[union-attr]
-            "val_crps": float(cb.best_model_score), "train_s": time.perf_counter() - t0}  # type: ignore[union-attr, arg-type]
+    return {
+        "model": model,
+        "target": target,
+        "seed": seed,
+        "checkpoint": cb.best_model_path,  # type: ignore[union-attr]
+        "val_crps": float(cb.best_model_score),
+        "train_s": time.perf_counter() - t0,
+    }  # type: ignore[union-attr, arg-type]
 
 
 def aggregate(evals: dict[int, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -62,17 +81,29 @@ def aggregate(evals: dict[int, dict[str, Any]]) -> dict[str, dict[str, dict[str,
         for target, r in res["targets"].items():
             base = r["raw_ensemble"]["global"]["crps_fair"]
             rows = {f: regions["global"] for f, regions in r["forecasts"].items()}
-            rows["raw_ensemble"] = {"crps": base, **({"gap_closed": 0.0, "skill_vs_raw": 0.0}
-                                                     if r["baseline"] == "raw_ensemble" else {})}
+            rows["raw_ensemble"] = {
+                "crps": base,
+                **({"gap_closed": 0.0, "skill_vs_raw": 0.0} if r["baseline"] == "raw_ensemble" else {}),
+            }
             for f, g in rows.items():
                 cell = table.setdefault(target, {}).setdefault(f, {"crps": [], "gap": [], "skill": []})
                 cell["crps"].append(g["crps"])
                 cell["gap"].append(g.get("gap_closed", float("nan")))
                 cell["skill"].append(g.get("skill_vs_raw", float("nan")))
-    return {t: {f: {"crps_mean": float(np.mean(c["crps"])), "crps_std": float(np.std(c["crps"])),
-                    "gap_mean": float(np.mean(c["gap"])), "gap_std": float(np.std(c["gap"])),
-                    "skill_mean": float(np.mean(c["skill"])), "n": len(c["crps"])}
-                for f, c in fs.items()} for t, fs in table.items()}
+    return {
+        t: {
+            f: {
+                "crps_mean": float(np.mean(c["crps"])),
+                "crps_std": float(np.std(c["crps"])),
+                "gap_mean": float(np.mean(c["gap"])),
+                "gap_std": float(np.std(c["gap"])),
+                "skill_mean": float(np.mean(c["skill"])),
+                "n": len(c["crps"]),
+            }
+            for f, c in fs.items()
+        }
+        for t, fs in table.items()
+    }
 
 
 BASELINES = ("raw", "oracle", "raw_ensemble")
@@ -84,31 +115,53 @@ def censored_vs_gaussian(out: Path, seeds: list[int]) -> dict[str, dict[str, flo
     per_seed = []
     for seed in seeds:
         with xr.open_dataset(out / f"eval_s{seed}" / "results.nc") as ds:
-            per_seed.append(ds["score_per_date"].sel(target="tp24", lead=48, region="global", weighting="none",
-                                                     metric=["crps", "brier_above_t1"],
-                                                     forecast=[CENSORED_TP24, GAUSSIAN_TP24]).load())
+            per_seed.append(
+                ds["score_per_date"]
+                .sel(
+                    target="tp24",
+                    lead=48,
+                    region="global",
+                    weighting="none",
+                    metric=["crps", "brier_above_t1"],
+                    forecast=[CENSORED_TP24, GAUSSIAN_TP24],
+                )
+                .load()
+            )
     dated = xr.concat(per_seed, dim="seed").mean("seed")  # (forecast, metric, init_time)
     out_: dict[str, dict[str, float]] = {}
     for metric in ("crps", "brier_above_t1"):
         d = dated.sel(metric=metric)
         pair = significance.paired(d.sel(forecast=CENSORED_TP24).values, d.sel(forecast=GAUSSIAN_TP24).values)
-        out_[metric] = {"censored": float(d.sel(forecast=CENSORED_TP24).mean()),
-                        "gaussian": float(d.sel(forecast=GAUSSIAN_TP24).mean()),
-                        "mean_difference": pair.mean, "ci95_low": pair.low, "ci95_high": pair.high,
-                        "dm_p_value": pair.p_value, "n_dates": int(np.isfinite(d.values).all(axis=0).sum())}
+        out_[metric] = {
+            "censored": float(d.sel(forecast=CENSORED_TP24).mean()),
+            "gaussian": float(d.sel(forecast=GAUSSIAN_TP24).mean()),
+            "mean_difference": pair.mean,
+            "ci95_low": pair.low,
+            "ci95_high": pair.high,
+            "dm_p_value": pair.p_value,
+            "n_dates": int(np.isfinite(d.values).all(axis=0).sum()),
+        }
     return out_
 
 
-def summary(agg: dict[str, dict[str, dict[str, float]]], tp24: dict[str, dict[str, float]] | None
-            ) -> tuple[dict[str, Any], str]:
+def summary(
+    agg: dict[str, dict[str, dict[str, float]]], tp24: dict[str, dict[str, float]] | None
+) -> tuple[dict[str, Any], str]:
     """The RESULT keys (the best model's gap closed per target; whether the censored tp24 EMOS beats the
     Gaussian one) and how many learned forecasts beat their target's baseline ("n/total")."""
     learned = [(t, f) for t in agg for f in agg[t] if f not in BASELINES]
-    base = {t: agg[t]["raw_ensemble" if np.isfinite(agg[t]["raw_ensemble"]["gap_mean"]) else "raw"]["crps_mean"]
-            for t in agg}
+    base = {
+        t: agg[t]["raw_ensemble" if np.isfinite(agg[t]["raw_ensemble"]["gap_mean"]) else "raw"]["crps_mean"]
+        for t in agg
+    }
     beat = sum(agg[t][f]["crps_mean"] < base[t] for t, f in learned)
-    best = {t: max((c["gap_mean"] for f, c in fs.items() if f not in BASELINES and np.isfinite(c["gap_mean"])),
-                   default=float("nan")) for t, fs in agg.items()}
+    best = {
+        t: max(
+            (c["gap_mean"] for f, c in fs.items() if f not in BASELINES and np.isfinite(c["gap_mean"])),
+            default=float("nan"),
+        )
+        for t, fs in agg.items()
+    }
     out: dict[str, Any] = {f"gap_closed_{t}": g for t, g in best.items()}
     if tp24 is not None:
         better = all(v["mean_difference"] < 0 and v["dm_p_value"] < 1 - significance.LEVEL for v in tp24.values())
@@ -119,8 +172,10 @@ def summary(agg: dict[str, dict[str, dict[str, float]]], tp24: dict[str, dict[st
 def print_table(agg: dict[str, dict[str, dict[str, float]]]) -> None:
     """CRPS, skill and gap closed against each target's baseline (``-``: the raw members of a Gaussian target,
     which are not its baseline)."""
-    print(f"{'target':6} {'forecast':13} {'CRPS mean +- std':>24} {'skill vs baseline':>17} {'gap closed':>16} "
-          f"{'seeds':>5}")
+    print(
+        f"{'target':6} {'forecast':13} {'CRPS mean +- std':>24} {'skill vs baseline':>17} {'gap closed':>16} "
+        f"{'seeds':>5}"
+    )
     for t, fs in agg.items():
         for f, c in sorted(fs.items(), key=lambda kv: -kv[1]["crps_mean"]):
             skill = f"{100 * c['skill_mean']:.1f}%" if np.isfinite(c["skill_mean"]) else "-"
@@ -141,8 +196,10 @@ def print_comparison(tp24: dict[str, dict[str, float]]) -> None:
     print(f"{'score':16} {'censored':>10} {'gaussian':>10} {'difference':>11} {'95% CI':>22} {'DM p':>9}")
     for m, v in tp24.items():
         ci = f"[{v['ci95_low']:+.3g}, {v['ci95_high']:+.3g}]"
-        print(f"{m:16} {v['censored']:>10.5g} {v['gaussian']:>10.5g} {v['mean_difference']:>+11.4g} {ci:>22} "
-              f"{v['dm_p_value']:>9.3g}")
+        print(
+            f"{m:16} {v['censored']:>10.5g} {v['gaussian']:>10.5g} {v['mean_difference']:>+11.4g} {ci:>22} "
+            f"{v['dm_p_value']:>9.3g}"
+        )
 
 
 def main() -> None:
@@ -177,8 +234,16 @@ def main() -> None:
         keys = [f"{m}_{t}_s{seed}{suffix}" for m, t in pairs]
         ckpts = [done[k]["checkpoint"] for k in keys]
         names = {done[k]["checkpoint"]: done[k]["model"] for k in keys}
-        evals[seed] = evaluate(EvalConfig(store=a.store, checkpoints=tuple(ckpts), targets=tuple(a.targets),
-                                          out=str(a.out / f"eval_s{seed}"), names=names, bootstrap=200))
+        evals[seed] = evaluate(
+            EvalConfig(
+                store=a.store,
+                checkpoints=tuple(ckpts),
+                targets=tuple(a.targets),
+                out=str(a.out / f"eval_s{seed}"),
+                names=names,
+                bootstrap=200,
+            )
+        )
     agg = aggregate(evals)
     print_table(agg)
     tp24 = censored_vs_gaussian(a.out, a.seeds) if (GAUSSIAN_TP24, "tp24") in pairs else None
@@ -187,9 +252,18 @@ def main() -> None:
     res, beat = summary(agg, tp24)
     print(f"learned forecasts beating their target's baseline: {beat}")
     train_s = {k: r["train_s"] for k, r in done.items()}
-    io.write_json(a.out / "skill.json", {"aggregate": agg, "summary": res, "all_beat_baseline": beat,
-                                         "tp24_censored_vs_gaussian": tp24,
-                                         "train_seconds": train_s, "seeds": a.seeds, "epochs": a.epochs})
+    io.write_json(
+        a.out / "skill.json",
+        {
+            "aggregate": agg,
+            "summary": res,
+            "all_beat_baseline": beat,
+            "tp24_censored_vs_gaussian": tp24,
+            "train_seconds": train_s,
+            "seeds": a.seeds,
+            "epochs": a.epochs,
+        },
+    )
     print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
 
 

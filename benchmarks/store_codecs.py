@@ -45,6 +45,7 @@ from typing import Any
 # isort: off
 import pyproj  # noqa: F401  (before eccodes: see datasets/sources/messages.py)
 import eccodes
+
 # isort: on
 import numpy as np
 import pandas as pd
@@ -83,17 +84,23 @@ class Layout:
 def layouts(kind: str, n: int, ny: int, nx: int, nm: int) -> list[Layout]:
     """The candidate layouts of one kind; the first is the store's layout before this benchmark."""
     if kind == "member":  # (slot, member, lat, lon)
-        return [Layout("slot (all members)", (1, nm, ny, nx)),
-                Layout("per member", (1, 1, ny, nx)),
-                Layout("shard slot / chunk member", (1, 1, ny, nx), (1, nm, ny, nx)),
-                Layout(f"shard {n} slots / chunk slot", (1, nm, ny, nx), (n, nm, ny, nx))]
+        return [
+            Layout("slot (all members)", (1, nm, ny, nx)),
+            Layout("per member", (1, 1, ny, nx)),
+            Layout("shard slot / chunk member", (1, 1, ny, nx), (1, nm, ny, nx)),
+            Layout(f"shard {n} slots / chunk slot", (1, nm, ny, nx), (n, nm, ny, nx)),
+        ]
     if kind == "ens":  # (slot, lat, lon)
-        return [Layout("slot", (1, ny, nx)),
-                Layout(f"{n} slots", (n, ny, nx)),
-                Layout(f"shard {n} slots / chunk slot", (1, ny, nx), (n, ny, nx))]
-    return [Layout("date (3 steps)", (1, 3, ny, nx)),  # truth: (date, step, lat, lon)
-            Layout("date, step", (1, 1, ny, nx)),
-            Layout("shard date / chunk step", (1, 1, ny, nx), (1, 3, ny, nx))]
+        return [
+            Layout("slot", (1, ny, nx)),
+            Layout(f"{n} slots", (n, ny, nx)),
+            Layout(f"shard {n} slots / chunk slot", (1, ny, nx), (n, ny, nx)),
+        ]
+    return [
+        Layout("date (3 steps)", (1, 3, ny, nx)),  # truth: (date, step, lat, lon)
+        Layout("date, step", (1, 1, ny, nx)),
+        Layout("shard date / chunk step", (1, 1, ny, nx), (1, 3, ny, nx)),
+    ]
 
 
 def grib_packed(x: np.ndarray, handle: int) -> np.ndarray:
@@ -141,8 +148,9 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run_case(data: np.ndarray, kind: str, layout: Layout, codec: str, pipe: str, work: Path,
-             repeat: int) -> dict[str, Any]:
+def run_case(
+    data: np.ndarray, kind: str, layout: Layout, codec: str, pipe: str, work: Path, repeat: int
+) -> dict[str, Any]:
     """Write and read one case ``repeat`` times; best times, size, and a value check."""
     best_w = best_r = float("inf")
     size = 0
@@ -150,9 +158,16 @@ def run_case(data: np.ndarray, kind: str, layout: Layout, codec: str, pipe: str,
         path = work / f"case{r}.zarr"
         shutil.rmtree(path, ignore_errors=True)
         with pipeline(pipe):
-            arr = zarr.create_array(LocalStore(path), shape=data.shape, dtype="float32", chunks=layout.chunks,
-                                    shards=layout.shards, compressors=CODECS[codec](), fill_value=np.nan,
-                                    zarr_format=3)
+            arr = zarr.create_array(
+                LocalStore(path),
+                shape=data.shape,
+                dtype="float32",
+                chunks=layout.chunks,
+                shards=layout.shards,
+                compressors=CODECS[codec](),
+                fill_value=np.nan,
+                zarr_format=3,
+            )
             t0 = time.perf_counter()
             arr[...] = data
             best_w = min(best_w, time.perf_counter() - t0)
@@ -166,10 +181,18 @@ def run_case(data: np.ndarray, kind: str, layout: Layout, codec: str, pipe: str,
             raise SystemExit(f"{kind} {layout.name} {codec} {pipe}: values differ after a round trip")
         shutil.rmtree(path, ignore_errors=True)
     mb = data.nbytes / 2**20
-    return {"kind": kind, "layout": layout.name, "codec": codec, "pipeline": "zarrs" if pipe == ZARRS else "zarr",
-            "write_s": round(best_w, 4), "read_s": round(best_r, 4), "write_MB_per_s": round(mb / best_w, 1),
-            "read_MB_per_s": round(mb / best_r, 1), "ratio": round(data.nbytes / size, 2),
-            "size_MB": round(size / 2**20, 2)}
+    return {
+        "kind": kind,
+        "layout": layout.name,
+        "codec": codec,
+        "pipeline": "zarrs" if pipe == ZARRS else "zarr",
+        "write_s": round(best_w, 4),
+        "read_s": round(best_r, 4),
+        "write_MB_per_s": round(mb / best_w, 1),
+        "read_MB_per_s": round(mb / best_r, 1),
+        "ratio": round(data.nbytes / size, 2),
+        "size_MB": round(size / 2**20, 2),
+    }
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -177,8 +200,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     widths = [7, 28, 12, 9, 15, 14, 7, 9]
     print("".join(f"{c:<{w}}" if i < 4 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cols, widths, strict=True))))
     for row in rows:
-        print("".join(f"{row[c]!s:<{w}}" if i < 4 else f"{row[c]!s:>{w}}"
-                      for i, (c, w) in enumerate(zip(cols, widths, strict=True))))
+        print(
+            "".join(
+                f"{row[c]!s:<{w}}" if i < 4 else f"{row[c]!s:>{w}}"
+                for i, (c, w) in enumerate(zip(cols, widths, strict=True))
+            )
+        )
 
 
 def chosen(kind: str) -> tuple[str, str]:
@@ -225,8 +252,10 @@ def main() -> None:
                         rows.append(run_case(arr, kind, layout, codec, pipe, work, args.repeat))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{args.resolution} deg, float32, {n} member slots; 1 codec thread; best of {args.repeat}; "
-          "MB/s of decoded bytes; ratio = decoded / stored bytes")
+    print(
+        f"{args.resolution} deg, float32, {n} member slots; 1 codec thread; best of {args.repeat}; "
+        "MB/s of decoded bytes; ratio = decoded / stored bytes"
+    )
     print_table(rows)
     summary = {
         "member_write_speedup": speedup(rows, "member", "write_s"),
@@ -236,8 +265,18 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    io.write_json(out, {"resolution": args.resolution, "slots": n, "repeat": args.repeat, "codec_threads": 1,
-                        "chosen": {k: chosen(k) for k in data}, "rows": rows, "summary": summary})
+    io.write_json(
+        out,
+        {
+            "resolution": args.resolution,
+            "slots": n,
+            "repeat": args.repeat,
+            "codec_threads": 1,
+            "chosen": {k: chosen(k) for k in data},
+            "rows": rows,
+            "summary": summary,
+        },
+    )
     print("RESULT " + " ".join(f"{k}={v}" for k, v in summary.items()))
 
 

@@ -35,12 +35,24 @@ from postcast.common import Verb, log
 from postcast.datasets.core.errors import EXIT_CODES, ConfigError, MissingInputError, OutputError, PostcastError
 
 # the verbs, in the order of `postcast --help`
-VERBS: tuple[Verb, ...] = (verb_synth, verb_ingest, verb_inspect, verb_config, verb_train, verb_evaluate, verb_run,
-                           verb_forecast, verb_serve, verb_compress, verb_download)
+VERBS: tuple[Verb, ...] = (
+    verb_synth,
+    verb_ingest,
+    verb_inspect,
+    verb_config,
+    verb_train,
+    verb_evaluate,
+    verb_run,
+    verb_forecast,
+    verb_serve,
+    verb_compress,
+    verb_download,
+)
 INTERRUPTED = 130  # exit code after Ctrl-C (128 + SIGINT)
 INTERNAL = 70  # EX_SOFTWARE: a bug in postcast, never the user's data
 
-EPILOG = """\
+EPILOG = (
+    """\
 quickstart (synthetic ENS-10, coarse grid), all stages at once:
   postcast run configs/quickstart.yaml
 or step by step:
@@ -51,7 +63,10 @@ or step by step:
   postcast evaluate data/store.zarr --checkpoints runs/unet_t850/lightning_logs/version_0/checkpoints/best*.ckpt
 
 exit codes:
-""" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()) + "\n"
+"""
+    + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
+    + "\n"
+)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -68,14 +83,24 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="postcast", description="Post-processing of ensemble weather forecasts (ENS-10).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="postcast",
+        description="Post-processing of ensemble weather forecasts (ENS-10).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"postcast {postcast.__version__}")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="lowest level of log lines on stderr")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bars (there are none when stderr is not a terminal: log lines report "
-                             "progress)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="lowest level of log lines on stderr",
+    )
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress bars (there are none when stderr is not a terminal: log lines report progress)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for verb in VERBS:
         before = set(sub.choices)
@@ -104,7 +129,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # bars only on a terminal: in a log file their carriage returns run into the log lines
     args.progress = args.progress and sys.stderr.isatty()
     if args.command == "train":
-        args.lightning_args = words[words.index("train") + 1:]
+        args.lightning_args = words[words.index("train") + 1 :]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
@@ -177,8 +202,10 @@ def _message(err: BaseException, path: str | None) -> str:
     is prefixed with the verb's input path, unless it names that path already."""
     full = out_of_space(err)
     if full is not None:
-        return (f"cannot write {full.filename or 'the output'}: {full.strerror or full} (disk full or file size "
-                "limit); free space and rerun (finished work is kept, nothing partial was marked complete)")
+        return (
+            f"cannot write {full.filename or 'the output'}: {full.strerror or full} (disk full or file size "
+            "limit); free space and rerun (finished work is kept, nothing partial was marked complete)"
+        )
     err = expected(err) or err
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     plain = not isinstance(err, PostcastError)
@@ -196,8 +223,7 @@ def internal_error(err: BaseException) -> int:
         where = str(path)
     except OSError:  # nowhere to write: the trace goes to stderr after the line
         where = "stderr, below"
-    print(f"postcast: internal error: {type(err).__name__}: {err} (details in {where}; please report)",
-          file=sys.stderr)
+    print(f"postcast: internal error: {type(err).__name__}: {err} (details in {where}; please report)", file=sys.stderr)
     if where != str(path):
         print(text, file=sys.stderr)
     return INTERNAL
@@ -211,7 +237,8 @@ def _crash_log() -> Path:
     import time
 
     base = os.environ.get("POSTCAST_LOG_DIR") or str(
-        Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "postcast")
+        Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "postcast"
+    )
     name = f"internal-error-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
     for folder in (Path(base), Path(tempfile.gettempdir()) / "postcast"):
         try:
@@ -264,8 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code is None:
             return internal_error(err)
         input_path = getattr(args, "input_path", None)  # the name of the argument holding the input
-        print(f"postcast: error: {_message(err, getattr(args, input_path) if input_path else None)}",
-              file=sys.stderr)
+        print(f"postcast: error: {_message(err, getattr(args, input_path) if input_path else None)}", file=sys.stderr)
         log.debug("traceback of the error above", exc_info=err)
         return code
     finally:

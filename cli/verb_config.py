@@ -15,8 +15,11 @@ from postcast.datasets.core.errors import PostcastError
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = sub.add_parser("config", help="validate configuration presets",
-                       description="Check YAML presets against their typed schema (kind: synth | ingest | ...).")
+    p = sub.add_parser(
+        "config",
+        help="validate configuration presets",
+        description="Check YAML presets against their typed schema (kind: synth | ingest | ...).",
+    )
     csub = p.add_subparsers(dest="config_cmd", required=True)
     v = csub.add_parser("validate", help="validate one or more YAML files")
     v.add_argument("files", nargs="+")

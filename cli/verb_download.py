@@ -11,14 +11,16 @@ from postcast.datasets.core.errors import ConfigError
 
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
-        "download", help="fetch the real ENS-10 files (and the ERA5 truth of its baselines)",
+        "download",
+        help="fetch the real ENS-10 files (and the ERA5 truth of its baselines)",
         description="Download ENS-10 GRIB files by date range and group (pl/sfc), several at once, resuming "
-                    "interrupted transfers with HTTP range requests; sizes (and MD5 ETags) are checked and only "
-                    "complete files get their final names, so reruns skip them.",
+        "interrupted transfers with HTTP range requests; sizes (and MD5 ETags) are checked and only "
+        "complete files get their final names, so reruns skip them.",
         epilog="examples:\n  postcast download ens10 --start 2018-01-01 --end 2018-01-08 --dry-run\n"
-               "  postcast download ens10 --start 2018-01-01 --end 2018-12-31 --group pl --out /data/ens10\n"
-               "  postcast download ens10 --start 2018-01-01 --end 2018-01-08 --era5-years 2016,2017 --out d",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  postcast download ens10 --start 2018-01-01 --end 2018-12-31 --group pl --out /data/ens10\n"
+        "  postcast download ens10 --start 2018-01-01 --end 2018-01-08 --era5-years 2016,2017 --out d",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dataset", choices=["ens10"], help="what to download")
     p.add_argument("--start", required=True, help="first init date (its month-day selects the ENS-10 file)")
     p.add_argument("--end", help="last init date, inclusive (default: --start)")

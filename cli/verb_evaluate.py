@@ -12,18 +12,20 @@ from postcast.datasets.core.errors import ConfigError, MissingInputError
 
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
-        "evaluate", help="score checkpoints against the raw ensemble and the oracle; write metrics + report",
+        "evaluate",
+        help="score checkpoints against the raw ensemble and the oracle; write metrics + report",
         description="Score trained post-processors, the raw ensemble (as a Gaussian and as members, fair and "
-                    "standard CRPS) and, on synthetic data, the oracle on one split at every lead with truth: "
-                    "CRPS and EECRPS (unweighted, ENS-10; area-weighted, WeatherBench 2), skill and gap closed, "
-                    "spread/skill, rank and PIT histograms, bias, per region, the CRPS decomposition and "
-                    "reliability diagrams, with Diebold-Mariano tests and stationary-bootstrap CIs against the raw "
-                    "ensemble (docs/verification.md). Writes OUT/results.nc (the results dataset), "
-                    "OUT/metrics.json, OUT/report.html and OUT/report.md with PNG figures.",
+        "standard CRPS) and, on synthetic data, the oracle on one split at every lead with truth: "
+        "CRPS and EECRPS (unweighted, ENS-10; area-weighted, WeatherBench 2), skill and gap closed, "
+        "spread/skill, rank and PIT histograms, bias, per region, the CRPS decomposition and "
+        "reliability diagrams, with Diebold-Mariano tests and stationary-bootstrap CIs against the raw "
+        "ensemble (docs/verification.md). Writes OUT/results.nc (the results dataset), "
+        "OUT/metrics.json, OUT/report.html and OUT/report.md with PNG figures.",
         epilog="examples:\n  postcast evaluate data/store.zarr --checkpoints runs/*/lightning_logs/version_0/"
-               "checkpoints/best*.ckpt\n"
-               "  postcast evaluate data/store.zarr --targets t2m --split val --out reports/val",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "checkpoints/best*.ckpt\n"
+        "  postcast evaluate data/store.zarr --targets t2m --split val --out reports/val",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("store", help="training store written by `postcast ingest`")
     p.add_argument("--checkpoints", nargs="*", default=[], help="checkpoints from `postcast train fit`")
     p.add_argument("--targets", type=str_tuple, help="comma-separated (default: the checkpoints' targets)")
@@ -40,16 +42,24 @@ def run(a: argparse.Namespace) -> int:
 
     from postcast.pipeline.evaluate import EvalConfig, evaluate
 
-    cfg = EvalConfig(store=a.store, checkpoints=tuple(a.checkpoints), targets=a.targets, split=a.split,
-                     out=a.out, bootstrap=a.bootstrap)
+    cfg = EvalConfig(
+        store=a.store,
+        checkpoints=tuple(a.checkpoints),
+        targets=a.targets,
+        split=a.split,
+        out=a.out,
+        bootstrap=a.bootstrap,
+    )
     if a.targets:
         _check_checkpoint_targets(a.checkpoints, a.targets)
     res = evaluate(cfg, progress=progress(a.progress, "checkpoints"))
     for target, r in res["targets"].items():
         for f, regions in r["forecasts"].items():
             g = regions["global"]
-            print(f"{target:5} {f:14} CRPS {g['crps']:.4g}  skill {100 * g['skill_vs_raw']:+.1f}%  "
-                  f"gap closed {100 * g.get('gap_closed', float('nan')):.0f}%")
+            print(
+                f"{target:5} {f:14} CRPS {g['crps']:.4g}  skill {100 * g['skill_vs_raw']:+.1f}%  "
+                f"gap closed {100 * g.get('gap_closed', float('nan')):.0f}%"
+            )
     print(f"report: {Path(a.out) / 'report.html'}")
     return 0
 

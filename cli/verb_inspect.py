@@ -10,15 +10,21 @@ from postcast.datasets.core.errors import BadInputError
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = sub.add_parser("inspect", help="summarise a training store, or what a GRIB/netCDF file holds",
-                       description="Dims, variables, dates, splits, completeness and statistics of a store; for a "
-                                   "raw GRIB or netCDF file, its parameters (GRIB shortName, paramId, postcast name "
-                                   "or 'not in schema'), levels, members, steps, step types and grid.")
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a training store, or what a GRIB/netCDF file holds",
+        description="Dims, variables, dates, splits, completeness and statistics of a store; for a "
+        "raw GRIB or netCDF file, its parameters (GRIB shortName, paramId, postcast name "
+        "or 'not in schema'), levels, members, steps, step types and grid.",
+    )
     p.add_argument("store", help="a store written by `postcast ingest`, or a GRIB or netCDF file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--verify", action="store_true",
-                   help="read every chunk and check it against the checksums recorded at ingest "
-                        "(exit 65 when a chunk is missing or damaged)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every chunk and check it against the checksums recorded at ingest "
+        "(exit 65 when a chunk is missing or damaged)",
+    )
 
 
 def run(a: argparse.Namespace) -> int:

@@ -9,24 +9,33 @@ from postcast.common import Subparsers
 
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
-        "run", help="run the staged pipeline of a YAML config (synth/ingest -> train -> evaluate -> forecast -> "
-                    "compress)",
+        "run",
+        help="run the staged pipeline of a YAML config (synth/ingest -> train -> evaluate -> forecast -> compress)",
         description="Run every stage of a pipeline config (kind: pipeline): download (optional), synthesise or "
-                    "ingest, train each preset, evaluate (metrics and report), batch-forecast the trained models "
-                    "(forecast_from..forecast_to, optional) and compress the fields a preset reads (optional). "
-                    "WORKDIR/manifest.json records each stage's config hash, inputs and outputs: "
-                    "a rerun skips finished stages, --force reruns one, a killed run resumes (training from its "
-                    "last.ckpt). Logs: WORKDIR/logs/pipeline.log; summary: WORKDIR/summary.json (each stage's "
-                    "time, kept across reruns; each compressed field's errors; the work directory's size).",
+        "ingest, train each preset, evaluate (metrics and report), batch-forecast the trained models "
+        "(forecast_from..forecast_to, optional) and compress the fields a preset reads (optional). "
+        "WORKDIR/manifest.json records each stage's config hash, inputs and outputs: "
+        "a rerun skips finished stages, --force reruns one, a killed run resumes (training from its "
+        "last.ckpt). Logs: WORKDIR/logs/pipeline.log; summary: WORKDIR/summary.json (each stage's "
+        "time, kept across reruns; each compressed field's errors; the work directory's size).",
         epilog="examples:\n  postcast run configs/quickstart.yaml\n"
-               "  postcast run configs/quickstart.yaml --force train:unet_t850\n"
-               "  postcast run configs/quickstart.yaml --dry-run",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  postcast run configs/quickstart.yaml --force train:unet_t850\n"
+        "  postcast run configs/quickstart.yaml --dry-run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("config", help="pipeline YAML (kind: pipeline)")
-    p.add_argument("--force", action="append", default=[], metavar="STAGE",
-                   help="rerun this stage even if finished (repeatable; 'all' for every stage)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="list the stages, whether they would run, and the files a download stage would fetch")
+    p.add_argument(
+        "--force",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="rerun this stage even if finished (repeatable; 'all' for every stage)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the stages, whether they would run, and the files a download stage would fetch",
+    )
 
 
 def run(a: argparse.Namespace) -> int:
@@ -46,6 +55,8 @@ def run(a: argparse.Namespace) -> int:
     if "report" in summary:
         print(f"report: {summary['report']}")
     if not a.dry_run:
-        print(f"work directory {summary['workdir']}: {summary['disk_bytes'] / 1e9:.2f} GB in {summary['disk_files']} "
-              f"files; the outputs took {summary['seconds']:.0f} s")
+        print(
+            f"work directory {summary['workdir']}: {summary['disk_bytes'] / 1e9:.2f} GB in {summary['disk_files']} "
+            f"files; the outputs took {summary['seconds']:.0f} s"
+        )
     return 0

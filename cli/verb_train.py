@@ -15,10 +15,12 @@ from postcast.common import Subparsers
 
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
-        "train", help="train a post-processor with the Lightning CLI (fit, validate, test, predict)",
+        "train",
+        help="train a post-processor with the Lightning CLI (fit, validate, test, predict)",
         description="The Lightning CLI over a postcast store: `postcast train fit -c configs/train/mlp_t850.yaml`. "
-                    "Everything after `train` goes to Lightning; `postcast train fit --help` lists all options.",
-        add_help=False)
+        "Everything after `train` goes to Lightning; `postcast train fit --help` lists all options.",
+        add_help=False,
+    )
     p.add_argument("lightning_args", nargs=argparse.REMAINDER)
 
 

@@ -55,8 +55,10 @@ def check_resolution(resolution: float, shape: Sequence[int]) -> None:
     n_lat, n_lon = round(180 / resolution) + 1, round(360 / resolution)  # as _regular builds them
     need = 4 * math.prod(int(n) for n in shape) * n_lat * n_lon
     if need > MAX_REGRID_BYTES:
-        msg = (f"--resolution {resolution}: the decoded fields would take {need / 2**30:.0f} GiB (limit "
-               f"{MAX_REGRID_BYTES / 2**30:.0f} GiB); choose a coarser resolution")
+        msg = (
+            f"--resolution {resolution}: the decoded fields would take {need / 2**30:.0f} GiB (limit "
+            f"{MAX_REGRID_BYTES / 2**30:.0f} GiB); choose a coarser resolution"
+        )
         raise ConfigError(msg)
 
 
@@ -105,8 +107,15 @@ class Artefact:
         return cls.from_network(fields, cfg, net, mean, std, time.perf_counter() - t0)
 
     @classmethod
-    def from_network(cls, fields: Fields, cfg: FieldConfig, net: FieldNet, mean: np.ndarray, std: np.ndarray,
-                     fit_seconds: float | None = None) -> Artefact:
+    def from_network(
+        cls,
+        fields: Fields,
+        cfg: FieldConfig,
+        net: FieldNet,
+        mean: np.ndarray,
+        std: np.ndarray,
+        fit_seconds: float | None = None,
+    ) -> Artefact:
         """The artefact of a trained fp32 network stored as ``cfg`` says (weights format, lossless
         coding, error bounds): one fit, many storage settings. Errors are measured after the cast."""
         arrays: dict[str, np.ndarray] = {"norm.mean": mean, "norm.std": std}
@@ -118,8 +127,8 @@ class Artefact:
                 arrays[f"w.{name}{suffix}"] = arr
         b = net.bmat.numpy()
         ft, fl = cfg.time_features, cfg.level_features
-        arrays["fourier.time"], arrays["fourier.level"] = b[0, :ft], b[1, ft:ft + fl]
-        arrays["fourier.space"] = b[2:, ft + fl:]
+        arrays["fourier.time"], arrays["fourier.level"] = b[0, :ft], b[1, ft : ft + fl]
+        arrays["fourier.space"] = b[2:, ft + fl :]
         times = fields.times
         is_time = np.issubdtype(times.dtype, np.datetime64)
         header: dict[str, Any] = {
@@ -152,8 +161,9 @@ class Artefact:
             raise ConfigError(msg)
         cfg = FieldConfig(**{**self.header["config"], "error_bounds": dict(bounds)})
         art = Artefact({**self.header, "config": cfg.to_dict(), "format_version": FORMAT_VERSION}, dict(self.arrays))
-        art.add_residual_layer(fields.data, self.decode_array(),
-                               cfg.bounds_for(fields.variables, spreads(fields.data, fields.lat)))
+        art.add_residual_layer(
+            fields.data, self.decode_array(), cfg.bounds_for(fields.variables, spreads(fields.data, fields.lat))
+        )
         art.header["errors"] = error_summary(fields.data, art.decode_array(), fields.lat)
         return art
 
@@ -174,8 +184,13 @@ class Artefact:
         self.arrays["residual.fix_index"] = bad.astype(np.int64)
         self.arrays["residual.fix_value"] = data.ravel()[bad].astype(np.float32)
         shared = set(bounds)
-        self.header["residual"] = {"bound": shared.pop() if len(shared) == 1 else None, "bounds": bounds,
-                                   "codec": "sz3-abs", "sz3_factor": 0.99, "fixups": int(bad.size)}
+        self.header["residual"] = {
+            "bound": shared.pop() if len(shared) == 1 else None,
+            "bounds": bounds,
+            "codec": "sz3-abs",
+            "sz3_factor": 0.99,
+            "fixups": int(bad.size),
+        }
         self._residual_cache.clear()
 
     # --- file i/o ----------------------------------------------------------------------------------
@@ -221,7 +236,7 @@ class Artefact:
         if version not in READABLE_VERSIONS:
             msg = f"{name}: artefact format version {version}; this postcast reads versions {READABLE_VERSIONS}"
             raise ArtefactError(msg)
-        body = data[_PREFIX.size:]
+        body = data[_PREFIX.size :]
         if zlib.crc32(body) != crc:
             msg = f"{name}: corrupt or truncated artefact (checksum mismatch); recompress the source"
             raise ArtefactError(msg)
@@ -234,8 +249,12 @@ class Artefact:
             header = json.loads(body[:head_len])
             table = header.pop("arrays")
             blob = memoryview(body)[head_len:]
-            arrays = {k: np.frombuffer(blob[v["offset"]:v["offset"] + v["nbytes"]], dtype=np.dtype(v["dtype"]))
-                      .reshape(v["shape"]) for k, v in table.items()}
+            arrays = {
+                k: np.frombuffer(blob[v["offset"] : v["offset"] + v["nbytes"]], dtype=np.dtype(v["dtype"])).reshape(
+                    v["shape"]
+                )
+                for k, v in table.items()
+            }
         except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError, UnicodeDecodeError too
             msg = f"{name}: corrupt artefact header ({type(err).__name__}: {err}); recompress the source"
             raise ArtefactError(msg) from err
@@ -273,8 +292,8 @@ class Artefact:
         b = torch.zeros_like(net.bmat)
         ft, fl = cfg.time_features, cfg.level_features
         b[0, :ft] = torch.from_numpy(self.arrays["fourier.time"].copy())
-        b[1, ft:ft + fl] = torch.from_numpy(self.arrays["fourier.level"].copy())
-        b[2:, ft + fl:] = torch.from_numpy(self.arrays["fourier.space"].copy())
+        b[1, ft : ft + fl] = torch.from_numpy(self.arrays["fourier.level"].copy())
+        b[2:, ft + fl :] = torch.from_numpy(self.arrays["fourier.space"].copy())
         state["bmat"] = b
         net.load_state_dict(state)
         return net.eval()
@@ -288,8 +307,14 @@ class Artefact:
         return (pred * std[:, level_index].T + mean[:, level_index].T).numpy()  # (N, V)
 
     @torch.inference_mode()
-    def decode_points(self, t_index: np.ndarray, level_index: np.ndarray, lat: np.ndarray,
-                      lon: np.ndarray, net: FieldNet | None = None) -> np.ndarray:
+    def decode_points(
+        self,
+        t_index: np.ndarray,
+        level_index: np.ndarray,
+        lat: np.ndarray,
+        lon: np.ndarray,
+        net: FieldNet | None = None,
+    ) -> np.ndarray:
         """Values at arbitrary points (time index may be fractional; lat/lon in degrees, any grid):
         (N,) each -> (V, N). The network part only (no residual layer: that lives on the grid)."""
         net = net or self.network()
@@ -411,8 +436,13 @@ def error_summary(data: np.ndarray, decoded: np.ndarray, lat: np.ndarray) -> dic
     mean; the quickstart asks for at most 0.1)."""
     from postcast.compression.metrics import field_errors, relative_wrmse
 
-    return {f"var{i}": {**field_errors(data[i], decoded[i], lat), "wrmse_over_std": relative_wrmse(
-        data[i], decoded[i], lat)} for i in range(data.shape[0])}
+    return {
+        f"var{i}": {
+            **field_errors(data[i], decoded[i], lat),
+            "wrmse_over_std": relative_wrmse(data[i], decoded[i], lat),
+        }
+        for i in range(data.shape[0])
+    }
 
 
 def spreads(data: np.ndarray, lat: np.ndarray) -> list[float]:
@@ -420,8 +450,7 @@ def spreads(data: np.ndarray, lat: np.ndarray) -> list[float]:
     (data (V, T, L, H, W), data units)."""
     from postcast.compression.metrics import weighted_std
 
-    return [float(min(weighted_std(data[v][:, lv], lat) for lv in range(data.shape[2])))
-            for v in range(data.shape[0])]
+    return [float(min(weighted_std(data[v][:, lv], lat) for lv in range(data.shape[2]))) for v in range(data.shape[0])]
 
 
 def write_decoded(ds: xr.Dataset, out: str | os.PathLike[str]) -> None:

@@ -77,13 +77,18 @@ class FieldConfig:
                 msg = f"{name}={getattr(self, name)}: give a positive finite number"
                 raise ConfigError(msg)
         if self.error_bound is not None and not _positive_finite(self.error_bound):
-            msg = (f"error_bound={self.error_bound}: give a positive absolute bound (a finite number) in data "
-                   "units, or none")
+            msg = (
+                f"error_bound={self.error_bound}: give a positive absolute bound (a finite number) in data "
+                "units, or none"
+            )
             raise ConfigError(msg)
-        if self.error_bound_std is not None and not (_positive_finite(self.error_bound_std)
-                                                     and self.error_bound_std < 1):
-            msg = (f"error_bound_std={self.error_bound_std}: give a fraction of each field's standard deviation "
-                   "in (0, 1), e.g. 0.1, or none")
+        if self.error_bound_std is not None and not (
+            _positive_finite(self.error_bound_std) and self.error_bound_std < 1
+        ):
+            msg = (
+                f"error_bound_std={self.error_bound_std}: give a fraction of each field's standard deviation "
+                "in (0, 1), e.g. 0.1, or none"
+            )
             raise ConfigError(msg)
         bad = {k: v for k, v in self.error_bounds.items() if not _positive_finite(v)}
         if bad:
@@ -100,9 +105,14 @@ class FieldConfig:
         relative: list[float | None] = [None] * len(variables)
         if self.error_bound_std is not None and spreads is not None:
             relative = [self.error_bound_std * s if s > 0 else None for s in spreads]
-        return [float(self.error_bounds[v]) if v in self.error_bounds
-                else self.error_bound if self.error_bound is not None else rel
-                for v, rel in zip(variables, relative, strict=True)]
+        return [
+            float(self.error_bounds[v])
+            if v in self.error_bounds
+            else self.error_bound
+            if self.error_bound is not None
+            else rel
+            for v, rel in zip(variables, relative, strict=True)
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,8 +131,8 @@ def fourier_matrix(cfg: FieldConfig) -> torch.Tensor:
     ft, fl, fs = cfg.time_features, cfg.level_features, cfg.space_features
     b = torch.zeros(5, ft + fl + fs)
     b[0, :ft] = torch.randn(ft, generator=g) * cfg.sigma
-    b[1, ft:ft + fl] = torch.randn(fl, generator=g) * cfg.sigma
-    b[2:, ft + fl:] = torch.randn(3, fs, generator=g) * cfg.sigma
+    b[1, ft : ft + fl] = torch.randn(fl, generator=g) * cfg.sigma
+    b[2:, ft + fl :] = torch.randn(3, fs, generator=g) * cfg.sigma
     return b
 
 
@@ -169,8 +179,9 @@ def sphere(lat_deg: torch.Tensor, lon_deg: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.cos(phi) * torch.cos(lam), torch.cos(phi) * torch.sin(lam), torch.sin(phi)], -1)
 
 
-def coordinates(t_index: torch.Tensor, n_times: int, pressure: torch.Tensor, lat: torch.Tensor,
-                lon: torch.Tensor) -> torch.Tensor:
+def coordinates(
+    t_index: torch.Tensor, n_times: int, pressure: torch.Tensor, lat: torch.Tensor, lon: torch.Tensor
+) -> torch.Tensor:
     """Network inputs (N, 5): time scaled to [0, 1], pressure / 1000 hPa, and the sphere point."""
     t = t_index / max(n_times - 1, 1)
     return torch.cat([t.unsqueeze(-1), (pressure / 1000.0).unsqueeze(-1), sphere(lat, lon)], -1)
@@ -203,8 +214,10 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
         da = ds[name]
         other = [d for d in da.dims if d not in (schema.LAT, schema.LON, schema.LEVEL)]
         if len(other) != 1 or schema.LAT not in da.dims or schema.LON not in da.dims:
-            msg = (f"variable {name!r} has dims {da.dims}: compress fields with one time-like dim, an optional "
-                   f"{schema.LEVEL!r} dim, {schema.LAT!r} and {schema.LON!r} (select members/steps first)")
+            msg = (
+                f"variable {name!r} has dims {da.dims}: compress fields with one time-like dim, an optional "
+                f"{schema.LEVEL!r} dim, {schema.LAT!r} and {schema.LON!r} (select members/steps first)"
+            )
             raise BadInputError(msg)
         if time_dim not in (None, other[0]):
             msg = f"variables disagree on the time dim ({time_dim!r} vs {other[0]!r})"
@@ -220,11 +233,16 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
         msg = f"variables have different shapes {shapes}: compress them separately"
         raise BadInputError(msg)
     data = np.stack(arrays)
-    gaps = [f"{n} ({100 * np.mean(~np.isfinite(a)):.0f}%)" for n, a in zip(names, arrays, strict=True)
-            if not np.isfinite(a).all()]
+    gaps = [
+        f"{n} ({100 * np.mean(~np.isfinite(a)):.0f}%)"
+        for n, a in zip(names, arrays, strict=True)
+        if not np.isfinite(a).all()
+    ]
     if gaps:
-        msg = (f"NaN or inf in {', '.join(gaps)}: a neural field fits gap-free fields; "
-               "compress other variables, or fill the gaps first")
+        msg = (
+            f"NaN or inf in {', '.join(gaps)}: a neural field fits gap-free fields; "
+            "compress other variables, or fill the gaps first"
+        )
         raise BadInputError(msg)
     lat, lon = ds[schema.LAT].values.astype(np.float64), ds[schema.LON].values.astype(np.float64)
     if lat[0] > lat[-1]:
@@ -234,12 +252,21 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
         msg = "longitudes must be a regular grid covering the circle (e.g. 0, 0.5, ..., 359.5)"
         raise BadInputError(msg)
     assert time_dim is not None
-    return Fields(data, names, [str(ds[v].attrs.get("units", "")) for v in names], ds[time_dim].values, str(time_dim),
-                  levels, lat, lon)
+    return Fields(
+        data,
+        names,
+        [str(ds[v].attrs.get("units", "")) for v in names],
+        ds[time_dim].values,
+        str(time_dim),
+        levels,
+        lat,
+        lon,
+    )
 
 
-def interpolate(grid: torch.Tensor, lat: np.ndarray, t: torch.Tensor, level: torch.Tensor, la: torch.Tensor,
-                lo: torch.Tensor) -> torch.Tensor:
+def interpolate(
+    grid: torch.Tensor, lat: np.ndarray, t: torch.Tensor, level: torch.Tensor, la: torch.Tensor, lo: torch.Tensor
+) -> torch.Tensor:
     """Trilinear interpolant of grid (V, T, L, H, W) at continuous time index t, level index, lat, lon
     (N,) each -> (N, V). Latitude ascending (any spacing); longitude regular and periodic."""
     n_t, n_w = grid.shape[1], grid.shape[4]
@@ -260,8 +287,9 @@ def interpolate(grid: torch.Tensor, lat: np.ndarray, t: torch.Tensor, level: tor
     return out
 
 
-def sample_points(engine: torch.quasirandom.SobolEngine, n: int, n_times: int, n_levels: int,
-                  gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_points(
+    engine: torch.quasirandom.SobolEngine, n: int, n_times: int, n_levels: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """n points: time index in [0, T-1], level index, latitude uniform on the sphere, longitude."""
     u = engine.draw(n).to(torch.float32)  # (n, 3)
     t = u[:, 0] * max(n_times - 1, 0)
@@ -289,8 +317,10 @@ def train_network(fields: Fields, cfg: FieldConfig, progress: bool = True) -> tu
     net = FieldNet(cfg, n_v, n_t)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     warm = max(1, cfg.steps // 20)  # linear warm-up, then cosine decay to zero
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else
-                                              0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))),
+    )
     engine = torch.quasirandom.SobolEngine(3, scramble=True, seed=cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     pressure = torch.from_numpy(np.nan_to_num(fields.levels, nan=0.0).astype(np.float32))

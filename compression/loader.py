@@ -38,8 +38,10 @@ def _channels(spec: SampleSpec) -> list[tuple[str, str, int | None]]:
     """(artefact name, store variable, level) of every field a sample reads."""
     out = []
     for i in spec.inputs():
-        out += [(contract.ens_mean(i.spec), contract.ens_mean(i.variable), i.level),
-                (contract.ens_std(i.spec), contract.ens_std(i.variable), i.level)]
+        out += [
+            (contract.ens_mean(i.spec), contract.ens_mean(i.variable), i.level),
+            (contract.ens_std(i.spec), contract.ens_std(i.variable), i.level),
+        ]
     truth = contract.truth_name(spec.target)
     out.append((truth, truth, None))
     return out
@@ -52,8 +54,10 @@ def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
         raise ConfigError(msg)
     tg = cfg.sample.resolved_target
     if tg.derived:
-        msg = (f"compressed training reads ensemble statistics only, and {tg.name} is derived from the "
-               f"members ({', '.join(tg.input_variables)}): train it from the store")
+        msg = (
+            f"compressed training reads ensemble statistics only, and {tg.name} is derived from the "
+            f"members ({', '.join(tg.input_variables)}): train it from the store"
+        )
         raise ConfigError(msg)
     src = StoreDataset(cfg, split)
     return store_fields(cfg.store, src.indices, cfg.sample.step_h, _channels(cfg.sample))
@@ -62,9 +66,14 @@ def split_fields(cfg: DataConfig, split: str = "train") -> xr.Dataset:
 def compress_split(cfg: DataConfig, field_cfg: FieldConfig, split: str = "train", progress: bool = True) -> Artefact:
     """Fit one neural field to every field the samples of ``split`` read."""
     art = Artefact.build(to_fields(split_fields(cfg, split)), field_cfg, progress)
-    art.header["source"] = {"store": cfg.store, "split": split, "target": cfg.sample.target,
-                            "variables": list(cfg.sample.input_variables), "step_h": cfg.sample.step_h,
-                            "channels": [list(c) for c in _channels(cfg.sample)]}
+    art.header["source"] = {
+        "store": cfg.store,
+        "split": split,
+        "target": cfg.sample.target,
+        "variables": list(cfg.sample.input_variables),
+        "step_h": cfg.sample.step_h,
+        "channels": [list(c) for c in _channels(cfg.sample)],
+    }
     return art
 
 
@@ -97,9 +106,13 @@ class SZ3Split:
             msg = f"SZ3Split: no bound for {missing}; give one per variable in its units"
             raise ConfigError(msg)
         streams = [sz3.encode(fields.data[v], bounds[name]) for v, name in enumerate(fields.variables)]
-        header = {"variables": fields.variables, "times": [str(t) for t in fields.times.astype("datetime64[s]")],
-                  "grid": grid_spec(fields.lat, fields.lon), "shape": list(fields.data.shape),
-                  "bounds": [bounds[v] for v in fields.variables]}
+        header = {
+            "variables": fields.variables,
+            "times": [str(t) for t in fields.times.astype("datetime64[s]")],
+            "grid": grid_spec(fields.lat, fields.lon),
+            "shape": list(fields.data.shape),
+            "bounds": [bounds[v] for v in fields.variables],
+        }
         return cls(header, streams)
 
     @property
@@ -132,8 +145,10 @@ class CompressedDataset(Dataset[dict[str, torch.Tensor]]):
         names = self.art.header["variables"]
         missing = [n for n, _, _ in _channels(self.spec) if n not in names]
         if missing:
-            msg = (f"artefact {self.art.path or ''} lacks fields {missing} needed by target {self.spec.target!r} "
-                   f"with inputs {list(self.spec.input_variables)}: compress with the same data config")
+            msg = (
+                f"artefact {self.art.path or ''} lacks fields {missing} needed by target {self.spec.target!r} "
+                f"with inputs {list(self.spec.input_variables)}: compress with the same data config"
+            )
             raise BadInputError(msg)
         lat, lon = self.art.lat_lon()
         self.sampler = Sampler(self.spec, lat, lon)
@@ -148,8 +163,12 @@ class CompressedDataset(Dataset[dict[str, torch.Tensor]]):
         """Init date ``i`` decoded into the store's layout (step and level dims of length one)."""
         arr = self.art.decode_array(times=[i])[:, 0, 0]  # (V, H, W)
         index = {n: k for k, n in enumerate(self.art.header["variables"])}
-        coords: dict[str, Any] = {schema.INIT_TIME: self.times[i], schema.STEP: [pd.Timedelta(hours=self.spec.step_h)],
-                                  schema.LAT: self.lat, schema.LON: self.lon}
+        coords: dict[str, Any] = {
+            schema.INIT_TIME: self.times[i],
+            schema.STEP: [pd.Timedelta(hours=self.spec.step_h)],
+            schema.LAT: self.lat,
+            schema.LON: self.lon,
+        }
         ds = xr.Dataset(coords=coords)
         per_level: dict[str, dict[int, np.ndarray]] = {}
         for art_name, var, lv in _channels(self.spec):

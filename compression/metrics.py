@@ -17,8 +17,13 @@ def field_errors(data: np.ndarray, decoded: np.ndarray, lat: np.ndarray) -> dict
     wmse = float((err**2 * w[:, None]).mean())
     mse = float((err**2).mean())
     rng = float(data.max() - data.min())
-    return {"wrmse": wmse**0.5, "rmse": mse**0.5, "mae": float(np.abs(err).mean()),
-            "max_abs": float(np.abs(err).max()), "psnr_db": 20 * np.log10(rng) - 10 * np.log10(max(mse, 1e-300))}
+    return {
+        "wrmse": wmse**0.5,
+        "rmse": mse**0.5,
+        "mae": float(np.abs(err).mean()),
+        "max_abs": float(np.abs(err).max()),
+        "psnr_db": 20 * np.log10(rng) - 10 * np.log10(max(mse, 1e-300)),
+    }
 
 
 def weighted_std(data: np.ndarray, lat: np.ndarray) -> float:

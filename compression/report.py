@@ -34,8 +34,13 @@ class Selection:
     member: str = "mean"  # "mean" (ensemble mean) or a member index, when the source has a member dim
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "variables": list(self.variables), "levels": list(self.levels),
-                "step_h": self.step_h, "member": self.member}
+        return {
+            "source": self.source,
+            "variables": list(self.variables),
+            "levels": list(self.levels),
+            "step_h": self.step_h,
+            "member": self.member,
+        }
 
 
 def open_source(path: str | os.PathLike[str]) -> xr.Dataset:
@@ -88,8 +93,9 @@ def _member(sel: Selection, ds: xr.Dataset) -> int:
     return int(text)
 
 
-def store_fields(store_path: str, rows: Sequence[int] | np.ndarray, step_h: int,
-                 channels: Sequence[Sequence[Any]]) -> xr.Dataset:
+def store_fields(
+    store_path: str, rows: Sequence[int] | np.ndarray, step_h: int, channels: Sequence[Sequence[Any]]
+) -> xr.Dataset:
     """Fields of a training store as (init_time, lat, lon) variables: ``rows`` (init-time indices) at
     lead ``step_h``, one variable per channel ``(name, store variable, level or None)``."""
     ds = contract.open_store(store_path)
@@ -109,8 +115,11 @@ def source_fields(art: Artefact) -> Fields:
     (``postcast compress``) or a split of a training store (``postcast run``'s compress stage)."""
     sel, src = art.header.get("selection"), art.header.get("source")
     if sel:
-        return to_fields(select(Selection(sel["source"], tuple(sel["variables"]), tuple(sel["levels"]),
-                                          sel["step_h"], sel["member"])))
+        return to_fields(
+            select(
+                Selection(sel["source"], tuple(sel["variables"]), tuple(sel["levels"]), sel["step_h"], sel["member"])
+            )
+        )
     if src and "channels" in src:
         times = pd.DatetimeIndex(np.asarray(art.header["times"], dtype="datetime64[ns]"))
         index = pd.DatetimeIndex(contract.open_store(src["store"])[schema.INIT_TIME].values)
@@ -119,8 +128,10 @@ def source_fields(art: Artefact) -> Fields:
             msg = f"{src['store']}: lacks the init times {list(missing.astype(str)[:3])} this artefact was fitted to"
             raise MissingInputError(msg)
         return to_fields(store_fields(src["store"], index.get_indexer(times), src["step_h"], src["channels"]))
-    msg = (f"{art.path or 'this artefact'} records neither a source selection nor a store split: "
-           "regenerate it with `postcast compress` or `postcast run`")
+    msg = (
+        f"{art.path or 'this artefact'} records neither a source selection nor a store split: "
+        "regenerate it with `postcast compress` or `postcast run`"
+    )
     raise BadInputError(msg)
 
 
@@ -131,17 +142,29 @@ def neural_row(fields: Fields, art: Artefact, label: str, codec: str = "neural")
     err = field_errors(fields.data, decoded, fields.lat)
     mb = fields.data.nbytes / 1e6
     fit_s = art.fit_seconds or art.header.get("fit_seconds", float("nan"))
-    return {"codec": codec, "setting": label, "ratio": fields.data.nbytes / art.nbytes, "bytes": art.nbytes,
-            **err, "encode_MBps": mb / fit_s, "decode_MBps": mb / dt, "encode_s_per_GB": fit_s / (mb / 1e3)}
+    return {
+        "codec": codec,
+        "setting": label,
+        "ratio": fields.data.nbytes / art.nbytes,
+        "bytes": art.nbytes,
+        **err,
+        "encode_MBps": mb / fit_s,
+        "decode_MBps": mb / dt,
+        "encode_s_per_GB": fit_s / (mb / 1e3),
+    }
 
 
-def baseline_rows(fields: Fields, sz3: list[float], zfp_tol: list[float],
-                  zfp_rate: list[float], ebcc: Sequence[float] = ()) -> list[dict[str, Any]]:
+def baseline_rows(
+    fields: Fields, sz3: list[float], zfp_tol: list[float], zfp_rate: list[float], ebcc: Sequence[float] = ()
+) -> list[dict[str, Any]]:
     """SZ3, ZFP and EBCC (absolute bounds) on the same (V, T, L, H, W) array (one call per variable,
     sizes summed; a single level is dropped so that every codec sees (time, lat, lon))."""
-    runs = ([lambda x, b=b: baselines.sz3(x, b) for b in sz3] + [lambda x, t=t: baselines.zfp(x, tolerance=t)
-            for t in zfp_tol] + [lambda x, r=r: baselines.zfp(x, rate=r) for r in zfp_rate] +
-            [lambda x, b=b: baselines.ebcc(x, b) for b in ebcc])
+    runs = (
+        [lambda x, b=b: baselines.sz3(x, b) for b in sz3]
+        + [lambda x, t=t: baselines.zfp(x, tolerance=t) for t in zfp_tol]
+        + [lambda x, r=r: baselines.zfp(x, rate=r) for r in zfp_rate]
+        + [lambda x, b=b: baselines.ebcc(x, b) for b in ebcc]
+    )
     rows = []
     n_l = fields.data.shape[2]
     for run in runs:
@@ -149,16 +172,24 @@ def baseline_rows(fields: Fields, sz3: list[float], zfp_tol: list[float],
         decoded = np.stack([p.decoded for p in parts]).reshape(fields.data.shape)
         nbytes = sum(p.nbytes for p in parts)
         mb = fields.data.nbytes / 1e6
-        rows.append({"codec": parts[0].codec, "setting": parts[0].setting, "ratio": fields.data.nbytes / nbytes,
-                     "bytes": nbytes, **field_errors(fields.data, decoded, fields.lat),
-                     "encode_MBps": mb / sum(p.encode_s for p in parts),
-                     "decode_MBps": mb / sum(p.decode_s for p in parts),
-                     "encode_s_per_GB": sum(p.encode_s for p in parts) / (mb / 1e3)})
+        rows.append(
+            {
+                "codec": parts[0].codec,
+                "setting": parts[0].setting,
+                "ratio": fields.data.nbytes / nbytes,
+                "bytes": nbytes,
+                **field_errors(fields.data, decoded, fields.lat),
+                "encode_MBps": mb / sum(p.encode_s for p in parts),
+                "decode_MBps": mb / sum(p.decode_s for p in parts),
+                "encode_s_per_GB": sum(p.encode_s for p in parts) / (mb / 1e3),
+            }
+        )
     return rows
 
 
-def compare(artefacts: list[str], sz3: list[float], zfp_tol: list[float],
-            zfp_rate: list[float]) -> list[dict[str, Any]]:
+def compare(
+    artefacts: list[str], sz3: list[float], zfp_tol: list[float], zfp_rate: list[float]
+) -> list[dict[str, Any]]:
     """Rows for every artefact and baseline setting, on the fields of the first artefact's source."""
     arts = [Artefact.load(p) for p in artefacts]
     fields = source_fields(arts[0])
@@ -168,14 +199,18 @@ def compare(artefacts: list[str], sz3: list[float], zfp_tol: list[float],
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     width = max([7, *(len(r["codec"]) for r in rows)])
-    head = (f"{'codec':{width}} {'setting':28} {'ratio':>8} {'wRMSE':>10} {'MAE':>10} {'max abs':>10} {'PSNR dB':>8} "
-            f"{'enc MB/s':>9} {'enc s/GB':>9} {'dec MB/s':>9}")
+    head = (
+        f"{'codec':{width}} {'setting':28} {'ratio':>8} {'wRMSE':>10} {'MAE':>10} {'max abs':>10} {'PSNR dB':>8} "
+        f"{'enc MB/s':>9} {'enc s/GB':>9} {'dec MB/s':>9}"
+    )
     lines = [head]
     for r in rows:
         enc_s_gb = r.get("encode_s_per_GB", 1e3 / r["encode_MBps"])
-        lines.append(f"{r['codec']:{width}} {r['setting'][:28]:28} {r['ratio']:>8.1f} {r['wrmse']:>10.4g} "
-                     f"{r['mae']:>10.4g} {r['max_abs']:>10.4g} {r['psnr_db']:>8.1f} {r['encode_MBps']:>9.3g} "
-                     f"{enc_s_gb:>9.3g} {r['decode_MBps']:>9.3g}")
+        lines.append(
+            f"{r['codec']:{width}} {r['setting'][:28]:28} {r['ratio']:>8.1f} {r['wrmse']:>10.4g} "
+            f"{r['mae']:>10.4g} {r['max_abs']:>10.4g} {r['psnr_db']:>8.1f} {r['encode_MBps']:>9.3g} "
+            f"{enc_s_gb:>9.3g} {r['decode_MBps']:>9.3g}"
+        )
     return "\n".join(lines)
 
 
@@ -188,8 +223,9 @@ def plot(rows: list[dict[str, Any]], path: str | os.PathLike[str], title: str = 
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for codec, marker in (("neural", "o"), ("sz3", "s"), ("zfp", "^")):
-        pts = sorted((r["wrmse"], r["ratio"]) for r in rows if r["codec"] == codec or
-                     (codec == "zfp" and r["codec"] == "zfp"))
+        pts = sorted(
+            (r["wrmse"], r["ratio"]) for r in rows if r["codec"] == codec or (codec == "zfp" and r["codec"] == "zfp")
+        )
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=marker, label=codec)
     ax.set(xscale="log", yscale="log", xlabel="cos-latitude weighted RMSE", ylabel="compression ratio", title=title)
@@ -237,8 +273,13 @@ def plot_panels(rows: list[dict[str, Any]], path: str | os.PathLike[str], fields
                 if pts:
                     ax.plot(*zip(*pts, strict=True), marker="o", ms=4, label=codec, color=colours[codec])
             ax.axhspan(100, 1000, color="0.9", zorder=0)
-            ax.set(xscale="log", yscale="log", ylabel="compression ratio", title=f"{name}",
-                   xlabel="cos-latitude weighted RMSE" if key == "wrmse" else "max abs error")
+            ax.set(
+                xscale="log",
+                yscale="log",
+                ylabel="compression ratio",
+                title=f"{name}",
+                xlabel="cos-latitude weighted RMSE" if key == "wrmse" else "max abs error",
+            )
             ax.grid(True, which="both", alpha=0.3)
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(title)

@@ -129,8 +129,7 @@ def open_store(path: str | os.PathLike[str], *, require_complete: bool = True) -
         msg = f"{p}: a zarr store without a postcast format version; build a store with `postcast ingest`"
         raise BadInputError(msg)
     if version > FORMAT_VERSION:
-        msg = (f"{p}: store format {version} is newer than this postcast reads ({FORMAT_VERSION}); "
-               "upgrade postcast")
+        msg = f"{p}: store format {version} is newer than this postcast reads ({FORMAT_VERSION}); upgrade postcast"
         raise BadInputError(msg)
     if require_complete and not attrs.get(COMPLETE_ATTR):
         msg = f"{p}: the store is incomplete; rerun `postcast ingest` to finish it"
@@ -149,8 +148,9 @@ def open_statistics(path: str | os.PathLike[str]) -> xr.Dataset | None:
 CLIMATE_QUANTILES = (0.1, 0.5, 0.9)  # default exceedance thresholds of forecasts
 
 
-def truth_quantiles(ds: xr.Dataset, target: schema.Target, step_h: int,
-                    quantiles: tuple[float, ...] = CLIMATE_QUANTILES) -> tuple[float, ...]:
+def truth_quantiles(
+    ds: xr.Dataset, target: schema.Target, step_h: int, quantiles: tuple[float, ...] = CLIMATE_QUANTILES
+) -> tuple[float, ...]:
     """Quantiles of the training split's truth of ``target`` at ``step_h``, pooled over dates and grid
     points, in the target's units, to 4 significant digits (a forecast's default exceedance thresholds:
     cold/dry, typical, warm/wet); () when the training split has no truth."""
@@ -175,13 +175,17 @@ def step_position(steps: pd.Index, step_h: int, option: str = MODEL_LEAD) -> int
         return int(steps.get_loc(want))
     held = sorted(int(pd.Timedelta(s) / pd.Timedelta(hours=1)) for s in steps)
     holds = f"the data holds {', '.join(f'+{h}' for h in held)} h: pass {option} {schema.target_step_h(held)}"
-    msg = (f"this model predicts +{step_h} h; {holds} to train at that lead, or give data at +{step_h} h"
-           if option == MODEL_LEAD else f"{option} {step_h}: {holds}")
+    msg = (
+        f"this model predicts +{step_h} h; {holds} to train at that lead, or give data at +{step_h} h"
+        if option == MODEL_LEAD
+        else f"{option} {step_h}: {holds}"
+    )
     raise ConfigError(msg)
 
 
-def split_rows(ds: xr.Dataset, split: str, *, target: schema.Target | None = None,
-               step_h: int = schema.TARGET_STEP_H) -> np.ndarray:
+def split_rows(
+    ds: xr.Dataset, split: str, *, target: schema.Target | None = None, step_h: int = schema.TARGET_STEP_H
+) -> np.ndarray:
     """Row indices (along init_time) of ``split``; with ``target``, only rows with its truth at
     ``step_h`` (checked at the first grid point)."""
     keep = ds[SPLIT].values == split_code(split)

@@ -178,8 +178,15 @@ def _attempt(remote: Remote, part: Path, timeout: float, bar: object | None) -> 
         return total, _md5_etag(resp.headers)
 
 
-def fetch(remote: Remote, out: Path, *, retries: int = 5, timeout: float = 60.0, bar: object | None = None,
-          backoff: float = BACKOFF_S) -> str:
+def fetch(
+    remote: Remote,
+    out: Path,
+    *,
+    retries: int = 5,
+    timeout: float = 60.0,
+    bar: object | None = None,
+    backoff: float = BACKOFF_S,
+) -> str:
     """Download one file (resuming ``NAME.part``), check it and rename it into place; returns
     "skipped" or "fetched". A ``NAME.part`` left by an earlier run that fails the checks is discarded
     and the whole file fetched again. Raises MissingInputError (66) when the server cannot give it,
@@ -246,8 +253,9 @@ def _vouched(part: Path) -> bool:
     return True
 
 
-def _transfer(remote: Remote, part: Path, retries: int, timeout: float, bar: object | None,
-              backoff: float) -> tuple[int | None, str | None]:
+def _transfer(
+    remote: Remote, part: Path, retries: int, timeout: float, bar: object | None, backoff: float
+) -> tuple[int | None, str | None]:
     """GET ``remote`` into ``part`` (resuming it), retrying a broken transfer or a server's transient
     error ``retries`` times, ``backoff`` seconds after the first failure and twice as long after each
     next one (at most BACKOFF_MAX_S); returns the size and MD5 the server announced (None: not said)."""
@@ -266,12 +274,21 @@ def _transfer(remote: Remote, part: Path, retries: int, timeout: float, bar: obj
             failure = str(err)
         have = part.stat().st_size if part.exists() else 0
         if attempt == retries:
-            msg = (f"{remote.url}: the transfer failed {retries + 1} times (last at byte {have}: {failure}); "
-                   f"rerun the same command to resume from {part.name}")
+            msg = (
+                f"{remote.url}: the transfer failed {retries + 1} times (last at byte {have}: {failure}); "
+                f"rerun the same command to resume from {part.name}"
+            )
             raise MissingInputError(msg)
         wait = min(backoff * 2**attempt, BACKOFF_MAX_S)
-        log.warning("%s: transfer broke at byte %d (%s); retry %d of %d in %.1f s", remote.name, have, failure,
-                    attempt + 1, retries, wait)
+        log.warning(
+            "%s: transfer broke at byte %d (%s); retry %d of %d in %.1f s",
+            remote.name,
+            have,
+            failure,
+            attempt + 1,
+            retries,
+            wait,
+        )
         time.sleep(wait)
         attempt += 1
 
@@ -303,8 +320,16 @@ def _problem(remote: Remote, part: Path, size: int | None, md5: str | None) -> s
     return None if h.hexdigest() == md5 else f"MD5 {h.hexdigest()} differs from the server's ETag {md5}"
 
 
-def download(files: list[Remote], out: str | Path, *, jobs: int = 4, retries: int = 5, timeout: float = 60.0,
-             progress: bool = True, backoff: float = BACKOFF_S) -> dict[str, list[str]]:
+def download(
+    files: list[Remote],
+    out: str | Path,
+    *,
+    jobs: int = 4,
+    retries: int = 5,
+    timeout: float = 60.0,
+    progress: bool = True,
+    backoff: float = BACKOFF_S,
+) -> dict[str, list[str]]:
     """Fetch ``files`` into ``out`` with ``jobs`` transfers at once; returns names per outcome."""
     from tqdm import tqdm
 
@@ -314,10 +339,21 @@ def download(files: list[Remote], out: str | Path, *, jobs: int = 4, retries: in
     sized = with_sizes(todo, jobs) if todo else []
     total = sum(f.size or 0 for f in sized) or None
     result: dict[str, list[str]] = {"fetched": [], "skipped": [f.name for f in files if f not in todo]}
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="download", disable=not progress,
-              mininterval=0.5) as bar, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(fetch, f, out, retries=retries, timeout=timeout, bar=bar, backoff=backoff): f
-                   for f in sized}
+    with (
+        tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="download",
+            disable=not progress,
+            mininterval=0.5,
+        ) as bar,
+        cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool,
+    ):
+        futures = {
+            pool.submit(fetch, f, out, retries=retries, timeout=timeout, bar=bar, backoff=backoff): f for f in sized
+        }
         for fut in cf.as_completed(futures):
             result[fut.result()].append(futures[fut].name)
     return result

@@ -61,8 +61,11 @@ def _variables(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
     out = {}
     for name, v in ds.data_vars.items():
         enc_chunks = v.encoding.get("chunks") or v.encoding.get("preferred_chunks")
-        out[str(name)] = {"dims": list(v.dims), "units": v.attrs.get("units", ""),
-                          "chunks": list(enc_chunks) if isinstance(enc_chunks, tuple | list) else None}
+        out[str(name)] = {
+            "dims": list(v.dims),
+            "units": v.attrs.get("units", ""),
+            "chunks": list(enc_chunks) if isinstance(enc_chunks, tuple | list) else None,
+        }
     return out
 
 
@@ -78,9 +81,12 @@ def _shown_step(stats: xr.Dataset) -> pd.Timedelta | None:
 def _stats_table(stats: xr.Dataset) -> dict[str, Any]:
     """Global statistics at one step (:func:`_shown_step`) for each field and level."""
     step = _shown_step(stats)
-    rows: dict[str, Any] = {"period": [stats.attrs.get("statistics_start"), stats.attrs.get("statistics_end")],
-                            "n_init_times": stats.attrs.get("statistics_n_init_times"), "fields": {},
-                            "step_h": None if step is None else int(step.total_seconds() // 3600)}
+    rows: dict[str, Any] = {
+        "period": [stats.attrs.get("statistics_start"), stats.attrs.get("statistics_end")],
+        "n_init_times": stats.attrs.get("statistics_n_init_times"),
+        "fields": {},
+        "step_h": None if step is None else int(step.total_seconds() // 3600),
+    }
     for name in stats.data_vars:
         key = str(name)
         if not key.endswith("_mean") or key.endswith("_point_mean"):
@@ -100,8 +106,13 @@ def _partial_summary(partial: Path) -> dict[str, Any]:
     plan = json.loads((partial / "plan.json").read_text()) if (partial / "plan.json").exists() else {}
     n_total = len(plan.get("plan", {}).get("init_times", []))
     n_done = len(list((partial / "done").iterdir())) if (partial / "done").exists() else 0
-    return {"store": str(partial), "complete": False, "dates_done": n_done, "dates_total": n_total,
-            "hint": "interrupted ingest: rerun `postcast ingest` with the same arguments to resume"}
+    return {
+        "store": str(partial),
+        "complete": False,
+        "dates_done": n_done,
+        "dates_total": n_total,
+        "hint": "interrupted ingest: rerun `postcast ingest` with the same arguments to resume",
+    }
 
 
 def _verify_lines(rep: dict[str, Any] | None) -> list[str]:
@@ -110,8 +121,10 @@ def _verify_lines(rep: dict[str, Any] | None) -> list[str]:
     how = "against the checksums recorded at ingest" if rep["checksums_recorded"] else "decoded (no checksums recorded)"
     if rep["ok"]:
         return [f"verify     ok: {rep['chunks_checked']} chunks read, {how}"]
-    lines = [f"verify     FAILED ({how}): {len(rep['missing'])} missing, {len(rep['damaged'])} damaged, "
-             f"{len(rep['undecodable'])} undecodable"]
+    lines = [
+        f"verify     FAILED ({how}): {len(rep['missing'])} missing, {len(rep['damaged'])} damaged, "
+        f"{len(rep['undecodable'])} undecodable"
+    ]
     lines += [f"  {kind:<12}{key}" for kind in ("missing", "damaged", "undecodable") for key in rep[kind]]
     return lines
 
@@ -121,8 +134,10 @@ def render(info: dict[str, Any]) -> str:
     if "kind" in info:
         return render_file(info)
     if not info.get("complete") and "dates_done" in info:
-        return (f"{info['store']}: INCOMPLETE ({info['dates_done']}/{info['dates_total']} init dates written)\n"
-                f"  {info['hint']}")
+        return (
+            f"{info['store']}: INCOMPLETE ({info['dates_done']}/{info['dates_total']} init dates written)\n"
+            f"  {info['hint']}"
+        )
     lines = [
         f"store      {info['store']}  ({info['size_on_disk_MB']} MB, format v{info['format_version']})",
         f"complete   {'yes' if info['complete'] else 'NO'}",
@@ -142,9 +157,12 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"{name:<18}{v['units']:<14}{','.join(v['dims']):<52}{v['chunks']}")
     stats = info.get("statistics")
     if isinstance(stats, dict):
-        lines += ["", f"statistics (train {stats['period'][0]} .. {stats['period'][1]}, "
-                      f"{stats['n_init_times']} init times; shown at {stats['step_h']} h)",
-                  f"{'field':<22}{'mean':>14}{'std':>14}{'min':>14}{'max':>14}"]
+        lines += [
+            "",
+            f"statistics (train {stats['period'][0]} .. {stats['period'][1]}, "
+            f"{stats['n_init_times']} init times; shown at {stats['step_h']} h)",
+            f"{'field':<22}{'mean':>14}{'std':>14}{'min':>14}{'max':>14}",
+        ]
         for name, s in stats["fields"].items():
             lines.append(f"{name:<22}{s['mean']:>14.5g}{s['std']:>14.5g}{s['min']:>14.5g}{s['max']:>14.5g}")
     else:
@@ -179,18 +197,34 @@ def _grib_summary(path: Path) -> dict[str, Any]:
     params = []
     for name, rows in idx.groupby("var", sort=False):
         r = rows.iloc[0]
-        params.append({"short_name": r.short_name, "param_id": int(r.param_id),
-                       "postcast": name if name in schema.VARIABLES else "not in schema", "name": r.long_name,
-                       "units": r.units, "type_of_level": r.type_of_level,
-                       "levels": sorted(int(x) for x in set(rows.level)), "step_type": r.step_type,
-                       "steps_h": sorted(int(x) for x in set(rows.step_h)), "members": int(rows.member.nunique()),
-                       "messages": len(rows)})
+        params.append(
+            {
+                "short_name": r.short_name,
+                "param_id": int(r.param_id),
+                "postcast": name if name in schema.VARIABLES else "not in schema",
+                "name": r.long_name,
+                "units": r.units,
+                "type_of_level": r.type_of_level,
+                "levels": sorted(int(x) for x in set(rows.level)),
+                "step_type": r.step_type,
+                "steps_h": sorted(int(x) for x in set(rows.step_h)),
+                "members": int(rows.member.nunique()),
+                "messages": len(rows),
+            }
+        )
     keys = ["grid_type", "ni", "nj", "n_values", "lat_first", "lat_last", "lon_first", "lon_last"]
     grids = [grib.grid_of(g, path).name for _, g in idx.groupby(keys)]
-    return {"file": str(path), "kind": "grib", "messages": len(idx), "parameters": params,
-            "starts": [f"{pd.Timestamp(t):%Y-%m-%d %H}" for t in sorted(idx.init_time.unique())],
-            "members": sorted(int(m) for m in set(idx.member)), "data_types": sorted(set(idx.data_type)),
-            "steps_h": sorted(int(x) for x in set(idx.step_h)), "grids": grids}
+    return {
+        "file": str(path),
+        "kind": "grib",
+        "messages": len(idx),
+        "parameters": params,
+        "starts": [f"{pd.Timestamp(t):%Y-%m-%d %H}" for t in sorted(idx.init_time.unique())],
+        "members": sorted(int(m) for m in set(idx.member)),
+        "data_types": sorted(set(idx.data_type)),
+        "steps_h": sorted(int(x) for x in set(idx.step_h)),
+        "grids": grids,
+    }
 
 
 def _netcdf_summary(path: Path) -> dict[str, Any]:
@@ -199,13 +233,25 @@ def _netcdf_summary(path: Path) -> dict[str, Any]:
     params = []
     for name, da in ds.data_vars.items():
         known = schema.resolve(str(name)) or schema.resolve(str(da.attrs.get("GRIB_paramId", "")))
-        params.append({"name": str(name), "short_name": da.attrs.get("GRIB_shortName", ""),
-                       "param_id": da.attrs.get("GRIB_paramId", ""), "postcast": known or "not in schema",
-                       "units": da.attrs.get("units", ""), "dims": {str(d): int(n) for d, n in da.sizes.items()},
-                       "step_type": da.attrs.get("GRIB_stepType", da.attrs.get("cell_methods", "instant"))})
+        params.append(
+            {
+                "name": str(name),
+                "short_name": da.attrs.get("GRIB_shortName", ""),
+                "param_id": da.attrs.get("GRIB_paramId", ""),
+                "postcast": known or "not in schema",
+                "units": da.attrs.get("units", ""),
+                "dims": {str(d): int(n) for d, n in da.sizes.items()},
+                "step_type": da.attrs.get("GRIB_stepType", da.attrs.get("cell_methods", "instant")),
+            }
+        )
     coords = {str(c): _coord_text(ds[c]) for c in ds.coords if ds[c].ndim <= 1}
-    return {"file": str(path), "kind": "netcdf", "parameters": params, "coords": coords,
-            "dims": {str(k): int(v) for k, v in ds.sizes.items()}}
+    return {
+        "file": str(path),
+        "kind": "netcdf",
+        "parameters": params,
+        "coords": coords,
+        "dims": {str(k): int(v) for k, v in ds.sizes.items()},
+    }
 
 
 def _coord_text(c: xr.DataArray) -> str:
@@ -229,23 +275,34 @@ def _span(values: list[int]) -> str:
 def render_file(info: dict[str, Any]) -> str:
     """Human-readable text for ``postcast inspect FILE``."""
     if info["kind"] == "netcdf":
-        lines = [f"file       {info['file']}  (netCDF)",
-                 f"dims       {', '.join(f'{k}={v}' for k, v in info['dims'].items())}",
-                 *(f"{'coord':<11}{k}: {v}" for k, v in info["coords"].items()), "",
-                 f"{'variable':<14}{'shortName':<11}{'paramId':<9}{'postcast':<15}{'step type':<11}{'units':<12}dims"]
-        lines += [f"{p['name']:<14}{p['short_name']:<11}{p['param_id']!s:<9}{p['postcast']:<15}{p['step_type']:<11}"
-                  f"{p['units']:<12}{','.join(p['dims'])}" for p in info["parameters"]]
+        lines = [
+            f"file       {info['file']}  (netCDF)",
+            f"dims       {', '.join(f'{k}={v}' for k, v in info['dims'].items())}",
+            *(f"{'coord':<11}{k}: {v}" for k, v in info["coords"].items()),
+            "",
+            f"{'variable':<14}{'shortName':<11}{'paramId':<9}{'postcast':<15}{'step type':<11}{'units':<12}dims",
+        ]
+        lines += [
+            f"{p['name']:<14}{p['short_name']:<11}{p['param_id']!s:<9}{p['postcast']:<15}{p['step_type']:<11}"
+            f"{p['units']:<12}{','.join(p['dims'])}"
+            for p in info["parameters"]
+        ]
         return "\n".join(lines)
-    lines = [f"file       {info['file']}  (GRIB, {info['messages']} messages, dataType {','.join(info['data_types'])})",
-             f"grid       {'; '.join(info['grids'])}",
-             f"starts     {', '.join(info['starts'][:4])}"
-             f"{' ...' if len(info['starts']) > 4 else ''} ({len(info['starts'])})",
-             f"members    {_span(info['members'])}",
-             f"steps      {_span(info['steps_h'])} h", "",
-             f"{'shortName':<11}{'paramId':<9}{'postcast':<15}{'level type':<19}{'levels':<14}{'step type':<11}"
-             f"{'steps h':<18}{'members':<9}name"]
+    lines = [
+        f"file       {info['file']}  (GRIB, {info['messages']} messages, dataType {','.join(info['data_types'])})",
+        f"grid       {'; '.join(info['grids'])}",
+        f"starts     {', '.join(info['starts'][:4])}"
+        f"{' ...' if len(info['starts']) > 4 else ''} ({len(info['starts'])})",
+        f"members    {_span(info['members'])}",
+        f"steps      {_span(info['steps_h'])} h",
+        "",
+        f"{'shortName':<11}{'paramId':<9}{'postcast':<15}{'level type':<19}{'levels':<14}{'step type':<11}"
+        f"{'steps h':<18}{'members':<9}name",
+    ]
     for p in info["parameters"]:
         levels = _span(p["levels"]) if p["type_of_level"] == schema.LevelType.PRESSURE else "-"
-        lines.append(f"{p['short_name']:<11}{p['param_id']:<9}{p['postcast']:<15}{p['type_of_level']:<19}{levels:<14}"
-                     f"{p['step_type']:<11}{_span(p['steps_h']):<18}{p['members']:<9}{p['name']} ({p['units']})")
+        lines.append(
+            f"{p['short_name']:<11}{p['param_id']:<9}{p['postcast']:<15}{p['type_of_level']:<19}{levels:<14}"
+            f"{p['step_type']:<11}{_span(p['steps_h']):<18}{p['members']:<9}{p['name']} ({p['units']})"
+        )
     return "\n".join(lines)

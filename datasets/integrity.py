@@ -88,18 +88,29 @@ class Report:
         return not (self.missing or self.damaged or self.undecodable)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "chunks_checked": self.checked, "checksums_recorded": self.recorded,
-                "missing": self.missing, "damaged": self.damaged, "undecodable": self.undecodable}
+        return {
+            "ok": self.ok,
+            "chunks_checked": self.checked,
+            "checksums_recorded": self.recorded,
+            "missing": self.missing,
+            "damaged": self.damaged,
+            "undecodable": self.undecodable,
+        }
 
     def problem(self) -> str:
         """One line naming the first few bad chunks and the fix ('' when ok)."""
         if self.ok:
             return ""
-        parts = [f"{len(v)} {k}" for k, v in (("missing", self.missing), ("damaged", self.damaged),
-                                               ("undecodable", self.undecodable)) if v]
+        parts = [
+            f"{len(v)} {k}"
+            for k, v in (("missing", self.missing), ("damaged", self.damaged), ("undecodable", self.undecodable))
+            if v
+        ]
         first = (self.missing + self.damaged + self.undecodable)[:3]
-        return (f"{self.store}: {', '.join(parts)} chunk(s) of {self.checked} (first: {', '.join(first)}); "
-                "rebuild the store with `postcast ingest --overwrite`")
+        return (
+            f"{self.store}: {', '.join(parts)} chunk(s) of {self.checked} (first: {', '.join(first)}); "
+            "rebuild the store with `postcast ingest --overwrite`"
+        )
 
 
 def verify(store_path: str | os.PathLike[str]) -> Report:

@@ -160,8 +160,11 @@ def write_netcdf(ds: xr.Dataset, path: str | os.PathLike[str], *, compress: bool
     """Write ``ds`` as netCDF4 atomically (zlib level 4 on float variables when ``compress``)."""
     encoding = {}
     if compress:
-        encoding = {name: {"zlib": True, "complevel": 4} for name, v in ds.data_vars.items()
-                    if np.issubdtype(v.dtype, np.floating)}
+        encoding = {
+            name: {"zlib": True, "complevel": 4}
+            for name, v in ds.data_vars.items()
+            if np.issubdtype(v.dtype, np.floating)
+        }
     with atomic_path(path) as tmp:
         try:
             ds.to_netcdf(tmp, engine="netcdf4", format="NETCDF4", encoding=encoding)
@@ -173,8 +176,15 @@ def write_netcdf(ds: xr.Dataset, path: str | os.PathLike[str], *, compress: bool
 TARGET_CHUNK_BYTES = 4 * 2**20  # grow small chunks towards ~4 MB (zarr-python 3 pays per chunk)
 
 
-def chunk_shape(dims: tuple[str, ...], shape: tuple[int, ...], *, whole: tuple[str, ...],
-                grow: tuple[str, ...], itemsize: int = 4, target: int = TARGET_CHUNK_BYTES) -> tuple[int, ...]:
+def chunk_shape(
+    dims: tuple[str, ...],
+    shape: tuple[int, ...],
+    *,
+    whole: tuple[str, ...],
+    grow: tuple[str, ...],
+    itemsize: int = 4,
+    target: int = TARGET_CHUNK_BYTES,
+) -> tuple[int, ...]:
     """Chunk shape holding ``whole`` dims entirely and 1 along others, then ``grow`` dims (in order)
     taken whole while the chunk stays under ``target`` bytes."""
     chunk = {d: (n if d in whole else 1) for d, n in zip(dims, shape, strict=True)}
@@ -240,17 +250,32 @@ def settle_zarr_io(timeout: float = 30.0) -> None:
         asyncio.run_coroutine_threadsafe(settle(), loop).result(timeout + 5)
 
 
-def write_zarr(ds: xr.Dataset, path: str | os.PathLike[str], *, chunks: Mapping[str, tuple[int, ...]] | None = None,
-               group: str | None = None, mode: str = "w", compute: bool = True) -> None:
+def write_zarr(
+    ds: xr.Dataset,
+    path: str | os.PathLike[str],
+    *,
+    chunks: Mapping[str, tuple[int, ...]] | None = None,
+    group: str | None = None,
+    mode: str = "w",
+    compute: bool = True,
+) -> None:
     """Write a whole dataset (or a template with ``compute=False``) as zarr format 3."""
     with warnings.catch_warnings(), os_errors(path):
         warnings.simplefilter("ignore", category=UserWarning)
-        ds.to_zarr(path, mode=mode, group=group, zarr_format=3, consolidated=False, compute=compute,  # type: ignore[call-overload]
-                   encoding=zarr_encoding(ds, chunks or {}))
+        ds.to_zarr(
+            path,
+            mode=mode,
+            group=group,
+            zarr_format=3,
+            consolidated=False,
+            compute=compute,  # type: ignore[call-overload]
+            encoding=zarr_encoding(ds, chunks or {}),
+        )
 
 
-def write_template(ds: xr.Dataset, path: str | os.PathLike[str], *, chunks: Mapping[str, tuple[int, ...]],
-                   group: str | None = None) -> None:
+def write_template(
+    ds: xr.Dataset, path: str | os.PathLike[str], *, chunks: Mapping[str, tuple[int, ...]], group: str | None = None
+) -> None:
     """Create the arrays of a template (metadata only) exactly as ``write_zarr(..., compute=False)`` does, at a
     fraction of its cost: xarray builds and tokenizes a dask graph per array and creates the arrays one after
     another (~10 ms each: 5 s of CPU for the 456 arrays of a 0.5 deg statistics group). Here xarray writes
@@ -262,8 +287,15 @@ def write_template(ds: xr.Dataset, path: str | os.PathLike[str], *, chunks: Mapp
     first: dict[str, str] = {}  # layout -> prototype name
     for name, v in ds.data_vars.items():
         plain = all(_plain_json(a) for a in v.attrs.values())
-        key = repr((v.dims, v.shape, str(v.dtype), None if plain else sorted(v.attrs.items(), key=str),
-                    sorted(enc[str(name)].items(), key=str)))
+        key = repr(
+            (
+                v.dims,
+                v.shape,
+                str(v.dtype),
+                None if plain else sorted(v.attrs.items(), key=str),
+                sorted(enc[str(name)].items(), key=str),
+            )
+        )
         protos[str(name)] = first.setdefault(key, str(name))
     others = [n for n, p in protos.items() if n != p]  # drop_vars keeps every coordinate (ds[names] would not)
     write_zarr(ds.drop_vars(others), path, chunks=chunks, group=group, mode="w", compute=False)

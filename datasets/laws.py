@@ -153,8 +153,10 @@ class TruncNormal(Family):
     """N(mu, sigma^2) truncated to [0, inf) (wind speed)."""
 
     name = "truncnormal"
-    parameters = (Parameter("mu", "location mu of the normal law before truncation to [0, inf)"),
-                  Parameter("sigma", "scale sigma of the normal law before truncation to [0, inf)"))
+    parameters = (
+        Parameter("mu", "location mu of the normal law before truncation to [0, inf)"),
+        Parameter("sigma", "scale sigma of the normal law before truncation to [0, inf)"),
+    )
     lower = 0.0
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
@@ -199,8 +201,10 @@ class CensoredLogistic(Family):
     """Logistic(loc, scale) censored at 0: Y = max(0, X), P(Y = 0) = F_X(0) (precipitation)."""
 
     name = "clogistic"
-    parameters = (Parameter("loc", "location of the logistic law before censoring at 0"),
-                  Parameter("scale", "scale of the logistic law before censoring at 0"))
+    parameters = (
+        Parameter("loc", "location of the logistic law before censoring at 0"),
+        Parameter("scale", "scale of the logistic law before censoring at 0"),
+    )
     lower = 0.0
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
@@ -239,9 +243,11 @@ class CensoredShiftedGamma(Family):
     (Scheuerer and Hamill 2015; P the regularised lower incomplete gamma function)."""
 
     name = "csg"
-    parameters = (Parameter("shape", "shape k of the gamma law X (Y = max(0, X - shift))", "1"),
-                  Parameter("scale", "scale theta of the gamma law X (Y = max(0, X - shift))"),
-                  Parameter("shift", "shift of the gamma law X (Y = max(0, X - shift))"))
+    parameters = (
+        Parameter("shape", "shape k of the gamma law X (Y = max(0, X - shift))", "1"),
+        Parameter("scale", "scale theta of the gamma law X (Y = max(0, X - shift))"),
+        Parameter("shift", "shift of the gamma law X (Y = max(0, X - shift))"),
+    )
     lower = 0.0
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
@@ -282,8 +288,9 @@ def bernstein_basis(tau: ArrayLike, degree: int) -> np.ndarray:
     t = _f64(tau)[..., None]  # (*S, 1)
     ones = np.ones_like(t)
     up = np.cumprod(np.concatenate([ones, np.broadcast_to(t, (*t.shape[:-1], degree))], axis=-1), axis=-1)
-    down = np.flip(np.cumprod(np.concatenate([ones, np.broadcast_to(1.0 - t, (*t.shape[:-1], degree))], axis=-1),
-                              axis=-1), axis=-1)  # (1 - tau)^(d - j)
+    down = np.flip(
+        np.cumprod(np.concatenate([ones, np.broadcast_to(1.0 - t, (*t.shape[:-1], degree))], axis=-1), axis=-1), axis=-1
+    )  # (1 - tau)^(d - j)
     return binom * up * down
 
 
@@ -293,8 +300,11 @@ class Bernstein(Family):
     increasing on [0, 1] and the law lives on [a_0, a_d] (Bremnes 2020)."""
 
     name = "bernstein"
-    parameters = (Parameter("coef", "coefficients a_j of the Bernstein quantile function "
-                                    "Q(tau) = sum_j a_j B_j,d(tau)", vector=True),)
+    parameters = (
+        Parameter(
+            "coef", "coefficients a_j of the Bernstein quantile function Q(tau) = sum_j a_j B_j,d(tau)", vector=True
+        ),
+    )
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
         """E Y = mean_j a_j (each B_j,d integrates to 1 / (d + 1)); with a centred, var = a^T G a,
@@ -302,8 +312,11 @@ class Bernstein(Family):
         a = p["coef"]  # (K, *S), K = d + 1
         d = a.shape[0] - 1
         j = np.arange(d + 1)
-        gram = (special.comb(d, j)[:, None] * special.comb(d, j)[None]
-                / (special.comb(2 * d, j[:, None] + j[None]) * (2 * d + 1)))  # (K, K)
+        gram = (
+            special.comb(d, j)[:, None]
+            * special.comb(d, j)[None]
+            / (special.comb(2 * d, j[:, None] + j[None]) * (2 * d + 1))
+        )  # (K, K)
         mean = a.mean(axis=0)
         dev = a - mean  # Q - mean has coefficients a_j - mean (the B_j,d sum to 1)
         return mean, np.sqrt(np.maximum(np.einsum("i...,ij,j...->...", dev, gram, dev), 0.0))

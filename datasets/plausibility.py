@@ -17,19 +17,32 @@ from postcast.datasets import schema
 
 # median bands (canonical units) for variables without levels, or at every level
 _BANDS: dict[str, tuple[float, float]] = {
-    "t": (170.0, 320.0), "t2m": (200.0, 320.0), "skt": (190.0, 330.0), "sst": (265.0, 310.0),
-    "msl": (9.5e4, 1.06e5), "q": (0.0, 0.03),
+    "t": (170.0, 320.0),
+    "t2m": (200.0, 320.0),
+    "skt": (190.0, 330.0),
+    "sst": (265.0, 310.0),
+    "msl": (9.5e4, 1.06e5),
+    "q": (0.0, 0.03),
 }
 # (name, scale, offset): value_seen = true * scale + offset for a mistake; used to name the cause
 _MISTAKES: dict[str, list[tuple[str, float, float]]] = {
-    "z": [("geopotential height in m labelled as geopotential (m2 s-2): multiply by 9.80665 or set units "
-           "'m'", 1 / schema.GRAVITY, 0.0),
-          ("geopotential labelled as height in m (converted twice): set units 'm**2 s**-2'", schema.GRAVITY, 0.0),
-          ("geopotential in dam labelled as m2 s-2: set units 'dam'", 1 / (10 * schema.GRAVITY), 0.0)],
-    "t": [("temperature in degC labelled as K: set units 'degC'", 1.0, -273.15),
-          ("temperature in K labelled as degC (shifted twice): set units 'K'", 1.0, 273.15)],
-    "msl": [("pressure in hPa labelled as Pa: set units 'hPa'", 0.01, 0.0),
-            ("pressure in Pa labelled as hPa: set units 'Pa'", 100.0, 0.0)],
+    "z": [
+        (
+            "geopotential height in m labelled as geopotential (m2 s-2): multiply by 9.80665 or set units 'm'",
+            1 / schema.GRAVITY,
+            0.0,
+        ),
+        ("geopotential labelled as height in m (converted twice): set units 'm**2 s**-2'", schema.GRAVITY, 0.0),
+        ("geopotential in dam labelled as m2 s-2: set units 'dam'", 1 / (10 * schema.GRAVITY), 0.0),
+    ],
+    "t": [
+        ("temperature in degC labelled as K: set units 'degC'", 1.0, -273.15),
+        ("temperature in K labelled as degC (shifted twice): set units 'K'", 1.0, 273.15),
+    ],
+    "msl": [
+        ("pressure in hPa labelled as Pa: set units 'hPa'", 0.01, 0.0),
+        ("pressure in Pa labelled as hPa: set units 'Pa'", 100.0, 0.0),
+    ],
     "q": [("specific humidity in g/kg labelled as kg/kg: set units 'g/kg'", 1000.0, 0.0)],
 }
 for _alias in ("t2m", "skt", "sst"):
@@ -62,7 +75,7 @@ def problem(variable: str, level: int | None, values: np.ndarray) -> str | None:
     """None if the field's median is plausible, else a sentence naming the value and the likely fix."""
     limits = band(variable, level)
     flat = values.ravel()
-    sample = flat[::max(1, flat.size // SAMPLE)]  # an evenly strided sample: the bands are ~20 % wide
+    sample = flat[:: max(1, flat.size // SAMPLE)]  # an evenly strided sample: the bands are ~20 % wide
     finite = sample[np.isfinite(sample)]
     if limits is None or finite.size == 0:
         return None

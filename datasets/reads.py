@@ -110,8 +110,10 @@ def _check_chunk(root: Path, name: str, key: str, size: int) -> None:
         msg = f"variable {name!r}: chunk {key} of {root} is missing (deleted after ingest); {FIX}"
         raise MissingInputError(msg, missing=[key])
     if path.stat().st_size != size:
-        msg = (f"variable {name!r}: chunk {key} of {root} is damaged ({path.stat().st_size} bytes, ingest wrote "
-               f"{size}); {FIX}")
+        msg = (
+            f"variable {name!r}: chunk {key} of {root} is damaged ({path.stat().st_size} bytes, ingest wrote "
+            f"{size}); {FIX}"
+        )
         raise BadInputError(msg)
 
 

@@ -76,10 +76,16 @@ class SampleSpec:
     def __post_init__(self) -> None:
         bad = [v for v in self.variables or () if parse_variable(v)[0] not in schema.VARIABLES]
         problems = [
-            *([f"target {self.target!r}: use one of {list(schema.TARGETS)}"] if self.target not in schema.TARGETS
-              else []),
-            *([f"unknown input variables {bad}; known: {list(schema.VARIABLES)} (optionally name@level)"] if bad
-              else []),
+            *(
+                [f"target {self.target!r}: use one of {list(schema.TARGETS)}"]
+                if self.target not in schema.TARGETS
+                else []
+            ),
+            *(
+                [f"unknown input variables {bad}; known: {list(schema.VARIABLES)} (optionally name@level)"]
+                if bad
+                else []
+            ),
             *([f"step_h {self.step_h}: a lead time in hours must be >= 0"] if self.step_h < 0 else []),
         ]
         if problems:
@@ -153,8 +159,10 @@ class SampleSpec:
 
     def field_keys(self) -> list[str]:
         """Names of the ``fields`` channels in order (``ens_mean_u@850``, ``ens_std_u@850``, ...)."""
-        return [*(k for i in self.input_variables for k in (contract.ens_mean(i), contract.ens_std(i))),
-                *self.target_fields]
+        return [
+            *(k for i in self.input_variables for k in (contract.ens_mean(i), contract.ens_std(i))),
+            *self.target_fields,
+        ]
 
     @property
     def target_variable_index(self) -> int:
@@ -234,14 +242,16 @@ class SampleSpec:
         floor makes the channel huge and a model's coefficient on it overflows."""
         truth = contract.truth_name(self.target)
         if contract.point_mean(truth) not in stats:
-            msg = (f"the store's statistics have no {truth}: train {self.target} on a store ingested with its "
-                   f"truth (synthetic: SynthConfig targets)")
+            msg = (
+                f"the store's statistics have no {truth}: train {self.target} on a store ingested with its "
+                f"truth (synthetic: SynthConfig targets)"
+            )
             raise MissingInputError(msg)
         mean = np.nan_to_num(self.select(stats[contract.point_mean(truth)]).astype(np.float32))
         std = np.nan_to_num(self.select(stats[contract.point_std(truth)]).astype(np.float32))
         std = np.maximum(std, max(float(std.mean()) * 0.1, 1e-6))
         zero, one = np.zeros_like(mean), np.ones_like(mean)
-        return [mean, zero, zero][:len(self.target_fields)], [std, std, one][:len(self.target_fields)]
+        return [mean, zero, zero][: len(self.target_fields)], [std, std, one][: len(self.target_fields)]
 
 
 class Sampler:
@@ -268,8 +278,9 @@ class Sampler:
     def nbytes(self, n_members: int) -> int:
         """Bytes of one sample (every field is float32 of the grid's shape)."""
         oracle = len(contract.oracle_parameters(self.spec.resolved_target)) if self.oracle else 0
-        planes = (self.spec.n_channels + 3 + oracle
-                  + (n_members * self.spec.n_member_variables if self.spec.members else 0))
+        planes = (
+            self.spec.n_channels + 3 + oracle + (n_members * self.spec.n_member_variables if self.spec.members else 0)
+        )
         return 4 * planes * self.lat.size * self.lon.size
 
     def sample(self, day: xr.Dataset) -> Sample:
@@ -278,8 +289,10 @@ class Sampler:
         spec = self.spec
         fields, members = [], []
         for i in spec.inputs():
-            fields += [spec.select(day[contract.ens_mean(i.variable)], i.level),
-                       spec.select(day[contract.ens_std(i.variable)], i.level)]
+            fields += [
+                spec.select(day[contract.ens_mean(i.variable)], i.level),
+                spec.select(day[contract.ens_std(i.variable)], i.level),
+            ]
             if spec.members:
                 members.append(spec.select(day[i.variable], i.level))  # (M, H, W)
         truth = contract.truth_name(spec.target)
@@ -287,11 +300,12 @@ class Sampler:
         if members and derived is not None:
             members.append(derived.astype(np.float32))
         target = self.target_statistics(day, derived)  # m, s, [dry] (H, W) target units
-        fields += list(target.values())[:len(spec.target_fields)]  # a derived target's own channels
+        fields += list(target.values())[: len(spec.target_fields)]  # a derived target's own channels
         out: Sample = {
             "fields": np.stack(fields).astype(np.float32),  # (2V [+ T], H, W) physical units
             "features": self.features(day[schema.INIT_TIME].values),  # (F, H, W)
-            "m": target["m"], "s": target["s"],  # (H, W) raw units
+            "m": target["m"],
+            "s": target["s"],  # (H, W) raw units
         }
         out["y"] = (spec.select(day[truth]) if truth in day else np.full(out["m"].shape, np.nan)).astype(np.float32)
         if members:
@@ -318,8 +332,10 @@ class Sampler:
         target that has one."""
         spec, tg = self.spec, self.spec.resolved_target
         if not tg.derived:
-            return {"m": spec.select(day[contract.ens_mean(tg.variable)]).astype(np.float32),
-                    "s": spec.select(day[contract.ens_std(tg.variable)]).astype(np.float32)}
+            return {
+                "m": spec.select(day[contract.ens_mean(tg.variable)]).astype(np.float32),
+                "s": spec.select(day[contract.ens_std(tg.variable)]).astype(np.float32),
+            }
         x = derived if derived is not None else self.derived_members(day)  # (M, H, W)
         assert x is not None
         out = {"m": x.mean(axis=0).astype(np.float32), "s": x.std(axis=0).astype(np.float32)}

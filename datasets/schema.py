@@ -113,21 +113,38 @@ PL_VARIABLES: tuple[Variable, ...] = (
 )
 
 
-def _sfc(name: str, short: str, pid: int, units: str, long: str, std: str | None, lo: float, hi: float,
-         **kw: Any) -> Variable:
+def _sfc(
+    name: str, short: str, pid: int, units: str, long: str, std: str | None, lo: float, hi: float, **kw: Any
+) -> Variable:
     return Variable(name, short, pid, units, long, std, LevelType.SURFACE, lo, hi, **kw)
 
 
 SFC_VARIABLES: tuple[Variable, ...] = (
-    _sfc("sst", "sst", 34, "K", "Sea surface temperature", "sea_surface_temperature", 260.0, 320.0,
-         missing_over_land=True),
+    _sfc(
+        "sst",
+        "sst",
+        34,
+        "K",
+        "Sea surface temperature",
+        "sea_surface_temperature",
+        260.0,
+        320.0,
+        missing_over_land=True,
+    ),
     _sfc("tcw", "tcw", 136, "kg m**-2", "Total column water", None, 0.0, 150.0),
-    _sfc("tcwv", "tcwv", 137, "kg m**-2", "Total column vertically-integrated water vapour",
-         "atmosphere_mass_content_of_water_vapor", 0.0, 150.0),
+    _sfc(
+        "tcwv",
+        "tcwv",
+        137,
+        "kg m**-2",
+        "Total column vertically-integrated water vapour",
+        "atmosphere_mass_content_of_water_vapor",
+        0.0,
+        150.0,
+    ),
     _sfc("cp", "cp", 143, "m", "Convective precipitation", None, 0.0, 1.0, accumulated=True),
     _sfc("tp", "tp", 228, "m", "Total precipitation", None, 0.0, 1.0, accumulated=True),
-    _sfc("msl", "msl", 151, "Pa", "Mean sea level pressure", "air_pressure_at_mean_sea_level",
-         8.5e4, 1.1e5),
+    _sfc("msl", "msl", 151, "Pa", "Mean sea level pressure", "air_pressure_at_mean_sea_level", 8.5e4, 1.1e5),
     _sfc("tcc", "tcc", 164, "(0 - 1)", "Total cloud cover", "cloud_area_fraction", 0.0, 1.0),
     _sfc("u10", "10u", 165, "m s**-1", "10 metre U wind component", "eastward_wind", -100.0, 100.0),
     _sfc("v10", "10v", 166, "m s**-1", "10 metre V wind component", "northward_wind", -100.0, 100.0),
@@ -171,38 +188,15 @@ def variable(name: str) -> Variable:
     raise KeyError(msg)
 
 
-# cfgrib stepType (eccodes; GRIB2 typeOfStatisticalProcessing, GRIB1 timeRangeIndicator) -> CF cell method
-CELL_METHODS = {"avg": "mean", "accum": "sum", "max": "maximum", "min": "minimum", "diff": "range",
-                "rms": "root_mean_square", "sd": "standard_deviation"}
-
-
-def cell_method(step_type: str) -> str | None:
-    """The CF ``cell_methods`` entry of a GRIB stepType ('time: mean' for avg and ECMWF's avgfc/avgua/...);
-    None for instantaneous fields."""
-    if step_type == "instant":
-        return None
-    base = "avg" if step_type.startswith("avg") else step_type
-    return f"time: {CELL_METHODS.get(base, step_type)}"
-
-
-def generic_variable(name: str, short_name: str, param_id: int, units: str, long_name: str,
-                     standard_name: str | None, type_of_level: str, step_type: str, window: str) -> Variable:
-    """A parameter beyond the schema, described by its GRIB keys (eccodes' cfVarName, shortName, paramId,
-    units, name, cfName, typeOfLevel, stepType); ``window`` says over what a time-processed field is taken."""
-    extra = [("GRIB_typeOfLevel", type_of_level), ("GRIB_stepType", step_type)]
-    method = cell_method(step_type)
-    if method:
-        extra += [("cell_methods", method), ("time_window", window)]
-    level = LevelType.PRESSURE if type_of_level == LevelType.PRESSURE else LevelType.SURFACE
-    return Variable(name, short_name, param_id, units, long_name, standard_name, level, -np.inf, np.inf,
-                    accumulated=step_type == "accum", generic=True, extra_attrs=tuple(extra))
-
-
 def cf_attrs(var: Variable) -> dict[str, Any]:
     """The CF attributes of a variable as postcast writes them: units, long name, GRIB short name and
     parameter id, and the CF standard name where one exists."""
-    attrs: dict[str, Any] = {"units": var.units, "long_name": var.long_name,
-                             "GRIB_shortName": var.grib_short_name, "GRIB_paramId": var.param_id}
+    attrs: dict[str, Any] = {
+        "units": var.units,
+        "long_name": var.long_name,
+        "GRIB_shortName": var.grib_short_name,
+        "GRIB_paramId": var.param_id,
+    }
     if var.standard_name:
         attrs["standard_name"] = var.standard_name
     if var.accumulated and not var.generic:
@@ -230,7 +224,7 @@ class Derivation:
 
     Forecast members read the variables at the lead plus the offsets of :attr:`inputs` (an accumulation from
     the start: at the lead and ``window_h`` before); a truth file's fields are combined the same way
-    (:func:`postcast.datasets.sources.conventions.normalise_truth`; there an accumulation's amounts per
+    (:func:`postcast.datasets.sources.derived.normalise_truth`; there an accumulation's amounts per
     interval are summed over the window)."""
 
     kind: DeriveKind
@@ -326,14 +320,29 @@ TARGETS: dict[str, Target] = {
     "z500": Target("z500", "z", 500, error_scale=140.0),  # m2 s-2 (~14 m of height)
     "t850": Target("t850", "t", 850, error_scale=1.2),  # K
     "t2m": Target("t2m", "t2m", None, error_scale=1.3),  # K
-    "ws10": Target("ws10", "ws10", None, error_scale=1.5,
-                   derive=Derivation(DeriveKind.HYPOT, ("u10", "v10")), unit="m s**-1",
-                   cf_standard_name="wind_speed", family="truncnormal",
-                   thresholds=(10.0, 20.0)),  # 10 m wind speed, m/s
-    "tp24": Target("tp24", "tp24", None, error_scale=2.0,
-                   derive=Derivation(DeriveKind.ACCUMULATION, ("tp",), window_h=24, clip_min=0.0, scale=1000.0),
-                   unit="mm", cf_standard_name="lwe_thickness_of_precipitation_amount", family="csg",
-                   thresholds=(1.0, 10.0), dry_below=0.1),  # mm in the 24 h up to the lead (tp in m)
+    "ws10": Target(
+        "ws10",
+        "ws10",
+        None,
+        error_scale=1.5,
+        derive=Derivation(DeriveKind.HYPOT, ("u10", "v10")),
+        unit="m s**-1",
+        cf_standard_name="wind_speed",
+        family="truncnormal",
+        thresholds=(10.0, 20.0),
+    ),  # 10 m wind speed, m/s
+    "tp24": Target(
+        "tp24",
+        "tp24",
+        None,
+        error_scale=2.0,
+        derive=Derivation(DeriveKind.ACCUMULATION, ("tp",), window_h=24, clip_min=0.0, scale=1000.0),
+        unit="mm",
+        cf_standard_name="lwe_thickness_of_precipitation_amount",
+        family="csg",
+        thresholds=(1.0, 10.0),
+        dry_below=0.1,
+    ),  # mm in the 24 h up to the lead (tp in m)
 }
 
 

@@ -19,7 +19,6 @@ The statistics period is recorded in the attributes, so a model can prove it nev
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import dask
@@ -35,8 +34,11 @@ STAT_KINDS = ("mean", "std", "min", "max")
 
 def statistic_fields(ds: xr.Dataset) -> list[str]:
     """Fields of a store that get statistics (every float data variable except the oracle)."""
-    return [str(n) for n, v in ds.data_vars.items()
-            if np.issubdtype(v.dtype, np.floating) and not str(n).startswith("oracle_")]
+    return [
+        str(n)
+        for n, v in ds.data_vars.items()
+        if np.issubdtype(v.dtype, np.floating) and not str(n).startswith("oracle_")
+    ]
 
 
 # Mergeable partial moments (Chan, Golub & LeVeque 1979): count ``n``, mean and ``m2`` (the sum of
@@ -48,7 +50,7 @@ def statistic_fields(ds: xr.Dataset) -> list[str]:
 # m2 0, min +inf and max -inf: the merge's identity.
 Partial = dict[str, np.ndarray]
 FieldPartials = dict[str, Partial]  # field name -> its partial
-_PREFIXES = ("", "p")
+PREFIXES = ("", "p")
 
 
 Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # n, mean, m2, min, max
@@ -71,7 +73,8 @@ def _moments(x: np.ndarray, ok: np.ndarray | None, axes: tuple[int, ...]) -> Mom
         return np.full(kept, count, dtype=np.int64), mean.squeeze(axes), m2, x.min(axes), x.max(axes)
     n = ok.sum(axes, dtype=np.int64)
     mean = np.sum(np.where(ok, x, 0), axis=axes, dtype=np.float64, keepdims=True) / np.expand_dims(
-        np.maximum(n, 1), axes)
+        np.maximum(n, 1), axes
+    )
     d = np.where(ok, np.subtract(x, mean, dtype=np.float64), 0.0)
     lo = np.where(ok, x, np.inf).min(axes).astype(x.dtype)
     hi = np.where(ok, x, -np.inf).max(axes).astype(x.dtype)
@@ -81,8 +84,7 @@ def _moments(x: np.ndarray, ok: np.ndarray | None, axes: tuple[int, ...]) -> Mom
 ROWS = 16  # latitude rows per sweep of ensemble_moments: the float64 temporaries stay in the CPU cache
 
 
-def ensemble_moments(x: np.ndarray, *, with_partial: bool = True
-                     ) -> tuple[np.ndarray, np.ndarray, Partial | None]:
+def ensemble_moments(x: np.ndarray, *, with_partial: bool = True) -> tuple[np.ndarray, np.ndarray, Partial | None]:
     """One init date of a member field, ``x`` (1, member, *outer, lat, lon) float32, in one sweep per
     (step, level) slice and band of latitude rows: its ensemble mean and population std (float32,
     (1, *outer, lat, lon), NaN where any member is) and, with ``with_partial``, the field's partial
@@ -93,16 +95,23 @@ def ensemble_moments(x: np.ndarray, *, with_partial: bool = True
     nm, outer, (ny, nx) = x.shape[1], x.shape[2:-2], x.shape[-2:]
     ens_mean = np.empty((1, *outer, ny, nx), dtype=np.float32)
     ens_std = np.empty_like(ens_mean)
-    point = {"pmean": np.empty((*outer, ny, nx)), "pm2": np.empty((*outer, ny, nx)),
-             "pmin": np.empty((*outer, ny, nx), dtype=x.dtype),
-             "pmax": np.empty((*outer, ny, nx), dtype=x.dtype)} if with_partial else {}
+    point = (
+        {
+            "pmean": np.empty((*outer, ny, nx)),
+            "pm2": np.empty((*outer, ny, nx)),
+            "pmin": np.empty((*outer, ny, nx), dtype=x.dtype),
+            "pmax": np.empty((*outer, ny, nx), dtype=x.dtype),
+        }
+        if with_partial
+        else {}
+    )
     dev = np.empty((nm, min(ROWS, ny), nx))  # float64 scratch, reused
     counts: dict[tuple[int, ...], np.ndarray] = {}
     for idx in np.ndindex(*outer):
         block = x[(0, slice(None), *idx)]  # (member, lat, lon)
         for r0 in range(0, ny, ROWS):
             rows = slice(r0, min(r0 + ROWS, ny))
-            b, d = block[:, rows], dev[:, :min(ROWS, ny - r0)]
+            b, d = block[:, rows], dev[:, : min(ROWS, ny - r0)]
             mean = np.add.reduce(b, axis=0, dtype=np.float64)
             mean /= nm  # numpy's mean, operation for operation
             np.subtract(b, mean, out=d)
@@ -189,8 +198,9 @@ def _partial_block(block: np.ndarray, global_axes: tuple[int, ...], point_axes: 
     return out | _merge_over(*moments, spatial)
 
 
-def _merge_over(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                axes: tuple[int, ...]) -> Partial:
+def _merge_over(
+    n: np.ndarray, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray, hi: np.ndarray, axes: tuple[int, ...]
+) -> Partial:
     """Merge partial moments laid out along ``axes`` into one (the global keys)."""
     const = _constant(n)
     if const is not None and const > 0:  # one count everywhere: plain means, no weights
@@ -198,15 +208,23 @@ def _merge_over(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray,
         grand: np.ndarray = np.asarray(np.sum(mean, axis=axes, keepdims=True, dtype=np.float64)) / points
         dev = np.subtract(mean, grand, dtype=np.float64)
         dev *= dev
-        return {"n": np.full(grand.squeeze(axes).shape, const * points, dtype=np.int64),
-                "mean": grand.squeeze(axes),
-                "m2": np.sum(m2, axis=axes) + const * np.sum(dev, axis=axes),
-                "min": lo.min(axes), "max": hi.max(axes)}
+        return {
+            "n": np.full(grand.squeeze(axes).shape, const * points, dtype=np.int64),
+            "mean": grand.squeeze(axes),
+            "m2": np.sum(m2, axis=axes) + const * np.sum(dev, axis=axes),
+            "min": lo.min(axes),
+            "max": hi.max(axes),
+        }
     total = n.sum(axes, keepdims=True)
     grand = np.sum(np.multiply(n, mean, dtype=np.float64), axis=axes, keepdims=True) / np.maximum(total, 1)
     dev = np.subtract(mean, grand, dtype=np.float64)
-    return {"n": total.squeeze(axes), "mean": grand.squeeze(axes), "m2": np.sum(m2 + n * dev * dev, axis=axes),
-            "min": lo.min(axes), "max": hi.max(axes)}
+    return {
+        "n": total.squeeze(axes),
+        "mean": grand.squeeze(axes),
+        "m2": np.sum(m2 + n * dev * dev, axis=axes),
+        "min": lo.min(axes),
+        "max": hi.max(axes),
+    }
 
 
 def _constant(a: np.ndarray) -> Any:
@@ -219,7 +237,7 @@ def combine(a: Partial, b: Partial) -> Partial:
     number per slice (no NaN anywhere) stay one number, so the shares are scalars and a merge costs a few
     passes over the means and m2."""
     out: Partial = {}
-    for pre in _PREFIXES:
+    for pre in PREFIXES:
         na, nb = a[pre + "n"], b[pre + "n"]
         ca, cb = _constant(na), _constant(nb)
         if ca is not None and cb is not None and na.shape == nb.shape:
@@ -290,78 +308,12 @@ def date_partials(ds: xr.Dataset) -> FieldPartials:
     return out
 
 
-def save_partials(parts: FieldPartials, path: str | os.PathLike[str], *, dates: list[str] | None = None) -> None:
-    """Write partials as one uncompressed .npz (numbers only: loading runs no code), losslessly
-    compacted: a constant count as one number, other counts in the smallest unsigned type, an all-zero
-    ``m2`` as one zero, a float32-exact mean as float32, and min/max left out where they equal the mean
-    (one value per point: a single date of a field without members). Not atomic by itself: callers
-    write to a temporary name and rename (``io.atomic_path``). ``dates`` (names of the init dates the
-    partials cover) are stored with them (:func:`partial_dates`)."""
-    arrays: dict[str, np.ndarray] = {} if dates is None else {"dates": np.array(dates, dtype=str)}
-    for name, p in parts.items():
-        for pre in _PREFIXES:
-            arrays.update({f"{name}/{k}": v for k, v in _compact(p, pre).items()})
-    with open(path, "wb") as f:
-        np.savez(f, allow_pickle=False, **arrays)
-
-
-def _compact(p: Partial, pre: str) -> dict[str, np.ndarray]:
-    n, mean, m2, lo, hi = (p[pre + k] for k in ("n", "mean", "m2", "min", "max"))
-    out: dict[str, np.ndarray] = {}
-    if n.size and (n == n.flat[0]).all():
-        out[f"{pre}n@const"] = np.asarray(n.flat[0], dtype=np.int64)
-    else:
-        out[f"{pre}n"] = n.astype(np.min_scalar_type(int(n.max(initial=0))))
-    out[f"{pre}m2@zero" if not m2.any() else f"{pre}m2"] = np.zeros((), m2.dtype) if not m2.any() else m2
-    m32 = mean.astype(np.float32)
-    out[f"{pre}mean"] = m32 if np.array_equal(m32, mean) else mean
-    valid = n > 0
-    if np.array_equal(lo[valid], mean[valid]) and np.array_equal(hi[valid], mean[valid]):
-        out[f"{pre}minmax@mean"] = np.zeros((), lo.dtype)  # min = max = mean where n > 0; +-inf elsewhere
-    else:
-        out[f"{pre}min"], out[f"{pre}max"] = lo, hi
-    return out
-
-
-def load_partials(path: str | os.PathLike[str]) -> FieldPartials:
-    """Read partials written by :func:`save_partials` (``allow_pickle=False``: data only)."""
-    raw: dict[str, dict[str, np.ndarray]] = {}
-    with np.load(path, allow_pickle=False) as z:
-        for key in z.files:
-            if "/" not in key:  # the covered dates
-                continue
-            name, kind = key.rsplit("/", 1)
-            raw.setdefault(name, {})[kind] = z[key]
-    return {name: _expand(r) for name, r in raw.items()}
-
-
-def partial_dates(path: str | os.PathLike[str]) -> list[str]:
-    """The init dates a partials file covers (empty when it was saved without them)."""
-    with np.load(path, allow_pickle=False) as z:
-        return [str(d) for d in z["dates"]] if "dates" in z.files else []
-
-
-def _expand(r: dict[str, np.ndarray]) -> Partial:
-    out: Partial = {}
-    for pre in _PREFIXES:
-        mean = r[f"{pre}mean"].astype(np.float64)
-        n = (np.full(mean.shape, r[f"{pre}n@const"], dtype=np.int64) if f"{pre}n@const" in r
-             else r[f"{pre}n"].astype(np.int64))
-        m2 = np.zeros(mean.shape) if f"{pre}m2@zero" in r else r[f"{pre}m2"]
-        if f"{pre}minmax@mean" in r:
-            dtype = r[f"{pre}minmax@mean"].dtype
-            lo = np.where(n > 0, mean, np.inf).astype(dtype)
-            hi = np.where(n > 0, mean, -np.inf).astype(dtype)
-        else:
-            lo, hi = r[f"{pre}min"], r[f"{pre}max"]
-        out.update({pre + "n": n, pre + "mean": mean, pre + "m2": m2, pre + "min": lo, pre + "max": hi})
-    return out
-
-
 def _tree(parts: list[Any]) -> Any:
     while len(parts) > 1:
-        parts = [dask.delayed(combine)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
-                 for i in range(0, len(parts), 2)]
+        parts = [
+            dask.delayed(combine)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+            for i in range(0, len(parts), 2)
+        ]
     return parts[0]
 
 
@@ -414,13 +366,16 @@ def template(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
     for name in statistic_fields(ds):
         da = ds[name]
         dims |= {str(d) for d in da.dims}
-        for kinds, drop, dtype in ((STAT_KINDS, (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON), np.float64),
-                                   (tuple(f"point_{k}" for k in STAT_KINDS), (schema.INIT_TIME, schema.MEMBER),
-                                    np.float32)):
+        for kinds, drop, dtype in (
+            (STAT_KINDS, (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON), np.float64),
+            (tuple(f"point_{k}" for k in STAT_KINDS), (schema.INIT_TIME, schema.MEMBER), np.float32),
+        ):
             vdims = [str(d) for d in da.dims if d not in drop]
             shape = tuple(ds.sizes[d] for d in vdims)
-            chunk = tuple(n if d in (schema.LAT, schema.LON) or dtype is np.float64 else 1
-                          for d, n in zip(vdims, shape, strict=True))
+            chunk = tuple(
+                n if d in (schema.LAT, schema.LON) or dtype is np.float64 else 1
+                for d, n in zip(vdims, shape, strict=True)
+            )
             key = (shape, np.dtype(dtype).str, chunk)
             if key not in lazy:  # one lazy array per layout, shared (a dask array per variable: ~3 ms each)
                 lazy[key] = dask.array.full(shape, np.nan, dtype=dtype, chunks=chunk or -1)
@@ -431,8 +386,7 @@ def template(ds: xr.Dataset) -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
     return xr.Dataset(out, coords=coords), chunks
 
 
-def from_partials(ds: xr.Dataset, parts: FieldPartials, train_times: np.ndarray,
-                  splits: schema.Splits) -> xr.Dataset:
+def from_partials(ds: xr.Dataset, parts: FieldPartials, train_times: np.ndarray, splits: schema.Splits) -> xr.Dataset:
     """The statistics group from merged partials. ``ds`` supplies each field's dimensions and
     coordinates only (a lazily opened store: no data chunk is read); ``train_times`` are the training
     init times the partials cover (recorded in the attributes)."""
@@ -447,13 +401,15 @@ def from_partials(ds: xr.Dataset, parts: FieldPartials, train_times: np.ndarray,
     coords = {d: ds[d].variable for d in sorted(dims - {schema.INIT_TIME, schema.MEMBER}) if d in ds.coords}
     stats = xr.Dataset(out, coords=coords)  # variables and index coordinates only: no alignment per field
     times = np.asarray(train_times, dtype="datetime64[ns]")
-    stats.attrs.update({
-        "statistics_split": "train",
-        "statistics_years": list(splits.train),
-        "statistics_start": str(np.datetime_as_string(times.min(), unit="D")),
-        "statistics_end": str(np.datetime_as_string(times.max(), unit="D")),
-        "statistics_n_init_times": len(times),
-    })
+    stats.attrs.update(
+        {
+            "statistics_split": "train",
+            "statistics_years": list(splits.train),
+            "statistics_start": str(np.datetime_as_string(times.min(), unit="D")),
+            "statistics_end": str(np.datetime_as_string(times.max(), unit="D")),
+            "statistics_n_init_times": len(times),
+        }
+    )
     return stats
 
 
@@ -478,8 +434,14 @@ def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
     order), which the ingest task runs too, so a model sees at forecast time what it trained on."""
     out = {}
     for name, x in ds.data_vars.items():
-        mean, std = xr.apply_ufunc(_member_moments, x, input_core_dims=[[schema.MEMBER]], output_core_dims=[[], []],
-                                   dask="parallelized", output_dtypes=[np.float32, np.float32])
+        mean, std = xr.apply_ufunc(
+            _member_moments,
+            x,
+            input_core_dims=[[schema.MEMBER]],
+            output_core_dims=[[], []],
+            dask="parallelized",
+            output_dtypes=[np.float32, np.float32],
+        )
         out[contract.ens_mean(str(name))], out[contract.ens_std(str(name))] = mean, std
     return xr.Dataset(out)
 
@@ -487,7 +449,7 @@ def ensemble_statistics(ds: xr.Dataset) -> xr.Dataset:
 def _member_moments(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(init_time, ..., lat, lon, member) -> mean, std (init_time, ..., lat, lon), one init date at a time."""
     x = np.moveaxis(np.asarray(a, dtype=np.float32), -1, 1)  # (T, M, ..., lat, lon)
-    pairs = [ensemble_moments(x[t:t + 1], with_partial=False)[:2] for t in range(x.shape[0])]
+    pairs = [ensemble_moments(x[t : t + 1], with_partial=False)[:2] for t in range(x.shape[0])]
     mean = np.concatenate([m for m, _ in pairs]).reshape(a.shape[:-1])
     std = np.concatenate([s for _, s in pairs]).reshape(a.shape[:-1])
     return mean, std

@@ -25,7 +25,7 @@ def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right
     left = top if left < 0 else left
     right = left if right < 0 else right
     if left or right:
-        x = torch.cat([x[..., x.shape[-1] - left:], x, x[..., :right]], dim=-1)
+        x = torch.cat([x[..., x.shape[-1] - left :], x, x[..., :right]], dim=-1)
     if top or bottom:
         x = F.pad(x, (0, 0, top, bottom), mode="replicate")
     return x
@@ -37,8 +37,9 @@ class LeNet(nn.Module):
     (location and season included), then a dense 6-unit layer and the K head outputs. Done as
     convolutions over the padded grid, which equals cutting a patch per point, without the copies."""
 
-    def __init__(self, in_channels: int, widths: tuple[int, int, int] = (64, 32, 16), hidden: int = 6,
-                 outputs: int = 2):
+    def __init__(
+        self, in_channels: int, widths: tuple[int, int, int] = (64, 32, 16), hidden: int = 6, outputs: int = 2
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         c = in_channels
@@ -47,8 +48,9 @@ class LeNet(nn.Module):
             c = w
         self.patch = nn.Sequential(*layers)
         self.reach = len(widths)  # each valid 3 x 3 conv shrinks by 1 per side
-        self.dense = nn.Sequential(nn.Conv2d(c + in_channels, hidden, 1), nn.ELU(),
-                                   zero_init(nn.Conv2d(hidden, outputs, 1)))
+        self.dense = nn.Sequential(
+            nn.Conv2d(c + in_channels, hidden, 1), nn.ELU(), zero_init(nn.Conv2d(hidden, outputs, 1))
+        )
 
     def forward(self, batch: Batch) -> Outputs:
         x = batch["x"]  # (B, C, H, W)
@@ -57,8 +59,14 @@ class LeNet(nn.Module):
 
 
 def _block(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
-                         nn.Conv2d(c_out, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU())
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, padding=1),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(),
+        nn.Conv2d(c_out, c_out, 3, padding=1),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(),
+    )
 
 
 class UNetTrunk(nn.Module):
@@ -69,8 +77,9 @@ class UNetTrunk(nn.Module):
         super().__init__()
         self.depth = depth
         chans = [base * 2**i for i in range(depth + 1)]
-        self.down = nn.ModuleList([_block(in_channels, chans[0])]
-                                  + [_block(chans[i], chans[i + 1]) for i in range(depth)])
+        self.down = nn.ModuleList(
+            [_block(in_channels, chans[0])] + [_block(chans[i], chans[i + 1]) for i in range(depth)]
+        )
         self.up = nn.ModuleList([_block(chans[i + 1] + chans[i], chans[i]) for i in reversed(range(depth))])
         self.out_channels = base
 
@@ -86,7 +95,7 @@ class UNetTrunk(nn.Module):
         for block, skip in zip(self.up, reversed(skips[:-1]), strict=True):
             x = F.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=False)
             x = block(torch.cat([x, skip], dim=1))
-        return x[..., ph // 2: ph // 2 + h, pw // 2: pw // 2 + w]
+        return x[..., ph // 2 : ph // 2 + h, pw // 2 : pw // 2 + w]
 
 
 class UNet(nn.Module):

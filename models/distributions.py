@@ -143,8 +143,9 @@ def _censored(fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> Callable[[Any,
     return wrapped
 
 
-def _bisect(fn: Callable[[torch.Tensor], torch.Tensor], lo: torch.Tensor, hi: torch.Tensor,
-            iters: int = 64) -> torch.Tensor:
+def _bisect(
+    fn: Callable[[torch.Tensor], torch.Tensor], lo: torch.Tensor, hi: torch.Tensor, iters: int = 64
+) -> torch.Tensor:
     """Root of an increasing fn on [lo, hi] (elementwise, no gradient): the midpoint after ``iters`` halvings."""
     with torch.no_grad():
         for _ in range(iters):
@@ -196,8 +197,7 @@ def _tn_crps_std(t: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     z = t - ap  # (*S)
     p = torch.special.ndtr(ap)
     pdf = torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    textbook = (z * (p - 2.0 * torch.special.ndtr(-z)) + 2.0 * pdf
-                - torch.special.ndtr(SQRT2 * ap) / (SQRT_PI * p)) / p
+    textbook = (z * (p - 2.0 * torch.special.ndtr(-z)) + 2.0 * pdf - torch.special.ndtr(SQRT2 * ap) / (SQRT_PI * p)) / p
     zb = t + b  # >= b >= 0
     r = 1.0 / mills(b)
     e = torch.exp(-0.5 * t * (t + 2.0 * b))
@@ -314,9 +314,12 @@ class CensoredShiftedGamma(Distribution):
         u, c = (y + self.shift) / self.scale, self.shift / self.scale
         pc, pc1 = gammainc(k, c), gammainc(k + 1.0, c)
         beta = torch.exp(math.lgamma(0.5) + torch.lgamma(k + 0.5) - torch.lgamma(k + 1.0))
-        out = (u * (2.0 * gammainc(k, u) - 1.0) - c * pc * pc
-               + k * (1.0 + 2.0 * pc * pc1 - pc * pc - 2.0 * gammainc(k + 1.0, u))
-               - k / math.pi * beta * (1.0 - gammainc(2.0 * k, 2.0 * c)))
+        out = (
+            u * (2.0 * gammainc(k, u) - 1.0)
+            - c * pc * pc
+            + k * (1.0 + 2.0 * pc * pc1 - pc * pc - 2.0 * gammainc(k + 1.0, u))
+            - k / math.pi * beta * (1.0 - gammainc(2.0 * k, 2.0 * c))
+        )
         return self.scale * out
 
     def log_score(self, y: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,9 @@ from postcast.models import distributions, kernels
 from postcast.models.distributions import Distribution
 
 
-def gaussian_head(a: torch.Tensor, b: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor,
-                  *, min_std: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def gaussian_head(
+    a: torch.Tensor, b: torch.Tensor, ens_mean: torch.Tensor, ens_std: torch.Tensor, *, min_std: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(mu, sigma) from network outputs (a, b) and the raw ensemble (m, s); all the same shape."""
     s = ens_std.clamp_min(min_std)
     return ens_mean + s * a, s * torch.exp(b)
@@ -46,8 +47,14 @@ class CRPSGaussianLoss(torch.nn.Module):
         return crps_gaussian(mu[valid], sigma[valid], y[valid]).mean()
 
 
-def distribution_head(outs: Sequence[torch.Tensor], ens_mean: torch.Tensor, ens_std: torch.Tensor,
-                      name: str = "gaussian", *, min_std: float = 1e-6) -> Distribution:
+def distribution_head(
+    outs: Sequence[torch.Tensor],
+    ens_mean: torch.Tensor,
+    ens_std: torch.Tensor,
+    name: str = "gaussian",
+    *,
+    min_std: float = 1e-6,
+) -> Distribution:
     """The predictive distribution ``name`` from K raw network maps (each (B, H, W)) and the raw ensemble
     (m, s), (B, H, W); for ``gaussian`` the same (mu, sigma) as :func:`gaussian_head`."""
     raw = torch.stack(list(outs), dim=-1)  # (B, H, W, K)

@@ -61,10 +61,19 @@ class PostProcessor(L.LightningModule):
             truncnormal, clogistic, csg, bernstein); the loss is its CRPS (docs/distributions.md).
     """
 
-    def __init__(self, family: str = "mlp", net: dict[str, Any] | None = None, sample: dict[str, Any] | None = None,
-                 grid: tuple[int, int] = (37, 72), n_members: int = 10, lr: float = 1e-3, weight_decay: float = 0.0,
-                 cosine: bool = True, grid_area: tuple[float, float, float, float] | None = None,
-                 distribution: str | None = None):
+    def __init__(
+        self,
+        family: str = "mlp",
+        net: dict[str, Any] | None = None,
+        sample: dict[str, Any] | None = None,
+        grid: tuple[int, int] = (37, 72),
+        n_members: int = 10,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        cosine: bool = True,
+        grid_area: tuple[float, float, float, float] | None = None,
+        distribution: str | None = None,
+    ):
         super().__init__()
         spec = SampleSpec.from_dict(sample or {})
         distribution = distribution or spec.resolved_target.family  # None: the target's (datasets/schema.py)
@@ -81,9 +90,14 @@ class PostProcessor(L.LightningModule):
         self.save_hyperparameters()
         self.hparams["distribution"] = distribution  # resolved (under the CLI, hparams are its config)
         self.spec = spec
-        io = registry.NetIO(in_channels=spec.n_channels, grid=grid, n_members=n_members,
-                            n_variables=spec.n_member_variables, target_variable=spec.target_variable_index,
-                            outputs=distributions.get(distribution).n_raw)
+        io = registry.NetIO(
+            in_channels=spec.n_channels,
+            grid=grid,
+            n_members=n_members,
+            n_variables=spec.n_member_variables,
+            target_variable=spec.target_variable_index,
+            outputs=distributions.get(distribution).n_raw,
+        )
         self.net = arch.build(io)
         self.smoe_layer: SMoEHead | None = getattr(self.net, "smoe", None)
         self.norm_mean: torch.Tensor
@@ -126,8 +140,10 @@ class PostProcessor(L.LightningModule):
         any family: :meth:`predictive`)."""
         dist = self.predictive(batch)
         if not isinstance(dist, distributions.Gaussian):
-            msg = (f"this model predicts a {dist.name!r} distribution, not (mu, sigma); forecasting and "
-                   f"evaluation read Gaussian models only so far: train with model.distribution: gaussian")
+            msg = (
+                f"this model predicts a {dist.name!r} distribution, not (mu, sigma); forecasting and "
+                f"evaluation read Gaussian models only so far: train with model.distribution: gaussian"
+            )
             raise BadInputError(msg)
         return dist.mu, dist.sigma
 
@@ -192,8 +208,12 @@ class PostProcessor(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning calls this hook last, once "state_dict" and "hyper_parameters" are in place
-        meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "family": self.hparams["family"],
-                "sample": self.spec.to_dict(), "thresholds": self.thresholds}
+        meta = {
+            "format_version": CHECKPOINT_FORMAT_VERSION,
+            "family": self.hparams["family"],
+            "sample": self.spec.to_dict(),
+            "thresholds": self.thresholds,
+        }
         checkpoint["postcast"] = {**meta, "checksum": content_checksum(checkpoint, meta)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -206,8 +226,10 @@ def _check_finite(batch: Batch, ok: torch.Tensor, split: str) -> None:
     bad = {k: int((~torch.isfinite(batch[k][ok])).sum()) for k in ("m", "s")}  # one sync per step
     if any(bad.values()):
         where = ", ".join(f"{n} non-finite {k}" for k, n in bad.items() if n)
-        msg = (f"{split} batch: the raw ensemble holds {where} value(s) where the truth is finite (a missing or "
-               f"damaged store chunk?); check the store with `postcast inspect STORE --verify`")
+        msg = (
+            f"{split} batch: the raw ensemble holds {where} value(s) where the truth is finite (a missing or "
+            f"damaged store chunk?); check the store with `postcast inspect STORE --verify`"
+        )
         raise BadInputError(msg)
 
 
@@ -220,8 +242,10 @@ def content_checksum(ckpt: dict[str, Any], meta: dict[str, Any]) -> str:
         t = ckpt["state_dict"][name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes of any dtype
-    described = {"hyper_parameters": ckpt.get("hyper_parameters") or {},
-                 "postcast": {k: v for k, v in meta.items() if k != "checksum"}}
+    described = {
+        "hyper_parameters": ckpt.get("hyper_parameters") or {},
+        "postcast": {k: v for k, v in meta.items() if k != "checksum"},
+    }
     h.update(json.dumps(_plain(described), sort_keys=True, default=str).encode())
     return "sha256:" + h.hexdigest()
 
@@ -235,8 +259,10 @@ def verify_checksum(ckpt: dict[str, Any], path: str) -> None:
         msg = f"{path}: checkpoint has no content checksum; it was altered after saving: retrain it"
         raise BadInputError(msg)
     if content_checksum(ckpt, meta) != recorded:
-        msg = (f"{path}: checkpoint contents do not match the checksum recorded when it was saved (corrupted or "
-               f"altered); restore it from a copy or retrain it with `postcast train fit`")
+        msg = (
+            f"{path}: checkpoint contents do not match the checksum recorded when it was saved (corrupted or "
+            f"altered); restore it from a copy or retrain it with `postcast train fit`"
+        )
         raise BadInputError(msg)
 
 
@@ -253,10 +279,15 @@ def _refused_pickle(path: str, torch_text: str) -> str:
     """Why a checkpoint's pickle was refused, naming what it holds (a Python object other than tensors and
     plain containers, e.g. ``posix.system``); torch's hint to load it unrestricted is left out."""
     found = re.search(r"GLOBAL ([\w.]+)", torch_text)
-    what = (f"it holds a Python object ({found.group(1)}) where a checkpoint holds only tensors and plain values"
-            if found else "not a torch checkpoint file")
-    return (f"{path}: not a readable checkpoint: not a postcast checkpoint ({what}; crafted or tampered with, "
-            "it was not loaded); use a checkpoint saved by `postcast train`")
+    what = (
+        f"it holds a Python object ({found.group(1)}) where a checkpoint holds only tensors and plain values"
+        if found
+        else "not a torch checkpoint file"
+    )
+    return (
+        f"{path}: not a readable checkpoint: not a postcast checkpoint ({what}; crafted or tampered with, "
+        "it was not loaded); use a checkpoint saved by `postcast train`"
+    )
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:
@@ -281,8 +312,11 @@ def read_checkpoint(path: str) -> dict[str, Any]:
         raise BadInputError(msg)
     version = meta.get("format_version")
     if version != CHECKPOINT_FORMAT_VERSION:
-        fix = "upgrade postcast" if isinstance(version, int) and version > CHECKPOINT_FORMAT_VERSION else \
-            "retrain it with `postcast train fit` (earlier formats carry no checksum and are not read)"
+        fix = (
+            "upgrade postcast"
+            if isinstance(version, int) and version > CHECKPOINT_FORMAT_VERSION
+            else "retrain it with `postcast train fit` (earlier formats carry no checksum and are not read)"
+        )
         msg = f"{path}: checkpoint format {version}, this postcast reads format {CHECKPOINT_FORMAT_VERSION}: {fix}"
         raise BadInputError(msg)
     verify_checksum(ckpt, path)

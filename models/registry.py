@@ -57,8 +57,7 @@ def architecture(name: str, *, needs_members: bool = False) -> Any:
 
     def deco(cls: type) -> type:
         if name in _ARCHITECTURES and _ARCHITECTURES[name] is not cls:
-            msg = (f"architecture {name!r} is registered twice ({_ARCHITECTURES[name].__module__}, "
-                   f"{cls.__module__})")
+            msg = f"architecture {name!r} is registered twice ({_ARCHITECTURES[name].__module__}, {cls.__module__})"
             raise ValueError(msg)
         cls.name = name  # type: ignore[attr-defined]
         cls.needs_members = needs_members  # type: ignore[attr-defined]

@@ -107,8 +107,10 @@ class SMoEHead(nn.Module):
         if self.gate is not None:
             return self.gate(x).view(b * self.outputs, self.cfg.experts, h, w)
         if (h, w) != tuple(self.latent.shape[-2:]):
-            msg = (f"latent SMoE gate was trained on a {tuple(self.latent.shape[-2:])} grid, "
-                   f"the input is {(h, w)}; use gate: conv for other grids")
+            msg = (
+                f"latent SMoE gate was trained on a {tuple(self.latent.shape[-2:])} grid, "
+                f"the input is {(h, w)}; use gate: conv for other grids"
+            )
             raise BadInputError(msg)
         return self.latent.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(b * self.outputs, self.cfg.experts, h, w)
 
@@ -117,8 +119,15 @@ class SMoEHead(nn.Module):
         weights = self.routing_weights(x)
         values = self.experts(x).view(b * self.outputs, self.cfg.experts, h, w)
         block = self.cfg.rc_loss and self.training
-        y = kernels.topk_route(values, weights, self.k, self.cfg.weighted, block,
-                              self.cfg.damping if self.training else 1.0, self.cfg.quantile)
+        y = kernels.topk_route(
+            values,
+            weights,
+            self.k,
+            self.cfg.weighted,
+            block,
+            self.cfg.damping if self.training else 1.0,
+            self.cfg.quantile,
+        )
         self.last = {"y": y, "weights": weights, "idx": weights.topk(self.k, dim=1).indices}
         return y.view(b, self.outputs * self.k, h, w)  # (B, K, H, W) for k = 1
 
@@ -149,8 +158,9 @@ class SMoE(nn.Module):
 class UNetSMoE(nn.Module):
     """U-Net whose final layer is an SMoE."""
 
-    def __init__(self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, base: int = 32, depth: int = 2,
-                 outputs: int = 2):
+    def __init__(
+        self, in_channels: int, grid: tuple[int, int], cfg: SMoEConfig, base: int = 32, depth: int = 2, outputs: int = 2
+    ):
         super().__init__()
         self.trunk = UNetTrunk(in_channels, base, depth)
         self.smoe = SMoEHead(base, grid, cfg, outputs=outputs)

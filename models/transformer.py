@@ -65,8 +65,16 @@ class MemberAttention(nn.Module):
 
 
 class EnsembleTransformer(nn.Module):
-    def __init__(self, in_channels: int, n_variables: int, variable_index: int, width: int = 16,
-                 heads: int = 4, blocks: int = 1, outputs: int = 2):
+    def __init__(
+        self,
+        in_channels: int,
+        n_variables: int,
+        variable_index: int,
+        width: int = 16,
+        heads: int = 4,
+        blocks: int = 1,
+        outputs: int = 2,
+    ):
         super().__init__()
         self.variable_index = variable_index
         self.embed = _Embed(n_variables + in_channels, width)
@@ -101,5 +109,6 @@ class TransformerArchitecture:
     heads: int = 4  # attention heads
 
     def build(self, io: NetIO) -> nn.Module:
-        return EnsembleTransformer(io.in_channels, io.n_variables, io.target_variable, self.width, self.heads,
-                                   outputs=io.outputs)
+        return EnsembleTransformer(
+            io.in_channels, io.n_variables, io.target_variable, self.width, self.heads, outputs=io.outputs
+        )

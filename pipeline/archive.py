@@ -83,35 +83,55 @@ class Law:
     moments: str
 
     @classmethod
-    def of(cls, family: str, params: dict[str, np.ndarray], quantiles: tuple[float, ...],
-           thresholds: tuple[float, ...]) -> Law:
+    def of(
+        cls, family: str, params: dict[str, np.ndarray], quantiles: tuple[float, ...], thresholds: tuple[float, ...]
+    ) -> Law:
         """The forecast of the ``family`` law with ``params`` ((lat, lon) each, Bernstein's coef (K, lat, lon)):
         its quantiles and exceedance probabilities by the law itself (:mod:`postcast.datasets.laws`), float64."""
         law = laws.get(family)
         shape = next(iter(params.values())).shape[-2:]  # (lat, lon)
         quant = [law.quantile(params, q) for q in quantiles]
         exceed = [law.sf(params, t) for t in thresholds]
-        return cls(family, params, np.stack(quant) if quant else np.zeros((0, *shape)),  # (Q, lat, lon)
-                   np.stack(exceed) if exceed else np.zeros((0, *shape)), law.moments_from)  # (T, lat, lon)
+        return cls(
+            family,
+            params,
+            np.stack(quant) if quant else np.zeros((0, *shape)),  # (Q, lat, lon)
+            np.stack(exceed) if exceed else np.zeros((0, *shape)),
+            law.moments_from,
+        )  # (T, lat, lon)
 
 
-def _parameter_variables(law: Law, target: str, units: str) -> dict[str, tuple[tuple[str, ...], np.ndarray,
-                                                                                  dict[str, Any]]]:
+def _parameter_variables(
+    law: Law, target: str, units: str
+) -> dict[str, tuple[tuple[str, ...], np.ndarray, dict[str, Any]]]:
     """``<target>_<parameter>`` of a non-Gaussian law, with its long name and units (datasets/laws.py)."""
     out = {}
     for name, values in law.params.items():
         param = laws.get(law.family).parameter(name)
         what, unit = param.long_name, param.units_of(units)
         dims = (("coefficient",) if values.ndim == 3 else ()) + ("forecast_reference_time", schema.LAT, schema.LON)
-        out[f"{target}_{name}"] = (dims, np.expand_dims(values, -3).astype(np.float64),  # exact: the law's source
-                                   {"long_name": f"{target} {law.family} parameter {name}: {what}",
-                                    "units": unit})
+        out[f"{target}_{name}"] = (
+            dims,
+            np.expand_dims(values, -3).astype(np.float64),  # exact: the law's source
+            {"long_name": f"{target} {law.family} parameter {name}: {what}", "units": unit},
+        )
     return out
 
 
-def products(mu: np.ndarray, sigma: np.ndarray, *, target: schema.Target, init: pd.Timestamp, step_h: int,
-             lat: np.ndarray, lon: np.ndarray, quantiles: tuple[float, ...], thresholds: tuple[float, ...],
-             attrs: dict[str, Any], law: Law | None = None) -> xr.Dataset:
+def products(
+    mu: np.ndarray,
+    sigma: np.ndarray,
+    *,
+    target: schema.Target,
+    init: pd.Timestamp,
+    step_h: int,
+    lat: np.ndarray,
+    lon: np.ndarray,
+    quantiles: tuple[float, ...],
+    thresholds: tuple[float, ...],
+    attrs: dict[str, Any],
+    law: Law | None = None,
+) -> xr.Dataset:
     """The CF dataset of one forecast: mean and std ``mu``, ``sigma`` ((lat, lon), target units) and
     ``law`` (None: the Gaussian N(mu, sigma^2))."""
     tg, t_name = target, target.name
@@ -121,48 +141,76 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: schema.Target, init: 
     quant, exceed = law.quantiles, law.exceedance  # (Q, lat, lon), (T, lat, lon)
     dims = ("forecast_reference_time", schema.LAT, schema.LON)
     std_name = {"standard_name": tg.standard_name} if tg.standard_name else {}  # ws10: wind_speed
-    names = ({"mu": f"{t_name}_mean", "sigma": f"{t_name}_std"} if law.family == GAUSSIAN
-             else {p: f"{t_name}_{p}" for p in law.params})
-    family = {"predictive_distribution": law.family,
-              "predictive_parameters": " ".join(f"{p}: {v}" for p, v in names.items())}
+    names = (
+        {"mu": f"{t_name}_mean", "sigma": f"{t_name}_std"}
+        if law.family == GAUSSIAN
+        else {p: f"{t_name}_{p}" for p in law.params}
+    )
+    family = {
+        "predictive_distribution": law.family,
+        "predictive_parameters": " ".join(f"{p}: {v}" for p, v in names.items()),
+    }
     how = f"{law.family} law, from {law.moments}"
     ds = xr.Dataset(
         {
-            f"{t_name}_mean": (dims, mu[None].astype(np.float32),
-                               {**std_name, "long_name": f"{t_name} predictive mean",
-                                "units": tg.units, "comment": how}),
-            f"{t_name}_std": (dims, sigma[None].astype(np.float32),
-                              {"long_name": f"{t_name} predictive standard deviation", "units": tg.units,
-                               "comment": how}),
+            f"{t_name}_mean": (
+                dims,
+                mu[None].astype(np.float32),
+                {**std_name, "long_name": f"{t_name} predictive mean", "units": tg.units, "comment": how},
+            ),
+            f"{t_name}_std": (
+                dims,
+                sigma[None].astype(np.float32),
+                {"long_name": f"{t_name} predictive standard deviation", "units": tg.units, "comment": how},
+            ),
             **({} if law.family == GAUSSIAN else _parameter_variables(law, t_name, tg.units)),
-            f"{t_name}_quantile": (("quantile", "forecast_reference_time", schema.LAT, schema.LON),
-                                   quant[:, None].astype(np.float32),
-                                   {**std_name, "long_name": f"{t_name} predictive quantiles",
-                                    "units": tg.units}),
+            f"{t_name}_quantile": (
+                ("quantile", "forecast_reference_time", schema.LAT, schema.LON),
+                quant[:, None].astype(np.float32),
+                {**std_name, "long_name": f"{t_name} predictive quantiles", "units": tg.units},
+            ),
             f"{t_name}_exceedance_probability": (
-                ("threshold", "forecast_reference_time", schema.LAT, schema.LON), exceed[:, None].astype(np.float32),
-                {"long_name": f"probability that {t_name} exceeds the threshold", "units": "1",
-                 "valid_min": np.float32(0.0), "valid_max": np.float32(1.0)}),
+                ("threshold", "forecast_reference_time", schema.LAT, schema.LON),
+                exceed[:, None].astype(np.float32),
+                {
+                    "long_name": f"probability that {t_name} exceeds the threshold",
+                    "units": "1",
+                    "valid_min": np.float32(0.0),
+                    "valid_max": np.float32(1.0),
+                },
+            ),
         },
         coords={
-            "forecast_reference_time": ("forecast_reference_time", [init.to_datetime64()],
-                                        {"standard_name": "forecast_reference_time"}),
-            "time": ("forecast_reference_time", [(init + pd.Timedelta(hours=step_h)).to_datetime64()],
-                     {"standard_name": "time", "long_name": "valid time"}),
+            "forecast_reference_time": (
+                "forecast_reference_time",
+                [init.to_datetime64()],
+                {"standard_name": "forecast_reference_time"},
+            ),
+            "time": (
+                "forecast_reference_time",
+                [(init + pd.Timedelta(hours=step_h)).to_datetime64()],
+                {"standard_name": "time", "long_name": "valid time"},
+            ),
             "forecast_period": ((), np.float64(step_h), {"standard_name": "forecast_period", "units": "hours"}),
             "quantile": ("quantile", q, {"long_name": "probability level of the quantile", "units": "1"}),
             "threshold": ("threshold", thr, {"long_name": f"{t_name} threshold", "units": tg.units}),
             schema.LAT: (schema.LAT, lat, {"standard_name": "latitude", "units": "degrees_north", "axis": "Y"}),
             schema.LON: (schema.LON, lon, {"standard_name": "longitude", "units": "degrees_east", "axis": "X"}),
         },
-        attrs={"Conventions": "CF-1.8", "title": f"postcast calibrated forecast of {t_name}",
-               "institution": "postcast", "source": f"postcast {__version__}",
-               "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast", **family,
-               **attrs},
+        attrs={
+            "Conventions": "CF-1.8",
+            "title": f"postcast calibrated forecast of {t_name}",
+            "institution": "postcast",
+            "source": f"postcast {__version__}",
+            "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast",
+            **family,
+            **attrs,
+        },
     )
     if tg.level is not None:
-        ds = ds.assign_coords(pressure=((), np.float64(tg.level), {"standard_name": "air_pressure", "units": "hPa",
-                                                                    "positive": "down"}))
+        ds = ds.assign_coords(
+            pressure=((), np.float64(tg.level), {"standard_name": "air_pressure", "units": "hPa", "positive": "down"})
+        )
         for name in ds.data_vars:
             ds[name].attrs["coordinates"] = "time forecast_period pressure"
     else:
@@ -171,8 +219,9 @@ def products(mu: np.ndarray, sigma: np.ndarray, *, target: schema.Target, init: 
     for name in ds.coords:
         ds[name].encoding["_FillValue"] = None  # CF 2.5.1: no fill values on coordinates
     for name in ("forecast_reference_time", "time"):
-        ds[name].encoding.update(units="hours since 1970-01-01 00:00:00", calendar="proleptic_gregorian",
-                                 dtype="float64")
+        ds[name].encoding.update(
+            units="hours since 1970-01-01 00:00:00", calendar="proleptic_gregorian", dtype="float64"
+        )
     return ds
 
 
@@ -260,8 +309,7 @@ def parse(root: Path, path: Path) -> Product:
     if prefix != target or init is None:
         msg = f"not a forecast file name (expected {target}_YYYYmmddTHH{path.suffix})"
         raise ValueError(msg)
-    return Product(target, init, init + pd.Timedelta(hours=schema.TARGET_STEP_H), product, model, path,
-                   signature(path))
+    return Product(target, init, init + pd.Timedelta(hours=schema.TARGET_STEP_H), product, model, path, signature(path))
 
 
 def scan(root: str | Path) -> tuple[list[Product], list[Skipped]]:
@@ -286,9 +334,12 @@ def product_identity(path: Path) -> dict[str, Any]:
     kw: dict[str, Any] = {"engine": "netcdf4"} if path.suffix == ".nc" else {"engine": "zarr", "consolidated": False}
     try:
         with xr.open_dataset(path, **kw) as ds:
-            return {"checkpoint_sha256": ds.attrs.get("checkpoint_sha256"), "inputs": ds.attrs.get("inputs"),
-                    "quantiles": [float(q) for q in ds["quantile"].values],
-                    "thresholds": [float(t) for t in ds["threshold"].values]}
+            return {
+                "checkpoint_sha256": ds.attrs.get("checkpoint_sha256"),
+                "inputs": ds.attrs.get("inputs"),
+                "quantiles": [float(q) for q in ds["quantile"].values],
+                "thresholds": [float(t) for t in ds["threshold"].values],
+            }
     except Exception:  # an unreadable file is one to rebuild, whatever the reason
         return {}
 
@@ -301,18 +352,26 @@ def read_field(p: Product) -> Field:
         raise ProductGone(msg)
     t = p.target
     try:
-        kw: dict[str, Any] = {"engine": "netcdf4"} if p.path.suffix == ".nc" else {"engine": "zarr",
-                                                                                  "consolidated": False}
+        kw: dict[str, Any] = (
+            {"engine": "netcdf4"} if p.path.suffix == ".nc" else {"engine": "zarr", "consolidated": False}
+        )
         with xr.open_dataset(p.path, **kw) as ds:
             ds = ds.isel(forecast_reference_time=0).load()
         family = str(ds.attrs.get("predictive_distribution", GAUSSIAN))  # files before families: Gaussian
         named = str(ds.attrs.get("predictive_parameters", f"mu: {t}_mean sigma: {t}_std")).split()
-        read = Field(lat=ds[schema.LAT].values, lon=ds[schema.LON].values, mean=ds[f"{t}_mean"].values,
-                     std=ds[f"{t}_std"].values, quantile_levels=ds["quantile"].values,
-                     quantiles=ds[f"{t}_quantile"].values, thresholds=ds["threshold"].values,
-                     exceedance=ds[f"{t}_exceedance_probability"].values,
-                     units=str(ds[f"{t}_mean"].attrs.get("units", "")), family=family,
-                     params={k.rstrip(":"): ds[v].values for k, v in zip(named[::2], named[1::2], strict=True)})
+        read = Field(
+            lat=ds[schema.LAT].values,
+            lon=ds[schema.LON].values,
+            mean=ds[f"{t}_mean"].values,
+            std=ds[f"{t}_std"].values,
+            quantile_levels=ds["quantile"].values,
+            quantiles=ds[f"{t}_quantile"].values,
+            thresholds=ds["threshold"].values,
+            exceedance=ds[f"{t}_exceedance_probability"].values,
+            units=str(ds[f"{t}_mean"].attrs.get("units", "")),
+            family=family,
+            params={k.rstrip(":"): ds[v].values for k, v in zip(named[::2], named[1::2], strict=True)},
+        )
     except FileNotFoundError as err:
         msg = f"{p.path}: removed while being read"
         raise ProductGone(msg) from err
@@ -329,8 +388,10 @@ def _check(p: Product, f: Field) -> None:
         msg = f"{p.path}: fields of shape {f.mean.shape} do not match the grid {shape}"
         raise UnreadableProduct(msg)
     if f.family not in laws.names() or set(f.params) != set(laws.get(f.family).names):
-        msg = (f"{p.path}: predictive family {f.family!r} with parameters {sorted(f.params)}; this postcast reads "
-               f"{', '.join(f'{k} ({sorted(laws.get(k).names)})' for k in laws.names())}")
+        msg = (
+            f"{p.path}: predictive family {f.family!r} with parameters {sorted(f.params)}; this postcast reads "
+            f"{', '.join(f'{k} ({sorted(laws.get(k).names)})' for k in laws.names())}"
+        )
         raise UnreadableProduct(msg)
     # a censored law may put all its mass at 0 (std 0); a Gaussian's std is its sigma (> 0)
     spread = f.std > 0 if f.family == GAUSSIAN else f.std >= 0
@@ -362,11 +423,17 @@ def read_scores(path: Path) -> dict[str, dict[str, float]]:
     when it is not such a summary."""
     try:
         targets = json.loads(path.read_text())["targets"]
-        scores = {str(t): {str(m): s["global"][SCORE] for m, s in summary["forecasts"].items()}
-                  for t, summary in targets.items()}
+        scores = {
+            str(t): {str(m): s["global"][SCORE] for m, s in summary["forecasts"].items()}
+            for t, summary in targets.items()
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        msg = (f"{path}: not the metrics.json of `postcast evaluate` ({type(err).__name__}: {str(err)[:200]}); "
-               "rewrite it with `postcast evaluate` or remove it")
+        msg = (
+            f"{path}: not the metrics.json of `postcast evaluate` ({type(err).__name__}: {str(err)[:200]}); "
+            "rewrite it with `postcast evaluate` or remove it"
+        )
         raise BadInputError(msg) from err
-    return {t: {m: float(v) for m, v in by_model.items() if isinstance(v, int | float) and math.isfinite(v)}
-            for t, by_model in scores.items()}
+    return {
+        t: {m: float(v) for m, v in by_model.items() if isinstance(v, int | float) and math.isfinite(v)}
+        for t, by_model in scores.items()
+    }

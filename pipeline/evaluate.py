@@ -38,6 +38,8 @@ from postcast.datasets import contract, io, reads, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError, PostcastError
 from postcast.models import distributions
 from postcast.pipeline import metrics, significance, verification
+from postcast.pipeline.chunk import ENSEMBLE as ENSEMBLE_KIND
+from postcast.pipeline.chunk import GAUSSIAN, Chunk
 from postcast.pipeline.gather import (
     ENSEMBLE,
     ORACLE,
@@ -73,8 +75,10 @@ class EvalConfig:
             msg = f"split {self.split!r}: use one of {list(contract.SPLITS)}"
             raise ConfigError(msg)
         if self.bootstrap < 1:
-            msg = (f"--bootstrap {self.bootstrap}: the 95 % interval needs resamples: give a positive number "
-                   "(default 1000; a few hundred at least for a stable interval)")
+            msg = (
+                f"--bootstrap {self.bootstrap}: the 95 % interval needs resamples: give a positive number "
+                "(default 1000; a few hundred at least for a stable interval)"
+            )
             raise ConfigError(msg)
         for t in self.targets or ():
             schema.target(t)  # ConfigError naming the targets
@@ -89,8 +93,9 @@ def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     target = schema.target(ver.attrs["target"])
     for i, t in enumerate(ver[schema.INIT_TIME].values):
         window = np.flatnonzero(metrics.climate_window(times, t, month_days=mds))
-        clim = target_members(store.isel({schema.INIT_TIME: window}), target, ver.attrs["step_h"]
-                              ).values.astype(np.float64)  # (n, M, lat, lon): the window's dates only
+        clim = target_members(store.isel({schema.INIT_TIME: window}), target, ver.attrs["step_h"]).values.astype(
+            np.float64
+        )  # (n, M, lat, lon): the window's dates only
         q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0)
         out[i] = metrics.efi(q, ver["members"].values[i])
     return out
@@ -111,14 +116,14 @@ def climate_thresholds(store: xr.Dataset, target: schema.Target, step_h: int) ->
     return dict(zip(verification.QUANTILE_EVENTS, np.nanquantile(y, [0.1, 0.9], axis=0), strict=True)) | fixed
 
 
-def _chunks(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast]
-            ) -> tuple[list[str], list[verification.Chunk]]:
+def _chunks(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast]) -> tuple[list[str], list[Chunk]]:
     y = ver["truth"].values  # (T, lat, lon)
     names = [str(f) for f in ver["forecast"].values]
-    chunks = [verification.Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values)
-              for f in names]
-    chunks += [verification.Chunk(y, efi, dist=d) for d in families.values()]
-    return [*names, *families, ENSEMBLE], [*chunks, verification.Chunk(y, efi, members=ver["members"].values)]
+    chunks = [
+        Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values) for f in names
+    ]
+    chunks += [Chunk(y, efi, dist=d) for d in families.values()]
+    return [*names, *families, ENSEMBLE], [*chunks, Chunk(y, efi, members=ver["members"].values)]
 
 
 def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
@@ -132,13 +137,23 @@ def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
         p = significance.paired(crps.values[idx], ref, n=bootstrap)
         out[(slice(None), *idx)] = (p.mean, p.low, p.high, p.p_value)
     dims = crps.dims[:-1]
-    return res.assign(crps_minus_raw=(dims, out[0]), crps_minus_raw_low=(dims, out[1]),
-                      crps_minus_raw_high=(dims, out[2]), dm_p_value=(dims, out[3]),
-                      significant=(dims, (out[3] < 1 - significance.LEVEL).astype(np.int8)))
+    return res.assign(
+        crps_minus_raw=(dims, out[0]),
+        crps_minus_raw_low=(dims, out[1]),
+        crps_minus_raw_high=(dims, out[2]),
+        dm_p_value=(dims, out[3]),
+        significant=(dims, (out[3] < 1 - significance.LEVEL).astype(np.int8)),
+    )
 
 
-def score_lead(ver: xr.Dataset, efi: np.ndarray, *, thresholds: dict[str, np.ndarray] | None = None,
-               bootstrap: int = 1000, families: dict[str, FamilyForecast] | None = None) -> xr.Dataset:
+def score_lead(
+    ver: xr.Dataset,
+    efi: np.ndarray,
+    *,
+    thresholds: dict[str, np.ndarray] | None = None,
+    bootstrap: int = 1000,
+    families: dict[str, FamilyForecast] | None = None,
+) -> xr.Dataset:
     """Every forecast of ``ver``, then the ``families`` (name -> a checkpoint's non-Gaussian forecast on
     ``ver``'s dates), and the raw members as ``raw_ensemble``, on one lead: scores per metric, region and
     weighting, per-date scores, significance against the target's :func:`baseline`, the CRPS decomposition, CRPS
@@ -153,16 +168,18 @@ def score_lead(ver: xr.Dataset, efi: np.ndarray, *, thresholds: dict[str, np.nda
     return _significance(res, bootstrap)
 
 
-def _metric_values(scores: xr.DataArray, kind: str, events: list[str], keys: dict[str, str] | None = None
-                   ) -> dict[str, float]:
+def _metric_values(
+    scores: xr.DataArray, kind: str, events: list[str], keys: dict[str, str] | None = None
+) -> dict[str, float]:
     """Every registered metric that applies to ``kind``, from the scores (metric, weighting) of one
     forecast and region: unweighted under its name (or ``keys[name]``), then the area-weighted values
     of the ``weighted`` metrics under that key + ``_weighted``."""
     applies = [m for m in verification.METRICS if kind in m.kinds and (not m.event or m.event in events)]
     key = {m.name: (keys or {}).get(m.name, m.name) for m in applies}
     out = {key[m.name]: float(scores.sel(metric=m.name, weighting="none")) for m in applies}
-    out.update({f"{key[m.name]}_weighted": float(scores.sel(metric=m.name, weighting="area"))
-                for m in applies if m.weighted})
+    out.update(
+        {f"{key[m.name]}_weighted": float(scores.sel(metric=m.name, weighting="area")) for m in applies if m.weighted}
+    )
     return out
 
 
@@ -172,20 +189,25 @@ def _events(res: xr.Dataset) -> list[str]:
 
 
 def _region_summary(res: xr.Dataset, f: str, region: str) -> dict[str, Any]:
-    out: dict[str, Any] = _metric_values(res["score"].sel(forecast=f, region=region), verification.GAUSSIAN,
-                                                        _events(res))
+    out: dict[str, Any] = _metric_values(res["score"].sel(forecast=f, region=region), GAUSSIAN, _events(res))
     raw = float(res["score"].sel(forecast=res.attrs["baseline"], region=region, metric="crps", weighting="none"))
     out["skill_vs_raw"] = 1.0 - out["crps"] / raw
     if ORACLE in res["forecast"].values:
         gap = raw - float(res["score"].sel(forecast=ORACLE, region=region, metric="crps", weighting="none"))
         out["gap_closed"] = (raw - out["crps"]) / gap if gap > 0 else float("nan")
     sig = res.sel(forecast=f, region=region, weighting="none")
-    out["crps_minus_raw"] = {"mean": float(sig["crps_minus_raw"]), "ci95": [float(sig["crps_minus_raw_low"]),
-                             float(sig["crps_minus_raw_high"])], "dm_p_value": float(sig["dm_p_value"]),
-                             "significant": bool(sig["significant"])}
-    out["decomposition"] = {str(c): float(v) for c, v in zip(res["component"].values,
-                                                             res["decomposition"].sel(forecast=f, region=region).values,
-                                                             strict=True)}
+    out["crps_minus_raw"] = {
+        "mean": float(sig["crps_minus_raw"]),
+        "ci95": [float(sig["crps_minus_raw_low"]), float(sig["crps_minus_raw_high"])],
+        "dm_p_value": float(sig["dm_p_value"]),
+        "significant": bool(sig["significant"]),
+    }
+    out["decomposition"] = {
+        str(c): float(v)
+        for c, v in zip(
+            res["component"].values, res["decomposition"].sel(forecast=f, region=region).values, strict=True
+        )
+    }
     return out
 
 
@@ -200,13 +222,21 @@ def summary(res: xr.Dataset) -> dict[str, Any]:
             if r == "global":
                 out["forecasts"][f][r]["pit_histogram"] = res["pit_histogram"].sel(forecast=f).values.tolist()
     ens = res["score"].sel(forecast=ENSEMBLE)
-    out["raw_ensemble"] = {r: {
-        **_metric_values(ens.sel(region=r), verification.ENSEMBLE, _events(res), ENSEMBLE_KEYS),
-        "decomposition": {str(c): float(v) for c, v in zip(res["component"].values,
-                                                           res["decomposition"].sel(forecast=ENSEMBLE, region=r).values,
-                                                           strict=True)}} for r in regions}
-    out["raw_ensemble"]["global"].update(rank_histogram=res["rank_histogram"].values.tolist(),
-                                         mean_abs_efi=float(res["mean_abs_efi"]))
+    out["raw_ensemble"] = {
+        r: {
+            **_metric_values(ens.sel(region=r), ENSEMBLE_KIND, _events(res), ENSEMBLE_KEYS),
+            "decomposition": {
+                str(c): float(v)
+                for c, v in zip(
+                    res["component"].values, res["decomposition"].sel(forecast=ENSEMBLE, region=r).values, strict=True
+                )
+            },
+        }
+        for r in regions
+    }
+    out["raw_ensemble"]["global"].update(
+        rank_histogram=res["rank_histogram"].values.tolist(), mean_abs_efi=float(res["mean_abs_efi"])
+    )
     dated = res["score_per_date"].sel(metric="crps", region="global", weighting="none")
     out["per_date_crps"] = {f: dated.sel(forecast=f).values.tolist() for f in gauss}
     out["crps_map"] = {f: res["crps_map"].sel(forecast=f).values.tolist() for f in gauss}
@@ -242,12 +272,16 @@ def leads_with_truth(store: xr.Dataset, target: schema.Target, split: str) -> li
     target, every lead its inputs are read at: tp24 at +24 h needs +0 h)."""
     steps = [int(pd.Timedelta(s) / pd.Timedelta(hours=1)) for s in store[schema.STEP].values]
     offsets = [off for _, off in target.inputs]
-    return [h for h in steps if all(h + off in steps for off in offsets)
-            and contract.split_rows(store, split, target=target, step_h=h).size]
+    return [
+        h
+        for h in steps
+        if all(h + off in steps for off in offsets) and contract.split_rows(store, split, target=target, step_h=h).size
+    ]
 
 
-def score_target(store: xr.Dataset, target: schema.Target, split: str, preds: list[Prediction], bootstrap: int
-                 ) -> xr.Dataset:
+def score_target(
+    store: xr.Dataset, target: schema.Target, split: str, preds: list[Prediction], bootstrap: int
+) -> xr.Dataset:
     """Results of ``target`` at every lead with truth (dim ``lead``, hours); models at their own lead."""
     per_lead = []
     leads = leads_with_truth(store, target, split)
@@ -269,8 +303,13 @@ def score_target(store: xr.Dataset, target: schema.Target, split: str, preds: li
                 families[name] = FamilyForecast(dist)
                 check_shape(ver, name, families[name].shape)
         log.info("scoring %s +%d h: %s", target.name, h, ", ".join([*map(str, ver["forecast"].values), *families]))
-        res = score_lead(ver, efi_fields(store, ver), thresholds=climate_thresholds(store, target, h),
-                         bootstrap=bootstrap, families=families)
+        res = score_lead(
+            ver,
+            efi_fields(store, ver),
+            thresholds=climate_thresholds(store, target, h),
+            bootstrap=bootstrap,
+            families=families,
+        )
         per_lead.append(res.expand_dims(lead=[h]))
     out = xr.concat(per_lead, dim="lead", join="outer", data_vars="all", coords="different", compat="equals")
     out.attrs.update(target=target.name, units=target.units, split=split)
@@ -284,13 +323,18 @@ def results_dataset(per_target: dict[str, xr.Dataset]) -> xr.Dataset:
     out = xr.concat(parts, dim="target", join="outer", data_vars="all", coords="different", compat="equals")
     units = [ds.attrs["units"] for ds in per_target.values()]
     baselines = [ds.attrs["baseline"] for ds in per_target.values()]  # score_target's (the target's :func:`baseline`)
-    out = out.assign_coords(units=("target", units), baseline=("target", baselines),
-                            metric_units=(("target", "metric"), [
-        [u if m.units else "1" for m in verification.METRICS] for u in units]))
+    out = out.assign_coords(
+        units=("target", units),
+        baseline=("target", baselines),
+        metric_units=(("target", "metric"), [[u if m.units else "1" for m in verification.METRICS] for u in units]),
+    )
     out["lead"].attrs["units"] = "hours"
     out.attrs = {}
-    out.attrs.update(title="postcast verification", conventions="docs/verification.md",
-                     split=next(iter(per_target.values())).attrs["split"])
+    out.attrs.update(
+        title="postcast verification",
+        conventions="docs/verification.md",
+        split=next(iter(per_target.values())).attrs["split"],
+    )
     return out
 
 
@@ -304,18 +348,30 @@ def headline_lead(res: xr.Dataset, preds: list[Prediction]) -> int:
 
 
 def _target_summary(res: xr.Dataset, lead: int, target: schema.Target) -> dict[str, Any]:
-    one = res.sel(lead=lead).dropna("forecast", how="all", subset=["score"]).dropna("init_time", how="all",
-                                                                                    subset=["score_per_date"])
+    one = (
+        res.sel(lead=lead)
+        .dropna("forecast", how="all", subset=["score"])
+        .dropna("init_time", how="all", subset=["score_per_date"])
+    )
     out = summary(one)
-    out.update(units=res.attrs["units"], lead_h=lead, n_dates=int(one.sizes[schema.INIT_TIME]),
-               latitude=res[schema.LAT].values.tolist(), longitude=res[schema.LON].values.tolist(),
-               baseline=res.attrs["baseline"], thresholds=dict(zip(verification.THRESHOLD_EVENTS,
-                                                                   target.thresholds,
-                                                                   strict=False)))
+    out.update(
+        units=res.attrs["units"],
+        lead_h=lead,
+        n_dates=int(one.sizes[schema.INIT_TIME]),
+        latitude=res[schema.LAT].values.tolist(),
+        longitude=res[schema.LON].values.tolist(),
+        baseline=res.attrs["baseline"],
+        thresholds=dict(zip(verification.THRESHOLD_EVENTS, target.thresholds, strict=False)),
+    )
     crps = res["score"].sel(metric="crps", region="global")
-    out["leads"] = {int(h): {str(f): {w: float(crps.sel(lead=h, forecast=f, weighting=w)) for w in ("none", "area")}
-                             for f in res["forecast"].values if np.isfinite(crps.sel(lead=h, forecast=f)).all()}
-                    for h in res["lead"].values}
+    out["leads"] = {
+        int(h): {
+            str(f): {w: float(crps.sel(lead=h, forecast=f, weighting=w)) for w in ("none", "area")}
+            for f in res["forecast"].values
+            if np.isfinite(crps.sel(lead=h, forecast=f)).all()
+        }
+        for h in res["lead"].values
+    }
     return out
 
 
@@ -366,17 +422,26 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
         target, lead, times, dist = predict_opened(path, cfg.store, store, cfg.split)
         name = _checkpoint_name(path, cfg.names, taken.setdefault(target.name, set()))
         preds.setdefault(target, []).append((name, lead, times, dist))
-    targets = ([schema.target(t) for t in cfg.targets] if cfg.targets else list(preds) or
-               [t for t in schema.TARGETS.values() if contract.truth_name(t.name) in store])  # with truth
+    targets = (
+        [schema.target(t) for t in cfg.targets]
+        if cfg.targets
+        else list(preds) or [t for t in schema.TARGETS.values() if contract.truth_name(t.name) in store]
+    )  # with truth
     per_target: dict[str, xr.Dataset] = {}
     for tg in targets:
         names = target_arrays(store, tg, cfg.store)
         reads.check_chunks(cfg.store, names, range(store.sizes[schema.INIT_TIME]))
         with chunk_named(cfg.store, names):
             per_target[tg.name] = score_target(store, tg, cfg.split, preds.get(tg, []), cfg.bootstrap)
-    results: dict[str, Any] = {"store": cfg.store, "split": cfg.split, "results": "results.nc", "targets": {
-        tg.name: _target_summary(per_target[tg.name], headline_lead(per_target[tg.name], preds.get(tg, [])), tg)
-        for tg in targets}}
+    results: dict[str, Any] = {
+        "store": cfg.store,
+        "split": cfg.split,
+        "results": "results.nc",
+        "targets": {
+            tg.name: _target_summary(per_target[tg.name], headline_lead(per_target[tg.name], preds.get(tg, [])), tg)
+            for tg in targets
+        },
+    }
     for tg, entries in preds.items():  # each checkpoint's family beside its scores
         for name, _, _, dist in entries:
             if tg.name in results["targets"] and name in results["targets"][tg.name]["forecasts"]:

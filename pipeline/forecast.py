@@ -127,9 +127,11 @@ def _raw_day(source: sources.ForecastSource, plan: sources.Plan, init: pd.Timest
     try:
         ds = source.load(init, plan)  # checked by the source (sources.check_values)
     except MissingInputError as err:
-        msg = (f"{name}: the fields of init time {init.isoformat()} are incomplete although the input lists that "
-               "date (a damaged or partly written input): check it (`postcast inspect --verify` for a store) and "
-               "rewrite it, or leave that date out with --init-time/--end")
+        msg = (
+            f"{name}: the fields of init time {init.isoformat()} are incomplete although the input lists that "
+            "date (a damaged or partly written input): check it (`postcast inspect --verify` for a store) and "
+            "rewrite it, or leave that date out with --init-time/--end"
+        )
         raise BadInputError(msg) from err
     day = xr.merge([ds, ensemble_statistics(ds)])
     return day.isel({schema.INIT_TIME: 0}) if schema.INIT_TIME in day.dims else day
@@ -157,8 +159,10 @@ def _fallback_reason(source: sources.ForecastSource, expect: sources.Expectation
         have = ()
     lacking = [v for v in variables if v not in have]
     what = f"the variables {', '.join(lacking)}" if lacking else "levels, members or the lead time the model reads"
-    return (f"the input is missing {what} (it has {', '.join(have) or 'none of them'}): give --input a source "
-            "that has them, or a --checkpoint trained without them")
+    return (
+        f"the input is missing {what} (it has {', '.join(have) or 'none of them'}): give --input a source "
+        "that has them, or a --checkpoint trained without them"
+    )
 
 
 def _target_expectation(expect: sources.Expectation, tg: schema.Target) -> sources.Expectation:
@@ -181,8 +185,10 @@ def _check_lead(source: sources.ForecastSource, expect: sources.Expectation, spe
         have, needs = ", ".join(f"+{h}" for h in held), ", ".join(f"+{h}" for h in lacking)
         derived = f" from {', '.join(f'+{h}' for h in need)} h" if len(need) > 1 else ""
         train = f" (train with --data.cfg.sample.step_h {usable[-1]})" if usable else ""
-        msg = (f"this checkpoint predicts {spec.target} at +{spec.step_h} h{derived}; the input {source.path} holds "
-               f"{have} h: give --input forecasts at {needs} h, or a --checkpoint trained at a lead it holds{train}")
+        msg = (
+            f"this checkpoint predicts {spec.target} at +{spec.step_h} h{derived}; the input {source.path} holds "
+            f"{have} h: give --input forecasts at {needs} h, or a --checkpoint trained at a lead it holds{train}"
+        )
         raise MissingInputError(msg)
 
 
@@ -202,8 +208,10 @@ def _input_grid(plan: sources.Plan) -> schema.Grid:
     assert src is not None
     grid = regrid.default_grid(src)
     if not src.is_grid(grid):
-        msg = (f"--on-input-grid: the input is on {src.name}, not a regular latitude/longitude grid; "
-               "write on the checkpoint's grid (drop the option)")
+        msg = (
+            f"--on-input-grid: the input is on {src.name}, not a regular latitude/longitude grid; "
+            "write on the checkpoint's grid (drop the option)"
+        )
         raise ConfigError(msg)
     return grid
 
@@ -222,8 +230,10 @@ def _output_grid(plan: sources.Plan, model: PostProcessor) -> schema.Grid:
     lon = np.round(west + np.mod(np.round(back.longitudes() - west, 6), 360.0), 6)  # into [west, west + 360)
     lon = np.sort(lon[lon <= east + 1e-6])
     if lat.size < 2 or lon.size < 2:
-        msg = (f"--on-input-grid: the input's grid ({back.describe()}) has fewer than 2 x 2 points in the "
-               f"checkpoint's area {model_grid(model).describe()}; drop the option (products on the checkpoint's grid)")
+        msg = (
+            f"--on-input-grid: the input's grid ({back.describe()}) has fewer than 2 x 2 points in the "
+            f"checkpoint's area {model_grid(model).describe()}; drop the option (products on the checkpoint's grid)"
+        )
         raise ConfigError(msg)
     return schema.Grid(back.resolution, (float(lat[0]), float(lat[-1]), float(lon[0]), float(lon[-1])))
 
@@ -268,9 +278,17 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
     if not inits:
         msg = f"{cfg.input}: no init time between {start} and {end} (it has {len(plan.init_times)} dates)"
         raise MissingInputError(msg)
-    run = _Run(cfg, model, Sampler(spec, plan.grid.latitudes(), plan.grid.longitudes()), found.forecast, plan,
-               cfg.name or str(model.hparams["family"]), io.sha256_file(cfg.checkpoint), reason,
-               cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds))
+    run = _Run(
+        cfg,
+        model,
+        Sampler(spec, plan.grid.latitudes(), plan.grid.longitudes()),
+        found.forecast,
+        plan,
+        cfg.name or str(model.hparams["family"]),
+        io.sha256_file(cfg.checkpoint),
+        reason,
+        cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds),
+    )
     result = ForecastResult()
     for init in inits:
         _one(run, init, result)
@@ -284,8 +302,12 @@ def _current(path: Path, run: _Run) -> bool:
     if not path.exists():
         return False
     have = product_identity(path)
-    want = {"checkpoint_sha256": run.ckpt_hash, "inputs": str(run.cfg.input),
-            "quantiles": [float(q) for q in run.cfg.quantiles], "thresholds": [float(t) for t in run.thresholds]}
+    want = {
+        "checkpoint_sha256": run.ckpt_hash,
+        "inputs": str(run.cfg.input),
+        "quantiles": [float(q) for q in run.cfg.quantiles],
+        "thresholds": [float(t) for t in run.thresholds],
+    }
     differs = [k for k in want if have.get(k) != want[k]]
     if differs:
         log.warning("%s: made with another %s; rebuilding it", path, " and ".join(differs))
@@ -297,8 +319,10 @@ def _predict(run: _Run, day: xr.Dataset) -> Params:
     with torch.no_grad():
         batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
         dist = run.model.predictive(batch)  # physical inputs in, parameters (1, H, W) [(1, H, W, K)] out
-    return {k: np.moveaxis(v[0].double().numpy(), -1, 0) if v.ndim == 4 else v[0].double().numpy()
-            for k, v in dist.params.items()}
+    return {
+        k: np.moveaxis(v[0].double().numpy(), -1, 0) if v.ndim == 4 else v[0].double().numpy()
+        for k, v in dist.params.items()
+    }
 
 
 def fallback_law(target: schema.Target, raw: dict[str, np.ndarray]) -> tuple[str, Params]:
@@ -324,14 +348,14 @@ def _regrid(values: np.ndarray, src: regrid.SourceGrid, back: schema.Grid, metho
 def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     cfg, spec = run.cfg, run.sampler.spec
     exts = [EXTENSIONS[f] for f in cfg.formats]
-    paths = {p: [product_path(cfg.out, p, run.name, spec.target, init, e) for e in exts]
-             for p in (POSTPROCESSED, FALLBACK)}
+    paths = {
+        p: [product_path(cfg.out, p, run.name, spec.target, init, e) for e in exts] for p in (POSTPROCESSED, FALLBACK)
+    }
     if not cfg.overwrite and any(all(_current(q, run) for q in qs) for qs in paths.values()):
         result.skipped += [str(q) for qs in paths.values() for q in qs if q.exists()]
         return
     t0 = time.perf_counter()
-    day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init,
-                   str(cfg.input))
+    day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init, str(cfg.input))
     product, reason = (FALLBACK, run.reason) if run.reason else (POSTPROCESSED, "")
     family, params = str(run.model.hparams["distribution"]), {}
     if not run.reason:
@@ -340,22 +364,40 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
             product, reason = FALLBACK, "the model produced non-finite values"
     if product == FALLBACK:
         family, params = fallback_law(spec.resolved_target, run.sampler.target_statistics(day))
-    attrs = {"product": product, "postcast_fallback": int(product == FALLBACK), "model_name": run.name,
-             "checkpoint": str(cfg.checkpoint), "checkpoint_sha256": run.ckpt_hash,
-             "model": str(run.model.hparams["family"]), "inputs": str(cfg.input),
-             "comment": reason or "post-processed with the checkpoint's model",
-             "n_members": len(run.plan.members), **run.plan.regridding}
+    attrs = {
+        "product": product,
+        "postcast_fallback": int(product == FALLBACK),
+        "model_name": run.name,
+        "checkpoint": str(cfg.checkpoint),
+        "checkpoint_sha256": run.ckpt_hash,
+        "model": str(run.model.hparams["family"]),
+        "inputs": str(cfg.input),
+        "comment": reason or "post-processed with the checkpoint's model",
+        "n_members": len(run.plan.members),
+        **run.plan.regridding,
+    }
     lat, lon = run.sampler.lat, run.sampler.lon
     if cfg.on_input_grid and run.plan.source_grid is not None:  # back from the checkpoint's grid
         back = _output_grid(run.plan, run.model)
-        params = {k: _regrid(v, regrid.SourceGrid.regular(lat, lon), back, cfg.regrid_method)
-                  for k, v in params.items()}
+        params = {
+            k: _regrid(v, regrid.SourceGrid.regular(lat, lon), back, cfg.regrid_method) for k, v in params.items()
+        }
         lat, lon = back.latitudes(), back.longitudes()
         attrs["output_grid"] = "input"
     mean, std = laws.get(family).moments(params)
-    ds = products(mean, std, target=spec.resolved_target, init=init, step_h=spec.step_h, lat=lat, lon=lon,
-                  quantiles=cfg.quantiles, thresholds=run.thresholds, attrs=attrs,
-                  law=None if family == GAUSSIAN else Law.of(family, params, cfg.quantiles, run.thresholds))
+    ds = products(
+        mean,
+        std,
+        target=spec.resolved_target,
+        init=init,
+        step_h=spec.step_h,
+        lat=lat,
+        lon=lon,
+        quantiles=cfg.quantiles,
+        thresholds=run.thresholds,
+        attrs=attrs,
+        law=None if family == GAUSSIAN else Law.of(family, params, cfg.quantiles, run.thresholds),
+    )
     for path in paths[product]:
         write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)
         result.written.append(str(path))

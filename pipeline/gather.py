@@ -53,8 +53,9 @@ def baseline(target: schema.Target) -> str:
     return RAW if target.family == distributions.Gaussian.name else ENSEMBLE
 
 
-def verification_dataset(store: xr.Dataset, target: schema.Target, split: str, step_h: int = schema.TARGET_STEP_H
-                         ) -> xr.Dataset:
+def verification_dataset(
+    store: xr.Dataset, target: schema.Target, split: str, step_h: int = schema.TARGET_STEP_H
+) -> xr.Dataset:
     """Truth, raw members, the raw ensemble's Gaussian (its members' mean and population std) and a
     Gaussian oracle's of ``target`` on one split; another family's oracle parameters as ``oracle_<param>``."""
     tg = target
@@ -78,13 +79,21 @@ def verification_dataset(store: xr.Dataset, target: schema.Target, split: str, s
         names.append(ORACLE)
     drop = [c for c in (schema.STEP, schema.LEVEL, contract.SPLIT) if c in sub.coords]
     family_oracle = {} if tg.family == distributions.Gaussian.name else {f"oracle_{p}": v for p, v in oracle.items()}
-    out = xr.Dataset({
-        "truth": truth.isel({schema.INIT_TIME: rows}),
-        "members": members,
-        "mu": xr.concat([m.drop_vars(drop, errors="ignore") for m in mu], dim="forecast"),
-        "sigma": xr.concat([s.drop_vars(drop, errors="ignore") for s in sigma], dim="forecast"),
-        **family_oracle,
-    }).drop_vars(drop, errors="ignore").assign_coords(forecast=names).astype(np.float64).compute()
+    out = (
+        xr.Dataset(
+            {
+                "truth": truth.isel({schema.INIT_TIME: rows}),
+                "members": members,
+                "mu": xr.concat([m.drop_vars(drop, errors="ignore") for m in mu], dim="forecast"),
+                "sigma": xr.concat([s.drop_vars(drop, errors="ignore") for s in sigma], dim="forecast"),
+                **family_oracle,
+            }
+        )
+        .drop_vars(drop, errors="ignore")
+        .assign_coords(forecast=names)
+        .astype(np.float64)
+        .compute()
+    )
     out = out.transpose("forecast", schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)
     out["sigma"] = out["sigma"].clip(min=1e-6)
     out.attrs.update(target=tg.name, step_h=step_h, split=split, units=tg.units)
@@ -110,8 +119,7 @@ def check_shape(ver: xr.Dataset, name: str, shape: tuple[int, ...]) -> None:
 def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) -> xr.Dataset:
     """Append one Gaussian forecast (init_time, lat, lon) to a verification dataset."""
     check_shape(ver, name, mu.shape)
-    new = xr.Dataset({"mu": (ver["truth"].dims, mu), "sigma": (ver["truth"].dims, sigma)}).expand_dims(
-        forecast=[name])
+    new = xr.Dataset({"mu": (ver["truth"].dims, mu), "sigma": (ver["truth"].dims, sigma)}).expand_dims(forecast=[name])
     merged = xr.concat([ver[["mu", "sigma"]], new.assign_coords(ver["truth"].coords)], dim="forecast")
     merged = merged.transpose("forecast", *ver["truth"].dims)
     return ver.drop_vars(["mu", "sigma", "forecast"]).assign(mu=merged["mu"], sigma=merged["sigma"])
@@ -120,7 +128,7 @@ def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) 
 @dataclass(frozen=True)
 class FamilyForecast:
     """A predictive distribution of :mod:`postcast.models.distributions` (parameters (T, lat, lon)) as
-    numpy float64 in and out: the :class:`postcast.pipeline.verification.Predictive` of a checkpoint. Its
+    numpy float64 in and out: the :class:`postcast.pipeline.chunk.Predictive` of a checkpoint. Its
     CRPS is the family's closed form in torch; its cdf, survival function, quantiles and moments are the
     law's (:mod:`postcast.datasets.laws`) on the same parameters."""
 
@@ -173,8 +181,9 @@ class FamilyForecast:
 
 
 @torch.no_grad()
-def predict_opened(path: str, store_path: str, store: xr.Dataset, split: str, batch_size: int = 4
-             ) -> tuple[schema.Target, int, np.ndarray, distributions.Distribution]:
+def predict_opened(
+    path: str, store_path: str, store: xr.Dataset, split: str, batch_size: int = 4
+) -> tuple[schema.Target, int, np.ndarray, distributions.Distribution]:
     """(target, lead in hours, init_times, predictive distribution (T, lat, lon) in float64) of a
     checkpoint on one split of the store at ``store_path`` (``store``: it opened), any family: samples as its
     sample spec declares, in physical units (the model normalises them with the statistics it carries)."""
@@ -202,24 +211,31 @@ def check_fits(path: str, hparams: dict[str, Any], spec: SampleSpec, store: xr.D
     problems = [
         *([f"grid {tuple(hparams['grid'])} (lat x lon), the store {grid}"] if tuple(hparams["grid"]) != grid else []),
         *([f"area {trained}, the store {area}"] if (tuple(trained) if trained else None) != area else []),
-        *([f"inputs {missing}, which the store lacks"] if (missing := [n for n in spec.store_variables()
-                                                                    if n not in store]) else []),
-        *([f"{hparams['n_members']} members, the store {store.sizes[schema.MEMBER]}"]
-          if spec.members and hparams["n_members"] != store.sizes[schema.MEMBER] else []),
+        *(
+            [f"inputs {missing}, which the store lacks"]
+            if (missing := [n for n in spec.store_variables() if n not in store])
+            else []
+        ),
+        *(
+            [f"{hparams['n_members']} members, the store {store.sizes[schema.MEMBER]}"]
+            if spec.members and hparams["n_members"] != store.sizes[schema.MEMBER]
+            else []
+        ),
     ]
     if problems:
-        msg = (f"{path}: checkpoint does not fit the store: trained with {'; '.join(problems)}; evaluate it on a "
-               "store like the one it was trained on")
+        msg = (
+            f"{path}: checkpoint does not fit the store: trained with {'; '.join(problems)}; evaluate it on a "
+            "store like the one it was trained on"
+        )
         raise BadInputError(msg)
 
 
-def predict_checkpoint(path: str, store_path: str, split: str, batch_size: int = 4
-                       ) -> tuple[schema.Target, np.ndarray, np.ndarray, np.ndarray]:
+def predict_checkpoint(
+    path: str, store_path: str, split: str, batch_size: int = 4
+) -> tuple[schema.Target, np.ndarray, np.ndarray, np.ndarray]:
     """(target, init_times, mu, sigma) of a Gaussian checkpoint on one split (its own lead)."""
     target, _, times, dist = predict_opened(path, store_path, contract.open_store(store_path), split, batch_size)
     if not isinstance(dist, distributions.Gaussian):
         msg = f"{path} predicts a {dist.name!r} distribution, not (mu, sigma): score it with postcast evaluate"
         raise BadInputError(msg)
     return target, times, dist.mu.numpy(), dist.sigma.numpy()
-
-

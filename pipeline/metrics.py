@@ -95,16 +95,25 @@ def _unrolled_source(m: int, presorted: bool) -> str:
     lo, hi = sorting_network(m)
     body = [f"        a{i} = x[r, {i}]" for i in range(m)]
     if not presorted:
-        body += [f"        a{i}, a{j} = (a{i} if a{i} < a{j} else a{j}), (a{j} if a{i} < a{j} else a{i})"
-                 for i, j in zip(lo.tolist(), hi.tolist(), strict=True)]
-    body += ["        t = y[r]",
-             "        skill = " + " + ".join(f"abs(a{i} - t)" for i in range(m)),  # sum_i |x_i - y|
-             # 1/2 sum_ij |x_i - x_j| = sum_i (2i - M - 1) x_(i), i = 1..M
-             "        spread = " + " + ".join(f"({2 * i + 1 - m}.0) * a{i}" for i in range(m)),
-             f"        fair[r] = skill / {m}.0 - spread / {m * (m - 1)}.0",
-             f"        std[r] = skill / {m}.0 - spread / {m * m}.0"]
-    head = ["def kernel(x, y):", "    n = x.shape[0]", "    fair = np.empty(n)", "    std = np.empty(n)",
-            "    for r in numba.prange(n):"]
+        body += [
+            f"        a{i}, a{j} = (a{i} if a{i} < a{j} else a{j}), (a{j} if a{i} < a{j} else a{i})"
+            for i, j in zip(lo.tolist(), hi.tolist(), strict=True)
+        ]
+    body += [
+        "        t = y[r]",
+        "        skill = " + " + ".join(f"abs(a{i} - t)" for i in range(m)),  # sum_i |x_i - y|
+        # 1/2 sum_ij |x_i - x_j| = sum_i (2i - M - 1) x_(i), i = 1..M
+        "        spread = " + " + ".join(f"({2 * i + 1 - m}.0) * a{i}" for i in range(m)),
+        f"        fair[r] = skill / {m}.0 - spread / {m * (m - 1)}.0",
+        f"        std[r] = skill / {m}.0 - spread / {m * m}.0",
+    ]
+    head = [
+        "def kernel(x, y):",
+        "    n = x.shape[0]",
+        "    fair = np.empty(n)",
+        "    std = np.empty(n)",
+        "    for r in numba.prange(n):",
+    ]
     return "\n".join([*head, *body, "    return fair, std", ""])
 
 
@@ -129,8 +138,9 @@ def _compile_numba() -> Any | None:
         return None
 
     @numba.njit(parallel=True, cache=False, error_model="numpy")
-    def block_kernel(x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray, presorted: bool, chunks: int
-                     ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    def block_kernel(
+        x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray, presorted: bool, chunks: int
+    ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
         n, m = x.shape
         n_blocks = (n + BLOCK - 1) // BLOCK
         per = (n_blocks + chunks - 1) // chunks
@@ -183,8 +193,9 @@ def numba_available() -> bool:
     return _numba_kernel() is not None
 
 
-def crps_ensemble_pair(x: np.ndarray, y: np.ndarray, *, presorted: bool = False,
-                       kernel: Literal["auto", "unrolled", "block"] = "auto") -> tuple[np.ndarray, np.ndarray]:
+def crps_ensemble_pair(
+    x: np.ndarray, y: np.ndarray, *, presorted: bool = False, kernel: Literal["auto", "unrolled", "block"] = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
     """(fair, standard) ensemble CRPS of (N, M) members at (N,) outcomes in one pass (numba).
 
     ``presorted``: rows already sorted ascending (the sort is skipped). ``kernel``: "unrolled" (one
@@ -233,8 +244,14 @@ def _crps_rows_torch(xs: np.ndarray, y: np.ndarray, fair: bool) -> np.ndarray:
     return np.asarray(kernels.crps_ensemble(xt, yt, fair).cpu().numpy())
 
 
-def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Estimator = "fair",
-                  engine: Literal["auto", "numba", "numpy", "torch"] = "auto") -> np.ndarray:
+def crps_ensemble(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    axis: int = -1,
+    estimator: Estimator = "fair",
+    engine: Literal["auto", "numba", "numpy", "torch"] = "auto",
+) -> np.ndarray:
     """Ensemble CRPS of members ``x`` (member axis ``axis``) at outcomes ``y`` (x's shape without
     that axis), float64. ``estimator``: "fair" (default) or "standard". ``engine``: "auto" uses the
     fused kernel on a CUDA GPU (:func:`postcast.models.kernels.crps_ensemble`, Triton), else the numba
@@ -266,8 +283,9 @@ def crps_ensemble(x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Es
     return np.asarray(_crps_rows_numpy(flat, y.reshape(-1), fair)).reshape(y.shape)
 
 
-def crps_ensemble_reference(x: np.ndarray, y: np.ndarray, *, axis: int = -1,
-                            estimator: Estimator = "fair") -> np.ndarray:
+def crps_ensemble_reference(
+    x: np.ndarray, y: np.ndarray, *, axis: int = -1, estimator: Estimator = "fair"
+) -> np.ndarray:
     """The O(M^2) definition, float64: the reference the fast kernel is tested against."""
     xm = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
     y = np.asarray(y, dtype=np.float64)
@@ -278,8 +296,9 @@ def crps_ensemble_reference(x: np.ndarray, y: np.ndarray, *, axis: int = -1,
     return skill - pair / denom
 
 
-def twcrps_ensemble(x: np.ndarray, y: np.ndarray, threshold: float | np.ndarray, *, axis: int = -1,
-                    estimator: Estimator = "fair") -> np.ndarray:
+def twcrps_ensemble(
+    x: np.ndarray, y: np.ndarray, threshold: float | np.ndarray, *, axis: int = -1, estimator: Estimator = "fair"
+) -> np.ndarray:
     """Threshold-weighted CRPS of members ``x`` at outcomes ``y`` with weight 1{z >= threshold}
     (Allen et al. 2023): the CRPS of the chained members max(x, t) against max(y, t), so only the
     part of both distributions above ``t`` counts (the tail an extreme-event user cares about).
@@ -360,8 +379,14 @@ def efi(clim_quantiles: np.ndarray, members: np.ndarray) -> np.ndarray:
     return np.clip(2.0 / np.pi * total, -1.0, 1.0).reshape(shape)
 
 
-def climate_window(init_times: np.ndarray, target: np.datetime64, *, month_days: list[tuple[int, int]],
-                   window: int = 9, years_back: int = 18) -> np.ndarray:
+def climate_window(
+    init_times: np.ndarray,
+    target: np.datetime64,
+    *,
+    month_days: list[tuple[int, int]],
+    window: int = 9,
+    years_back: int = 18,
+) -> np.ndarray:
     """Boolean mask of the init times pooled into the model climate of ``target`` (ENS-10): years
     ``Y - years_back .. Y`` and the ``window`` month-days centred on the target's month-day."""
     import pandas as pd
@@ -373,8 +398,9 @@ def climate_window(init_times: np.ndarray, target: np.datetime64, *, month_days:
     half = window // 2
     near = {month_days[j] for j in range(max(0, k - half), min(len(month_days), k + half + 1))}
     mds = list(zip(times.month, times.day, strict=True))
-    return np.array([(md in near) and (t.year - years_back <= y <= t.year) for md, y in zip(mds, times.year,
-                                                                                            strict=True)])
+    return np.array(
+        [(md in near) and (t.year - years_back <= y <= t.year) for md, y in zip(mds, times.year, strict=True)]
+    )
 
 
 def eecrps(crps: np.ndarray, efi_field: np.ndarray) -> float:
@@ -384,8 +410,9 @@ def eecrps(crps: np.ndarray, efi_field: np.ndarray) -> float:
     return float(np.mean(np.abs(efi_field[ok]) * crps[ok]))
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, n: int = 1000, seed: int = 0,
-                     level: float = 0.95) -> tuple[float, float, float]:
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, *, n: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
     """Mean of a - b over samples (e.g. per-date scores of a model and the raw ensemble) with a
     percentile bootstrap confidence interval: (mean, low, high)."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)

@@ -51,8 +51,12 @@ def _skill_grid(ds: xr.Dataset) -> tuple[list[str], list[str], np.ndarray, np.nd
     base = crps.sel(forecast=ds["baseline"])  # (target, lead): each target's own baseline
     skill = 100 * (1 - crps / base)
     sig = ds["significant"].sel(region="global", weighting="none")
-    cols = [(str(t), int(h)) for t in ds["target"].values for h in ds["lead"].values
-            if np.isfinite(base.sel(target=t, lead=h))]
+    cols = [
+        (str(t), int(h))
+        for t in ds["target"].values
+        for h in ds["lead"].values
+        if np.isfinite(base.sel(target=t, lead=h))
+    ]
     names = [str(f) for f in ds["forecast"].values]
     grid = np.array([[float(skill.sel(target=t, lead=h, forecast=f)) for t, h in cols] for f in names])
     marks = np.array([[bool(sig.sel(target=t, lead=h, forecast=f) == 1) for t, h in cols] for f in names])
@@ -70,8 +74,11 @@ def scorecard(ds: xr.Dataset, out: Path) -> str:
             ax.text(j, i, f"{v:+.1f}%{'*' if marks[i, j] else ''}", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right")
     ax.set_yticks(range(len(names)), names)
-    ax.set_title("CRPS skill vs each target's baseline: the raw Gaussian, the raw members for a non-Gaussian target\n"
-                 "(blue = better; * significant at 95 %, Diebold-Mariano)", fontsize=9)
+    ax.set_title(
+        "CRPS skill vs each target's baseline: the raw Gaussian, the raw members for a non-Gaussian target\n"
+        "(blue = better; * significant at 95 %, Diebold-Mariano)",
+        fontsize=9,
+    )
     fig.colorbar(im, ax=ax, shrink=0.8)
     return _save(fig, out / "scorecard.png")
 
@@ -111,7 +118,7 @@ def crps_maps(target: schema.Target, ds: xr.Dataset, lead: int, out: Path) -> st
         ax.set_title(f"{f}: {np.nanmean(m):.3g}", fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     units = ds["units"].sel(target=target.name).item()
     fig.colorbar(im, ax=axes, shrink=0.8, label=f"mean CRPS ({units})")
@@ -199,8 +206,13 @@ def _score_table(target: schema.Target, ds: xr.Dataset, res: dict[str, Any]) -> 
             values = scores.sel(metric=m.name, weighting=w).values
             if m.event and not np.isfinite(values).any():  # an event this target has no threshold for
                 continue
-            rows.append([m.label if w == "none" else f"{m.label}, area-w.", units,
-                         *(f"{v:{m.fmt}}" if np.isfinite(v) else "-" for v in values)])
+            rows.append(
+                [
+                    m.label if w == "none" else f"{m.label}, area-w.",
+                    units,
+                    *(f"{v:{m.fmt}}" if np.isfinite(v) else "-" for v in values),
+                ]
+            )
     return ["metric", "units", *(_family_label(res, f) for f in names)], rows
 
 
@@ -217,8 +229,15 @@ def _crps_vs_raw_table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]
         g = regions["global"]
         d = g["crps_minus_raw"]
         mark = "*" if d["significant"] else ""
-        rows.append([f, f"{100 * g['skill_vs_raw']:+.1f}%{mark}", f"{100 * g.get('gap_closed', float('nan')):.0f}%",
-                     f"[{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]", f"{d['dm_p_value']:.3g}"])
+        rows.append(
+            [
+                f,
+                f"{100 * g['skill_vs_raw']:+.1f}%{mark}",
+                f"{100 * g.get('gap_closed', float('nan')):.0f}%",
+                f"[{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]",
+                f"{d['dm_p_value']:.3g}",
+            ]
+        )
     return head, rows
 
 
@@ -262,11 +281,13 @@ def _html(head: list[str], rows: list[list[str]]) -> str:
     return f"<table border=1 cellpadding=3>{table}</table>"
 
 
-NOTES = ("`*`: the CRPS difference against the raw Gaussian is significant at 95 % (Diebold-Mariano on "
-         "per-date scores, HAC variance with the Harvey-Leybourne-Newbold correction); intervals from a "
-         "stationary bootstrap over init dates. `raw_ensemble` is the members' fair CRPS. "
-         "Decomposition: Hersbach (2000), CRPS = reliability - resolution + uncertainty, area-weighted; "
-         "a Gaussian as its 50-quantile ensemble. Formulas: docs/verification.md.")
+NOTES = (
+    "`*`: the CRPS difference against the raw Gaussian is significant at 95 % (Diebold-Mariano on "
+    "per-date scores, HAC variance with the Harvey-Leybourne-Newbold correction); intervals from a "
+    "stationary bootstrap over init dates. `raw_ensemble` is the members' fair CRPS. "
+    "Decomposition: Hersbach (2000), CRPS = reliability - resolution + uncertainty, area-weighted; "
+    "a Gaussian as its 50-quantile ensemble. Formulas: docs/verification.md."
+)
 
 
 def _legend() -> list[str]:
@@ -274,18 +295,27 @@ def _legend() -> list[str]:
     return [f"{m.label}: {m.description}" for m in verification.METRICS]
 
 
-def _target_section(target: schema.Target, ds: xr.Dataset, res: dict[str, Any], out: Path
-                    ) -> tuple[list[str], list[str]]:
+def _target_section(
+    target: schema.Target, ds: xr.Dataset, res: dict[str, Any], out: Path
+) -> tuple[list[str], list[str]]:
     lead = res["lead_h"]
-    note = (f"Raw ensemble mean |EFI| {res['raw_ensemble']['global']['mean_abs_efi']:.2f}; "
-            f"{res['n_dates']} dates at +{lead} h; units {res['units']}.")
-    figs = [skill_vs_lead(target, ds, out), crps_maps(target, ds, lead, out),
-            reliability_diagrams(target, ds, lead, out), decomposition_figure(target, ds, lead, out),
-            calibration(target, res, out)]
-    tables = [(f"scores at +{lead} h (global)", _score_table(target, ds, res)),
-              (f"CRPS against the raw Gaussian at +{lead} h (global)", _crps_vs_raw_table(res)),
-              ("CRPS at every lead", _lead_table(target, ds)),
-              ("CRPS decomposition (global, area-weighted)", _decomp_table(target, ds))]
+    note = (
+        f"Raw ensemble mean |EFI| {res['raw_ensemble']['global']['mean_abs_efi']:.2f}; "
+        f"{res['n_dates']} dates at +{lead} h; units {res['units']}."
+    )
+    figs = [
+        skill_vs_lead(target, ds, out),
+        crps_maps(target, ds, lead, out),
+        reliability_diagrams(target, ds, lead, out),
+        decomposition_figure(target, ds, lead, out),
+        calibration(target, res, out),
+    ]
+    tables = [
+        (f"scores at +{lead} h (global)", _score_table(target, ds, res)),
+        (f"CRPS against the raw Gaussian at +{lead} h (global)", _crps_vs_raw_table(res)),
+        ("CRPS at every lead", _lead_table(target, ds)),
+        ("CRPS decomposition (global, area-weighted)", _decomp_table(target, ds)),
+    ]
     md, body = [f"## {target.name}", ""], [f"<h2>{html.escape(target.name)}</h2>"]
     for title, (head, rows) in tables:
         md += [f"### {title}", "", *_md(head, rows)]
@@ -300,9 +330,12 @@ def write_report(ds: xr.Dataset, results: dict[str, Any], out: Path) -> Path:
     JSON summary; returns the HTML path."""
     md = [f"# postcast evaluation: split `{results['split']}`", "", f"Store: `{results['store']}`", "", NOTES, ""]
     md += ["Metrics:", "", *(f"- {line}" for line in _legend()), ""]
-    body = [f"<h1>postcast evaluation: split {html.escape(results['split'])}</h1>",
-            f"<p>Store: <code>{html.escape(results['store'])}</code></p>", f"<p>{html.escape(NOTES)}</p>",
-            "<p>Metrics:</p><ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in _legend()) + "</ul>"]
+    body = [
+        f"<h1>postcast evaluation: split {html.escape(results['split'])}</h1>",
+        f"<p>Store: <code>{html.escape(results['store'])}</code></p>",
+        f"<p>{html.escape(NOTES)}</p>",
+        "<p>Metrics:</p><ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in _legend()) + "</ul>",
+    ]
     card = scorecard(ds, out)
     md += [f"![scorecard]({card})", ""]
     body.append(f'<img src="{card}">')

@@ -29,102 +29,12 @@ from postcast.datasets import io, schema
 from postcast.datasets.core import config
 from postcast.datasets.core.errors import ConfigError, PostcastError
 from postcast.datasets.synth.synthetic import SynthConfig
+from postcast.pipeline.jobs import CompressJob, DownloadJob
 
 log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
 MAX_WRMSE_OVER_STD = 0.1  # a compressed field worth having: weighted RMSE at most a tenth of its spread
-
-
-@dataclass(frozen=True)
-class CompressJob:
-    """One artefact of the compress stage: every field that ``preset`` reads on ``split`` of the store
-    -> ``WORKDIR/compressed/<preset stem>_<split>.pcnf``."""
-
-    preset: str  # a Lightning training preset (its data.cfg names the fields), e.g. configs/train/unet_t850.yaml
-    split: str = "train"
-    field: dict[str, Any] = field(default_factory=dict)  # FieldConfig keys: width, depth, steps, weights, ...
-
-    def __post_init__(self) -> None:
-        if not Path(self.preset).exists():
-            msg = f"compress.preset {self.preset!r}: file not found (paths are relative to the working directory)"
-            raise ConfigError(msg)
-        if self.split not in ("train", "val", "test"):
-            msg = f"compress.split {self.split!r}: use train, val or test"
-            raise ConfigError(msg)
-        self.field_config()  # validate on load
-
-    @property
-    def name(self) -> str:
-        return f"{Path(self.preset).stem}_{self.split}"
-
-    def field_config(self) -> Any:
-        from postcast.compression.field import FieldConfig
-
-        return config.from_dict(FieldConfig, dict(self.field), where=f"compress[{self.preset}].field")
-
-    def check_fields(self) -> None:
-        """Refuse, before any stage runs, a preset that reads a variable with gaps (SST is undefined over
-        land): its fields are NaN there, and a neural field fits gap-free fields only; and one of a derived
-        target, whose members the artefact does not hold."""
-        spec = self.data_config(Path("store.zarr")).sample
-        gappy = sorted({i.variable for i in spec.inputs() if schema.VARIABLES[i.variable].missing_over_land})
-        if gappy:
-            msg = (f"compress.preset {self.preset}: it reads {', '.join(gappy)}, undefined over land (NaN), and a "
-                   f"neural field fits gap-free fields only; give compress a preset without {', '.join(gappy)} "
-                   "(e.g. configs/train/emos_t850.yaml) or remove this compress entry")
-            raise ConfigError(msg)
-        if spec.resolved_target.derived:
-            msg = (f"compress.preset {self.preset}: its target {spec.target} is derived from the members "
-                   f"({', '.join(spec.resolved_target.input_variables)}), which an artefact of ensemble "
-                   "statistics does not hold; give compress a preset of a variable target (e.g. "
-                   "configs/train/emos_t850.yaml) or remove this compress entry")
-            raise ConfigError(msg)
-
-    def data_config(self, store_path: Path) -> Any:
-        """The preset's data config as training resolves it, pointed at ``store_path`` (members off)."""
-        from postcast.pipeline.train import data_config
-
-        try:
-            return data_config(["-c", self.preset, "--data.cfg.store", str(store_path),
-                                "--data.cfg.sample.members", "false"])
-        except ValueError as err:
-            msg = f"compress.preset {self.preset}: {err}"
-            raise ConfigError(msg) from err
-
-
-@dataclass(frozen=True)
-class DownloadJob:
-    """The download stage: the real ENS-10 files holding the init dates ``start``..``end`` (by month-day,
-    groups ``pl``/``sfc``) and the ERA5 analyses of ``era5_years`` -> ``out`` (resumable; see
-    ``postcast download ens10``)."""
-
-    start: str
-    end: str | None = None
-    groups: tuple[str, ...] = ("pl", "sfc")
-    era5_years: tuple[int, ...] = ()
-    out: str = "data/ens10"
-    jobs: int = 4
-
-    def __post_init__(self) -> None:
-        if self.jobs < 1:
-            msg = f"download.jobs {self.jobs}: use 1 or more transfers at once"
-            raise ConfigError(msg)
-        self.files()  # dates and groups checked on load, offline
-
-    def files(self) -> list[Any]:
-        from postcast.datasets import download
-
-        return (download.ens10_files(self.start, self.end or self.start, self.groups)
-                + download.era5_files(self.era5_years, self.groups))
-
-    def listing(self) -> list[dict[str, Any]]:
-        """What a dry run shows: each file, its address and its expected size (nominal; no network)."""
-        from postcast.datasets import download
-
-        out = Path(self.out)
-        return [{"file": str(out / f.name), "url": f.url, "expected_bytes": download.nominal_size(f),
-                 "present": (out / f.name).exists()} for f in self.files()]
 
 
 @config.register("pipeline")
@@ -209,9 +119,14 @@ class Manifest:
         return rec["hash"] == self.stage_hash(stage) and all(Path(o).exists() for o in rec["outputs"])
 
     def record(self, stage: Stage, outputs: list[str], seconds: float) -> None:
-        self.stages[stage.name] = {"hash": "", "outputs": outputs, "seconds": round(seconds, 2),
-                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": stage.settings,
-                                   **(stage.details(outputs) if stage.details is not None else {})}
+        self.stages[stage.name] = {
+            "hash": "",
+            "outputs": outputs,
+            "seconds": round(seconds, 2),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "settings": stage.settings,
+            **(stage.details(outputs) if stage.details is not None else {}),
+        }
         self.stages[stage.name]["hash"] = self.stage_hash(stage)  # inputs are upstream outputs: stable now
         self.save()
 
@@ -245,8 +160,18 @@ def _ingest(cfg: PipelineConfig, progress: bool) -> list[str]:
     source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
     # the manifest decided that this stage runs (never done, inputs or settings changed, or forced): a
     # complete store in the way is rebuilt, never kept as done (an interrupted one still resumes)
-    ingest(IngestConfig(source=source, out=str(cfg.store), truth=cfg.truth, splits=cfg.splits, workers=cfg.workers,
-                        processes=cfg.processes, progress=progress, overwrite=True))
+    ingest(
+        IngestConfig(
+            source=source,
+            out=str(cfg.store),
+            truth=cfg.truth,
+            splits=cfg.splits,
+            workers=cfg.workers,
+            processes=cfg.processes,
+            progress=progress,
+            overwrite=True,
+        )
+    )
     return [str(cfg.store / "zarr.json")]
 
 
@@ -260,8 +185,18 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
     from postcast.pipeline.train import run as lightning
 
     root = cfg.root / "runs" / Path(preset).stem
-    args = ["fit", "-c", preset, "--data.cfg.store", str(cfg.store), "--trainer.default_root_dir", str(root),
-            "--trainer.enable_progress_bar", str(progress).lower(), *cfg.train_args]
+    args = [
+        "fit",
+        "-c",
+        preset,
+        "--data.cfg.store",
+        str(cfg.store),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.enable_progress_bar",
+        str(progress).lower(),
+        *cfg.train_args,
+    ]
     lasts = sorted(root.glob("lightning_logs/version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
     if lasts and not fresh:
         log.info("%s: resuming from %s", preset, lasts[-1])
@@ -280,8 +215,16 @@ def _evaluate(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
 
     out = cfg.root / "report"
     names = {c: Path(p).stem for c, p in zip(checkpoints, cfg.train, strict=True)}
-    evaluate(EvalConfig(store=str(cfg.store), checkpoints=tuple(checkpoints), split=cfg.split, out=str(out),
-                        bootstrap=cfg.bootstrap, names=names))
+    evaluate(
+        EvalConfig(
+            store=str(cfg.store),
+            checkpoints=tuple(checkpoints),
+            split=cfg.split,
+            out=str(out),
+            bootstrap=cfg.bootstrap,
+            names=names,
+        )
+    )
     return [str(out / "metrics.json"), str(out / "results.nc"), str(out / "report.html")]
 
 
@@ -292,9 +235,17 @@ def _forecast(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
     source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
     written: list[str] = []
     for ckpt, preset in zip(checkpoints, cfg.train, strict=True):  # one product folder per trained model
-        res = forecast(ForecastConfig(checkpoint=ckpt, input=source, out=str(cfg.root / "forecasts"),
-                                      init_time=cfg.forecast_from, end=cfg.forecast_to, overwrite=True,
-                                      name=Path(preset).stem))
+        res = forecast(
+            ForecastConfig(
+                checkpoint=ckpt,
+                input=source,
+                out=str(cfg.root / "forecasts"),
+                init_time=cfg.forecast_from,
+                end=cfg.forecast_to,
+                overwrite=True,
+                name=Path(preset).stem,
+            )
+        )
         written += res.written
     return written
 
@@ -306,8 +257,14 @@ def _compress(cfg: PipelineConfig, job: CompressJob, progress: bool) -> list[str
     out = cfg.root / "compressed" / f"{job.name}.pcnf"
     size = art.save(out)
     psnr = min(e["psnr_db"] for e in art.header["errors"].values())
-    log.info("compress %s: %d fields, %d bytes, ratio %.1fx, lowest PSNR %.1f dB", job.name,
-             len(art.header["variables"]), size, art.ratio, psnr)
+    log.info(
+        "compress %s: %d fields, %d bytes, ratio %.1fx, lowest PSNR %.1f dB",
+        job.name,
+        len(art.header["variables"]),
+        size,
+        art.ratio,
+        psnr,
+    )
     return [str(out)]
 
 
@@ -318,13 +275,19 @@ def compressed_fields(outputs: list[str]) -> dict[str, Any]:
     from postcast.compression.artefact import Artefact
 
     art = Artefact.load(outputs[0])
-    fields = {v: {k: float(f"{e[k]:.4g}") for k in ("wrmse", "wrmse_over_std", "max_abs")}
-              for v, e in zip(art.header["variables"], art.header["errors"].values(), strict=True)}
+    fields = {
+        v: {k: float(f"{e[k]:.4g}") for k in ("wrmse", "wrmse_over_std", "max_abs")}
+        for v, e in zip(art.header["variables"], art.header["errors"].values(), strict=True)
+    }
     for v, e in fields.items():
         if e["wrmse_over_std"] > MAX_WRMSE_OVER_STD:
-            log.warning("compress: %s has weighted RMSE / std %.3f (> %.1f): the artefact barely beats the field's "
-                        "mean; set field.error_bound_std: 0.1 (or fit longer)", v, e["wrmse_over_std"],
-                        MAX_WRMSE_OVER_STD)
+            log.warning(
+                "compress: %s has weighted RMSE / std %.3f (> %.1f): the artefact barely beats the field's "
+                "mean; set field.error_bound_std: 0.1 (or fit longer)",
+                v,
+                e["wrmse_over_std"],
+                MAX_WRMSE_OVER_STD,
+            )
     return {"ratio": round(art.ratio, 2), "fields": fields}
 
 
@@ -336,8 +299,15 @@ def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stag
         out.append(Stage("synth", {"synth": asdict(cfg.synth)}, [], lambda fresh: _synth(cfg, progress)))
     fetch = cfg.download
     if fetch is not None:
-        out.append(Stage("download", asdict(fetch), [], lambda fresh, f=fetch: _download(f, progress),  # type: ignore[misc]
-                         fetch.listing))
+        out.append(
+            Stage(
+                "download",
+                asdict(fetch),
+                [],
+                lambda fresh, f=fetch: _download(f, progress),  # type: ignore[misc]
+                fetch.listing,
+            )
+        )
     ingest_settings = {"source": cfg.source, "truth": cfg.truth, "splits": asdict(cfg.splits)}
     upstream = ["synth"] if cfg.synth is not None else ["download"] if fetch is not None else []
     out.append(Stage(first, ingest_settings, upstream, lambda fresh: _ingest(cfg, progress)))
@@ -346,30 +316,44 @@ def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stag
         name = f"train:{Path(preset).stem}"
         train_names.append(name)
         text = Path(preset).read_text()
-        out.append(Stage(name, {"preset": preset, "preset_text": text, "args": list(cfg.train_args)}, [first],
-                         lambda fresh, p=preset: _train(cfg, p, progress, fresh)))  # type: ignore[misc]
+        out.append(
+            Stage(
+                name,
+                {"preset": preset, "preset_text": text, "args": list(cfg.train_args)},
+                [first],
+                lambda fresh, p=preset: _train(cfg, p, progress, fresh),  # type: ignore[misc]
+            )
+        )
     if cfg.evaluate:
+
         def run_eval(fresh: bool) -> list[str]:
             ckpts = [manifest.stages[n]["outputs"][0] for n in train_names]
             return _evaluate(cfg, ckpts)
 
-        out.append(Stage("evaluate", {"split": cfg.split, "bootstrap": cfg.bootstrap}, [first, *train_names],
-                         run_eval))
+        out.append(Stage("evaluate", {"split": cfg.split, "bootstrap": cfg.bootstrap}, [first, *train_names], run_eval))
     if cfg.forecast_from is not None and train_names:
+
         def run_forecast(fresh: bool) -> list[str]:
             return _forecast(cfg, [manifest.stages[n]["outputs"][0] for n in train_names])
 
         out.append(Stage("forecast", {"from": cfg.forecast_from, "to": cfg.forecast_to}, train_names, run_forecast))
     for job in cfg.compress:
         settings = {"preset_text": Path(job.preset).read_text(), "split": job.split, "field": dict(job.field)}
-        out.append(Stage(f"compress:{job.name}", settings, [first],
-                         lambda fresh, j=job: _compress(cfg, j, progress),  # type: ignore[misc]
-                         details=compressed_fields))
+        out.append(
+            Stage(
+                f"compress:{job.name}",
+                settings,
+                [first],
+                lambda fresh, j=job: _compress(cfg, j, progress),  # type: ignore[misc]
+                details=compressed_fields,
+            )
+        )
     return out
 
 
-def run(cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = True, dry_run: bool = False
-        ) -> dict[str, Any]:
+def run(
+    cfg: PipelineConfig, *, force: tuple[str, ...] = (), progress: bool = True, dry_run: bool = False
+) -> dict[str, Any]:
     """Run (or, with ``dry_run``, list) the stages; returns the summary also written to summary.json."""
     cfg.root.mkdir(parents=True, exist_ok=True)
     handler = _log_file(cfg.root)
@@ -430,8 +414,10 @@ def _finish_summary(summary: dict[str, Any], previous: Path, started: str, secon
         runs = []  # an unreadable earlier summary loses its history, not this run
     ran = [n for n, st in summary["stages"].items() if st["status"] in ("ran", "failed")]
     summary["seconds"] = round(sum(st.get("seconds", 0.0) for st in summary["stages"].values()), 2)
-    summary["runs"] = [*runs, {"started": started, "seconds": round(seconds, 2), "ran": ran,
-                               "status": summary["status"]}]
+    summary["runs"] = [
+        *runs,
+        {"started": started, "seconds": round(seconds, 2), "ran": ran, "status": summary["status"]},
+    ]
 
 
 def _disk_use(root: Path) -> tuple[int, int]:

@@ -44,15 +44,28 @@ class PostcastCLI(LightningCLI):
         parser.set_defaults({"trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.log_every_n_steps": 10})
         # model selection on the validation split (never test) ...
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.monitor": "val_crps", "checkpoint.mode": "min",
-                             "checkpoint.filename": "best-{epoch}-{val_crps:.4f}", "seed_everything": 0})
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val_crps",
+                "checkpoint.mode": "min",
+                "checkpoint.filename": "best-{epoch}-{val_crps:.4f}",
+                "seed_everything": 0,
+            }
+        )
         # ... and "last.ckpt" after every epoch for resuming (ModelCheckpoint's own save_last only
         # refreshes it when the best checkpoint changes)
         parser.add_lightning_class_args(ModelCheckpoint, "latest")
-        parser.set_defaults({"latest.filename": "last", "latest.monitor": None, "latest.save_top_k": 1,
-                             "latest.enable_version_counter": False})
-        parser.link_arguments("data", "model.sample", compute_fn=lambda dm: dm.cfg.sample.to_dict(),
-                              apply_on="instantiate")
+        parser.set_defaults(
+            {
+                "latest.filename": "last",
+                "latest.monitor": None,
+                "latest.save_top_k": 1,
+                "latest.enable_version_counter": False,
+            }
+        )
+        parser.link_arguments(
+            "data", "model.sample", compute_fn=lambda dm: dm.cfg.sample.to_dict(), apply_on="instantiate"
+        )
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
         parser.link_arguments("data", "model.grid_area", compute_fn=lambda dm: dm.grid_area, apply_on="instantiate")
         parser.link_arguments("data", "model.n_members", compute_fn=lambda dm: dm.n_members, apply_on="instantiate")
@@ -262,12 +275,21 @@ def run(args: Sequence[str]) -> PostcastCLI:
     for path in _config_files(args, paths):
         config.read_yaml(path)  # the limits, naming the file (the parser would name neither)
     set_loader(YAML_MODE, _load_yaml_value, exceptions=(yaml.YAMLError,))
-    defaults = {sub: {"parser_mode": YAML_MODE, **({"default_config_files": [str(paths)]} if paths else {})}
-                for sub in SUBCOMMANDS}
+    defaults = {
+        sub: {"parser_mode": YAML_MODE, **({"default_config_files": [str(paths)]} if paths else {})}
+        for sub in SUBCOMMANDS
+    }
     if paths is None and not any(str(a).startswith("--data.cfg.store") or a in ("-h", "--help") for a in args):
-        print("postcast train: no configs/paths.yaml in this directory and $POSTCAST_PATHS is unset: the store "
-              "must come from a preset or --data.cfg.store STORE", file=sys.stderr)
+        print(
+            "postcast train: no configs/paths.yaml in this directory and $POSTCAST_PATHS is unset: the store "
+            "must come from a preset or --data.cfg.store STORE",
+            file=sys.stderr,
+        )
     with _signals_end_the_run():
-        return PostcastCLI(PostProcessor, StoreDataModule, save_config_kwargs={"overwrite": True},
-                           parser_kwargs={"prog": "postcast train", "parser_mode": YAML_MODE, **defaults},
-                           args=list(args))
+        return PostcastCLI(
+            PostProcessor,
+            StoreDataModule,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"prog": "postcast train", "parser_mode": YAML_MODE, **defaults},
+            args=list(args),
+        )

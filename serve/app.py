@@ -74,13 +74,17 @@ def _json(obj: dict[str, Any]) -> Response:
     return Response(json.dumps(obj, separators=(",", ":")).encode(), media_type="application/json")
 
 
-def create_app(forecasts: str | Path, token: str | None = None, *, public_metrics: bool = False,
-               watch_s: float | None = 2.0) -> FastAPI:
+def create_app(
+    forecasts: str | Path, token: str | None = None, *, public_metrics: bool = False, watch_s: float | None = 2.0
+) -> FastAPI:
     """The service over the archive ``forecasts``; ``token`` enables bearer auth on every path but
     /health (and /metrics when ``public_metrics``); the archive is rescanned at most every ``watch_s``
     seconds (None: only on ``/forecasts?refresh=true``)."""
-    app = FastAPI(title="postcast", version=__version__,
-                  description="Calibrated ensemble forecasts written by `postcast forecast`.")
+    app = FastAPI(
+        title="postcast",
+        version=__version__,
+        description="Calibrated ensemble forecasts written by `postcast forecast`.",
+    )
     catalog = Catalog(forecasts, watch_s)
     stats = Stats()
     open_paths = {"/health"} | ({"/metrics"} if public_metrics else set())
@@ -92,8 +96,9 @@ def create_app(forecasts: str | Path, token: str | None = None, *, public_metric
         parts = [f"{'.'.join(str(x) for x in e['loc'][1:]) or e['loc'][0]}: {e['msg']}" for e in exc.errors()]
         return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
 
-    _info_routes(app, catalog, stats, token, guarded=token is not None, metrics_guarded=token is not None
-                 and not public_metrics)
+    _info_routes(
+        app, catalog, stats, token, guarded=token is not None, metrics_guarded=token is not None and not public_metrics
+    )
     _forecast_routes(app, catalog, guarded=token is not None)
     for r in app.routes:
         params = getattr(getattr(r, "dependant", None), "query_params", None)
@@ -103,8 +108,9 @@ def create_app(forecasts: str | Path, token: str | None = None, *, public_metric
     return app
 
 
-def _info_routes(app: FastAPI, catalog: Catalog, stats: Stats, token: str | None, *, guarded: bool,
-                 metrics_guarded: bool) -> None:
+def _info_routes(
+    app: FastAPI, catalog: Catalog, stats: Stats, token: str | None, *, guarded: bool, metrics_guarded: bool
+) -> None:
     secret = token.encode() if token else None
 
     @app.get("/health", response_model=Health, responses=error_answers(422, guarded=False))
@@ -113,17 +119,25 @@ def _info_routes(app: FastAPI, catalog: Catalog, stats: Stats, token: str | None
         catalog.watch()
         header = request.headers.get("authorization")
         full = bearer_ok(header.encode("latin-1") if header is not None else None, secret)
-        out: dict[str, Any] = {"status": "degraded" if catalog.skipped else "ok", "forecasts": len(catalog.entries),
-                               "models": len(catalog.all_models), "version": __version__,
-                               "skipped": [{"path": s.path, "reason": s.reason if full else s.public_reason}
-                                           for s in catalog.skipped]}
+        out: dict[str, Any] = {
+            "status": "degraded" if catalog.skipped else "ok",
+            "forecasts": len(catalog.entries),
+            "models": len(catalog.all_models),
+            "version": __version__,
+            "skipped": [{"path": s.path, "reason": s.reason if full else s.public_reason} for s in catalog.skipped],
+        }
         if full:
-            out.update(archive=str(catalog.root.absolute()),
-                       scores=str(catalog.scores_file[1].resolve()) if catalog.scores_file else None)
+            out.update(
+                archive=str(catalog.root.absolute()),
+                scores=str(catalog.scores_file[1].resolve()) if catalog.scores_file else None,
+            )
         return _json(out)
 
-    @app.get("/metrics", response_class=PlainTextResponse,
-             responses=error_answers(401, 422, guarded=metrics_guarded, json_media=True))
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses=error_answers(401, 422, guarded=metrics_guarded, json_media=True),
+    )
     async def metrics() -> str:
         return stats.prometheus(catalog)
 
@@ -141,23 +155,48 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
             catalog.refresh()
         else:
             catalog.watch()
-        return _json({"targets": [tm.listing(t) for t, tm in catalog.models.items()],
-                      "forecasts": [{"target": e.target, "init_time": e.init.isoformat(),
-                                     "valid_time": e.valid.isoformat(), "product": e.product, "model": e.model}
-                                    for e in catalog.entries]})
+        return _json(
+            {
+                "targets": [tm.listing(t) for t, tm in catalog.models.items()],
+                "forecasts": [
+                    {
+                        "target": e.target,
+                        "init_time": e.init.isoformat(),
+                        "valid_time": e.valid.isoformat(),
+                        "product": e.product,
+                        "model": e.model,
+                    }
+                    for e in catalog.entries
+                ],
+            }
+        )
 
     @app.get("/forecast/point", response_model=PointAnswer, responses=error_answers(401, 404, 422, guarded=guarded))
-    async def point(target: Target, lat: Lat, lon: Lon, time: Time = None, model: Model = None,
-                    threshold: Annotated[float | None, Query(description="exceedance threshold, target units",
-                                                             allow_inf_nan=False)] = None) -> Response:
+    async def point(
+        target: Target,
+        lat: Lat,
+        lon: Lon,
+        time: Time = None,
+        model: Model = None,
+        threshold: Annotated[
+            float | None, Query(description="exceedance threshold, target units", allow_inf_nan=False)
+        ] = None,
+    ) -> Response:
         entry, s = catalog.resolve(target, model, parse_time(time))
         f = s.field
         i, j = s.lat(lat), s.lon(lon % 360.0)
         mu, sd = float(f.mean[i, j]), float(f.std[i, j])
         out: dict[str, Any] = {
-            "target": target, "units": f.units, "init_time": s.init, "valid_time": s.valid,
-            "product": entry.product, "model": entry.model,
-            "latitude": float(f.lat[i]), "longitude": float(f.lon[j]), "mean": mu, "std": sd,
+            "target": target,
+            "units": f.units,
+            "init_time": s.init,
+            "valid_time": s.valid,
+            "product": entry.product,
+            "model": entry.model,
+            "latitude": float(f.lat[i]),
+            "longitude": float(f.lon[j]),
+            "mean": mu,
+            "std": sd,
             "quantiles": dict(zip(s.quantile_keys, f.quantiles[:, i, j].tolist(), strict=True)),
             "exceedance": dict(zip(s.threshold_keys, f.exceedance[:, i, j].tolist(), strict=True)),
         }
@@ -166,24 +205,43 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
         return _json(out)
 
     @app.get("/forecast/bbox", response_model=BoxAnswer, responses=error_answers(401, 404, 422, guarded=guarded))
-    async def bbox(target: Target, lat_min: Lat, lat_max: Lat, lon_min: Lon, lon_max: Lon,
-                   time: Time = None, model: Model = None) -> Response:
+    async def bbox(
+        target: Target, lat_min: Lat, lat_max: Lat, lon_min: Lon, lon_max: Lon, time: Time = None, model: Model = None
+    ) -> Response:
         entry, s = catalog.resolve(target, model, parse_time(time))
         f = s.field
         rows = (f.lat >= lat_min) & (f.lat <= lat_max)
         lo, hi = lon_min % 360.0, lon_max % 360.0
         cols = (f.lon >= lo) & (f.lon <= hi) if lo <= hi else (f.lon >= lo) | (f.lon <= hi)  # across 0 deg
         if not rows.any() or not cols.any():  # lat_min > lat_max included: an empty box
-            raise HTTPException(404, f"no grid point inside the box (latitude {lat_min}..{lat_max}, longitude "
-                                     f"{lon_min}..{lon_max}; lat_min must not exceed lat_max)")
-        return _json({"target": target, "units": f.units, "init_time": s.init, "valid_time": s.valid,
-                      "product": entry.product, "model": entry.model,
-                      "latitude": f.lat[rows].tolist(), "longitude": f.lon[cols].tolist(),
-                      "mean": f.mean[np.ix_(rows, cols)].tolist(), "std": f.std[np.ix_(rows, cols)].tolist()})
+            raise HTTPException(
+                404,
+                f"no grid point inside the box (latitude {lat_min}..{lat_max}, longitude "
+                f"{lon_min}..{lon_max}; lat_min must not exceed lat_max)",
+            )
+        return _json(
+            {
+                "target": target,
+                "units": f.units,
+                "init_time": s.init,
+                "valid_time": s.valid,
+                "product": entry.product,
+                "model": entry.model,
+                "latitude": f.lat[rows].tolist(),
+                "longitude": f.lon[cols].tolist(),
+                "mean": f.mean[np.ix_(rows, cols)].tolist(),
+                "std": f.std[np.ix_(rows, cols)].tolist(),
+            }
+        )
 
-    @app.get("/map.png", response_class=PNGResponse, responses={
-        200: {"content": {"image/png": {}}, "description": "a PNG map of the forecast mean"},
-        **error_answers(401, 404, 422, guarded=guarded, json_media=True)})
+    @app.get(
+        "/map.png",
+        response_class=PNGResponse,
+        responses={
+            200: {"content": {"image/png": {}}, "description": "a PNG map of the forecast mean"},
+            **error_answers(401, 404, 422, guarded=guarded, json_media=True),
+        },
+    )
     def map_png(target: Target | None = None, time: Time = None, model: Model = None) -> PNGResponse:
         """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given)."""
         target = target or catalog.latest_target(model)
@@ -196,6 +254,9 @@ def app_from_env() -> FastAPI:
     import os
 
     watch = os.environ.get("POSTCAST_WATCH_S", "2")
-    return create_app(os.environ["POSTCAST_FORECASTS"], os.environ.get("POSTCAST_TOKEN") or None,
-                      public_metrics=os.environ.get("POSTCAST_PUBLIC_METRICS") == "1",
-                      watch_s=float(watch) if watch else None)
+    return create_app(
+        os.environ["POSTCAST_FORECASTS"],
+        os.environ.get("POSTCAST_TOKEN") or None,
+        public_metrics=os.environ.get("POSTCAST_PUBLIC_METRICS") == "1",
+        watch_s=float(watch) if watch else None,
+    )

@@ -23,8 +23,9 @@ class Gate:
 
     ``routes`` maps each route template to the query parameters it takes (filled once the routes exist)."""
 
-    def __init__(self, app: Any, stats: Stats, routes: dict[str, frozenset[str] | None], token: str | None,
-                 open_paths: set[str]) -> None:
+    def __init__(
+        self, app: Any, stats: Stats, routes: dict[str, frozenset[str] | None], token: str | None, open_paths: set[str]
+    ) -> None:
         self.app, self.stats, self.routes, self.open_paths = app, stats, routes, open_paths
         self.token = token.encode() if token else None
 
@@ -57,8 +58,9 @@ class Gate:
                 await _problem(send_status, 401, UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
             elif unknown := self._unknown(path, scope.get("query_string", b"")):
                 allowed = ", ".join(sorted(self.routes[path] or ())) or "none"
-                body = json.dumps({"detail": f"unknown query parameter(s) {', '.join(unknown)}: {path} takes "
-                                             f"{allowed}"}).encode()
+                body = json.dumps(
+                    {"detail": f"unknown query parameter(s) {', '.join(unknown)}: {path} takes {allowed}"}
+                ).encode()
                 await _problem(send_status, 422, body, [])
             else:
                 await self.app(scope, receive, send_status)
@@ -76,7 +78,11 @@ def bearer_ok(authorization: bytes | None, token: bytes | None) -> bool:
 
 
 async def _problem(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

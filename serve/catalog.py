@@ -55,7 +55,6 @@ class MapCache(LRU):
         self.render_lock = threading.Lock()  # matplotlib is not thread-safe; one render at a time
 
 
-
 Key = tuple[str, str | None, pd.Timestamp | None]  # (target, model or None = any, valid time or None = the latest)
 
 
@@ -70,8 +69,13 @@ class TargetModels:
     chosen_by: str
 
     def listing(self, target: str) -> dict[str, Any]:
-        return {"target": target, "default_model": self.order[0], "chosen_by": self.chosen_by,
-                "models": [{"model": m, "crps": self.crps.get(m), "forecasts": self.counts[m]} for m in self.order]}
+        return {
+            "target": target,
+            "default_model": self.order[0],
+            "chosen_by": self.chosen_by,
+            "models": [{"model": m, "crps": self.crps.get(m), "forecasts": self.counts[m]} for m in self.order],
+        }
+
 
 class Catalog:
     """The archive under ``root``: which products exist, the models of each target ranked by their
@@ -139,22 +143,30 @@ class Catalog:
         for target in sorted(counts, key=list(schema.TARGETS).index):
             crps = {m: v for m, v in self.scores.get(target, {}).items() if m in counts[target]}
             order = tuple(sorted(counts[target], key=lambda m: (m not in crps, crps.get(m, 0.0), m)))
-            why = (f"the lowest {archive.SCORE} in {self.scores_file[0]}" if self.scores_file and order[0] in crps
-                   else "no verification score for its models: the first by name")
+            why = (
+                f"the lowest {archive.SCORE} in {self.scores_file[0]}"
+                if self.scores_file and order[0] in crps
+                else "no verification score for its models: the first by name"
+            )
             out[target] = TargetModels(order, crps, dict(counts[target]), why)
         return out
 
     def _index(self, found: list[Product], foreign: list[Skipped]) -> None:
         good = [p for p in found if p.path not in self._unreadable]
-        bad = [Skipped(str(path.relative_to(self.root)), why, "an unreadable forecast file (see the log)")
-               for path, (_, why) in self._unreadable.items()]
+        bad = [
+            Skipped(str(path.relative_to(self.root)), why, "an unreadable forecast file (see the log)")
+            for path, (_, why) in self._unreadable.items()
+        ]
         self._bad_keys = {(p.target, p.valid) for p, _ in self._unreadable.values()}
         models = self._rank_models(good)
         rank = {(t, m): k for t, tm in models.items() for k, m in enumerate(tm.order)}
         ranked: dict[Key, list[Product]] = defaultdict(list)
         # the target's better model first, then later init, then postprocessed over fallback, then written last
-        for p in sorted(good, key=lambda p: (-rank[(p.target, p.model)], p.init, p.product == archive.POSTPROCESSED,
-                                              p.signature[1]), reverse=True):
+        for p in sorted(
+            good,
+            key=lambda p: (-rank[(p.target, p.model)], p.init, p.product == archive.POSTPROCESSED, p.signature[1]),
+            reverse=True,
+        ):
             for model in (None, p.model):
                 ranked[(p.target, model, p.valid)].append(p)
                 ranked[(p.target, model, None)].append(p)
@@ -171,12 +183,14 @@ class Catalog:
         if model is None:
             return
         if model not in self.all_models:
-            raise HTTPException(422, f"model {model!r} is not in the archive; its models: "
-                                     f"{', '.join(self.all_models) or 'none'}")
+            raise HTTPException(
+                422, f"model {model!r} is not in the archive; its models: {', '.join(self.all_models) or 'none'}"
+            )
         have = self.models[target].order if target in self.models else ()
         if target is not None and model not in have:
-            raise HTTPException(404, f"no {target} forecast of model {model!r}; the models of {target}: "
-                                     f"{', '.join(have) or 'none'}")
+            raise HTTPException(
+                404, f"no {target} forecast of model {model!r}; the models of {target}: {', '.join(have) or 'none'}"
+            )
 
     def latest_target(self, model: str | None) -> str:
         """The target of the last forecast listed (of ``model`` if given); 404 when there is none."""
@@ -221,4 +235,3 @@ class Catalog:
             found = [e for e in self.entries if e.path != p.path]
             foreign = [s for s in self.skipped if (self.root / s.path) not in self._unreadable]
             self._index(found, foreign)
-

@@ -50,5 +50,12 @@ class Served:
 
     @classmethod
     def of(cls, p: Product, f: Field) -> Served:
-        return cls(f, Locator(f.lat, False), Locator(f.lon, True), p.init.isoformat(), p.valid.isoformat(),
-                   tuple(f"{q:g}" for q in f.quantile_levels), tuple(f"{t:g}" for t in f.thresholds))
+        return cls(
+            f,
+            Locator(f.lat, False),
+            Locator(f.lon, True),
+            p.init.isoformat(),
+            p.valid.isoformat(),
+            tuple(f"{q:g}" for q in f.quantile_levels),
+            tuple(f"{t:g}" for t in f.thresholds),
+        )

@@ -17,14 +17,22 @@ class Stats:
 
     def prometheus(self, catalog: Catalog) -> str:
         """The Prometheus text: these counters and the gauges of ``catalog``."""
-        lines = ["# HELP postcast_requests_total HTTP requests by route template and status",
-                 "# TYPE postcast_requests_total counter"]
+        lines = [
+            "# HELP postcast_requests_total HTTP requests by route template and status",
+            "# TYPE postcast_requests_total counter",
+        ]
         lines += [f'postcast_requests_total{{path="{p}",status="{s}"}} {n}' for (p, s), n in sorted(self.count.items())]
-        lines += ["# HELP postcast_request_seconds_total time spent answering, by route template",
-                  "# TYPE postcast_request_seconds_total counter"]
+        lines += [
+            "# HELP postcast_request_seconds_total time spent answering, by route template",
+            "# TYPE postcast_request_seconds_total counter",
+        ]
         lines += [f'postcast_request_seconds_total{{path="{p}"}} {s:.6f}' for p, s in sorted(self.seconds.items())]
-        lines += ["# HELP postcast_forecasts forecasts served", "# TYPE postcast_forecasts gauge",
-                  f"postcast_forecasts {len(catalog.entries)}",
-                  "# HELP postcast_skipped_files archive entries skipped (foreign or unreadable)",
-                  "# TYPE postcast_skipped_files gauge", f"postcast_skipped_files {len(catalog.skipped)}"]
+        lines += [
+            "# HELP postcast_forecasts forecasts served",
+            "# TYPE postcast_forecasts gauge",
+            f"postcast_forecasts {len(catalog.entries)}",
+            "# HELP postcast_skipped_files archive entries skipped (foreign or unreadable)",
+            "# TYPE postcast_skipped_files gauge",
+            f"postcast_skipped_files {len(catalog.skipped)}",
+        ]
         return "\n".join(lines) + "\n"

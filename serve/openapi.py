@@ -40,6 +40,8 @@ def _annotate(spec: dict[str, Any], models: tuple[str, ...], guarded: set[str]) 
             if path in guarded:
                 op["security"] = [{"bearer": []}]
     if guarded:
-        spec.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {"type": "http",
-                                                                                         "scheme": "bearer"}
+        spec.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http",
+            "scheme": "bearer",
+        }
     return spec

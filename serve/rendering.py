@@ -45,11 +45,18 @@ def _render(entry: Product, f: Field) -> bytes:
     ax = fig.subplots()
     lon = np.concatenate([f.lon[f.lon >= 180.0] - 360.0, f.lon[f.lon < 180.0]])  # -180..180 for the picture
     mean = np.concatenate([f.mean[:, f.lon >= 180.0], f.mean[:, f.lon < 180.0]], axis=1)  # (lat, lon)
-    im = ax.imshow(mean, origin="lower" if f.lat[0] < f.lat[-1] else "upper", cmap="RdYlBu_r", aspect="auto",
-                   extent=(float(lon.min()), float(lon.max()), float(f.lat.min()), float(f.lat.max())))
+    im = ax.imshow(
+        mean,
+        origin="lower" if f.lat[0] < f.lat[-1] else "upper",
+        cmap="RdYlBu_r",
+        aspect="auto",
+        extent=(float(lon.min()), float(lon.max()), float(f.lat.min()), float(f.lat.max())),
+    )
     fig.colorbar(im, ax=ax, label=f"{entry.target} mean ({f.units})")
-    ax.set_title(f"{entry.target} valid {entry.valid:%Y-%m-%d %H} UTC (init {entry.init:%Y-%m-%d %H}, "
-                 f"{entry.product}, {entry.model})")
+    ax.set_title(
+        f"{entry.target} valid {entry.valid:%Y-%m-%d %H} UTC (init {entry.init:%Y-%m-%d %H}, "
+        f"{entry.product}, {entry.model})"
+    )
     buf = pyio.BytesIO()
     fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
     return buf.getvalue()
@@ -58,11 +65,18 @@ def _render(entry: Product, f: Field) -> bytes:
 def index_page(catalog: Catalog, token: str | None) -> str:
     """The HTML page: the map of the latest forecast (a note instead when the map needs ``token``) and
     the last 20 forecasts listed."""
-    rows = "".join(f"<tr><td>{e.target}</td><td>{e.init:%Y-%m-%d %H}</td><td>{e.valid:%Y-%m-%d %H}</td>"
-                   f"<td>{html.escape(e.product)}</td><td>{html.escape(e.model)}</td></tr>"
-                   for e in catalog.entries[-20:])
-    img = '<img src="/map.png" alt="latest forecast">' if token is None else (
-        "<p>(the map needs the bearer token: GET /map.png)</p>")
-    return (f"<!doctype html><html><head><title>postcast</title></head><body><h1>postcast forecasts</h1>"
-            f"{img}<table border=1><tr><th>target</th><th>init</th><th>valid</th><th>product</th><th>model</th>"
-            f"</tr>{rows}</table><p><a href='/docs'>API docs</a></p></body></html>")
+    rows = "".join(
+        f"<tr><td>{e.target}</td><td>{e.init:%Y-%m-%d %H}</td><td>{e.valid:%Y-%m-%d %H}</td>"
+        f"<td>{html.escape(e.product)}</td><td>{html.escape(e.model)}</td></tr>"
+        for e in catalog.entries[-20:]
+    )
+    img = (
+        '<img src="/map.png" alt="latest forecast">'
+        if token is None
+        else ("<p>(the map needs the bearer token: GET /map.png)</p>")
+    )
+    return (
+        f"<!doctype html><html><head><title>postcast</title></head><body><h1>postcast forecasts</h1>"
+        f"{img}<table border=1><tr><th>target</th><th>init</th><th>valid</th><th>product</th><th>model</th>"
+        f"</tr>{rows}</table><p><a href='/docs'>API docs</a></p></body></html>"
+    )

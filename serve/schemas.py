@@ -91,16 +91,31 @@ class Listing(BaseModel):
 
 # --- the request parameters ------------------------------------------------------------------------
 # the targets come from the schema (one home for target facts): the pattern checks, the enum documents
-Target = Annotated[str, Query(description=f"one of {', '.join(schema.TARGETS)}",
-                              pattern="^(" + "|".join(map(re.escape, schema.TARGETS)) + ")$",
-                              json_schema_extra={"enum": list(schema.TARGETS)})]
+Target = Annotated[
+    str,
+    Query(
+        description=f"one of {', '.join(schema.TARGETS)}",
+        pattern="^(" + "|".join(map(re.escape, schema.TARGETS)) + ")$",
+        json_schema_extra={"enum": list(schema.TARGETS)},
+    ),
+]
 # the models come from the archive: the OpenAPI document enumerates them as they are (see postcast.serve.openapi)
-Model = Annotated[str | None, Query(description="the model (see /forecasts); default: the target's best-verified "
-                                                "model, then the next one that has a forecast for that time")]
+Model = Annotated[
+    str | None,
+    Query(
+        description="the model (see /forecasts); default: the target's best-verified "
+        "model, then the next one that has a forecast for that time"
+    ),
+]
 Lat = Annotated[float, Query(ge=-90.0, le=90.0, description="degrees north")]
 Lon = Annotated[float, Query(ge=-180.0, le=360.0, description="degrees east (-180..360)")]
-Time = Annotated[str | None, Query(description="valid time (ISO 8601, e.g. 2017-01-04T00:00); default: the latest",
-                                   json_schema_extra={"format": "date-time"})]
+Time = Annotated[
+    str | None,
+    Query(
+        description="valid time (ISO 8601, e.g. 2017-01-04T00:00); default: the latest",
+        json_schema_extra={"format": "date-time"},
+    ),
+]
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "missing or wrong bearer token"},
     404: {"model": Problem, "description": "no readable forecast for that target, model and time"},

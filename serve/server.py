@@ -49,12 +49,18 @@ class ServeOptions:
         checks = [
             (1 <= self.port <= 65535, f"--port {self.port}: give a TCP port between 1 and 65535"),
             (1 <= self.workers <= 64, f"--workers {self.workers}: give 1 to 64 worker processes"),
-            (0.0 < self.header_timeout <= 3600.0,
-             f"--header-timeout {self.header_timeout}: give seconds in (0, 3600], e.g. 10"),
-            (1 <= self.keep_alive_timeout <= 3600,
-             f"--keep-alive-timeout {self.keep_alive_timeout}: give whole seconds in [1, 3600], e.g. 5"),
-            (1 <= self.limit_concurrency <= 100_000,
-             f"--limit-concurrency {self.limit_concurrency}: give 1 to 100000 connections, e.g. 1000"),
+            (
+                0.0 < self.header_timeout <= 3600.0,
+                f"--header-timeout {self.header_timeout}: give seconds in (0, 3600], e.g. 10",
+            ),
+            (
+                1 <= self.keep_alive_timeout <= 3600,
+                f"--keep-alive-timeout {self.keep_alive_timeout}: give whole seconds in [1, 3600], e.g. 5",
+            ),
+            (
+                1 <= self.limit_concurrency <= 100_000,
+                f"--limit-concurrency {self.limit_concurrency}: give 1 to 100000 connections, e.g. 1000",
+            ),
             (bool(self.host.strip()), "--host is empty: give an address, e.g. 127.0.0.1"),
         ]
         for ok, msg in checks:
@@ -130,9 +136,17 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
 def uvicorn_kwargs(opts: ServeOptions) -> dict[str, Any]:
     """The keyword arguments of ``uvicorn.run`` for these options (the one server setup)."""
     os.environ[HEADER_TIMEOUT_ENV] = str(opts.header_timeout)  # read by the protocol, in every worker
-    return {"host": opts.host, "port": opts.port, "workers": opts.workers, "http": DeadlineHttpToolsProtocol,
-            "loop": "uvloop", "timeout_keep_alive": opts.keep_alive_timeout,
-            "limit_concurrency": opts.limit_concurrency, "log_level": "info", "access_log": opts.access_log}
+    return {
+        "host": opts.host,
+        "port": opts.port,
+        "workers": opts.workers,
+        "http": DeadlineHttpToolsProtocol,
+        "loop": "uvloop",
+        "timeout_keep_alive": opts.keep_alive_timeout,
+        "limit_concurrency": opts.limit_concurrency,
+        "log_level": "info",
+        "access_log": opts.access_log,
+    }
 
 
 class _Terminated(Exception):

@@ -42,8 +42,15 @@ from postcast.pipeline.archive import (
 )
 
 
-def write_forecasts(out: Path, target: str = schema.DEFAULT_TARGET, n: int = 3, resolution: float = 5.0, seed: int = 0,
-                    model: str = "unet", formats: tuple[str, ...] = ("netcdf",)) -> list[Path]:
+def write_forecasts(
+    out: Path,
+    target: str = schema.DEFAULT_TARGET,
+    n: int = 3,
+    resolution: float = 5.0,
+    seed: int = 0,
+    model: str = "unet",
+    formats: tuple[str, ...] = ("netcdf",),
+) -> list[Path]:
     """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does
     (through the archive's contract, ``pipeline/archive.py``), in each of ``formats``."""
     grid = schema.Grid(resolution)
@@ -54,8 +61,18 @@ def write_forecasts(out: Path, target: str = schema.DEFAULT_TARGET, n: int = 3, 
         init = pd.Timestamp("2017-01-02") + pd.Timedelta(days=k)
         mu = 280.0 - 30.0 * np.abs(np.sin(np.deg2rad(lat)))[:, None] + rng.normal(0, 1, grid.shape)
         sigma = 1.0 + rng.random(grid.shape)
-        ds = products(mu, sigma, target=schema.target(target), init=init, step_h=schema.TARGET_STEP_H, lat=lat, lon=lon,
-                      quantiles=DEFAULT_QUANTILES, thresholds=(273.15,), attrs={"product": POSTPROCESSED})
+        ds = products(
+            mu,
+            sigma,
+            target=schema.target(target),
+            init=init,
+            step_h=schema.TARGET_STEP_H,
+            lat=lat,
+            lon=lon,
+            quantiles=DEFAULT_QUANTILES,
+            thresholds=(273.15,),
+            attrs={"product": POSTPROCESSED},
+        )
         for fmt in formats:
             path = product_path(out, POSTPROCESSED, model, target, init, EXTENSIONS[fmt])
             write_product(ds, path)
@@ -70,13 +87,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(forecasts: Path, *, token: str | None = None, workers: int = 1, timeout: float = 60.0,
-                   extra: Sequence[str] = ()) -> Iterator[str]:
+def running_server(
+    forecasts: Path, *, token: str | None = None, workers: int = 1, timeout: float = 60.0, extra: Sequence[str] = ()
+) -> Iterator[str]:
     """Start ``postcast serve`` on a free loopback port (``extra``: more of its options); yield its base
     URL; stop it afterwards."""
     port = free_port()
-    cmd = [sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", str(port), "--workers", str(workers),
-           *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "postcast",
+        "serve",
+        str(forecasts),
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        *extra,
+    ]
     if token:
         cmd += ["--token", token]
     with _running(cmd, port, timeout) as url:
@@ -104,9 +132,11 @@ def trivial_app() -> Any:
 def running_trivial_server(workers: int = 1, timeout: float = 60.0) -> Iterator[str]:
     """:func:`trivial_app` run with the same server setup as ``postcast serve`` (``serve/server.py``)."""
     port = free_port()
-    code = ("from postcast.serve.server import ServeOptions, run; "
-            f"run('postcast.serve.testing:trivial_app', "
-            f"ServeOptions(port={port}, workers={workers}, access_log=False))")
+    code = (
+        "from postcast.serve.server import ServeOptions, run; "
+        f"run('postcast.serve.testing:trivial_app', "
+        f"ServeOptions(port={port}, workers={workers}, access_log=False))"
+    )
     with _running([sys.executable, "-c", code], port, timeout) as url:
         yield url
 

@@ -40,8 +40,10 @@ def _rebind_log_streams() -> None:
     test's captured, now closed, stderr; a real process has one stderr, so point them at this one."""
     import logging
 
-    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(v, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
     for logger in loggers:
         for h in logger.handlers:
             if type(h) is logging.StreamHandler and getattr(h.stream, "closed", False):
@@ -72,9 +74,15 @@ def subprocess_case(argv: list[str], *, fsize: int | None = None, timeout: float
         if fsize is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    proc = subprocess.run([sys.executable, "-m", "postcast", "--no-progress", "--log-level", "ERROR", *argv],
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=limit, check=False,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "postcast", "--no-progress", "--log-level", "ERROR", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+        check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     return Outcome(proc.returncode, proc.stderr, frozenset(DISK_FULL if fsize is not None else OK_CODES))
 
 

@@ -32,8 +32,9 @@ MYPY: list[subprocess.Popen[str]] = []  # the mypy run of test_quality.py::test_
 
 def start_mypy() -> subprocess.Popen[str]:
     """``python -m mypy`` over the package (its config: pyproject.toml), output captured."""
-    return subprocess.Popen([sys.executable, "-m", "mypy"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mypy"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected
@@ -88,8 +89,14 @@ def run_cli(*args: str, check: bool = False, timeout: float = 300) -> subprocess
 
 def run_process(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real ``postcast`` entry point in a subprocess (where the process is the subject)."""
-    proc = subprocess.run([sys.executable, "-m", "postcast", "--no-progress", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"}, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "postcast", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        check=False,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"postcast {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
@@ -134,8 +141,11 @@ def synth_zarr(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def synth_grib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "grib"
-    synthfiles.write_synthetic(SynthConfig(**{**TINY.to_dict(), "format": "grib", "years": tuple(TINY.years),
-                                            "levels": tuple(TINY.levels)}), out, progress=False)
+    synthfiles.write_synthetic(
+        SynthConfig(**{**TINY.to_dict(), "format": "grib", "years": tuple(TINY.years), "levels": tuple(TINY.levels)}),
+        out,
+        progress=False,
+    )
     return out
 
 
@@ -143,8 +153,11 @@ def synth_grib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def synth_netcdf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """TINY as ENS-10 netCDF files (one pair per month-day, each holding six years of dates)."""
     out = tmp_path_factory.mktemp("synth") / "netcdf"
-    synthfiles.write_synthetic(SynthConfig(**{**TINY.to_dict(), "format": "netcdf", "years": tuple(TINY.years),
-                                            "levels": tuple(TINY.levels)}), out, progress=False)
+    synthfiles.write_synthetic(
+        SynthConfig(**{**TINY.to_dict(), "format": "netcdf", "years": tuple(TINY.years), "levels": tuple(TINY.levels)}),
+        out,
+        progress=False,
+    )
     return out
 
 
@@ -160,8 +173,9 @@ def derived_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 10 deg store of 2010-2015 (24 training dates 2010-2013, 12 validation dates 2014-2015; no test split)
     with the truths of t2m, ws10 and tp24 (synthetic targets opt in)."""
     root = tmp_path_factory.mktemp("derived")
-    cfg = SynthConfig(seed=7, resolution=10.0, years=(2010, 2015), dates_per_year=6, levels=(850,),
-                      targets=("t2m", "ws10", "tp24"))
+    cfg = SynthConfig(
+        seed=7, resolution=10.0, years=(2010, 2015), dates_per_year=6, levels=(850,), targets=("t2m", "ws10", "tp24")
+    )
     synthfiles.write_synthetic(cfg, root / "raw", progress=False)
     ingest(IngestConfig(source=str(root / "raw"), out=str(root / "store.zarr"), processes=False, progress=False))
     return root / "store.zarr"
@@ -179,9 +193,21 @@ def t2m_ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from postcast.pipeline import train
 
     root = tmp_path_factory.mktemp("t2m_ckpt") / "runs"
-    cli = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-                     "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1",
-                     "--trainer.enable_model_summary", "false"])
+    cli = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+            "--data.cfg.store",
+            str(store),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.enable_model_summary",
+            "false",
+        ]
+    )
     assert cli.trainer.checkpoint_callback is not None
     return Path(cli.trainer.checkpoint_callback.best_model_path)
 
@@ -190,6 +216,24 @@ def t2m_ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def artefact(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small neural-field artefact of the store's T850 truth, shared by the battery files."""
     out = tmp_path_factory.mktemp("artefact") / "t850.pcnf"
-    assert main(["--no-progress", "compress", str(store), "--var", "truth_t850", "--width", "8", "--depth", "1",
-                 "--steps", "5", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--no-progress",
+                "compress",
+                str(store),
+                "--var",
+                "truth_t850",
+                "--width",
+                "8",
+                "--depth",
+                "1",
+                "--steps",
+                "5",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out

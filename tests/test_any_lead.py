@@ -37,8 +37,21 @@ def _error(proc) -> str:
 
 
 def _train(cli, store: Path, root: Path, *extra: str):
-    return cli("train", "fit", "-c", PRESET, "--data.cfg.store", str(store), "--trainer.default_root_dir",
-               str(root), "--trainer.max_epochs", "1", "--data.cfg.batch_size", "2", *extra)
+    return cli(
+        "train",
+        "fit",
+        "-c",
+        PRESET,
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_epochs",
+        "1",
+        "--data.cfg.batch_size",
+        "2",
+        *extra,
+    )
 
 
 def _checkpoint(root: Path) -> Path:
@@ -69,16 +82,21 @@ def files(cli, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("lead78")
     grib78 = write_lead_78(d / "ens78.grib", dates=DATES)
     grib48 = _restep(grib78, d / "ens48.grib", 48)
-    return {"grib78": grib78, "store78": _ingest_with_truth(cli, grib78, d / "s78.zarr", 78),
-            "grib48": grib48, "store48": _ingest_with_truth(cli, grib48, d / "s48.zarr", 48)}
+    return {
+        "grib78": grib78,
+        "store78": _ingest_with_truth(cli, grib78, d / "s78.zarr", 78),
+        "grib48": grib48,
+        "store48": _ingest_with_truth(cli, grib48, d / "s48.zarr", 48),
+    }
 
 
 @pytest.fixture(scope="module")
 def ckpt78(cli, files, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``train fit`` of the tiny preset at +78 h on the +78 h store (inputs the file has)."""
     root = tmp_path_factory.mktemp("runs78")
-    proc = _train(cli, files["store78"], root, "--data.cfg.sample.step_h", "78", "--data.cfg.sample.variables",
-                  INPUTS_78)
+    proc = _train(
+        cli, files["store78"], root, "--data.cfg.sample.step_h", "78", "--data.cfg.sample.variables", INPUTS_78
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _checkpoint(root)
 
@@ -95,9 +113,23 @@ def ckpt48(cli, store, tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --- 1: a model's lead the data lacks ---------------------------------------------------------------
 def test_train_at_a_lead_the_store_lacks_is_refused_naming_its_lead(files, tmp_path, capsys):
     """Was internal error (70) ``KeyError: Timedelta('2 days')`` from SampleSpec.select (normalisation)."""
-    res = in_process(["train", "fit", "-c", PRESET, "--data.cfg.store", str(files["store78"]),
-                      "--data.cfg.sample.variables", INPUTS_78, "--trainer.default_root_dir", str(tmp_path / "runs"),
-                      "--trainer.max_epochs", "1"], capsys)
+    res = in_process(
+        [
+            "train",
+            "fit",
+            "-c",
+            PRESET,
+            "--data.cfg.store",
+            str(files["store78"]),
+            "--data.cfg.sample.variables",
+            INPUTS_78,
+            "--trainer.default_root_dir",
+            str(tmp_path / "runs"),
+            "--trainer.max_epochs",
+            "1",
+        ],
+        capsys,
+    )
     assert_ok("train fit: preset lead not in the store", res, not list(tmp_path.rglob("*.ckpt")))
     line = res.error_lines[0]
     assert res.code == 2 and "+48 h" in line and "+78 h" in line and "--data.cfg.sample.step_h 78" in line, line
@@ -106,8 +138,9 @@ def test_train_at_a_lead_the_store_lacks_is_refused_naming_its_lead(files, tmp_p
 def test_evaluate_a_checkpoint_at_a_lead_the_store_lacks(files, ckpt78, tmp_path, capsys):
     """Was internal error (70) ``KeyError: "not all values found in index 'step'"`` from store.split_rows."""
     out = tmp_path / "eval"
-    res = in_process(["evaluate", str(files["store48"]), "--checkpoints", str(ckpt78), "--bootstrap", "5",
-                      "--out", str(out)], capsys)
+    res = in_process(
+        ["evaluate", str(files["store48"]), "--checkpoints", str(ckpt78), "--bootstrap", "5", "--out", str(out)], capsys
+    )
     assert_ok("evaluate: checkpoint lead not in the store", res, not (out / "metrics.json").exists())
     line = res.error_lines[0]
     assert res.code == 2 and "+78 h" in line and "holds +48 h" in line, line
@@ -116,8 +149,21 @@ def test_evaluate_a_checkpoint_at_a_lead_the_store_lacks(files, ckpt78, tmp_path
 def test_compress_at_a_lead_the_store_lacks(files, tmp_path, capsys):
     """Was internal error (70) ``KeyError: "not all values found in index 'step'"`` from compression/report.py."""
     out = tmp_path / "t48.pcnf"
-    res = in_process(["compress", str(files["store78"]), "--var", "truth_t2m", "--step-hours", "48", "--steps", "5",
-                      "--out", str(out)], capsys)
+    res = in_process(
+        [
+            "compress",
+            str(files["store78"]),
+            "--var",
+            "truth_t2m",
+            "--step-hours",
+            "48",
+            "--steps",
+            "5",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert_ok("compress: --step-hours not in the store", res, not out.exists())
     line = res.error_lines[0]
     assert res.code == 2 and "holds +78 h" in line and "--step-hours 78" in line, line
@@ -127,8 +173,20 @@ def test_forecast_a_checkpoint_at_a_lead_the_file_lacks(files, ckpt78, tmp_path,
     """Refused (66) but advising ingest's option: "1 items missing: step 78 h (the source has 48 h: pass
     --steps 48 or omit it)"; forecast has no --steps, the fix is a checkpoint trained at the input's lead."""
     out = tmp_path / "fc"
-    res = in_process(["forecast", "--checkpoint", str(ckpt78), "--input", str(files["grib48"]), "--init-time",
-                      "2016-03-01", "--out", str(out)], capsys)
+    res = in_process(
+        [
+            "forecast",
+            "--checkpoint",
+            str(ckpt78),
+            "--input",
+            str(files["grib48"]),
+            "--init-time",
+            "2016-03-01",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert_ok("forecast: checkpoint lead not in the input", res, not list(out.rglob("*.nc")))
     line = res.error_lines[0]
     assert "+78 h" in line and "48 h" in line and "--steps" not in line and "step_h 48" in line, line
@@ -146,8 +204,19 @@ def test_lead_78_through_inspect_train_evaluate_forecast(cli, files, ckpt78, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert xr.open_dataset(next(out.rglob("results*.nc")))["lead"].values.tolist() == [78]
     fc = tmp_path / "fc"
-    proc = cli("forecast", "--checkpoint", str(ckpt78), "--input", str(files["grib78"]), "--init-time", "2016-03-01",
-               "--end", "2016-03-02", "--out", str(fc))
+    proc = cli(
+        "forecast",
+        "--checkpoint",
+        str(ckpt78),
+        "--input",
+        str(files["grib78"]),
+        "--init-time",
+        "2016-03-01",
+        "--end",
+        "2016-03-02",
+        "--out",
+        str(fc),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     files_nc = sorted((fc / "postprocessed/emos/t2m").glob("*.nc"))
     assert len(files_nc) == 2, proc.stdout
@@ -163,8 +232,19 @@ def test_forecast_from_the_25_parameter_control_file(cli, ckpt48, tmp_path):
     from step 0): the two are taken, the rest skipped."""
     grib = write_control_25(tmp_path / "control25.grib2", steps=(0, 24, 48))
     out = tmp_path / "fc"
-    proc = cli("--log-level", "INFO", "forecast", "--checkpoint", str(ckpt48), "--input", str(grib),
-               "--init-time", "2024-01-15", "--out", str(out))
+    proc = cli(
+        "--log-level",
+        "INFO",
+        "forecast",
+        "--checkpoint",
+        str(ckpt48),
+        "--input",
+        str(grib),
+        "--init-time",
+        "2024-01-15",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted((out / "postprocessed/emos/t2m").glob("*.nc"))
     assert len(files) == 1, (proc.stdout, proc.stderr[-3000:])
@@ -178,8 +258,9 @@ def test_forecast_from_tp_accumulated_across_steps(cli, ckpt48, tmp_path):
     the checkpoint's 10 deg grid (whose points are points of the file's 5 deg grid), and post-processed."""
     path = write_tp_accumulated(tmp_path / "tp.grib2", steps=(0, 12, 24, 36, 48))
     out = tmp_path / "fc"
-    proc = cli("forecast", "--checkpoint", str(ckpt48), "--input", str(path), "--init-time", "2012-03-01",
-               "--out", str(out))
+    proc = cli(
+        "forecast", "--checkpoint", str(ckpt48), "--input", str(path), "--init-time", "2012-03-01", "--out", str(out)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     files_nc = sorted((out / "postprocessed/emos/t2m").glob("*.nc"))
     assert len(files_nc) == 1, (proc.stdout, proc.stderr[-3000:])

@@ -62,7 +62,7 @@ def test_corrupt_grib_header_is_corrupt_not_missing(cli, src, tmp_path):
     a missing field (66 would tell a scheduler to wait and retry)."""
     data = bytearray((src / SFC).read_bytes())
     second = data.find(b"GRIB", 10)
-    data[second:second + 4] = b"XXXX"  # the reader cannot find this message any more
+    data[second : second + 4] = b"XXXX"  # the reader cannot find this message any more
     (src / SFC).write_bytes(bytes(data))
     msg = assert_fails(cli, src, tmp_path, 65, "not GRIB", SFC)
     assert "re-fetch" in msg and not (tmp_path / "out.zarr.missing.json").exists()
@@ -75,12 +75,15 @@ def test_corrupt_grib_parameter(cli, src, tmp_path):
     assert_fails(cli, src, tmp_path, 65, SFC, "not an ENS-10 variable")
 
 
-@pytest.mark.parametrize(("what", "keep", "needle"), [
-    ("variable", lambda k: k["shortName"] != "2t", "t2m"),
-    ("level", lambda k: not (k["level"] == 850 and k["dataDate"] == 20170702), "850 hPa"),
-    ("member", lambda k: not (k["number"] == 3 and k["dataDate"] == 20160702), "member 3"),
-    ("step", lambda k: k["endStep"] != 24, "step 24 h"),
-])
+@pytest.mark.parametrize(
+    ("what", "keep", "needle"),
+    [
+        ("variable", lambda k: k["shortName"] != "2t", "t2m"),
+        ("level", lambda k: not (k["level"] == 850 and k["dataDate"] == 20170702), "850 hPa"),
+        ("member", lambda k: not (k["number"] == 3 and k["dataDate"] == 20160702), "member 3"),
+        ("step", lambda k: k["endStep"] != 24, "step 24 h"),
+    ],
+)
 def test_missing_fields_are_reported(cli, src, tmp_path, what, keep, needle):
     for name in (PL, SFC):
         grib.copy_messages(src / name, src / f"{name}.tmp", keep=keep)
@@ -157,27 +160,48 @@ def test_a_reader_that_stops_reading_gets_no_traceback(store):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "postcast", "inspect", str(store)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "postcast", "inspect", str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # long before the interpreter has started: the write meets a closed pipe
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0 and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["ingest", "SRC", "--levels", "500,500"], "--levels lists 500 more than once"),
-    (["ingest", "SRC", "--steps", "24,24"], "--steps lists 24 more than once"),
-    (["ingest", "SRC", "--variables", ""], "--variables is empty"),
-    (["ingest", "SRC", "--grid", "0"], "--grid 0.0: give a resolution between 0.1 and 90"),
-    (["ingest", "SRC", "--grid", "inf"], "--grid inf: give a resolution"),
-    (["ingest", "SRC", "--grid", "0.001"], "--grid 0.001: give a resolution between 0.1 and 90"),
-    (["forecast", "--checkpoint", "CKPT", "--input", "SRC", "--init-time", "2017-01-01", "--thresholds", "nan"],
-     "--thresholds [nan]: give finite numbers"),
-    (["forecast", "--checkpoint", "CKPT", "--input", "SRC", "--init-time", "2017-01-01", "--quantiles", "0.5,0.5"],
-     "--quantiles [0.5, 0.5]: give each value once"),
-    (["compress", "SRC", "--var", "truth_t850", "--sigma", "nan"], "sigma=nan: give a positive finite number"),
-])
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["ingest", "SRC", "--levels", "500,500"], "--levels lists 500 more than once"),
+        (["ingest", "SRC", "--steps", "24,24"], "--steps lists 24 more than once"),
+        (["ingest", "SRC", "--variables", ""], "--variables is empty"),
+        (["ingest", "SRC", "--grid", "0"], "--grid 0.0: give a resolution between 0.1 and 90"),
+        (["ingest", "SRC", "--grid", "inf"], "--grid inf: give a resolution"),
+        (["ingest", "SRC", "--grid", "0.001"], "--grid 0.001: give a resolution between 0.1 and 90"),
+        (
+            ["forecast", "--checkpoint", "CKPT", "--input", "SRC", "--init-time", "2017-01-01", "--thresholds", "nan"],
+            "--thresholds [nan]: give finite numbers",
+        ),
+        (
+            [
+                "forecast",
+                "--checkpoint",
+                "CKPT",
+                "--input",
+                "SRC",
+                "--init-time",
+                "2017-01-01",
+                "--quantiles",
+                "0.5,0.5",
+            ],
+            "--quantiles [0.5, 0.5]: give each value once",
+        ),
+        (["compress", "SRC", "--var", "truth_t850", "--sigma", "nan"], "sigma=nan: give a positive finite number"),
+    ],
+)
 def test_values_are_checked_before_work_starts(synth_zarr, tmp_path, argv, says):
     """Duplicates gave stores with duplicate coordinates marked complete, NaN thresholds all-NaN
     exceedance (served as invalid JSON), a NaN sigma an all-NaN artefact, --grid 0.001 a 28 TiB

@@ -44,8 +44,6 @@ def src(grib_src: Path, tmp_path: Path) -> Path:
     return d
 
 
-
-
 def no_store(out: Path) -> bool:
     return not contract.is_complete(out)
 
@@ -55,8 +53,11 @@ def test_ingest_unreadable_file(src, tmp_path, capsys):
     (src / SFC).unlink()
     (src / SFC).symlink_to(src / "gone.grib")  # listed, but cannot be opened (root reads any mode bits)
     out = tmp_path / "out.zarr"
-    assert_ok("ingest: unreadable input file", in_process(["ingest", str(src), "--out", str(out), "--threads"], capsys),
-           no_store(out))
+    assert_ok(
+        "ingest: unreadable input file",
+        in_process(["ingest", str(src), "--out", str(out), "--threads"], capsys),
+        no_store(out),
+    )
 
 
 def test_ingest_flipped_grib_magic_is_corrupt_not_missing(src, tmp_path, capsys):
@@ -71,8 +72,11 @@ def test_ingest_flipped_grib_magic_is_corrupt_not_missing(src, tmp_path, capsys)
 
 def test_ingest_missing_source(tmp_path, capsys):
     out = tmp_path / "out.zarr"
-    assert_ok("ingest: missing source", in_process(["ingest", str(tmp_path / "nope"), "--out", str(out)], capsys),
-           no_store(out))
+    assert_ok(
+        "ingest: missing source",
+        in_process(["ingest", str(tmp_path / "nope"), "--out", str(out)], capsys),
+        no_store(out),
+    )
 
 
 def test_ingest_disk_full(grib_src, tmp_path):
@@ -90,9 +94,16 @@ def test_ingest_bad_data_found_on_a_worker_process(tmp_path):
 
     lat, lon = np.linspace(-90, 90, 19), np.arange(36) * 10.0
     celsius = 15.0 + 10.0 * np.cos(np.radians(lat))[:, None] * np.ones(lon.size)  # degC labelled K
-    xr.Dataset({"t2m": (("time", "number", "latitude", "longitude"), celsius[None, None], {"units": "K"})},
-               coords={"time": [pd.Timestamp("2017-07-03")], "number": [0], "latitude": lat, "longitude": lon,
-                       "step": np.timedelta64(0, "h")}).to_netcdf(tmp_path / "degc.nc")
+    xr.Dataset(
+        {"t2m": (("time", "number", "latitude", "longitude"), celsius[None, None], {"units": "K"})},
+        coords={
+            "time": [pd.Timestamp("2017-07-03")],
+            "number": [0],
+            "latitude": lat,
+            "longitude": lon,
+            "step": np.timedelta64(0, "h"),
+        },
+    ).to_netcdf(tmp_path / "degc.nc")
     out = tmp_path / "out.zarr"
     res = subprocess_case(["ingest", str(tmp_path / "degc.nc"), "--out", str(out), "--workers", "1"])
     res.codes = frozenset({65})
@@ -105,9 +116,22 @@ def test_inspect_missing_and_incomplete(store, tmp_path, capsys):
     copy = tmp_path / "s.zarr"
     shutil.copytree(store, copy)
     io.update_zarr_attrs(copy, {contract.COMPLETE_ATTR: False})
-    assert_ok("train fit: incomplete store", in_process(
-        ["train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(copy),
-         "--trainer.default_root_dir", str(tmp_path / "runs")], capsys))
+    assert_ok(
+        "train fit: incomplete store",
+        in_process(
+            [
+                "train",
+                "fit",
+                "-c",
+                str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+                "--data.cfg.store",
+                str(copy),
+                "--trainer.default_root_dir",
+                str(tmp_path / "runs"),
+            ],
+            capsys,
+        ),
+    )
     chunk = next(p for p in (copy / "ens_mean_t2m" / "c").rglob("*") if p.is_file())
     chunk.unlink()
     io.update_zarr_attrs(copy, {contract.COMPLETE_ATTR: True})
@@ -126,12 +150,40 @@ def test_config_validate_unknown_target(tmp_path, capsys):
 
 def test_train_bad_target_and_missing_store(store, tmp_path, capsys):
     preset = str(ROOT / "configs/train/tiny_emos_t2m.yaml")
-    assert_ok("train fit: target t999", in_process(
-        ["train", "fit", "-c", preset, "--data.cfg.store", str(store), "--data.cfg.sample.target", "t999",
-         "--trainer.default_root_dir", str(tmp_path / "runs")], capsys))
-    assert_ok("train fit: missing store", in_process(
-        ["train", "fit", "-c", preset, "--data.cfg.store", str(tmp_path / "nope.zarr"),
-         "--trainer.default_root_dir", str(tmp_path / "runs")], capsys))
+    assert_ok(
+        "train fit: target t999",
+        in_process(
+            [
+                "train",
+                "fit",
+                "-c",
+                preset,
+                "--data.cfg.store",
+                str(store),
+                "--data.cfg.sample.target",
+                "t999",
+                "--trainer.default_root_dir",
+                str(tmp_path / "runs"),
+            ],
+            capsys,
+        ),
+    )
+    assert_ok(
+        "train fit: missing store",
+        in_process(
+            [
+                "train",
+                "fit",
+                "-c",
+                preset,
+                "--data.cfg.store",
+                str(tmp_path / "nope.zarr"),
+                "--trainer.default_root_dir",
+                str(tmp_path / "runs"),
+            ],
+            capsys,
+        ),
+    )
 
 
 # --- evaluate / forecast: checkpoints ---------------------------------------------------------------
@@ -149,12 +201,15 @@ def _flipped(ckpt: Path, tmp_path: Path) -> Path:
 def test_evaluate_bad_checkpoints(store, t2m_ckpt, tmp_path, capsys):
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint at all")
-    for case, ckpt, extra in (("evaluate: checkpoint of another target", t2m_ckpt, ["--targets", "t850"]),
-                              ("evaluate: garbage checkpoint", garbage, []),
-                              ("evaluate: bit-flipped checkpoint", _flipped(t2m_ckpt, tmp_path), [])):
+    for case, ckpt, extra in (
+        ("evaluate: checkpoint of another target", t2m_ckpt, ["--targets", "t850"]),
+        ("evaluate: garbage checkpoint", garbage, []),
+        ("evaluate: bit-flipped checkpoint", _flipped(t2m_ckpt, tmp_path), []),
+    ):
         out = tmp_path / case.split(": ")[1].replace(" ", "_")
-        res = in_process(["evaluate", str(store), "--checkpoints", str(ckpt), "--bootstrap", "5", "--out", str(out),
-                          *extra], capsys)
+        res = in_process(
+            ["evaluate", str(store), "--checkpoints", str(ckpt), "--bootstrap", "5", "--out", str(out), *extra], capsys
+        )
         assert_ok(case, res, not (out / "metrics.json").exists())
 
 
@@ -165,17 +220,42 @@ def test_forecast_bad_inputs(t2m_ckpt, synth_zarr, tmp_path, capsys):
     dangling.symlink_to(tmp_path / "gone")
     assert_ok("forecast: unreadable input", in_process([*base, "--input", str(dangling)], capsys))
     assert_ok("forecast: bad init time", in_process([*base, "--input", str(synth_zarr), "--init-time", "soon"], capsys))
-    assert_ok("forecast: bit-flipped checkpoint", in_process(
-        ["forecast", "--checkpoint", str(_flipped(t2m_ckpt, tmp_path)), "--input", str(synth_zarr),
-         "--init-time", "2017-02-01", "--out", str(out)], capsys))
+    assert_ok(
+        "forecast: bit-flipped checkpoint",
+        in_process(
+            [
+                "forecast",
+                "--checkpoint",
+                str(_flipped(t2m_ckpt, tmp_path)),
+                "--input",
+                str(synth_zarr),
+                "--init-time",
+                "2017-02-01",
+                "--out",
+                str(out),
+            ],
+            capsys,
+        ),
+    )
     assert not list(out.rglob("*.nc"))
 
 
 def test_forecast_disk_full_leaves_nothing_and_stale_temporaries_go(t2m_ckpt, synth_zarr, tmp_path):
     """Disk full while writing: one line, no product; a killed writer's .tmp-PID is removed by the next run."""
     out = tmp_path / "fc"
-    argv = ["forecast", "--checkpoint", str(t2m_ckpt), "--input", str(synth_zarr), "--init-time", "2017-02-01",
-            "--end", "2017-10-31", "--out", str(out)]
+    argv = [
+        "forecast",
+        "--checkpoint",
+        str(t2m_ckpt),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-02-01",
+        "--end",
+        "2017-10-31",
+        "--out",
+        str(out),
+    ]
     res = subprocess_case(argv, fsize=4096)
     assert_ok("forecast: disk full (ulimit -f)", res, not [p for p in out.rglob("*.nc") if not p.name.startswith(".")])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -236,18 +316,30 @@ def test_decompress_damaged_artefacts(artefact, tmp_path, capsys):
 
 def test_compress_bad_options(store, tmp_path, capsys):
     out = tmp_path / "x.pcnf"
-    assert_ok("compress: width 0", in_process(["compress", str(store), "--var", "truth_t850", "--width", "0",
-                                            "--out", str(out)], capsys), not out.exists())
-    assert_ok("compress: missing source", in_process(["compress", str(tmp_path / "nope.zarr"), "--var", "truth_t850",
-                                                   "--out", str(out)], capsys), not out.exists())
+    assert_ok(
+        "compress: width 0",
+        in_process(["compress", str(store), "--var", "truth_t850", "--width", "0", "--out", str(out)], capsys),
+        not out.exists(),
+    )
+    assert_ok(
+        "compress: missing source",
+        in_process(["compress", str(tmp_path / "nope.zarr"), "--var", "truth_t850", "--out", str(out)], capsys),
+        not out.exists(),
+    )
 
 
 # --- synth / run / serve ----------------------------------------------------------------------------
 def test_synth_and_run_bad_options(tmp_path, capsys):
-    assert_ok("synth: resolution nan", in_process(["synth", "--out", str(tmp_path / "s"), "--resolution", "nan"],
-                                               capsys), not (tmp_path / "s").exists())
-    assert_ok("synth: 0 dates per year", in_process(["synth", "--out", str(tmp_path / "s"), "--dates-per-year", "0"],
-                                                 capsys), not (tmp_path / "s").exists())
+    assert_ok(
+        "synth: resolution nan",
+        in_process(["synth", "--out", str(tmp_path / "s"), "--resolution", "nan"], capsys),
+        not (tmp_path / "s").exists(),
+    )
+    assert_ok(
+        "synth: 0 dates per year",
+        in_process(["synth", "--out", str(tmp_path / "s"), "--dates-per-year", "0"], capsys),
+        not (tmp_path / "s").exists(),
+    )
     assert_ok("run: missing config", in_process(["run", str(tmp_path / "nope.yaml")], capsys))
     garbage = tmp_path / "garbage.yaml"
     garbage.write_bytes(b"\xff\xfe{{{ not yaml")

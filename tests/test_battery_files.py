@@ -25,8 +25,7 @@ def test_ingest_monthly_means(tmp_path, capsys):
 
 def test_ingest_precipitation_over_windows(tmp_path, capsys):
     out = tmp_path / "s.zarr"
-    res = in_process(_ingest(write_tp_accumulated(tmp_path / "tp6.grib2", window=6), out, "--variables", "tp"),
-                     capsys)
+    res = in_process(_ingest(write_tp_accumulated(tmp_path / "tp6.grib2", window=6), out, "--variables", "tp"), capsys)
     assert_ok("ingest: tp accumulated over 6 h windows", res, not contract.is_complete(out))
     assert res.code == 65
 

@@ -24,8 +24,6 @@ from postcast.datasets import contract
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-
 # --- download ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("url", ["../../", "ftp://example.org/ens10/", "http://"])
 def test_download_base_url_not_an_address(tmp_path, capsys, url):
@@ -94,8 +92,27 @@ def test_decompress_on_a_full_disk_prints_one_line_not_the_pending_writes(artefa
 @pytest.mark.parametrize("member", ["99", "10", "-1", "abc"])
 def test_compress_member_out_of_range(store, tmp_path, capsys, member):
     out = tmp_path / "m.pcnf"
-    res = in_process(["compress", str(store), "--var", "t", "--level", "850", "--member", member, "--steps", "2",
-                      "--width", "8", "--depth", "1", "--out", str(out)], capsys)
+    res = in_process(
+        [
+            "compress",
+            str(store),
+            "--var",
+            "t",
+            "--level",
+            "850",
+            "--member",
+            member,
+            "--steps",
+            "2",
+            "--width",
+            "8",
+            "--depth",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert_ok(f"compress: --member {member}", res, not out.exists())
     assert res.code == 2 and "0..9" in res.error_lines[0]
 
@@ -103,10 +120,15 @@ def test_compress_member_out_of_range(store, tmp_path, capsys, member):
 def test_pipeline_compress_stage_of_a_preset_reading_sst(tmp_path, capsys, monkeypatch):
     """The compress stage with a T2m preset (it reads SST, NaN over land): refused before any stage runs."""
     monkeypatch.chdir(tmp_path)
-    cfg = {"kind": "pipeline", "workdir": str(tmp_path / "work"), "workers": 1, "processes": False,
-           "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [500, 850]},
-           "evaluate": False,
-           "compress": [{"preset": str(ROOT / "configs/train/emos_t2m.yaml"), "field": {"width": 8, "steps": 20}}]}
+    cfg = {
+        "kind": "pipeline",
+        "workdir": str(tmp_path / "work"),
+        "workers": 1,
+        "processes": False,
+        "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [500, 850]},
+        "evaluate": False,
+        "compress": [{"preset": str(ROOT / "configs/train/emos_t2m.yaml"), "field": {"width": 8, "steps": 20}}],
+    }
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
@@ -121,11 +143,27 @@ def test_pipeline_compress_stage_of_a_derived_target(tmp_path, capsys, monkeypat
     derived from, so compressed training cannot use it (its sampler asks for the members: KeyError 'tp', exit 70).
     Before: every stage ran and wrote that artefact (exit 0); now refused before any stage runs."""
     monkeypatch.chdir(tmp_path)
-    cfg = {"kind": "pipeline", "workdir": str(tmp_path / "work"), "workers": 1, "processes": False,
-           "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [850],
-                     "targets": ["tp24"]}, "evaluate": False,
-           "compress": [{"preset": str(ROOT / "configs/train/emos_tp24.yaml"),  # no sst among its inputs
-                         "field": {"width": 8, "steps": 20}}]}
+    cfg = {
+        "kind": "pipeline",
+        "workdir": str(tmp_path / "work"),
+        "workers": 1,
+        "processes": False,
+        "synth": {
+            "seed": 3,
+            "resolution": 10.0,
+            "years": [2012, 2017],
+            "dates_per_year": 3,
+            "levels": [850],
+            "targets": ["tp24"],
+        },
+        "evaluate": False,
+        "compress": [
+            {
+                "preset": str(ROOT / "configs/train/emos_tp24.yaml"),  # no sst among its inputs
+                "field": {"width": 8, "steps": 20},
+            }
+        ],
+    }
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(cfg))
     res = in_process(["run", str(path)], capsys)
@@ -143,8 +181,20 @@ def test_forecast_from_a_store_with_a_deleted_chunk(t2m_ckpt, store, tmp_path, c
     last = contract.open_store(copy).sizes["init_time"] - 1
     shutil.rmtree(copy / "t2m" / "c" / str(last))
     out = tmp_path / "fc"
-    res = in_process(["forecast", "--checkpoint", str(t2m_ckpt), "--input", str(copy), "--init-time", "2017-11-01",
-                      "--out", str(out)], capsys)
+    res = in_process(
+        [
+            "forecast",
+            "--checkpoint",
+            str(t2m_ckpt),
+            "--input",
+            str(copy),
+            "--init-time",
+            "2017-11-01",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     res.codes = frozenset({65})
     assert_ok("forecast: store with a deleted chunk", res, not list(out.rglob("*.nc")))
     line = res.error_lines[0]

@@ -27,8 +27,21 @@ def ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from postcast.pipeline import train
 
     root = tmp_path_factory.mktemp("battery_training") / "runs"
-    cli = train.run(["fit", "-c", PRESET, "--data.cfg.store", str(store), "--trainer.default_root_dir", str(root),
-                     "--trainer.max_epochs", "1", "--trainer.enable_model_summary", "false"])
+    cli = train.run(
+        [
+            "fit",
+            "-c",
+            PRESET,
+            "--data.cfg.store",
+            str(store),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.enable_model_summary",
+            "false",
+        ]
+    )
     assert cli.trainer.checkpoint_callback is not None
     return Path(cli.trainer.checkpoint_callback.best_model_path)
 
@@ -58,8 +71,10 @@ def _without(store: Path, out: Path, variable: str) -> Path:
     consolidated metadata edited to match, as a store ingested without the variable has none)."""
     _copy(store, out)
     drop = {variable, f"ens_mean_{variable}", f"ens_std_{variable}"}
-    for root, gone in ((out, lambda k: k in drop), (out / "statistics", lambda k: any(
-            k.startswith(f"{n}_") for n in drop))):
+    for root, gone in (
+        (out, lambda k: k in drop),
+        (out / "statistics", lambda k: any(k.startswith(f"{n}_") for n in drop)),
+    ):
         meta = json.loads((root / "zarr.json").read_text())
         held = (meta.get("consolidated_metadata") or {}).get("metadata", {})
         for key in [k for k in held if gone(k.split("/")[-1])]:
@@ -92,8 +107,19 @@ def _bomb(levels: int) -> str:
 
 
 def _train(store: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return ["train", "fit", "-c", PRESET, "--data.cfg.store", str(store), "--trainer.default_root_dir",
-            str(tmp_path / "runs"), "--trainer.max_epochs", "1", *extra]
+    return [
+        "train",
+        "fit",
+        "-c",
+        PRESET,
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(tmp_path / "runs"),
+        "--trainer.max_epochs",
+        "1",
+        *extra,
+    ]
 
 
 def _no_checkpoint(tmp_path: Path) -> bool:
@@ -162,9 +188,10 @@ def test_evaluate_deleted_damaged_and_undecodable_chunks(store, tmp_path, capsys
     undecodable = _copy(store, tmp_path / "undecodable.zarr")
     _overwrite_start(_chunk(undecodable, _train_row(store)))
     for case, bad, code, says, extra in (
-            ("evaluate: deleted chunk", deleted, 66, "is missing", ()),
-            ("evaluate: truncated chunk", truncated, 65, "is damaged", ()),
-            ("evaluate --split train: undecodable chunk", undecodable, 65, "cannot be decoded", ("--split", "train"))):
+        ("evaluate: deleted chunk", deleted, 66, "is missing", ()),
+        ("evaluate: truncated chunk", truncated, 65, "is damaged", ()),
+        ("evaluate --split train: undecodable chunk", undecodable, 65, "cannot be decoded", ("--split", "train")),
+    ):
         out = tmp_path / case.split(": ")[1].replace(" ", "_")
         res = in_process(_evaluate(bad, out, "--targets", "t2m", *extra), capsys)
         assert_ok(case, res, not (out / "metrics.json").exists())
@@ -174,8 +201,9 @@ def test_evaluate_deleted_damaged_and_undecodable_chunks(store, tmp_path, capsys
 def test_evaluate_checkpoint_that_does_not_fit_the_store(ckpt, coarse, no_sst, tmp_path, capsys):
     """Before: internal errors, "The size of tensor a (18) must match ..." and KeyError 'ens_mean_sst'."""
     for case, bad, says in (
-            ("evaluate: checkpoint of another grid", coarse, "grid (19, 36) (lat x lon), the store (10, 18)"),
-            ("evaluate: checkpoint reads variables the store lacks", no_sst, "ens_mean_sst")):
+        ("evaluate: checkpoint of another grid", coarse, "grid (19, 36) (lat x lon), the store (10, 18)"),
+        ("evaluate: checkpoint reads variables the store lacks", no_sst, "ens_mean_sst"),
+    ):
         out = tmp_path / case.split(": ")[1].replace(" ", "_")
         res = in_process(_evaluate(bad, out, "--checkpoints", str(ckpt)), capsys)
         assert_ok(case, res, not (out / "metrics.json").exists())
@@ -207,9 +235,11 @@ def test_config_validate_bomb_big_and_non_utf8(tmp_path, capsys):
     bomb.write_text(_bomb(6))
     big.write_text("model: {family: emos}\n" + "# padding\n" * (config.MAX_YAML_BYTES // 10 + 1))
     latin1.write_bytes("model: {family: emos}\n# température\n".encode("latin-1"))
-    for case, path, says in (("config validate: YAML alias bomb", bomb, f"{config.MAX_YAML_NODES} nodes"),
-                             ("config validate: file over the size limit", big, f"{config.MAX_YAML_BYTES} bytes"),
-                             ("config validate: non-UTF-8 file", latin1, "not UTF-8 text (byte 0xe9")):
+    for case, path, says in (
+        ("config validate: YAML alias bomb", bomb, f"{config.MAX_YAML_NODES} nodes"),
+        ("config validate: file over the size limit", big, f"{config.MAX_YAML_BYTES} bytes"),
+        ("config validate: non-UTF-8 file", latin1, "not UTF-8 text (byte 0xe9"),
+    ):
         res = in_process(["config", "validate", str(path)], capsys)
         assert_ok(case, res)
         assert res.code == 2 and says in res.error_lines[0], res.err

@@ -109,11 +109,13 @@ def test_train_presets_cover_every_model_and_target(cli, tmp_path):
 
     presets = {p.stem for p in (ROOT / "configs/train").glob("*.yaml")}
     assert {f"{m}_{t}" for m in registry.architectures() for t in ("z500", "t850", "t2m")} <= presets  # all validated
-    cases = {"trainer: {max_epochs: many}\nmodel: {family: mlp}\n": "max_epochs",
-             "model: {family: resnet}\n": "resnet",  # no such family
-             "model: {family: unet, net: {hidden: 3}}\n": "hidden",  # another family's option
-             "model: {family: transformer}\n": "members",  # reads members, the spec has none
-             "data: {cfg: {sample: {target: t999}}}\n": "t999"}
+    cases = {
+        "trainer: {max_epochs: many}\nmodel: {family: mlp}\n": "max_epochs",
+        "model: {family: resnet}\n": "resnet",  # no such family
+        "model: {family: unet, net: {hidden: 3}}\n": "hidden",  # another family's option
+        "model: {family: transformer}\n": "members",  # reads members, the spec has none
+        "data: {cfg: {sample: {target: t999}}}\n": "t999",
+    }
     files = []
     for i, text in enumerate(cases):
         files.append(tmp_path / f"bad_train_{i}.yaml")
@@ -133,12 +135,26 @@ def test_paths_live_in_one_file_and_presets_stack():
     yamls = (ROOT / "configs").rglob("*.yaml")
     naming = sorted(str(p.relative_to(ROOT)) for p in yamls if "store.zarr" in p.read_text())
     assert naming == ["configs/paths.yaml"]
-    args = ["-c", str(ROOT / "configs/train/unet_t850.yaml"), "-c", str(ROOT / "configs/fragments/gpu.yaml"),
-            "-c", str(ROOT / "configs/fragments/big_cache.yaml"), "--data.cfg.batch_size", "2"]
+    args = [
+        "-c",
+        str(ROOT / "configs/train/unet_t850.yaml"),
+        "-c",
+        str(ROOT / "configs/fragments/gpu.yaml"),
+        "-c",
+        str(ROOT / "configs/fragments/big_cache.yaml"),
+        "--data.cfg.batch_size",
+        "2",
+    ]
     cfg = resolve(args)
     assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["max_epochs"] == 12  # fragment + preset
-    assert cfg["model"] == {"family": "unet", "net": {"base_filters": 32}, "lr": 0.002, "weight_decay": 0.0,
-                            "cosine": True, "distribution": None}  # None: the target's family (gaussian)
+    assert cfg["model"] == {
+        "family": "unet",
+        "net": {"base_filters": 32},
+        "lr": 0.002,
+        "weight_decay": 0.0,
+        "cosine": True,
+        "distribution": None,
+    }  # None: the target's family (gaussian)
     data = data_config(cfg)
     assert data.store == "runs/quickstart/store.zarr" and data.loader == "clairvoyant" and data.batch_size == 2
     assert data.sample.target == "t850" and data.sample.variables == ("t", "z", "q", "w", "d", "u", "v", "tcc")
@@ -175,9 +191,11 @@ def test_every_option_says_what_it_does_and_its_default():
 
     fmt = HelpFormatter("postcast")
     undocumented = [f"{v} {a.option_strings[0]}" for v, a in _options(build_parser()) if not a.help]
-    no_default = [f"{v} {a.option_strings[0]}" for v, a in _options(build_parser())
-                  if a.default not in (None, False, [], ()) and not a.required
-                  and "default" not in fmt._get_help_string(a)]
+    no_default = [
+        f"{v} {a.option_strings[0]}"
+        for v, a in _options(build_parser())
+        if a.default not in (None, False, [], ()) and not a.required and "default" not in fmt._get_help_string(a)
+    ]
     assert undocumented == [] and no_default == []
     text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
     assert "--host HOST" in text and "(default: 127.0.0.1)" in text
@@ -226,15 +244,27 @@ def test_progress_bars_only_on_a_terminal(synth_zarr, tmp_path):
 def test_lightning_logs_each_line_once_without_adverts(store, tmp_path):
     """A real `postcast train fit` process: Lightning printed each line twice (its own handler and the
     root's), advertised litlogger/litmodels and passed on a torch deprecation about its own code."""
-    cmd = [sys.executable, "-m", "postcast", "train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
-           "--data.cfg.store", str(store), "--trainer.default_root_dir", str(tmp_path), "--trainer.max_epochs", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "postcast",
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_epochs",
+        "1",
+    ]
     err = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stderr
     assert err.count("GPU available") == 1 and err.count("`Trainer.fit` stopped") == 1, err
     assert "💡" not in err and "litlogger" not in err and "LeafSpec" not in err, err
 
 
-def test_a_bug_inside_ingest_is_an_internal_error_with_a_log(cli, synth_zarr, tmp_path, monkeypatch,
-                                                              internal_error):
+def test_a_bug_inside_ingest_is_an_internal_error_with_a_log(cli, synth_zarr, tmp_path, monkeypatch, internal_error):
     """A bug is not the user's bad data (65) and not a traceback (1): exit 70, the trace in a log file."""
     planted_bug, assert_internal_error = internal_error
     monkeypatch.setattr("postcast.datasets.ingest.tasks.load_date", planted_bug)  # runs in the date tasks
@@ -246,8 +276,8 @@ def _codes_in(text: str, start: str) -> set[int]:
     """The exit codes a passage (from ``start`` to the next blank line) lists as "<code> <meaning>"."""
     import re
 
-    passage = text[text.index(start):]
-    passage = passage[:passage.find("\n\n")]
+    passage = text[text.index(start) :]
+    passage = passage[: passage.find("\n\n")]
     return {int(c) for c in re.findall(r"(?<![\w.])(\d{1,3})\s+[a-z(]", passage)}
 
 
@@ -279,8 +309,16 @@ def test_train_ckpt_path_goes_through_the_checkpoint_gate(cli, store, tmp_path):
     pickle with a traceback; it now refuses them like forecast and evaluate do: one line, exit 65."""
     import torch
 
-    common = ["-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-              "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "1"]
+    common = [
+        "-c",
+        str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(tmp_path / "runs"),
+        "--trainer.max_epochs",
+        "1",
+    ]
     cli("train", "fit", *common, check=True)
     good = next((tmp_path / "runs").rglob("last.ckpt"))
     ckpt = torch.load(good, weights_only=True)
@@ -288,8 +326,11 @@ def test_train_ckpt_path_goes_through_the_checkpoint_gate(cli, store, tmp_path):
     downgraded["postcast"]["format_version"] = 2
     flipped = {**ckpt, "state_dict": {k: v + (1e-3 if k == "net.coef" else 0) for k, v in ckpt["state_dict"].items()}}
     planted = tmp_path / "created_by_the_checkpoint"
-    cases = {"downgraded": (downgraded, "checkpoint format 2"), "flipped": (flipped, "do not match the checksum"),
-             "crafted": ({"postcast": {}, "hook": _Payload(str(planted))}, "not a readable checkpoint")}
+    cases = {
+        "downgraded": (downgraded, "checkpoint format 2"),
+        "flipped": (flipped, "do not match the checksum"),
+        "crafted": ({"postcast": {}, "hook": _Payload(str(planted))}, "not a readable checkpoint"),
+    }
     for name, (content, says) in cases.items():
         path = tmp_path / f"{name}.ckpt"
         torch.save(content, path)

@@ -31,10 +31,25 @@ def test_a_bug_inside_train_fit_is_an_internal_error(store, tmp_path):
     included; a real process with a callback that raises one now exits 70 with the traceback in a log."""
     (tmp_path / "planted_callbacks.py").write_text(CALLBACK)
     logs = tmp_path / "logs"
-    cmd = [sys.executable, "-m", "postcast", "--no-progress", "train", "fit",
-           "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-           "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "1",
-           "--trainer.enable_model_summary", "false", "--trainer.callbacks+=planted_callbacks.PlantedBug"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "postcast",
+        "--no-progress",
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(tmp_path / "runs"),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.callbacks+=planted_callbacks.PlantedBug",
+    ]
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "POSTCAST_LOG_DIR": str(logs), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False)
@@ -60,13 +75,23 @@ def _raised_while_handling(err: Exception, handled: Exception) -> Exception:
         return caught
 
 
-@pytest.mark.parametrize(("err", "code"), [
-    (ConfigError("bad option"), 2), (BadInputError("bad data"), 65), (MissingInputError("no file"), 66),
-    (OutputError("cannot write"), 74), (argparse.ArgumentError(None, "bad usage"), 2),
-    (OSError(errno.ENOSPC, "No space left on device"), 74), (FileNotFoundError("x.zarr"), 66),
-    (ValueError("a bug"), None), (KeyError("a bug"), None), (TypeError("a bug"), None),
-    (_raised_while_handling(ValueError("a bug in an except block"), ConfigError("bad option")), None),
-], ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v))
+@pytest.mark.parametrize(
+    ("err", "code"),
+    [
+        (ConfigError("bad option"), 2),
+        (BadInputError("bad data"), 65),
+        (MissingInputError("no file"), 66),
+        (OutputError("cannot write"), 74),
+        (argparse.ArgumentError(None, "bad usage"), 2),
+        (OSError(errno.ENOSPC, "No space left on device"), 74),
+        (FileNotFoundError("x.zarr"), 66),
+        (ValueError("a bug"), None),
+        (KeyError("a bug"), None),
+        (TypeError("a bug"), None),
+        (_raised_while_handling(ValueError("a bug in an except block"), ConfigError("bad option")), None),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
 def test_only_postcast_errors_are_the_users(err, code):
     """None: an internal error (exit 70)."""
     from postcast.main import exit_code

@@ -41,20 +41,35 @@ class Cluster:
     def _start(self, *args: str) -> subprocess.Popen[bytes]:
         assert DASK is not None, "no `dask` command beside this Python: run scripts/setup.sh"
         log = open(self.root / f"{args[0]}-{len(self.procs)}.log", "wb")  # noqa: SIM115  (closed with the process)
-        proc = subprocess.Popen([str(DASK), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=self.root)
+        proc = subprocess.Popen(
+            [str(DASK), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root
+        )
         log.close()
         self.procs.append(proc)
         return proc
 
     def start(self, n_workers: int) -> Cluster:
-        self._start("scheduler", "--scheduler-file", str(self.file), "--host", "127.0.0.1", "--port", "0",
-                    "--no-dashboard")
+        self._start(
+            "scheduler", "--scheduler-file", str(self.file), "--host", "127.0.0.1", "--port", "0", "--no-dashboard"
+        )
         _wait(lambda: self.file.exists() and bool(self.file.read_text().strip()), 60, "the scheduler file")
         for _ in range(n_workers):
-            self.workers.append(self._start("worker", "--scheduler-file", str(self.file), "--nworkers", "1",
-                                            "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard",
-                                            "--memory-limit", "0"))
+            self.workers.append(
+                self._start(
+                    "worker",
+                    "--scheduler-file",
+                    str(self.file),
+                    "--nworkers",
+                    "1",
+                    "--nthreads",
+                    "1",
+                    "--host",
+                    "127.0.0.1",
+                    "--no-dashboard",
+                    "--memory-limit",
+                    "0",
+                )
+            )
         from dask.distributed import Client
 
         with Client(scheduler_file=str(self.file), timeout=30) as client:
@@ -120,13 +135,28 @@ def test_ingest_through_a_scheduler_file(cluster, synth_zarr, store, tmp_path):
     """The fast tier: a scheduler file (not an address) and one worker process, through the CLI in process."""
     c = cluster(1)
     out = tmp_path / "file.zarr"
-    assert main(["--no-progress", "ingest", str(synth_zarr), "--out", str(out), "--scheduler", str(c.file),
-                 "--variables", "t,sst"]) == 0
+    assert (
+        main(
+            [
+                "--no-progress",
+                "ingest",
+                str(synth_zarr),
+                "--out",
+                str(out),
+                "--scheduler",
+                str(c.file),
+                "--variables",
+                "t,sst",
+            ]
+        )
+        == 0
+    )
     _assert_same_store(out, store)
 
 
-@pytest.mark.parametrize("content", [None, "", "{not json", json.dumps({"address": 5})],
-                         ids=["missing", "empty", "not-json", "no-address"])
+@pytest.mark.parametrize(
+    "content", [None, "", "{not json", json.dumps({"address": 5})], ids=["missing", "empty", "not-json", "no-address"]
+)
 def test_a_bad_scheduler_file_is_one_line_and_exit_66(content, synth_zarr, tmp_path, capsys):
     f = tmp_path / "scheduler.json"
     if content is not None:
@@ -149,8 +179,10 @@ def test_an_unreachable_scheduler_is_one_line_and_exit_66(tmp_path):
     stale = tmp_path / "scheduler.json"
     stale.write_text(json.dumps({"type": "Scheduler", "address": f"tcp://127.0.0.1:{port}"}))
     for scheduler in (f"tcp://127.0.0.1:{port}", str(stale)):
-        with pytest.raises(MissingInputError, match=f"no dask scheduler answers at tcp://127.0.0.1:{port}") as err, \
-                dask_client(scheduler, 1, connect_timeout=0.5):
+        with (
+            pytest.raises(MissingInputError, match=f"no dask scheduler answers at tcp://127.0.0.1:{port}") as err,
+            dask_client(scheduler, 1, connect_timeout=0.5),
+        ):
             pass
         assert err.value.exit_code == 66 and "\n" not in str(err.value)
 
@@ -163,8 +195,14 @@ def test_a_killed_worker_and_a_rerun_give_the_store_of_one_go(cluster, synth_zar
     c = cluster(2)
     out = tmp_path / "killed.zarr"
     done_dir = contract.partial_path(out) / "done"
-    cfg = IngestConfig(source=str(synth_zarr), out=str(out), scheduler=str(c.file), progress=False,
-                       dates_per_task=1, checkpoint_dates=2)  # the merge checkpoints run on the workers too
+    cfg = IngestConfig(
+        source=str(synth_zarr),
+        out=str(out),
+        scheduler=str(c.file),
+        progress=False,
+        dates_per_task=1,
+        checkpoint_dates=2,
+    )  # the merge checkpoints run on the workers too
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -176,8 +214,11 @@ def test_a_killed_worker_and_a_rerun_give_the_store_of_one_go(cluster, synth_zar
     first = threading.Thread(target=run)
     first.start()
     try:
-        _wait(lambda: not first.is_alive() or (done_dir.exists() and any(p.name[0] != "." for p in done_dir.iterdir())),
-              120, "the first finished date")
+        _wait(
+            lambda: not first.is_alive() or (done_dir.exists() and any(p.name[0] != "." for p in done_dir.iterdir())),
+            120,
+            "the first finished date",
+        )
         assert first.is_alive(), f"ingest ended before the kill ({failure})"
         c.kill(c.workers[0])
         n_at_kill = sum(p.name[0] != "." for p in done_dir.iterdir())

@@ -32,9 +32,10 @@ def smooth_fields(noise: float = 0.0, seed: int = 0) -> xr.Dataset:
     b = np.stack([5e4 + 800 * np.sin(phi) ** 2 + 150 * np.cos(phi) * np.sin(2 * lam + t) for t in range(4)])
     a, b = a + noise * rng.standard_normal(a.shape), b + noise * 40 * rng.standard_normal(b.shape)
     dims = ("time", "latitude", "longitude")
-    return xr.Dataset({"t": (dims, a.astype(np.float32), {"units": "K"}),
-                       "z": (dims, b.astype(np.float32), {"units": "m2 s-2"})},
-                      coords={"time": np.arange(4), "latitude": lat, "longitude": lon})
+    return xr.Dataset(
+        {"t": (dims, a.astype(np.float32), {"units": "K"}), "z": (dims, b.astype(np.float32), {"units": "m2 s-2"})},
+        coords={"time": np.arange(4), "latitude": lat, "longitude": lon},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,9 @@ def test_points_and_regridding_agree_with_the_grid_decode(fitted):
 
 def test_int8_weights_are_smaller_and_still_decode(fitted):
     ds, _ = fitted
-    art = Artefact.build(to_fields(ds), FieldConfig(**{**FAST.to_dict(), "weights": "int8", "steps": 50}),
-                         progress=False)
+    art = Artefact.build(
+        to_fields(ds), FieldConfig(**{**FAST.to_dict(), "weights": "int8", "steps": 50}), progress=False
+    )
     mats = [a for k, a in art.arrays.items() if k.startswith("w.") and a.ndim == 2]
     assert mats and all(a.dtype == np.int8 for a in mats)
     assert np.isfinite(Artefact.from_bytes(art.to_bytes()).decode_array()).all()
@@ -193,8 +195,9 @@ def test_training_from_the_compressed_datamodule(compressed_store, tmp_path):
     art.save(tmp_path / "train.pcnf")
     dm = CompressedDataModule(cfg, str(tmp_path / "train.pcnf"))
     model = PostProcessor("mlp", net={"hidden": 16}, sample=cfg.sample.to_dict(), grid=dm.grid)
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path
+    )
     trainer.fit(model, dm)
     res = trainer.test(model, dm, verbose=False)[0]
     assert np.isfinite(res["test_crps"]) and torch.isfinite(model.norm_std).all()
@@ -202,23 +205,50 @@ def test_training_from_the_compressed_datamodule(compressed_store, tmp_path):
 
 def test_cli_compress_decompress_report(store, tmp_path, cli):
     art = tmp_path / "t850.pcnf"
-    proc = cli("compress", str(store), "--var", "truth_t850", "--out", str(art), "--width", "16", "--depth", "1",
-               "--steps", "30", check=True)
+    proc = cli(
+        "compress",
+        str(store),
+        "--var",
+        "truth_t850",
+        "--out",
+        str(art),
+        "--width",
+        "16",
+        "--depth",
+        "1",
+        "--steps",
+        "30",
+        check=True,
+    )
     assert "ratio" in proc.stdout and art.exists()
     cli("decompress", str(art), "--out", str(tmp_path / "t850.nc"), check=True)
     back = xr.open_dataset(tmp_path / "t850.nc")
     src = xr.open_zarr(store)["truth_t850"].sel(step=np.timedelta64(48, "h"))
     assert back["truth_t850"].shape == src.shape
-    proc = cli("compress-report", str(art), "--sz3", "0.5,2", "--zfp-tolerance", "1", "--zfp-rate", "4",
-               "--plot", str(tmp_path / "p.png"), "--json", str(tmp_path / "rows.json"), check=True)
+    proc = cli(
+        "compress-report",
+        str(art),
+        "--sz3",
+        "0.5,2",
+        "--zfp-tolerance",
+        "1",
+        "--zfp-rate",
+        "4",
+        "--plot",
+        str(tmp_path / "p.png"),
+        "--json",
+        str(tmp_path / "rows.json"),
+        check=True,
+    )
     for codec in ("neural", "sz3", "zfp"):
         assert codec in proc.stdout
     assert (tmp_path / "p.png").stat().st_size > 1000
     bad = cli("compress", str(store), "--var", "nope", "--out", str(tmp_path / "n.pcnf"))
     assert bad.returncode == 66 and "nope" in bad.stderr  # a variable the source lacks: missing input
     for spec, says in (("truth_t850", "give VAR=BOUND"), ("t850=0.1", "not among the compressed variables")):
-        bad = cli("compress", str(store), "--var", "truth_t850", "--error-bound-var", spec,
-                  "--out", str(tmp_path / "n"))
+        bad = cli(
+            "compress", str(store), "--var", "truth_t850", "--error-bound-var", spec, "--out", str(tmp_path / "n")
+        )
         assert bad.returncode == 2 and says in bad.stderr and not (tmp_path / "n").exists()
 
 
@@ -235,7 +265,6 @@ def test_baselines_meet_their_bounds_and_refuse_two_modes():
     assert [r["codec"] for r in rows] == ["sz3", "sz3", "zfp"]
     assert rows[0]["wrmse"] < rows[1]["wrmse"] and rows[0]["ratio"] < rows[1]["ratio"]
     assert report.ratio_at_equal_error(rows, "sz3", rows[0]["wrmse"]) == pytest.approx(rows[0]["ratio"])
-
 
 
 def test_two_fits_with_the_same_seed_give_identical_artefacts():
@@ -284,8 +313,9 @@ def test_per_row_quantisation_and_lzma_shrink_the_artefact_and_errors_are_measur
     fields, cfg, net, mean, std = trained
     sizes = {}
     for weights, entropy in (("fp16", "none"), ("fp16", "lzma"), ("q8", "lzma"), ("q4", "lzma")):
-        art = Artefact.from_network(fields, FieldConfig(**{**cfg.to_dict(), "weights": weights, "entropy": entropy}),
-                                    net, mean, std)
+        art = Artefact.from_network(
+            fields, FieldConfig(**{**cfg.to_dict(), "weights": weights, "entropy": entropy}), net, mean, std
+        )
         path = tmp_path / f"{weights}_{entropy}.pcnf"
         sizes[weights, entropy] = art.save(path)
         back = Artefact.load(path)
@@ -308,12 +338,13 @@ def test_a_damaged_lzma_payload_is_a_clean_error(trained):
     import zlib
 
     fields, cfg, net, mean, std = trained
-    art = Artefact.from_network(fields, FieldConfig(**{**cfg.to_dict(), "weights": "q8", "entropy": "lzma"}),
-                                net, mean, std)
+    art = Artefact.from_network(
+        fields, FieldConfig(**{**cfg.to_dict(), "weights": "q8", "entropy": "lzma"}), net, mean, std
+    )
     good = art.to_bytes()
     head = struct.Struct("<4sHII")
     magic, version, head_len, _ = head.unpack_from(good)
-    body = bytearray(good[head.size:])
+    body = bytearray(good[head.size :])
     body[len(body) // 2] ^= 0xFF  # damaged, with a checksum that matches the damage
     forged = head.pack(magic, version, head_len, zlib.crc32(bytes(body))) + bytes(body)
     with pytest.raises(ArtefactError, match="corrupt artefact"):
@@ -341,8 +372,9 @@ def test_the_sz3_loader_yields_the_sz3_decoded_fields(compressed_store):
     decoded = split.decode_array()
     for i, v in enumerate(fields.variables):
         assert np.abs(decoded[i] - fields.data[i]).max() <= bounds[v] * (1 + 1e-6)
-    assert split.nbytes == sum(int(sz3.encode(fields.data[i], bounds[v]).nbytes) + 16
-                               for i, v in enumerate(fields.variables))
+    assert split.nbytes == sum(
+        int(sz3.encode(fields.data[i], bounds[v]).nbytes) + 16 for i, v in enumerate(fields.variables)
+    )
     assert split.ratio == pytest.approx(fields.data.nbytes / split.nbytes)
     with pytest.raises(ValueError, match="no bound for"):
         SZ3Split.build(fields, {"truth_t850": 1.0})
@@ -365,8 +397,27 @@ def test_cli_compress_stores_quantised_lzma_artefacts(tmp_path, capsys):
     src = tmp_path / "f.nc"
     smooth_fields().rename(t="a", z="b").to_netcdf(src)  # not ENS-10 names: the fields as they are
     out = tmp_path / "f.pcnf"
-    code = main(["--no-progress", "compress", str(src), "--var", "a", "--var", "b", "--steps", "5", "--width", "16",
-                 "--weights", "q4", "--entropy", "lzma", "--out", str(out)])
+    code = main(
+        [
+            "--no-progress",
+            "compress",
+            str(src),
+            "--var",
+            "a",
+            "--var",
+            "b",
+            "--steps",
+            "5",
+            "--width",
+            "16",
+            "--weights",
+            "q4",
+            "--entropy",
+            "lzma",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0 and "ratio" in capsys.readouterr().out
     art = Artefact.load(out)
     assert (art.config.weights, art.config.entropy) == ("q4", "lzma")
@@ -380,8 +431,18 @@ def test_compress_report_works_on_a_split_artefact(compressed_store, tmp_path, c
     _, art = compressed_store
     path = tmp_path / "split.pcnf"
     art.save(path)
-    proc = cli("compress-report", str(path), "--sz3", "0.5", "--zfp-tolerance", "1", "--zfp-rate", "4",
-               "--json", str(tmp_path / "rows.json"))
+    proc = cli(
+        "compress-report",
+        str(path),
+        "--sz3",
+        "0.5",
+        "--zfp-tolerance",
+        "1",
+        "--zfp-rate",
+        "4",
+        "--json",
+        str(tmp_path / "rows.json"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     neural = next(r for r in rows if r["codec"] == "neural")
@@ -394,8 +455,9 @@ def test_relative_error_bound_keeps_every_field_within_a_tenth_of_its_spread(com
     without it, this short fit leaves at least one field far above that."""
     cfg, plain = compressed_store
     fields = to_fields(split_fields(cfg))
-    bounded = Artefact.build(fields, FieldConfig(width=16, depth=1, steps=40, batch_points=2048,
-                                                 error_bound_std=0.1), progress=False)
+    bounded = Artefact.build(
+        fields, FieldConfig(width=16, depth=1, steps=40, batch_points=2048, error_bound_std=0.1), progress=False
+    )
     decoded = bounded.decode_array()
     for v, name in enumerate(fields.variables):
         data = fields.data[v]
@@ -414,6 +476,9 @@ def test_relative_wrmse_is_one_for_the_mean_field_and_matches_a_hand_computation
     flat = np.stack([np.full((4, 3, 5), m) for m in means], axis=1)
     assert relative_wrmse(data, flat, lat) == pytest.approx(1.0, rel=1e-12)
     noisy = data + rng.normal(0, 0.5, size=data.shape)
-    by_hand = max(np.sqrt(np.average((noisy[:, lv] - data[:, lv]) ** 2, weights=w))
-                  / np.sqrt(np.average((data[:, lv] - means[lv]) ** 2, weights=w)) for lv in range(2))
+    by_hand = max(
+        np.sqrt(np.average((noisy[:, lv] - data[:, lv]) ** 2, weights=w))
+        / np.sqrt(np.average((data[:, lv] - means[lv]) ** 2, weights=w))
+        for lv in range(2)
+    )
     assert relative_wrmse(data, noisy, lat) == pytest.approx(by_hand, rel=1e-12)

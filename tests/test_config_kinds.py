@@ -46,17 +46,23 @@ def _registered_in_source() -> dict[str, str]:
                 if not isinstance(node, ast.ClassDef):
                     continue
                 for deco in node.decorator_list:
-                    if (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute)
-                            and deco.func.attr == "register" and isinstance(deco.func.value, ast.Name)
-                            and deco.func.value.id == "config" and deco.args
-                            and isinstance(deco.args[0], ast.Constant)):
+                    if (
+                        isinstance(deco, ast.Call)
+                        and isinstance(deco.func, ast.Attribute)
+                        and deco.func.attr == "register"
+                        and isinstance(deco.func.value, ast.Name)
+                        and deco.func.value.id == "config"
+                        and deco.args
+                        and isinstance(deco.args[0], ast.Constant)
+                    ):
                         found[deco.args[0].value] = str(path.relative_to(ROOT))
     return found
 
 
 def _resolve(names: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RESOLVE, *names], capture_output=True, text=True, cwd=ROOT,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", RESOLVE, *names], capture_output=True, text=True, cwd=ROOT, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

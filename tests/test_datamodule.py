@@ -121,8 +121,15 @@ def test_lightning_fit_and_self_describing_checkpoint(cfg, tmp_path):
     dm = StoreDataModule(cfg)
     mean, _ = (torch.from_numpy(a) for a in dm.normalisation())
     module = PostProcessor("mlp", net={"hidden": 16}, sample=cfg.sample.to_dict(), grid=GRID, lr=0.02)
-    trainer = L.Trainer(max_epochs=8, accelerator="cpu", logger=CSVLogger(tmp_path), enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1)
+    trainer = L.Trainer(
+        max_epochs=8,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=1,
+    )
     trainer.fit(module, dm)
     res = trainer.test(module, dm, verbose=False)[0]
     assert res["test_crps"] < res["test_raw_crps"]  # learned something that generalises to 2016-2017
@@ -150,8 +157,14 @@ def test_other_checkpoint_formats_are_refused_with_the_fix(cfg, tmp_path, versio
 
     module = _model(cfg, "mlp", {"hidden": 16}, lr=0.02)
     path = tmp_path / "old.ckpt"
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-                "postcast": {"format_version": version, "family": "mlp", "sample": cfg.sample.to_dict()}}, path)
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": dict(module.hparams),
+            "postcast": {"format_version": version, "family": "mlp", "sample": cfg.sample.to_dict()},
+        },
+        path,
+    )
     fix = "upgrade postcast" if version == 4 else "retrain it"
     with pytest.raises(BadInputError, match=rf"checkpoint format {version}, this postcast reads format 3: {fix}"):
         load_checkpoint(str(path))

@@ -67,8 +67,11 @@ def undeclared_imports(root: Path) -> list[str]:
         # an optional accelerator module that is not installed here (torchao) is declared under its own name
         dists = {canonicalize_name(d) for d in providers.get(module, [])} or {canonicalize_name(module)} & wanted
         if not dists & wanted:
-            hint = f"declare {' or '.join(sorted(dists))} in pyproject.toml" if dists else \
-                "no installed distribution provides it: install and declare one in pyproject.toml"
+            hint = (
+                f"declare {' or '.join(sorted(dists))} in pyproject.toml"
+                if dists
+                else "no installed distribution provides it: install and declare one in pyproject.toml"
+            )
             bad.append(f"{where} imports {module}: {hint}")
     return bad
 
@@ -86,12 +89,17 @@ def test_every_import_is_declared():
     assert undeclared_imports(ROOT) == []
 
 
-@pytest.mark.parametrize(("line", "expected"), [
-    ("import pip", "tests/test_planted.py imports pip: declare pip in pyproject.toml"),
-    ("from no_such_module_anywhere import x",
-     "tests/test_planted.py imports no_such_module_anywhere: no installed distribution provides it: install and "
-     "declare one in pyproject.toml"),
-])
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("import pip", "tests/test_planted.py imports pip: declare pip in pyproject.toml"),
+        (
+            "from no_such_module_anywhere import x",
+            "tests/test_planted.py imports no_such_module_anywhere: no installed distribution provides it: install and "
+            "declare one in pyproject.toml",
+        ),
+    ],
+)
 def test_a_planted_undeclared_import_is_caught(tmp_path, line, expected):
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     for folder in SCANNED:
@@ -143,8 +151,11 @@ def unmet_requirements(pyproject: Path, pins: dict[str, str]) -> list[str]:
             seen.add((name, extra))
             if name == own:  # the project itself: its dependencies, or one of its extras
                 reqs = project["optional-dependencies"][extra] if extra else project["dependencies"]
-                todo += [(Requirement(r), f"{own}[{extra}]") for r in reqs
-                         if Requirement(r).marker is None or Requirement(r).marker.evaluate()]
+                todo += [
+                    (Requirement(r), f"{own}[{extra}]")
+                    for r in reqs
+                    if Requirement(r).marker is None or Requirement(r).marker.evaluate()
+                ]
                 continue
             for dep in md.requires(req.name) or []:
                 r = Requirement(dep)
@@ -165,7 +176,8 @@ def test_a_range_outside_the_lock_is_caught(tmp_path):
     text = (ROOT / "pyproject.toml").read_text().replace('"numpy>=1.26,<3"', '"numpy>=1.26,<2"')
     (tmp_path / "pyproject.toml").write_text(text)
     assert unmet_requirements(tmp_path / "pyproject.toml", pins) == [
-        f"numpy<2,>=1.26 (from postcast[]): the lock pins {pins['numpy']}"]
+        f"numpy<2,>=1.26 (from postcast[]): the lock pins {pins['numpy']}"
+    ]
     del pins["scipy"]
     assert "scipy<2,>=1.11 (from postcast[]): not in the lock" in unmet_requirements(ROOT / "pyproject.toml", pins)
 
@@ -175,14 +187,34 @@ def test_pip_still_resolves_the_lock(tmp_path):
     """pip resolves pyproject's declared ranges under the lock, without installing anything: a range
     edited out of the lock's reach, or a pin that a registry no longer serves, fails here."""
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-                           "--report", str(report), "-c", str(LOCK), f"{ROOT}[dev]"],
-                          capture_output=True, text=True, check=False, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "-c",
+            str(LOCK),
+            f"{ROOT}[dev]",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
-    chosen = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
-              for i in json.loads(report.read_text())["install"]}
+    chosen = {
+        canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
     pins = lock_pins(LOCK)
-    assert {n: v.split("+")[0] for n, v in chosen.items() if n != "postcast"} == \
-        {n: v for n, v in pins.items() if n in chosen}
+    assert {n: v.split("+")[0] for n, v in chosen.items() if n != "postcast"} == {
+        n: v for n, v in pins.items() if n in chosen
+    }

@@ -40,11 +40,14 @@ def law_of(dist: D.Distribution) -> tuple[laws.Family, laws.Params]:
 
 def quad_crps(cdf, sf, y: float, lower: float = -np.inf, breaks: tuple[float, ...] = ()) -> float:
     """CRPS by integration: int_lower^y F^2 + int_y^inf (1 - F)^2, split at y and at ``breaks``."""
+
     def piece(f, a, b):
         pts = sorted({p for p in breaks if a < p < b})
         edges = [a, *pts, b]
-        return sum(integrate.quad(f, lo, hi, epsabs=1e-14, epsrel=1e-13, limit=500)[0]
-                   for lo, hi in itertools.pairwise(edges))
+        return sum(
+            integrate.quad(f, lo, hi, epsabs=1e-14, epsrel=1e-13, limit=500)[0] for lo, hi in itertools.pairwise(edges)
+        )
+
     if np.isinf(lower):
         return piece(lambda x: cdf(x) ** 2, lower, y) + piece(lambda x: sf(x) ** 2, y, np.inf)
     # F^2 = 1 - sf (1 + F): integrate the small part where F is close to 1 on most of [lower, y]
@@ -83,8 +86,15 @@ def test_truncnormal_crps_matches_scoringrules_where_it_is_stable():
 def _textbook_tn(mu: float, s: float, y: float) -> float:
     """The published closed form (Thorarinsdottir and Gneiting 2010), to show where it breaks."""
     p, z = stats.norm.cdf(mu / s), (y - mu) / s
-    return s / p**2 * (z * p * (2 * stats.norm.cdf(z) + p - 2) + 2 * stats.norm.pdf(z) * p
-                       - stats.norm.cdf(math.sqrt(2) * mu / s) / math.sqrt(math.pi))
+    return (
+        s
+        / p**2
+        * (
+            z * p * (2 * stats.norm.cdf(z) + p - 2)
+            + 2 * stats.norm.pdf(z) * p
+            - stats.norm.cdf(math.sqrt(2) * mu / s) / math.sqrt(math.pi)
+        )
+    )
 
 
 @pytest.mark.parametrize("ratio", [-5.0, -8.0, -20.0, -60.0, -300.0, -2000.0])
@@ -173,9 +183,13 @@ def test_csg_crps_matches_scoringrules_and_integration():
     assert np.abs(ours - sr.crps_csg0(y, k, scale=theta, shift=shift))[keep].max() < TOL
     for i in [0, 1, 2, 3, N, N + 1, N + 2]:
         law = stats.gamma(k[i], scale=theta[i])
-        ref = quad_crps(lambda x, law=law, i=i: law.cdf(x + shift[i]),
-                        lambda x, law=law, i=i: law.sf(x + shift[i]), y[i], lower=0.0,
-                        breaks=tuple(law.ppf([0.5, 0.9, 0.99]) - shift[i]))
+        ref = quad_crps(
+            lambda x, law=law, i=i: law.cdf(x + shift[i]),
+            lambda x, law=law, i=i: law.sf(x + shift[i]),
+            y[i],
+            lower=0.0,
+            breaks=tuple(law.ppf([0.5, 0.9, 0.99]) - shift[i]),
+        )
         assert abs(ours[i] - ref) < TOL, (k[i], theta[i], shift[i], y[i], ours[i], ref)
 
 
@@ -360,8 +374,14 @@ def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
     m = 2.0 + torch.rand(2, H, W, generator=g)
     y = (m + torch.randn(2, H, W, generator=g)).clamp_min(0.0)  # >= 0 for the censored / truncated families
     y[0, 0, :3] = float("nan")  # missing truth is ignored
-    return {"fields": x[:, :6], "features": x[:, 6:], "members": torch.randn(2, M, 3, H, W, generator=g),
-            "m": m, "s": torch.rand(2, H, W, generator=g) + 0.5, "y": y}
+    return {
+        "fields": x[:, :6],
+        "features": x[:, 6:],
+        "members": torch.randn(2, M, 3, H, W, generator=g),
+        "m": m,
+        "s": torch.rand(2, H, W, generator=g) + 0.5,
+        "y": y,
+    }
 
 
 @pytest.mark.parametrize("distribution", D.names())
@@ -409,8 +429,9 @@ def test_gaussian_distribution_reproduces_the_ens10_head(kind):
     assert torch.equal(mu, ref_mu) and torch.equal(sigma, ref_sigma)
     assert not any(".extra" in k for k in model.state_dict())
     ok = torch.isfinite(b["y"])
-    assert torch.equal(model.predictive(b).select(ok).crps(b["y"][ok]),
-                       losses.crps_gaussian(mu[ok], sigma[ok], b["y"][ok]))
+    assert torch.equal(
+        model.predictive(b).select(ok).crps(b["y"][ok]), losses.crps_gaussian(mu[ok], sigma[ok], b["y"][ok])
+    )
 
 
 def test_a_non_gaussian_model_refuses_to_give_mu_sigma():
@@ -425,9 +446,24 @@ def test_unknown_distribution_in_a_model_is_a_config_error():
 
 
 def test_train_with_an_unknown_distribution_is_a_usage_error(store, tmp_path, capsys):
-    assert_ok("train fit: distribution weibull", in_process(
-        ["train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-         "--model.distribution", "weibull", "--trainer.default_root_dir", str(tmp_path / "runs")], capsys))
+    assert_ok(
+        "train fit: distribution weibull",
+        in_process(
+            [
+                "train",
+                "fit",
+                "-c",
+                str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+                "--data.cfg.store",
+                str(store),
+                "--model.distribution",
+                "weibull",
+                "--trainer.default_root_dir",
+                str(tmp_path / "runs"),
+            ],
+            capsys,
+        ),
+    )
 
 
 def test_config_validate_names_an_unknown_distribution(tmp_path, capsys):

@@ -149,8 +149,21 @@ def test_concurrent_download_is_byte_identical_and_reruns_skip(synth_grib, tmp_p
             assert (tmp_path / "d" / p.name).read_bytes() == p.read_bytes()
         n_get = sum(m == "GET" for m, _, _ in srv.requests)
         start, end = _dates(synth_grib)
-        args = ["--no-progress", "download", "ens10", "--start", start, "--end", end, "--out", str(tmp_path / "d"),
-                "--base-url", srv.url, "--jobs", "3"]
+        args = [
+            "--no-progress",
+            "download",
+            "ens10",
+            "--start",
+            start,
+            "--end",
+            end,
+            "--out",
+            str(tmp_path / "d"),
+            "--base-url",
+            srv.url,
+            "--jobs",
+            "3",
+        ]
         assert main(args) == 0 and sum(m == "GET" for m, _, _ in srv.requests) == n_get  # nothing fetched again
     assert "fetched 0, kept 2" in capsys.readouterr().out
     assert not list((tmp_path / "d").glob("*.part"))
@@ -189,8 +202,19 @@ def test_missing_file_and_bad_dates_are_one_line_errors(synth_grib, tmp_path, ca
     from postcast.cli import main
 
     with Server(synth_grib) as srv:
-        rc = main(["--no-progress", "download", "ens10", "--start", "2018-01-01", "--out", str(tmp_path / "d"),
-                   "--base-url", srv.url])
+        rc = main(
+            [
+                "--no-progress",
+                "download",
+                "ens10",
+                "--start",
+                "2018-01-01",
+                "--out",
+                str(tmp_path / "d"),
+                "--base-url",
+                srv.url,
+            ]
+        )
     err = capsys.readouterr().err
     assert rc == 66 and "HTTP 404" in err and "Traceback" not in err
     assert main(["download", "ens10", "--start", "2018-01-02", "--end", "2018-01-03", "--dry-run"]) == 2

@@ -28,8 +28,23 @@ def test_a_full_size_part_of_zeros_is_fetched_again_not_kept(synth_grib, tmp_pat
     (out / f"{name}.part").write_bytes(bytes(len(data)))
     start, end = _dates(synth_grib)
     with Server(synth_grib) as srv:
-        rc = main(["--no-progress", "download", "ens10", "--start", start, "--end", end, "--group", "sfc",
-                   "--out", str(out), "--base-url", srv.url])
+        rc = main(
+            [
+                "--no-progress",
+                "download",
+                "ens10",
+                "--start",
+                start,
+                "--end",
+                end,
+                "--group",
+                "sfc",
+                "--out",
+                str(out),
+                "--base-url",
+                srv.url,
+            ]
+        )
         gets = [r for m, _, r in srv.requests if m == "GET"]
     assert rc == 0 and "fetched 1, kept 0 complete files" in capsys.readouterr().out
     assert (out / name).read_bytes() == data and not (out / f"{name}.part").exists()
@@ -74,8 +89,11 @@ def test_broken_transfers_are_retried_after_a_growing_delay(synth_grib, tmp_path
     """Every GET is cut half way: 1 + 2 retries, 0.1 s then 0.2 s apart, counted against the retries
     (never "(3/2)"), then one error that says how to resume."""
     name, _ = _sfc(synth_grib)
-    with Server(synth_grib, "cut") as srv, caplog.at_level(logging.WARNING, "postcast.datasets.download"), \
-            pytest.raises(MissingInputError, match="failed 3 times"):
+    with (
+        Server(synth_grib, "cut") as srv,
+        caplog.at_level(logging.WARNING, "postcast.datasets.download"),
+        pytest.raises(MissingInputError, match="failed 3 times"),
+    ):
         download.fetch(download.Remote(name, srv.url + name), tmp_path, retries=2, backoff=0.1)
     gaps = [b - a for a, b in zip(srv.times, srv.times[1:], strict=False)]
     assert len(srv.times) == 3 and 0.1 <= gaps[0] < 0.1 + 1.0 and 0.2 <= gaps[1] < 0.2 + 1.0, gaps

@@ -16,9 +16,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fit(cli, store, root: Path, preset: str, *extra: str):
-    args = ["train", "fit", "-c", str(ROOT / "configs/train" / f"{preset}.yaml"), "--data.cfg.store", str(store),
-            "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
-            "--trainer.max_epochs", "1", "--data.cfg.batch_size", "2", *extra]
+    args = [
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train" / f"{preset}.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.max_epochs",
+        "1",
+        "--data.cfg.batch_size",
+        "2",
+        *extra,
+    ]
     cli(*args, check=True)
     return sorted(root.rglob("best*.ckpt"))[-1]
 
@@ -42,9 +56,25 @@ def test_resume_continues_from_the_last_checkpoint(cli, store, tmp_path):
     fit(cli, store, tmp_path, "mlp_t850")
     last = next(tmp_path.rglob("last.ckpt"))
     steps = torch.load(last, weights_only=False)["global_step"]
-    cli("train", "fit", "-c", str(ROOT / "configs/train/mlp_t850.yaml"), "--data.cfg.store", str(store),
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-        "--data.cfg.batch_size", "2", "--trainer.max_epochs", "2", "--ckpt_path", str(last), check=True)
+    cli(
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train/mlp_t850.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--data.cfg.batch_size",
+        "2",
+        "--trainer.max_epochs",
+        "2",
+        "--ckpt_path",
+        str(last),
+        check=True,
+    )
     newest = max(tmp_path.rglob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
     ck = torch.load(newest, weights_only=False)
     assert ck["epoch"] == 1 and ck["global_step"] == 2 * steps  # one more epoch, not a restart
@@ -59,8 +89,17 @@ def test_ddp_on_two_cpu_processes(cli, store, tmp_path):
 
 def test_evaluate_cli_writes_metrics_and_report(cli, trained, store, tmp_path):
     out = tmp_path / "eval"
-    proc = cli("evaluate", str(store), "--checkpoints", *map(str, trained.values()), "--out", str(out),
-               "--bootstrap", "50", check=True)
+    proc = cli(
+        "evaluate",
+        str(store),
+        "--checkpoints",
+        *map(str, trained.values()),
+        "--out",
+        str(out),
+        "--bootstrap",
+        "50",
+        check=True,
+    )
     res = json.loads((out / "metrics.json").read_text())
     t850 = res["targets"]["t850"]
     names = set(t850["forecasts"])
@@ -106,7 +145,8 @@ def test_score_matches_the_metric_definitions(store, backend):
     raw = metrics.crps_gaussian(ver["mu"].sel(forecast="raw").values, ver["sigma"].sel(forecast="raw").values, y)
     assert res["forecasts"]["raw"]["global"]["crps"] == pytest.approx(raw.mean())
     assert res["forecasts"]["raw"]["global"]["eecrps"] == pytest.approx(
-        np.mean([metrics.eecrps(raw[i], efi[i]) for i in range(len(raw))]))
+        np.mean([metrics.eecrps(raw[i], efi[i]) for i in range(len(raw))])
+    )
     members = np.moveaxis(ver["members"].values, 1, -1)
     want = metrics.crps_ensemble_reference(members, y, estimator="fair").mean()
     assert res["raw_ensemble"]["global"]["crps_fair"] == pytest.approx(want)
@@ -119,10 +159,19 @@ def test_score_matches_the_metric_definitions(store, backend):
     assert lo <= s["crps_minus_raw"]["mean"] <= hi
 
 
-def test_a_bug_inside_evaluate_is_an_internal_error_with_a_log(cli, trained, store, tmp_path, monkeypatch,
-                                                                internal_error):
+def test_a_bug_inside_evaluate_is_an_internal_error_with_a_log(
+    cli, trained, store, tmp_path, monkeypatch, internal_error
+):
     planted_bug, assert_internal_error = internal_error
     monkeypatch.setattr("postcast.pipeline.evaluate.score_lead", planted_bug)
-    proc = cli("evaluate", str(store), "--checkpoints", str(trained["emos_t850"]), "--out", str(tmp_path / "e"),
-               "--bootstrap", "20")
+    proc = cli(
+        "evaluate",
+        str(store),
+        "--checkpoints",
+        str(trained["emos_t850"]),
+        "--out",
+        str(tmp_path / "e"),
+        "--bootstrap",
+        "20",
+    )
     assert_internal_error(proc)

@@ -16,7 +16,7 @@ from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions as D
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import evaluate, gather, verification
+from postcast.pipeline import chunk, evaluate, gather, verification
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("truncnormal", "csg")
@@ -30,8 +30,10 @@ def scipy_law(family: str, p: dict[str, np.ndarray]) -> tuple:
         law = stats.truncnorm(-p["mu"] / p["sigma"], np.inf, loc=p["mu"], scale=p["sigma"])
         return law.cdf, law.ppf
     gam = stats.gamma(p["shape"], scale=p["scale"])  # Y = max(0, X - shift)
-    return (lambda z: np.where(z >= 0, gam.cdf(z + p["shift"]), 0.0),
-            lambda q: np.maximum(gam.ppf(q) - p["shift"], 0.0))
+    return (
+        lambda z: np.where(z >= 0, gam.cdf(z + p["shift"]), 0.0),
+        lambda q: np.maximum(gam.ppf(q) - p["shift"], 0.0),
+    )
 
 
 def _integral(f, lo: np.ndarray, hi: np.ndarray, n: int = N_GRID) -> np.ndarray:
@@ -64,9 +66,9 @@ def chunk_case():
 def test_family_chunk_scores_match_scipy_and_scoringrules(chunk_case):
     mu, sigma, y, t = chunk_case
     dist = gather.FamilyForecast(D.TruncNormal(torch.from_numpy(mu), torch.from_numpy(sigma)))
-    c = verification.Chunk(y, np.zeros_like(y), dist=dist, thresholds={"above_q90": t, "below_q10": t})
+    c = chunk.Chunk(y, np.zeros_like(y), dist=dist, thresholds={"above_q90": t, "below_q10": t})
     cdf, ppf = scipy_law("truncnormal", {"mu": mu, "sigma": sigma})
-    assert c.kind == verification.DISTRIBUTION
+    assert c.kind == chunk.DISTRIBUTION
     np.testing.assert_allclose(c.crps, sr.crps_tnormal(y, mu, sigma, lower=0.0), rtol=1e-9)
     np.testing.assert_allclose(verification.exceedance(c, t, True), 1 - cdf(t), rtol=1e-9)
     np.testing.assert_allclose(verification.pit(c), cdf(y), rtol=1e-9)
@@ -93,11 +95,10 @@ def test_every_family_goes_through_the_registry(family, chunk_case):
     m, s = torch.full(y.shape, 1.0, dtype=torch.float64), torch.full(y.shape, 0.8, dtype=torch.float64)
     ff = gather.FamilyForecast(D.get(family).from_raw(raw, m, s))
     lat, lon = np.linspace(-60.0, 60.0, y.shape[1]), np.linspace(0.0, 270.0, y.shape[2])
-    c = verification.Chunk(y, np.zeros_like(y), dist=ff)
+    c = chunk.Chunk(y, np.zeros_like(y), dist=ff)
     events = {"above_q90": t, "below_q10": t}
     res = verification.as_dataset([family], [c], lat, lon, np.arange(y.shape[0]), events)
-    applies = [m.name for m in verification.METRICS
-               if verification.DISTRIBUTION in m.kinds and m.event in ("", *events)]
+    applies = [m.name for m in verification.METRICS if chunk.DISTRIBUTION in m.kinds and m.event in ("", *events)]
     assert np.isfinite(res["score"].sel(metric=applies).values).all() and int(res["pit_histogram"].sum()) == y.size
 
     def cdf(z: np.ndarray) -> np.ndarray:  # Bernstein's cdf takes points of shape S only
@@ -107,9 +108,10 @@ def test_every_family_goes_through_the_registry(family, chunk_case):
     # closed-form moments (their parameter layout) against the quantile ensemble, short of its far tail
     np.testing.assert_allclose(c.mean, qs.mean(axis=0), rtol=1e-2, atol=1e-3)
     np.testing.assert_allclose(c.variance, qs.var(axis=0), rtol=5e-2, atol=1e-3)
-    tw = verification.Chunk(y, np.zeros_like(y), dist=ff, thresholds={"above_q90": t}).tail_scores
-    np.testing.assert_allclose(tw["twcrps_above_q90"], tw_crps_integral(cdf, ff.quantile, y, t, n=801),
-                               rtol=5e-3, atol=1e-3)
+    tw = chunk.Chunk(y, np.zeros_like(y), dist=ff, thresholds={"above_q90": t}).tail_scores
+    np.testing.assert_allclose(
+        tw["twcrps_above_q90"], tw_crps_integral(cdf, ff.quantile, y, t, n=801), rtol=5e-3, atol=1e-3
+    )
 
 
 def _tw_sr(y: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -119,45 +121,64 @@ def _tw_sr(y: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
     out = np.empty(y.shape)
     for i, j in np.ndindex(t.shape):
         out[:, i, j] = sr.twcrps_ensemble(y[:, i, j], x[:, i, j], a=float(t[i, j]), estimator="qd")
-    np.testing.assert_allclose(out[:, 0, 0], sr.twcrps_ensemble(y[:, 0, 0], x[:, 0, 0], a=float(t[0, 0]),
-                                                                estimator="nrg"), rtol=1e-9)
+    np.testing.assert_allclose(
+        out[:, 0, 0], sr.twcrps_ensemble(y[:, 0, 0], x[:, 0, 0], a=float(t[0, 0]), estimator="nrg"), rtol=1e-9
+    )
     return out
 
 
 def test_gaussian_tail_scores_and_raw_members(chunk_case):
     mu, sigma, y, t = chunk_case
     events = {"above_q90": t, "below_q10": t}
-    g = verification.Chunk(y, np.zeros_like(y), mu=mu, sigma=sigma, thresholds=events)
+    g = chunk.Chunk(y, np.zeros_like(y), mu=mu, sigma=sigma, thresholds=events)
     law = stats.norm(mu, sigma)
-    np.testing.assert_allclose(g.tail_scores["twcrps_above_q90"], tw_crps_integral(law.cdf, law.ppf, y, t),
-                               rtol=2e-3, atol=1e-4)
+    np.testing.assert_allclose(
+        g.tail_scores["twcrps_above_q90"], tw_crps_integral(law.cdf, law.ppf, y, t), rtol=2e-3, atol=1e-4
+    )
     brier = verification.METRICS[[m.name for m in verification.METRICS].index("brier_above_q90")]
-    np.testing.assert_allclose(brier.statistics(g)["value"],
-                               sr.brier_score((y > t).astype(float), law.sf(t)), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        brier.statistics(g)["value"], sr.brier_score((y > t).astype(float), law.sf(t)), rtol=1e-9, atol=1e-12
+    )
     members = np.random.default_rng(4).normal(mu[:, None], sigma[:, None], (5, 10, 3, 4))  # (T, M, lat, lon)
-    e = verification.Chunk(y, np.zeros_like(y), members=members, thresholds=events)
+    e = chunk.Chunk(y, np.zeros_like(y), members=members, thresholds=events)
     fair = np.empty(y.shape)
     for i, j in np.ndindex(t.shape):
-        fair[:, i, j] = sr.twcrps_ensemble(y[:, i, j], members[:, :, i, j], a=float(t[i, j]), m_axis=1,
-                                           estimator="fair")
+        fair[:, i, j] = sr.twcrps_ensemble(
+            y[:, i, j], members[:, :, i, j], a=float(t[i, j]), m_axis=1, estimator="fair"
+        )
     np.testing.assert_allclose(e.tail_scores["twcrps_above_q90"], fair, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(brier.statistics(e)["value"],
-                               sr.brier_score((y > t).astype(float), (members > t).mean(axis=1)), rtol=1e-9)
+    np.testing.assert_allclose(
+        brier.statistics(e)["value"], sr.brier_score((y > t).astype(float), (members > t).mean(axis=1)), rtol=1e-9
+    )
 
 
 def test_old_gaussian_numbers_are_unchanged(chunk_case):
     """The Gaussian path keeps its closed forms: CRPS, variance, PIT as before (scoringrules, scipy)."""
     mu, sigma, y, _ = chunk_case
-    g = verification.Chunk(y, np.zeros_like(y), mu=mu, sigma=sigma)
+    g = chunk.Chunk(y, np.zeros_like(y), mu=mu, sigma=sigma)
     np.testing.assert_allclose(g.crps, sr.crps_normal(y, mu, sigma), rtol=1e-12)
     assert np.array_equal(g.variance, sigma**2) and np.array_equal(verification.pit(g), special.ndtr((y - mu) / sigma))
 
 
 # --- end to end: train a tiny checkpoint of each family, evaluate it through the CLI ---------------
 def fit(cli, store, root: Path, family: str) -> Path:
-    cli("train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-        "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1", "--data.cfg.batch_size", "2",
-        "--model.distribution", family, check=True)
+    cli(
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_epochs",
+        "1",
+        "--data.cfg.batch_size",
+        "2",
+        "--model.distribution",
+        family,
+        check=True,
+    )
     return sorted(root.rglob("best*.ckpt"))[-1]
 
 
@@ -179,8 +200,16 @@ def saved_parameters(path: Path, store: Path) -> dict[str, np.ndarray]:
 @pytest.mark.slow  # 65 s (two trainings, integration references); the families' scoring is in the default tier below
 def test_evaluate_cli_scores_non_gaussian_checkpoints(cli, family_checkpoints, store, tmp_path):
     out = tmp_path / "eval"
-    proc = cli("evaluate", str(store), "--checkpoints", *map(str, family_checkpoints.values()), "--out", str(out),
-               "--bootstrap", "20")
+    proc = cli(
+        "evaluate",
+        str(store),
+        "--checkpoints",
+        *map(str, family_checkpoints.values()),
+        "--out",
+        str(out),
+        "--bootstrap",
+        "20",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads((out / "metrics.json").read_text())["targets"]["t2m"]
     ds = contract.open_store(str(store))
@@ -193,8 +222,11 @@ def test_evaluate_cli_scores_non_gaussian_checkpoints(cli, family_checkpoints, s
         assert f"{name} [{family}]" in report
         p = saved_parameters(path, store)
         cdf, ppf = scipy_law(family, p)
-        ref = (sr.crps_tnormal(y, p["mu"], p["sigma"], lower=0.0) if family == "truncnormal"
-               else tw_crps_integral(cdf, ppf, y, -np.inf))
+        ref = (
+            sr.crps_tnormal(y, p["mu"], p["sigma"], lower=0.0)
+            if family == "truncnormal"
+            else tw_crps_integral(cdf, ppf, y, -np.inf)
+        )
         assert g["distribution"] == family
         assert g["crps"] == pytest.approx(ref.mean(), rel=1e-6 if family == "truncnormal" else 1e-4)
         brier = sr.brier_score((y > t).astype(float), 1.0 - cdf(t))
@@ -207,5 +239,6 @@ def test_evaluate_cli_scores_non_gaussian_checkpoints(cli, family_checkpoints, s
     raw = res["raw_ensemble"]["global"]
     members = ver["members"].values  # (T, M, lat, lon)
     assert raw["brier_above_q90"] == pytest.approx(
-        sr.brier_score((y > t).astype(float), (members > t).mean(axis=1)).mean(), rel=1e-9)
+        sr.brier_score((y > t).astype(float), (members > t).mean(axis=1)).mean(), rel=1e-9
+    )
     assert raw["crps_fair"] > 0 and raw["twcrps_above_q90"] > 0

@@ -14,6 +14,7 @@ import xarray as xr
 from scipy import special
 
 from postcast.datasets import contract, schema
+from postcast.pipeline.chunk import Chunk
 from postcast.pipeline.evaluate import EvalConfig, evaluate
 
 
@@ -25,8 +26,9 @@ def _at(ds: xr.Dataset, name: str, rows: np.ndarray, h: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def evaluated(derived_store, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval_targets")
-    evaluate(EvalConfig(store=str(derived_store), targets=("t2m", "ws10", "tp24"), split="val", out=str(out),
-                        bootstrap=20))
+    evaluate(
+        EvalConfig(store=str(derived_store), targets=("t2m", "ws10", "tp24"), split="val", out=str(out), bootstrap=20)
+    )
     return json.loads((out / "metrics.json").read_text()), xr.open_dataset(out / "results.nc"), out
 
 
@@ -46,12 +48,13 @@ def test_tp24_scores_against_scoringrules(derived_store, evaluated):
     np.testing.assert_allclose(oracle["crps"], sr.crps_csg0(y, k, scale=theta, shift=delta).mean(), rtol=1e-6)
     for event, t in res["thresholds"].items():
         p_oracle = special.gammaincc(k, (t + delta) / theta)  # P(X - delta > t)
-        np.testing.assert_allclose(oracle[f"brier_{event}"], sr.brier_score((y > t) * 1.0, p_oracle).mean(),
-                                   rtol=1e-9)
-        np.testing.assert_allclose(raw[f"brier_{event}"], sr.brier_score((y > t) * 1.0, (x > t).mean(axis=1)).mean(),
-                                   rtol=1e-9)
-        np.testing.assert_allclose(raw[f"twcrps_{event}"], sr.twcrps_ensemble(y, x, a=t, m_axis=1,
-                                                                              estimator="fair").mean(), rtol=1e-9)
+        np.testing.assert_allclose(oracle[f"brier_{event}"], sr.brier_score((y > t) * 1.0, p_oracle).mean(), rtol=1e-9)
+        np.testing.assert_allclose(
+            raw[f"brier_{event}"], sr.brier_score((y > t) * 1.0, (x > t).mean(axis=1)).mean(), rtol=1e-9
+        )
+        np.testing.assert_allclose(
+            raw[f"twcrps_{event}"], sr.twcrps_ensemble(y, x, a=t, m_axis=1, estimator="fair").mean(), rtol=1e-9
+        )
     assert oracle["gap_closed"] == pytest.approx(1.0) and oracle["crps"] < raw["crps_fair"]
     assert oracle["crps_minus_raw"]["mean"] < 0  # against the members, not their Gaussian
 
@@ -63,7 +66,10 @@ def test_the_scorecard_measures_each_target_against_its_baseline(evaluated):
 
     summary, results, _ = evaluated
     assert dict(zip(results["target"].values, results["baseline"].values, strict=True)) == {
-        "t2m": "raw", "ws10": "raw_ensemble", "tp24": "raw_ensemble"}
+        "t2m": "raw",
+        "ws10": "raw_ensemble",
+        "tp24": "raw_ensemble",
+    }
     names, cols, grid, _ = report._skill_grid(results)
     for target in ("t2m", "tp24"):
         res = summary["targets"][target]
@@ -118,7 +124,6 @@ def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
 
     from postcast.models import distributions as D
     from postcast.pipeline import evaluate as ev
-    from postcast.pipeline import verification
 
     rng = np.random.default_rng(11)
     shape = (6, 3, 4)  # (T, lat, lon)
@@ -126,10 +131,14 @@ def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
     y = np.maximum(rng.gamma(k, theta) - delta, 0.0)
     k[0, 0, 0] = np.nan  # a broken parameter stays NaN in every score (the shortcut made it finite)
     ff = ev.FamilyForecast(D.CensoredShiftedGamma(*(torch.from_numpy(a) for a in (k, theta, delta))))
-    events = {"below_q10": np.quantile(y, 0.1, axis=0), "above_q90": np.quantile(y, 0.9, axis=0),
-              "above_t1": np.full(shape[1:], 1.0), "above_t2": np.full(shape[1:], 10.0)}
-    fast = verification.Chunk(y, np.zeros_like(y), dist=ff, thresholds=events).tail_scores
-    full = verification.Chunk(y, np.zeros_like(y), dist=_EveryQuantile(ff), thresholds=events).tail_scores
+    events = {
+        "below_q10": np.quantile(y, 0.1, axis=0),
+        "above_q90": np.quantile(y, 0.9, axis=0),
+        "above_t1": np.full(shape[1:], 1.0),
+        "above_t2": np.full(shape[1:], 10.0),
+    }
+    fast = Chunk(y, np.zeros_like(y), dist=ff, thresholds=events).tail_scores
+    full = Chunk(y, np.zeros_like(y), dist=_EveryQuantile(ff), thresholds=events).tail_scores
     for e in events:
         np.testing.assert_allclose(fast[f"twcrps_{e}"], full[f"twcrps_{e}"], rtol=1e-12, atol=1e-14)
         assert np.isnan(fast[f"twcrps_{e}"][0, 0, 0]) and np.isfinite(fast[f"twcrps_{e}"][1:]).all()
@@ -148,10 +157,16 @@ def test_the_targets_run_end_to_end(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     cfg = tmp_path / "targets.yaml"
-    cfg.write_text((root / "configs/targets.yaml").read_text().replace("workdir: runs/targets",
-                                                                        f"workdir: {tmp_path / 'run'}"))
-    proc = subprocess.run([sys.executable, "-m", "postcast", "--no-progress", "run", str(cfg)], cwd=root,
-                          capture_output=True, text=True, timeout=1800)
+    cfg.write_text(
+        (root / "configs/targets.yaml").read_text().replace("workdir: runs/targets", f"workdir: {tmp_path / 'run'}")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "postcast", "--no-progress", "run", str(cfg)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run/report/metrics.json").read_text())
     assert set(summary["targets"]) == {"t2m", "ws10", "tp24"}

@@ -18,16 +18,45 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def checkpoint(cli, store, tmp_path_factory):
     root = tmp_path_factory.mktemp("fc_runs")
-    cli("train", "fit", "-c", str(ROOT / "configs/train/mlp_t850.yaml"), "--data.cfg.store", str(store),
-        "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
-        "--trainer.max_epochs", "2", "--data.cfg.batch_size", "2", check=True)
+    cli(
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train/mlp_t850.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.max_epochs",
+        "2",
+        "--data.cfg.batch_size",
+        "2",
+        check=True,
+    )
     return sorted(root.rglob("best*.ckpt"))[-1]
 
 
 def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, synth_zarr, store, tmp_path):
     out = tmp_path / "fc"
-    args = ["forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2016-01-01",
-            "--end", "2017-12-31", "--thresholds", "270,280", "--format", "netcdf,zarr", "--out", str(out)]
+    args = [
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2016-01-01",
+        "--end",
+        "2017-12-31",
+        "--thresholds",
+        "270,280",
+        "--format",
+        "netcdf,zarr",
+        "--out",
+        str(out),
+    ]
     proc = cli(*args, check=True)
     files = sorted((out / "postprocessed/mlp/t850").glob("*.nc"))
     assert len(files) == 6 and "written 12 (0 fallback)" in proc.stdout
@@ -48,15 +77,18 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     np.testing.assert_array_equal(z["t850_mean"].values, xr.open_dataset(files[0])["t850_mean"].values)
     checker = shutil.which("compliance-checker", path=Path(sys.executable).parent)
     assert checker, "compliance-checker is not installed: run scripts/setup.sh"
-    cf = subprocess.run([checker, "--test", "cf:1.8", "--criteria", "normal", str(files[0])], capture_output=True,
-                        text=True, check=False)
+    cf = subprocess.run(
+        [checker, "--test", "cf:1.8", "--criteria", "normal", str(files[0])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert cf.returncode == 0 and "All tests passed" in cf.stdout, cf.stdout[-2000:]
     again = cli(*args, check=True)  # idempotent: nothing rewritten
     assert "written 0 (0 fallback), kept 12 existing" in again.stdout
 
 
-def test_forecasts_carry_climatological_exceedance_thresholds_by_default(cli, checkpoint, synth_zarr, store,
-                                                                        tmp_path):
+def test_forecasts_carry_climatological_exceedance_thresholds_by_default(cli, checkpoint, synth_zarr, store, tmp_path):
     """Without --thresholds the files had an empty threshold dimension (the service answered
     "exceedance": {}); now they carry the 10/50/90 % quantiles of the training truth, recorded in the
     checkpoint at fit, and the service answers with them."""
@@ -65,8 +97,20 @@ def test_forecasts_carry_climatological_exceedance_thresholds_by_default(cli, ch
     from postcast.serve.testing import running_server
 
     out = tmp_path / "fc"
-    cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
-        "--end", "2017-12-31", "--out", str(out), check=True)
+    cli(
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-01-01",
+        "--end",
+        "2017-12-31",
+        "--out",
+        str(out),
+        check=True,
+    )
     ds = xr.open_dataset(sorted((out / "postprocessed/mlp/t850").glob("*.nc"))[0])
     store_ds = xr.open_zarr(store, consolidated=False)
     train = store_ds["split"].values == 0  # the training rows (2012-2013): quantiles by hand, numpy alone
@@ -85,8 +129,20 @@ def test_fallback_when_model_inputs_are_missing(cli, checkpoint, synth_zarr, tmp
     src = tmp_path / "raw_t_only.zarr"
     only_t.to_zarr(src, zarr_format=3, consolidated=False)
     out = tmp_path / "fc"
-    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(src), "--init-time", "2016-01-01",
-               "--end", "2017-12-31", "--out", str(out), check=True)
+    proc = cli(
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(src),
+        "--init-time",
+        "2016-01-01",
+        "--end",
+        "2017-12-31",
+        "--out",
+        str(out),
+        check=True,
+    )
     files = sorted((out / "fallback_raw/mlp/t850").glob("*.nc"))
     assert len(files) == 2 and "(2 fallback)" in proc.stdout
     ds = xr.open_dataset(files[0])
@@ -100,14 +156,41 @@ def test_bad_input_gives_clean_errors(cli, checkpoint, tmp_path):
     corrupt = tmp_path / "raw"
     corrupt.mkdir()
     (corrupt / "output.pl.20180102").write_bytes(b"GRIB" + b"\0" * 100)
-    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(corrupt), "--init-time", "2017-01-02",
-               "--out", str(tmp_path / "o"))
+    proc = cli(
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(corrupt),
+        "--init-time",
+        "2017-01-02",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert proc.returncode in (65, 66) and "Traceback" not in proc.stderr
-    proc = cli("forecast", "--checkpoint", str(tmp_path / "nope.ckpt"), "--input", str(corrupt), "--init-time",
-               "2017-01-02", "--out", str(tmp_path / "o"))
+    proc = cli(
+        "forecast",
+        "--checkpoint",
+        str(tmp_path / "nope.ckpt"),
+        "--input",
+        str(corrupt),
+        "--init-time",
+        "2017-01-02",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert proc.returncode == 66 and "no such file" in proc.stderr
-    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(corrupt), "--init-time", "tomorrow-ish",
-               "--out", str(tmp_path / "o"))
+    proc = cli(
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(corrupt),
+        "--init-time",
+        "tomorrow-ish",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert proc.returncode == 2
 
 
@@ -119,13 +202,32 @@ def test_two_models_never_share_a_product_path(cli, checkpoint, synth_zarr, tmp_
     out = tmp_path / "fc"
     written = []
     for name in (None, "mlp_a", "mlp_b"):
-        written += forecast(ForecastConfig(checkpoint=str(checkpoint), input=str(synth_zarr), out=str(out),
-                                           init_time="2017-06-01", end="2017-12-31", name=name)).written
+        written += forecast(
+            ForecastConfig(
+                checkpoint=str(checkpoint),
+                input=str(synth_zarr),
+                out=str(out),
+                init_time="2017-06-01",
+                end="2017-12-31",
+                name=name,
+            )
+        ).written
     files = sorted(str(f.relative_to(out)) for f in out.rglob("*.nc"))
     assert len(files) == len(written) == len(set(written)) == 3 * 2  # 2 dates per model, no file shared
     assert {Path(f).parts[1] for f in files} == {"mlp", "mlp_a", "mlp_b"}
-    bad = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-06-01",
-              "--out", str(out), "--name", "../x")
+    bad = cli(
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-06-01",
+        "--out",
+        str(out),
+        "--name",
+        "../x",
+    )
     assert bad.returncode == 2 and "name" in bad.stderr
 
 
@@ -135,15 +237,25 @@ def t2m_checkpoint(store, tmp_path_factory):
     from postcast.pipeline import train
 
     root = tmp_path_factory.mktemp("t2m_runs")
-    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-                     "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "2"])
+    run = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+            "--data.cfg.store",
+            str(store),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.max_epochs",
+            "2",
+        ]
+    )
     return Path(run.trainer.checkpoint_callback.best_model_path)
 
 
 @pytest.mark.parametrize("form", ["netcdf", "grib"])
 @pytest.mark.parametrize("target", ["t2m", "t850"])
-def test_every_target_from_every_input_form(request, target, form, checkpoint, t2m_checkpoint, synth_zarr,
-                                            tmp_path):
+def test_every_target_from_every_input_form(request, target, form, checkpoint, t2m_checkpoint, synth_zarr, tmp_path):
     """Issue 17 defect 2: a T2m forecast from zarr or netCDF input crashed with KeyError: 'level'. Each target
     (surface and pressure level) forecasts from GRIB, netCDF and zarr, and the products agree with the zarr
     input's (GRIB within its 16-bit packing)."""
@@ -153,8 +265,11 @@ def test_every_target_from_every_input_form(request, target, form, checkpoint, t
     source = request.getfixturevalue(f"synth_{form}")
     means = {}
     for name, src in (("zarr", synth_zarr), (form, source)):
-        res = forecast(ForecastConfig(checkpoint=str(ckpt), input=str(src), out=str(tmp_path / name),
-                                      init_time="2017-01-01", end="2017-12-31"))
+        res = forecast(
+            ForecastConfig(
+                checkpoint=str(ckpt), input=str(src), out=str(tmp_path / name), init_time="2017-01-01", end="2017-12-31"
+            )
+        )
         assert len(res.written) == 3 and not res.fallback, res
         means[name] = np.stack([xr.open_dataset(f)[f"{target}_mean"].values for f in sorted(res.written)])
     assert np.isfinite(means["zarr"]).all()
@@ -166,19 +281,45 @@ def test_t2m_forecast_from_zarr_input(t2m_checkpoint, synth_zarr, tmp_path):
     """Issue 17 defect 2, zarr form: `postcast forecast` of a T2m checkpoint on the synth directory."""
     from postcast.cli import main
 
-    rc = main(["--no-progress", "forecast", "--checkpoint", str(t2m_checkpoint), "--input", str(synth_zarr),
-               "--init-time", "2016-01-01", "--end", "2017-12-31", "--out", str(tmp_path / "o")])
+    rc = main(
+        [
+            "--no-progress",
+            "forecast",
+            "--checkpoint",
+            str(t2m_checkpoint),
+            "--input",
+            str(synth_zarr),
+            "--init-time",
+            "2016-01-01",
+            "--end",
+            "2017-12-31",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 0
     files = sorted((tmp_path / "o/postprocessed/emos/t2m").glob("*.nc"))
     assert len(files) == 6 and np.isfinite(xr.open_dataset(files[0])["t2m_mean"].values).all()
 
 
-def test_a_bug_inside_forecast_is_an_internal_error_with_a_log(cli, checkpoint, synth_zarr, tmp_path, monkeypatch,
-                                                                internal_error):
+def test_a_bug_inside_forecast_is_an_internal_error_with_a_log(
+    cli, checkpoint, synth_zarr, tmp_path, monkeypatch, internal_error
+):
     planted_bug, assert_internal_error = internal_error
     monkeypatch.setattr("postcast.pipeline.forecast.products", planted_bug)
-    proc = cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
-               "--end", "2017-12-31", "--out", str(tmp_path / "fc"))
+    proc = cli(
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-01-01",
+        "--end",
+        "2017-12-31",
+        "--out",
+        str(tmp_path / "fc"),
+    )
     assert_internal_error(proc)
     assert not list((tmp_path / "fc").rglob("*.nc"))
 
@@ -190,8 +331,20 @@ def test_each_forecast_input_is_checked_once(cli, checkpoint, synth_zarr, tmp_pa
     calls = []
     check = base.check_values
     monkeypatch.setattr(base, "check_values", lambda ds, where: calls.append(where) or check(ds, where))
-    cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
-        "--end", "2017-12-31", "--out", str(tmp_path / "fc"), check=True)
+    cli(
+        "forecast",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-01-01",
+        "--end",
+        "2017-12-31",
+        "--out",
+        str(tmp_path / "fc"),
+        check=True,
+    )
     written = list((tmp_path / "fc").rglob("*.nc"))
     assert written and len(calls) == len(written), calls
 
@@ -207,15 +360,38 @@ def test_a_rerun_keeps_a_product_only_when_its_inputs_match(cli, checkpoint, syn
     from postcast.datasets import io as pio
 
     out = tmp_path / "fc"
-    args = ["forecast", "--input", str(synth_zarr), "--init-time", "2017-06-01", "--end", "2017-12-31",
-            "--out", str(out)]
+    args = [
+        "forecast",
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-06-01",
+        "--end",
+        "2017-12-31",
+        "--out",
+        str(out),
+    ]
     first = cli(*args, "--checkpoint", str(checkpoint), check=True)
     assert "written 2 (0 fallback), kept 0" in first.stdout
     assert "written 0 (0 fallback), kept 2" in cli(*args, "--checkpoint", str(checkpoint), check=True).stdout
     other = tmp_path / "other.ckpt"  # the same family, other weights: a second fit of one more epoch
-    cli("train", "fit", "-c", str(ROOT / "configs/train/mlp_t850.yaml"), "--data.cfg.store", str(store),
-        "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false",
-        "--trainer.max_epochs", "1", "--data.cfg.batch_size", "2", check=True)
+    cli(
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train/mlp_t850.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(tmp_path / "runs"),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.max_epochs",
+        "1",
+        "--data.cfg.batch_size",
+        "2",
+        check=True,
+    )
     other.write_bytes(sorted((tmp_path / "runs").rglob("best*.ckpt"))[-1].read_bytes())
     with caplog.at_level(logging.WARNING):
         again = cli(*args, "--checkpoint", str(other), check=True)
@@ -234,8 +410,20 @@ def test_fallback_reason_names_forecast_options(cli, checkpoint, synth_zarr, tmp
     src = tmp_path / "raw_t_only.zarr"
     raw[["t"]].isel(time=[-1]).to_zarr(src, zarr_format=3, consolidated=False)
     with caplog.at_level("WARNING", "postcast.pipeline.forecast"):
-        cli("forecast", "--checkpoint", str(checkpoint), "--input", str(src), "--init-time", "2016-01-01",
-            "--end", "2017-12-31", "--out", str(tmp_path / "fc"), check=True)
+        cli(
+            "forecast",
+            "--checkpoint",
+            str(checkpoint),
+            "--input",
+            str(src),
+            "--init-time",
+            "2016-01-01",
+            "--end",
+            "2017-12-31",
+            "--out",
+            str(tmp_path / "fc"),
+            check=True,
+        )
     comment = xr.open_dataset(next((tmp_path / "fc").rglob("*.nc"))).attrs["comment"]
     said = [r.getMessage() for r in caplog.records if "fallback" in r.getMessage()]
     assert len(said) == 1 and comment in said[0], said
@@ -255,11 +443,26 @@ def regional_ckpt(tmp_path_factory):
     dates = [pd.Timestamp(d) for d in ("2010-01-01", "2010-01-02", "2014-01-01", "2016-01-01")]
     src = write_ecmwf(root / "eu.grib2", grid=EUROPE, members=range(5), steps=(0, 24, 48), dates=dates)
     truth = _truth_nc(root / "era5.nc", [d + pd.Timedelta(hours=48) for d in dates])
-    ingest(IngestConfig(source=str(src), out=str(root / "eu.zarr"), truth=str(truth), processes=False,
-                        progress=False, grid=2.0))
-    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store",
-                     str(root / "eu.zarr"), "--data.cfg.sample.variables", "[t2m]", "--trainer.default_root_dir",
-                     str(root / "runs"), "--trainer.max_epochs", "1"])
+    ingest(
+        IngestConfig(
+            source=str(src), out=str(root / "eu.zarr"), truth=str(truth), processes=False, progress=False, grid=2.0
+        )
+    )
+    run = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+            "--data.cfg.store",
+            str(root / "eu.zarr"),
+            "--data.cfg.sample.variables",
+            "[t2m]",
+            "--trainer.default_root_dir",
+            str(root / "runs"),
+            "--trainer.max_epochs",
+            "1",
+        ]
+    )
     return Path(run.trainer.checkpoint_callback.best_model_path)
 
 
@@ -273,8 +476,15 @@ def test_on_input_grid_with_a_regional_checkpoint_is_cut_to_its_area(regional_ck
     from postcast.pipeline.forecast import ForecastConfig, forecast
 
     src = write_ecmwf(tmp_path / "glob.grib2", grid=("ll", 1.0, (90, -90, 0, 359)), members=range(5), steps=(48,))
-    res = forecast(ForecastConfig(checkpoint=str(regional_ckpt), input=str(src), out=str(tmp_path / "o"),
-                                  init_time=str(INIT.date()), on_input_grid=True))
+    res = forecast(
+        ForecastConfig(
+            checkpoint=str(regional_ckpt),
+            input=str(src),
+            out=str(tmp_path / "o"),
+            init_time=str(INIT.date()),
+            on_input_grid=True,
+        )
+    )
     ds = xr.open_dataset(res.written[0])
     assert ds.sizes["latitude"] == 41 and ds.sizes["longitude"] == 61 and ds.attrs["output_grid"] == "input"
     np.testing.assert_allclose(ds["longitude"].values, 340.0 + np.arange(61))

@@ -27,9 +27,21 @@ def family_ckpt(request, store, tmp_path_factory):
     from postcast.pipeline import train
 
     root = tmp_path_factory.mktemp(f"fam_{request.param}")
-    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-                     "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1",
-                     "--model.distribution", request.param])
+    run = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+            "--data.cfg.store",
+            str(store),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.max_epochs",
+            "1",
+            "--model.distribution",
+            request.param,
+        ]
+    )
     return request.param, Path(run.trainer.checkpoint_callback.best_model_path)
 
 
@@ -47,8 +59,12 @@ def _scipy_law(family: str, ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.
     x0 = stats.gamma(k[0, 0], scale=theta[0, 0])
     mean = integrate.quad(lambda y: x0.sf(y + shift[0, 0]), 0, np.inf, epsabs=1e-12, limit=200)[0]
     second = integrate.quad(lambda y: 2 * y * x0.sf(y + shift[0, 0]), 0, np.inf, epsabs=1e-12, limit=200)[0]
-    return (np.maximum(x.ppf(q) - shift, 0.0), np.where(t < 0, 1.0, x.sf(np.maximum(t, 0) + shift)), mean,
-            np.sqrt(second - mean * mean))
+    return (
+        np.maximum(x.ppf(q) - shift, 0.0),
+        np.where(t < 0, 1.0, x.sf(np.maximum(t, 0) + shift)),
+        mean,
+        np.sqrt(second - mean * mean),
+    )
 
 
 def test_a_non_gaussian_checkpoint_forecasts_its_own_law(cli, family_ckpt, synth_zarr, tmp_path):
@@ -56,8 +72,20 @@ def test_a_non_gaussian_checkpoint_forecasts_its_own_law(cli, family_ckpt, synth
     family, ckpt = family_ckpt
     out = tmp_path / "fc"
     extra = ["--thresholds=-1,0,280,285"] if family == "csg" else []  # truncnormal: the checkpoint's
-    proc = cli("forecast", "--checkpoint", str(ckpt), "--input", str(synth_zarr), "--init-time", "2017-01-01",
-               "--end", "2017-12-31", "--out", str(out), *extra)
+    proc = cli(
+        "forecast",
+        "--checkpoint",
+        str(ckpt),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-01-01",
+        "--end",
+        "2017-12-31",
+        "--out",
+        str(out),
+        *extra,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     files = sorted((out / "postprocessed/emos/t2m").glob("*.nc"))
     assert len(files) == 3
@@ -65,12 +93,17 @@ def test_a_non_gaussian_checkpoint_forecasts_its_own_law(cli, family_ckpt, synth
     names = {"truncnormal": ("mu", "sigma"), "csg": ("shape", "scale", "shift")}[family]
     assert ds.attrs["predictive_distribution"] == family
     assert ds.attrs["predictive_parameters"] == " ".join(f"{p}: t2m_{p}" for p in names)
-    assert [ds[f"t2m_{p}"].attrs["units"] for p in names] == (["K", "K"] if family == "truncnormal"
-                                                              else ["1", "K", "K"])
+    assert [ds[f"t2m_{p}"].attrs["units"] for p in names] == (
+        ["K", "K"] if family == "truncnormal" else ["1", "K", "K"]
+    )
     checker = shutil.which("compliance-checker", path=Path(sys.executable).parent)
     assert checker, "compliance-checker is not installed: run scripts/setup.sh"
-    cf = subprocess.run([checker, "--test", "cf:1.8", "--criteria", "normal", str(files[0])], capture_output=True,
-                        text=True, check=False)
+    cf = subprocess.run(
+        [checker, "--test", "cf:1.8", "--criteria", "normal", str(files[0])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert cf.returncode == 0 and "All tests passed" in cf.stdout, cf.stdout[-2000:]
     thresholds = ds["threshold"].values
     assert len(thresholds) == (4 if family == "csg" else 3)  # default: the checkpoint's 10/50/90 % of the truth
@@ -95,8 +128,22 @@ def test_the_service_answers_a_point_query_on_any_family(cli, family_ckpt, synth
 
     family, ckpt = family_ckpt
     out = tmp_path / "fc"
-    cli("forecast", "--checkpoint", str(ckpt), "--input", str(synth_zarr), "--init-time", "2017-10-01",
-        "--end", "2017-12-31", "--out", str(out), "--thresholds", "279", check=True)
+    cli(
+        "forecast",
+        "--checkpoint",
+        str(ckpt),
+        "--input",
+        str(synth_zarr),
+        "--init-time",
+        "2017-10-01",
+        "--end",
+        "2017-12-31",
+        "--out",
+        str(out),
+        "--thresholds",
+        "279",
+        check=True,
+    )
     found, skipped = archive.scan(out)
     field = archive.read_field(found[0])
     assert not skipped and field.family == family and set(field.params) == set(laws.get(family).names)
@@ -110,8 +157,11 @@ def test_the_service_answers_a_point_query_on_any_family(cli, family_ckpt, synth
     assert body["exceedance"] == {"279": pytest.approx(float(ds["t2m_exceedance_probability"][0]), abs=1e-7)}
     assert body["mean"] == pytest.approx(float(ds["t2m_mean"])) and body["std"] == pytest.approx(float(ds["t2m_std"]))
     p = {k: float(ds[f"t2m_{k}"]) for k in laws.get(family).names}
-    want = (stats.truncnorm.sf(median, -p["mu"] / p["sigma"], np.inf, loc=p["mu"], scale=p["sigma"])
-            if family == "truncnormal" else stats.gamma.sf(median + p["shift"], p["shape"], scale=p["scale"]))
+    want = (
+        stats.truncnorm.sf(median, -p["mu"] / p["sigma"], np.inf, loc=p["mu"], scale=p["sigma"])
+        if family == "truncnormal"
+        else stats.gamma.sf(median + p["shift"], p["shape"], scale=p["scale"])
+    )
     assert asked["exceedance"][f"{median:g}"] == pytest.approx(want, abs=1e-9)
 
 
@@ -154,7 +204,8 @@ def _scipy_moments(family: str, p: dict[str, np.ndarray], i: int) -> tuple[float
     sf = lambda y: _scipy_sf(family, p, y, i)  # noqa: E731
     m1 = integrate.quad(sf, 0, np.inf)[0] - (integrate.quad(lambda y: 1 - sf(y), lo, 0)[0] if lo < 0 else 0)
     m2 = integrate.quad(lambda y: 2 * y * sf(y), 0, np.inf)[0] + (
-        integrate.quad(lambda y: -2 * y * (1 - sf(y)), lo, 0)[0] if lo < 0 else 0)
+        integrate.quad(lambda y: -2 * y * (1 - sf(y)), lo, 0)[0] if lo < 0 else 0
+    )
     return m1, float(np.sqrt(m2 - m1 * m1))
 
 
@@ -195,16 +246,26 @@ def test_every_family_round_trips_through_the_archive(family, tmp_path):
     p = _params(family)
     mean, std = laws.get(family).moments(p)
     thresholds = (-0.5, 0.0, 0.7, 4.0)
-    ds = archive.products(mean, std, target=schema.target("t2m"), init=pd.Timestamp("2017-01-02"), step_h=48,
-                          lat=np.array([10.0]), lon=np.array([0.0, 5.0, 10.0]), quantiles=LEVELS,
-                          thresholds=thresholds, attrs={"product": archive.POSTPROCESSED},
-                          law=None if family == "gaussian" else archive.Law.of(family, p, LEVELS, thresholds))
+    ds = archive.products(
+        mean,
+        std,
+        target=schema.target("t2m"),
+        init=pd.Timestamp("2017-01-02"),
+        step_h=48,
+        lat=np.array([10.0]),
+        lon=np.array([0.0, 5.0, 10.0]),
+        quantiles=LEVELS,
+        thresholds=thresholds,
+        attrs={"product": archive.POSTPROCESSED},
+        law=None if family == "gaussian" else archive.Law.of(family, p, LEVELS, thresholds),
+    )
     for ext in ("nc", "zarr"):
         path = archive.product_path(tmp_path, archive.POSTPROCESSED, "m", "t2m", pd.Timestamp("2017-01-02"), ext)
         archive.write_product(ds, path)
         field = archive.read_field(archive.parse(tmp_path, path))
         assert field.family == family and {k: v.shape for k, v in field.params.items()} == {
-            k: v.shape for k, v in p.items()}
+            k: v.shape for k, v in p.items()
+        }
         got = [[archive.exceedance_at(field, 0, j, t) for j in range(3)] for t in thresholds]
         np.testing.assert_allclose(got, field.exceedance[:, 0], atol=1e-7)  # the file's are float32
     ds.attrs["predictive_distribution"] = "weibull"
@@ -222,10 +283,21 @@ def test_on_input_grid_regrids_the_parameters(family_ckpt, tmp_path):
 
     family, ckpt = family_ckpt
     src = tmp_path / "fine"
-    synthfiles.write_synthetic(SynthConfig(seed=3, resolution=5.0, years=(2017, 2017), dates_per_year=1,
-                                           levels=(500, 850)), src, progress=False)
-    res = forecast(ForecastConfig(checkpoint=str(ckpt), input=str(src), out=str(tmp_path / "o"),
-                                  init_time="2017-01-01", end="2017-12-31", on_input_grid=True))
+    synthfiles.write_synthetic(
+        SynthConfig(seed=3, resolution=5.0, years=(2017, 2017), dates_per_year=1, levels=(500, 850)),
+        src,
+        progress=False,
+    )
+    res = forecast(
+        ForecastConfig(
+            checkpoint=str(ckpt),
+            input=str(src),
+            out=str(tmp_path / "o"),
+            init_time="2017-01-01",
+            end="2017-12-31",
+            on_input_grid=True,
+        )
+    )
     ds = xr.open_dataset(res.written[0]).isel(forecast_reference_time=0)
     assert ds.attrs["output_grid"] == "input" and ds.attrs["predictive_distribution"] == family
     assert ds.sizes["latitude"] == 37 and ds.sizes["longitude"] == 72

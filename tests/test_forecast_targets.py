@@ -27,8 +27,10 @@ from postcast.datasets import schema
 from postcast.serve.testing import running_server
 
 ROOT = Path(__file__).resolve().parents[1]
-CF = {"ws10": ("wind_speed", "m s**-1", [10.0, 20.0]), "tp24": ("lwe_thickness_of_precipitation_amount", "mm",
-                                                                [1.0, 10.0])}
+CF = {
+    "ws10": ("wind_speed", "m s**-1", [10.0, 20.0]),
+    "tp24": ("lwe_thickness_of_precipitation_amount", "mm", [1.0, 10.0]),
+}
 GAUSSIAN_NAME = "emos_gaussian"  # the tp24 model predicting a Gaussian, beside the csg one ("emos")
 
 
@@ -49,18 +51,33 @@ def window(world):
 def _train(world: Path, target: str, *extra: str) -> Path:
     from postcast.pipeline import train
 
-    run = train.run(["fit", "-c", str(ROOT / f"configs/train/tiny_emos_{target}.yaml"),
-                     "--data.cfg.store", str(world / "store.zarr"), "--trainer.max_epochs", "1",
-                     "--trainer.default_root_dir", str(world / "runs" / f"{target}{''.join(extra)}"),
-                     "--trainer.enable_model_summary", "false", *extra])
+    run = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / f"configs/train/tiny_emos_{target}.yaml"),
+            "--data.cfg.store",
+            str(world / "store.zarr"),
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.default_root_dir",
+            str(world / "runs" / f"{target}{''.join(extra)}"),
+            "--trainer.enable_model_summary",
+            "false",
+            *extra,
+        ]
+    )
     return Path(run.trainer.checkpoint_callback.best_model_path)
 
 
 @pytest.fixture(scope="module")
 def ckpts(world):
     """ws10 (truncnormal), tp24 (csg) and tp24 as a Gaussian."""
-    return {"ws10": _train(world, "ws10"), "tp24": _train(world, "tp24"),
-            GAUSSIAN_NAME: _train(world, "tp24", "--model.distribution", "gaussian")}
+    return {
+        "ws10": _train(world, "ws10"),
+        "tp24": _train(world, "tp24"),
+        GAUSSIAN_NAME: _train(world, "tp24", "--model.distribution", "gaussian"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +86,18 @@ def archive_root(cli, world, ckpts, window):
     out = world / "forecasts"
     for name, ckpt in ckpts.items():
         named = ["--name", GAUSSIAN_NAME] if name == GAUSSIAN_NAME else []
-        cli("forecast", "--checkpoint", str(ckpt), "--input", str(world / "raw"), *window, "--out", str(out),
-            *named, check=True)
+        cli(
+            "forecast",
+            "--checkpoint",
+            str(ckpt),
+            "--input",
+            str(world / "raw"),
+            *window,
+            "--out",
+            str(out),
+            *named,
+            check=True,
+        )
     return out
 
 
@@ -83,8 +110,9 @@ def _one(root: Path, product: str, model: str, target: str) -> xr.Dataset:
 def _cf_check(path: Path) -> None:
     checker = shutil.which("compliance-checker", path=Path(sys.executable).parent)
     assert checker, "compliance-checker is not installed: run scripts/setup.sh"
-    cf = subprocess.run([checker, "--test", "cf:1.8", "--criteria", "normal", str(path)], capture_output=True,
-                        text=True, check=False)
+    cf = subprocess.run(
+        [checker, "--test", "cf:1.8", "--criteria", "normal", str(path)], capture_output=True, text=True, check=False
+    )
     assert cf.returncode == 0 and "All tests passed" in cf.stdout, cf.stdout[-2000:]
 
 
@@ -107,8 +135,9 @@ def test_ws10_forecast_is_its_truncated_normal_in_m_per_s(archive_root):
     assert [ds[f"ws10_{p}"].attrs["units"] for p in ("mu", "sigma")] == ["m s**-1"] * 2
     mu, sigma = ds["ws10_mu"].values, ds["ws10_sigma"].values
     law = stats.truncnorm(-mu / sigma, np.inf, loc=mu, scale=sigma)
-    np.testing.assert_allclose(ds["ws10_exceedance_probability"].values, law.sf(ds["threshold"].values[:, None, None]),
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        ds["ws10_exceedance_probability"].values, law.sf(ds["threshold"].values[:, None, None]), rtol=0, atol=1e-6
+    )
     np.testing.assert_allclose(ds["ws10_mean"].values, law.mean(), rtol=1e-5)
     _cf_check(sorted((archive_root / "postprocessed/emos/ws10").glob("*.nc"))[0])
 
@@ -191,8 +220,10 @@ def test_the_service_answers_ws10_and_both_tp24_models(archive_root):
             ds = xr.open_dataset(files[-1]).isel(forecast_reference_time=0).sel(latitude=50.0, longitude=10.0)
             assert body["model"] == model and body["units"] == CF[target][1], body
             assert body["mean"] == pytest.approx(float(ds[f"{target}_mean"]))
-            want = {f"{t:g}": float(p) for t, p in zip(ds["threshold"].values, ds[f"{target}_exceedance_probability"]
-                                                       .values, strict=True)}
+            want = {
+                f"{t:g}": float(p)
+                for t, p in zip(ds["threshold"].values, ds[f"{target}_exceedance_probability"].values, strict=True)
+            }
             assert {k: v for k, v in body["exceedance"].items() if k != "5"} == pytest.approx(want, abs=1e-7)
             if model == "emos" and target == "tp24":  # the query's own threshold by the file's law
                 k, theta, shift = (float(ds[f"tp24_{p}"]) for p in ("shape", "scale", "shift"))
@@ -211,7 +242,8 @@ def test_tp24_on_an_input_without_the_earlier_lead(world, ckpts, window, tmp_pat
     src = tmp_path / "no24.zarr"
     raw.isel(time=[-1], step=[0, 2]).to_zarr(src, zarr_format=3, consolidated=False)
     out = tmp_path / "fc"
-    res = in_process(["forecast", "--checkpoint", str(ckpts["tp24"]), "--input", str(src), *window,
-                      "--out", str(out)], capsys)
+    res = in_process(
+        ["forecast", "--checkpoint", str(ckpts["tp24"]), "--input", str(src), *window, "--out", str(out)], capsys
+    )
     assert_ok("forecast: tp24 without the lead 24 h before", res, not out.exists() or not any(out.rglob("*.nc")))
     assert res.code == 66 and "+24" in res.error_lines[0] and "--input" in res.error_lines[0], res.error_lines

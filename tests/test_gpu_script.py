@@ -21,8 +21,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
-RESULT = re.compile(r"^RESULT device=(cpu|cuda) min_bandwidth_fraction=(\S+) min_speedup_vs_eager=(\S+) "
-                    r"unet_samples_per_s_bf16=(\S+) compression_ratio_at_sz3_error=(\S+)$")
+RESULT = re.compile(
+    r"^RESULT device=(cpu|cuda) min_bandwidth_fraction=(\S+) min_speedup_vs_eager=(\S+) "
+    r"unet_samples_per_s_bf16=(\S+) compression_ratio_at_sz3_error=(\S+)$"
+)
 PARTS = ("kernels", "training", "compression")
 
 
@@ -31,8 +33,14 @@ def dry_run(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], d
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("OUT", None)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads((out / "gpu.json").read_text()), seconds
@@ -41,8 +49,12 @@ def dry_run(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], d
 def result_line(stdout: str) -> dict[str, float]:
     match = RESULT.match(stdout.strip().splitlines()[-1])
     assert match, stdout[-2000:]
-    keys = ("min_bandwidth_fraction", "min_speedup_vs_eager", "unet_samples_per_s_bf16",
-            "compression_ratio_at_sz3_error")
+    keys = (
+        "min_bandwidth_fraction",
+        "min_speedup_vs_eager",
+        "unet_samples_per_s_bf16",
+        "compression_ratio_at_sz3_error",
+    )
     return {"device": match.group(1), **{k: float(v) for k, v in zip(keys, match.groups()[1:], strict=True)}}
 
 
@@ -103,8 +115,9 @@ def test_the_benchmark_step_is_the_postprocessor_training_step(family):
     gpu = _gpu_module()
     preset = gpu.read_preset(gpu.PRESETS[family], {"base_filters": 8})
     grid = (16, 32)
-    model = PostProcessor(family=family, net=preset.net, grid=grid,
-                          sample={"target": "t850", "variables": list(preset.variables)})
+    model = PostProcessor(
+        family=family, net=preset.net, grid=grid, sample={"target": "t850", "variables": list(preset.variables)}
+    )
     assert model.spec.n_channels == preset.in_channels
     batch = gpu.random_batch(preset, 2, grid, torch.device("cpu"))
     model.set_normalisation(batch["norm_mean"], batch["norm_std"])
@@ -134,13 +147,22 @@ def test_the_ratio_and_errors_are_the_artefacts(tmp_path):
     ref = gpu.load_reference(gpu.DRY.field, data)  # the carried table is of this very field
     fit = gpu.FieldFit(part, data, lat, lon)
     net, _ = gpu.fit_field(fit, 0.5)
-    fields = Fields(data[None, :, None], ["t850"], ["K"], np.arange(data.shape[0], dtype=float), "time",
-                    np.array([np.nan]), lat, lon)
+    fields = Fields(
+        data[None, :, None],
+        ["t850"],
+        ["K"],
+        np.arange(data.shape[0], dtype=float),
+        "time",
+        np.array([np.nan]),
+        lat,
+        lon,
+    )
     for weights, entropy in (("q6", "lzma"), ("fp16", "none")):
         got = gpu.lever(fit, net, weights, entropy, ref)
         cfg = gpu.dataclasses.replace(fit.cfg, weights=weights, entropy=entropy)
-        art = Artefact.from_network(fields, cfg, net, np.array([[fit.mean]], np.float32),
-                                    np.array([[fit.std]], np.float32))
+        art = Artefact.from_network(
+            fields, cfg, net, np.array([[fit.mean]], np.float32), np.array([[fit.std]], np.float32)
+        )
         assert abs(got["bytes"] - art.nbytes) <= 16  # the header's error floats may print a digit longer
         want = art.header["errors"]["var0"]
         for key in ("wrmse", "rmse", "mae", "max_abs", "wrmse_over_std"):

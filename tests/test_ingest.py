@@ -21,6 +21,7 @@ import postcast.datasets.ingest.progress as ingest_progress
 import postcast.datasets.ingest.tasks as ingest_tasks
 from postcast.datasets import contract, integrity, io, schema, sources, statistics
 from postcast.datasets.core.errors import ConfigError
+from postcast.datasets.ingest import partials
 from postcast.datasets.ingest import run as ingest
 from postcast.datasets.ingest.run import IngestConfig
 from postcast.datasets.sources import conventions
@@ -47,10 +48,12 @@ def test_store_layout_and_values(store, tiny_cfg):
     np.testing.assert_allclose(ds["ens_mean_z"].sel(init_time=t0, level=500).values, x.mean(0), rtol=1e-6)
     np.testing.assert_allclose(ds["ens_std_z"].sel(init_time=t0, level=500).values, x.std(0), rtol=1e-4)
     o = w.oracle("t850", t0, 48)
-    np.testing.assert_array_equal(ds["truth_t850"].sel(init_time=t0, step=pd.Timedelta(hours=48)).values,
-                                  o["truth"].astype(np.float32))
-    np.testing.assert_array_equal(ds["oracle_std_t850"].sel(init_time=t0, step=pd.Timedelta(hours=48)).values,
-                                  o["std"].astype(np.float32))
+    np.testing.assert_array_equal(
+        ds["truth_t850"].sel(init_time=t0, step=pd.Timedelta(hours=48)).values, o["truth"].astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        ds["oracle_std_t850"].sel(init_time=t0, step=pd.Timedelta(hours=48)).values, o["std"].astype(np.float32)
+    )
     codes = ds["split"].values
     years = pd.DatetimeIndex(ds.init_time.values).year
     assert (codes[years <= 2013] == 0).all() and (codes[years >= 2016] == 2).all()
@@ -69,8 +72,9 @@ def test_statistics_use_training_years_only(store):
     e = train["ens_std_t"].sel(level=850, step=pd.Timedelta(hours=48)).values.astype(np.float64)
     pt = st["ens_std_t_point_mean"].sel(level=850, step=pd.Timedelta(hours=48)).values
     np.testing.assert_allclose(pt, e.mean(0), rtol=1e-6)
-    np.testing.assert_allclose(st["ens_std_t_point_std"].sel(level=850, step=pd.Timedelta(hours=48)).values,
-                               e.std(0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        st["ens_std_t_point_std"].sel(level=850, step=pd.Timedelta(hours=48)).values, e.std(0), rtol=1e-5, atol=1e-7
+    )
     xp = st["t_point_max"].sel(level=850, step=pd.Timedelta(hours=48)).values
     np.testing.assert_allclose(xp, x.max((0, 1)), rtol=1e-6)
     assert set(statistics.STAT_KINDS) == {"mean", "std", "min", "max"}
@@ -96,8 +100,9 @@ def test_pure_cores_on_numpy_and_dask(chunked, tiny_cfg):
     assert (back["t"].chunks is not None) == chunked
     xr.testing.assert_identical(back["t"].drop_attrs(), fc["t"].drop_attrs())
     st = statistics.compute_statistics(fc, schema.Splits(train=(2012, 2012), val=(2013, 2013), test=(2014, 2017)))
-    np.testing.assert_allclose(st["t_mean"].values,
-                               ref[pd.DatetimeIndex(fc.init_time.values).year == 2012].mean((0, 1, 4, 5)), rtol=1e-9)
+    np.testing.assert_allclose(
+        st["t_mean"].values, ref[pd.DatetimeIndex(fc.init_time.values).year == 2012].mean((0, 1, 4, 5)), rtol=1e-9
+    )
 
 
 def test_conventions_convert_units_and_names(tiny_cfg):
@@ -143,16 +148,18 @@ def test_grib_source_matches_zarr_source(synth_grib, store, tmp_path):
 def test_netcdf_source(tmp_path, tiny_cfg):
     from postcast.datasets.synth import synthfiles
 
-    cfg = synthetic.SynthConfig(**{**tiny_cfg.to_dict(), "format": "netcdf", "years": (2012, 2013),
-                                   "levels": (850,), "dates_per_year": 1})
+    cfg = synthetic.SynthConfig(
+        **{**tiny_cfg.to_dict(), "format": "netcdf", "years": (2012, 2013), "levels": (850,), "dates_per_year": 1}
+    )
     synthfiles.write_synthetic(cfg, tmp_path / "nc", progress=False)
     out = tmp_path / "nc.zarr"
     ingest.ingest(IngestConfig(source=str(tmp_path / "nc"), out=str(out), processes=False, progress=False))
     ds = contract.open_store(out)
     w = synthetic.world(cfg.seed, cfg.resolution)
     t0 = pd.Timestamp(ds.init_time.values[1])
-    np.testing.assert_array_equal(ds["u10"].sel(init_time=t0, step=pd.Timedelta(0)).values,
-                                  w.members_field("u10", 0, t0, 0).astype(np.float32))
+    np.testing.assert_array_equal(
+        ds["u10"].sel(init_time=t0, step=pd.Timedelta(0)).values, w.members_field("u10", 0, t0, 0).astype(np.float32)
+    )
 
 
 def test_forecast_only_input_works(tmp_path, synth_zarr):
@@ -160,15 +167,24 @@ def test_forecast_only_input_works(tmp_path, synth_zarr):
     src.mkdir()
     (src / "forecast.zarr").symlink_to(synth_zarr / "forecast.zarr")
     out = tmp_path / "fc.zarr"
-    ingest.ingest(IngestConfig(source=str(src), out=str(out), processes=False, progress=False,
-                               variables=("t", "z", "t2m")))
+    ingest.ingest(
+        IngestConfig(source=str(src), out=str(out), processes=False, progress=False, variables=("t", "z", "t2m"))
+    )
     ds = contract.open_store(out)
     assert "truth_t850" not in ds and set(ds.data_vars) >= {"t", "z", "t2m", "ens_mean_t"}
     assert "q" not in ds
 
 
-INGEST_TASKS = {"ingest_dates", "combine_fields", "checkpoint_partials", "write_statistics", "_checksum",
-                "index_file", "stored_partials", "load_partials"}
+INGEST_TASKS = {
+    "ingest_dates",
+    "combine_fields",
+    "checkpoint_partials",
+    "write_statistics",
+    "_checksum",
+    "index_file",
+    "stored_partials",
+    "load_partials",
+}
 
 
 def test_distributed_two_worker_local_cluster(synth_grib, tmp_path):
@@ -177,11 +193,21 @@ def test_distributed_two_worker_local_cluster(synth_grib, tmp_path):
     each `.load()` inside a task sent dozens of small dask tasks through the scheduler and waited on them)."""
     from dask.distributed import Client, LocalCluster, get_task_stream
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client, get_task_stream(client) as stream:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+        get_task_stream(client) as stream,
+    ):
         out = tmp_path / "dist.zarr"
-        res = ingest.ingest(IngestConfig(source=str(synth_grib), out=str(out), scheduler=cluster.scheduler_address,
-                                         progress=False, variables=("t", "t2m", "tp")))
+        res = ingest.ingest(
+            IngestConfig(
+                source=str(synth_grib),
+                out=str(out),
+                scheduler=cluster.scheduler_address,
+                progress=False,
+                variables=("t", "t2m", "tp"),
+            )
+        )
         assert res.n_written == res.n_dates == 18
         assert len(client.scheduler_info()["workers"]) == 2
     names = {str(r["key"][0] if isinstance(r["key"], tuple) else r["key"]).split("-")[0] for r in stream.data}
@@ -199,8 +225,18 @@ def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
     partial = tmp_path / "killed.zarr.partial"
     preset = tmp_path / "ingest.yaml"  # one date per task; per-date partials folded into merged.npz every 2 dates
     preset.write_text("kind: ingest\nworkers: 1\ndates_per_task: 1\ncheckpoint_dates: 2\n")
-    cmd = [sys.executable, "-m", "postcast", "--no-progress", "ingest", "-c", str(preset), str(synth_zarr),
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "postcast",
+        "--no-progress",
+        "ingest",
+        "-c",
+        str(preset),
+        str(synth_zarr),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -219,15 +255,24 @@ def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
     assert shown.returncode == 66 and "INCOMPLETE" in shown.stdout
     with pytest.raises(Exception, match=r"incomplete|not a postcast store"):
         contract.open_store(out)
-    covered = set(statistics.partial_dates(partial / "stats" / "merged.npz"))
+    covered = set(partials.partial_dates(partial / "stats" / "merged.npz"))
     done = {p.name for p in (partial / "done").glob("[!.]*")}
     assert covered and covered <= done
     times = pd.DatetimeIndex(contract.open_store(store).init_time.values)
     train = {f"{t:%Y%m%dT%H}" for t in times if schema.Splits().split_of(t.year) == "train"}
     after = sorted(times.get_loc(pd.Timestamp(f"{d[:8]} {d[9:]}:00")) for d in (done - covered) & train)
     reads = _spy_store_reads(monkeypatch)
-    res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), workers=1, processes=False,
-                                     progress=False, dates_per_task=1, checkpoint_dates=2))
+    res = ingest.ingest(
+        IngestConfig(
+            source=str(synth_zarr),
+            out=str(out),
+            workers=1,
+            processes=False,
+            progress=False,
+            dates_per_task=1,
+            checkpoint_dates=2,
+        )
+    )
     assert res.n_written == 18 - n_done  # only the unfinished dates
     assert not partial.exists()
     read = _member_chunk_reads(reads, partial / "store.zarr")
@@ -261,8 +306,9 @@ def _spy_store_reads(monkeypatch) -> list[tuple[str, str]]:
 def _member_chunk_reads(reads: list[tuple[str, str]], store) -> list[str]:
     """Chunk reads of the data arrays (not metadata, not coordinates) of the zarr store at ``store``."""
     coords = {"init_time", "member", "step", "level", "latitude", "longitude", "valid_time", "split"}
-    return [key for root, key in reads if Path(root) == Path(store) and "/c/" in key
-            and key.split("/")[0] not in coords]
+    return [
+        key for root, key in reads if Path(root) == Path(store) and "/c/" in key and key.split("/")[0] not in coords
+    ]
 
 
 def _assert_same_statistics(got: xr.Dataset, want: xr.Dataset) -> None:
@@ -278,15 +324,15 @@ def _assert_same_statistics(got: xr.Dataset, want: xr.Dataset) -> None:
             np.testing.assert_allclose(g, w, rtol=2.0**-23, atol=2.0**-23 * float(scale) * 1e-3, err_msg=name)
 
 
-def test_one_pass_statistics_equal_the_two_pass_ones_without_reading_the_store(synth_zarr, tmp_path,
-                                                                                monkeypatch):
+def test_one_pass_statistics_equal_the_two_pass_ones_without_reading_the_store(synth_zarr, tmp_path, monkeypatch):
     """Issue 18 item 1: statistics accumulate in the tasks that write each date and are merged exactly;
     the statistics step reads no data chunk back. The figures equal a second pass over the finished store
     (`compute_statistics`) and a plain float64 numpy computation, SST's land NaNs included."""
     reads = _spy_store_reads(monkeypatch)
     out = tmp_path / "one.zarr"
-    ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
-                               variables=("t", "sst")))
+    ingest.ingest(
+        IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False, variables=("t", "sst"))
+    )
     assert _member_chunk_reads(reads, contract.partial_path(out) / "store.zarr") == []
     ds, st = contract.open_store(out), contract.open_statistics(out)
     splits = schema.Splits()
@@ -295,8 +341,7 @@ def test_one_pass_statistics_equal_the_two_pass_ones_without_reading_the_store(s
     train = ds.isel(init_time=np.flatnonzero(splits.mask(ds.init_time.values, "train")))
     for name in ("t", "sst", "ens_std_sst", "truth_t2m"):
         x = train[name].values.astype(np.float64)
-        axes = tuple(i for i, d in enumerate(train[name].dims) if d in ("init_time", "member", "latitude",
-                                                                        "longitude"))
+        axes = tuple(i for i, d in enumerate(train[name].dims) if d in ("init_time", "member", "latitude", "longitude"))
         np.testing.assert_allclose(st[f"{name}_mean"].values, np.nanmean(x, axis=axes), rtol=1e-12)
         np.testing.assert_allclose(st[f"{name}_std"].values, np.nanstd(x, axis=axes), rtol=1e-10)
         np.testing.assert_array_equal(st[f"{name}_max"].values, np.nanmax(x, axis=axes))
@@ -312,16 +357,22 @@ def test_auto_statistics_take_the_second_pass_when_a_dates_partials_would_not_fi
     merged partials, twice while a merge makes the next one): over ``one_pass_max_gb`` (by default 60% of
     the smallest worker's memory limit) the statistics come from the bounded-memory reduction over the store
     instead, with the same figures. ``partial_bytes`` is checked against a real accumulator's bytes."""
-    cfg = IngestConfig(source=str(synth_zarr), out=str(tmp_path / "x.zarr"), processes=False, progress=False,
-                       variables=("t", "sst"))
+    cfg = IngestConfig(
+        source=str(synth_zarr), out=str(tmp_path / "x.zarr"), processes=False, progress=False, variables=("t", "sst")
+    )
     found = sources.discover(cfg.source, truth=cfg.truth)
     plan = found.forecast.plan(cfg.expectation)
-    days = [ingest_tasks.load_date(found.forecast, found.truth, found.oracle, plan, i, partials=True)[1]
-            for i in (0, 1)]
+    days = [
+        ingest_tasks.load_date(found.forecast, found.truth, found.oracle, plan, i, partials=True)[1] for i in (0, 1)
+    ]
     acc = statistics.combine_fields(*days)
     points = plan.grid.shape[0] * plan.grid.shape[1]
-    real = sum(a.nbytes if any(a.strides) else a.itemsize  # a broadcast count is one number
-               for p in acc.values() for a in p.values() if np.ndim(a) and a.size >= points)
+    real = sum(
+        a.nbytes if any(a.strides) else a.itemsize  # a broadcast count is one number
+        for p in acc.values()
+        for a in p.values()
+        if np.ndim(a) and a.size >= points
+    )
     budget = ingest_budget
     assert 0.9 < real / budget.partial_bytes(plan) <= 1.15, (real, budget.partial_bytes(plan))  # + SST counts
     need = budget.one_pass_bytes(plan) / 1e9
@@ -329,8 +380,9 @@ def test_auto_statistics_take_the_second_pass_when_a_dates_partials_would_not_fi
     assert not budget.one_pass(cfg, plan, worker_gb=None)  # no limit known: the bounded path
     tiny = dataclasses.replace(cfg, one_pass_max_gb=1e-9)
     assert not budget.one_pass(tiny, plan, worker_gb=1e3)
-    full = dataclasses.replace(plan, grid=schema.Grid(0.5), levels=schema.LEVELS,
-                               variables=tuple(schema.VARIABLES), steps_h=schema.STEPS_H)
+    full = dataclasses.replace(
+        plan, grid=schema.Grid(0.5), levels=schema.LEVELS, variables=tuple(schema.VARIABLES), steps_h=schema.STEPS_H
+    )
     assert 1e10 < budget.one_pass_bytes(full) < 2e10 and not budget.one_pass(cfg, full, worker_gb=16)
     assert budget.one_pass(cfg, full, worker_gb=32)  # a 32 GB worker takes the full shape in one pass
     out = []
@@ -381,9 +433,13 @@ def test_partial_moments_merge_associatively_and_match_numpy(tmp_path):
     whole = statistics.partial(x, *axes)
     x64 = x.astype(np.float64)
     with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning):  # numpy warns about the land points
-        want = {"mean": np.nanmean(x64, axis=(0, 1, 4, 5)), "pmean": np.nanmean(x64, axis=(0, 1)),
-                "std": np.nanstd(x64, axis=(0, 1, 4, 5)), "pstd": np.nanstd(x64, axis=(0, 1)),
-                "pmin": np.nanmin(x, axis=(0, 1))}
+        want = {
+            "mean": np.nanmean(x64, axis=(0, 1, 4, 5)),
+            "pmean": np.nanmean(x64, axis=(0, 1)),
+            "std": np.nanstd(x64, axis=(0, 1, 4, 5)),
+            "pstd": np.nanstd(x64, axis=(0, 1)),
+            "pmin": np.nanmin(x, axis=(0, 1)),
+        }
     for got in (left, right, whole):
         np.testing.assert_array_equal(got["n"], np.isfinite(x).sum((0, 1, 4, 5)))
         np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-14)
@@ -394,15 +450,16 @@ def test_partial_moments_merge_associatively_and_match_numpy(tmp_path):
         np.testing.assert_allclose(got["pmean"][ok], want["pmean"][ok], rtol=1e-14)
         np.testing.assert_allclose(np.sqrt(got["pm2"][ok] / got["pn"][ok]), want["pstd"][ok], rtol=1e-12)
         np.testing.assert_array_equal(got["pmin"][ok], want["pmin"][ok])
-    one_date = statistics.partial(x[:1, 0], *statistics.field_axes(("init_time", "step", "level", "latitude",
-                                                                    "longitude")))  # an ensemble statistic
-    statistics.save_partials({"t": left, "ens_mean_t": one_date}, tmp_path / "p.npz", dates=["20120101T00"])
-    back = statistics.load_partials(tmp_path / "p.npz")
+    one_date = statistics.partial(
+        x[:1, 0], *statistics.field_axes(("init_time", "step", "level", "latitude", "longitude"))
+    )  # an ensemble statistic
+    partials.save_partials({"t": left, "ens_mean_t": one_date}, tmp_path / "p.npz", dates=["20120101T00"])
+    back = partials.load_partials(tmp_path / "p.npz")
     for name, part in (("t", left), ("ens_mean_t", one_date)):
         for key, v in part.items():
             assert back[name][key].dtype == v.dtype, (name, key)
             np.testing.assert_array_equal(back[name][key], v, err_msg=f"{name}/{key}")
-    assert statistics.partial_dates(tmp_path / "p.npz") == ["20120101T00"]
+    assert partials.partial_dates(tmp_path / "p.npz") == ["20120101T00"]
 
 
 def _no_warning():
@@ -419,18 +476,36 @@ def test_interrupted_ingest_with_other_settings_needs_restart(synth_zarr, tmp_pa
     (partial / "store.zarr").mkdir()
     with pytest.raises(Exception, match="--restart"):
         ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False))
-    res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
-                                     restart=True, variables=("t",)))
+    res = ingest.ingest(
+        IngestConfig(
+            source=str(synth_zarr), out=str(out), processes=False, progress=False, restart=True, variables=("t",)
+        )
+    )
     assert res.n_written == 18 and not partial.exists()
 
 
 # another value for every IngestConfig option: a new option fails the test below until it gets one here
 OTHER_VALUES = {
-    "source": "elsewhere", "out": "other.zarr", "truth": "era5.zarr", "variables": ("t",), "levels": (500,),
-    "members": 4, "steps": (0, 24), "grid": 2.0, "regrid_method": "nearest",
-    "splits": schema.Splits(train=(2000, 2013)), "scheduler": "tcp://127.0.0.1:8786", "workers": 3,
-    "processes": False, "dates_per_task": 2, "checkpoint_dates": 4,
-    "statistics": "two-pass", "one_pass_max_gb": 8.0, "overwrite": True, "restart": True, "progress": False,
+    "source": "elsewhere",
+    "out": "other.zarr",
+    "truth": "era5.zarr",
+    "variables": ("t",),
+    "levels": (500,),
+    "members": 4,
+    "steps": (0, 24),
+    "grid": 2.0,
+    "regrid_method": "nearest",
+    "splits": schema.Splits(train=(2000, 2013)),
+    "scheduler": "tcp://127.0.0.1:8786",
+    "workers": 3,
+    "processes": False,
+    "dates_per_task": 2,
+    "checkpoint_dates": 4,
+    "statistics": "two-pass",
+    "one_pass_max_gb": 8.0,
+    "overwrite": True,
+    "restart": True,
+    "progress": False,
 }
 
 
@@ -494,8 +569,11 @@ def test_progress_is_logged_during_an_ingest(synth_zarr, tmp_path, caplog):
 
     caplog.set_level(logging.INFO, logger="postcast.datasets.ingest.progress")
     out = tmp_path / "p.zarr"
-    res = ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
-                                     variables=("t",), dates_per_task=3))
+    res = ingest.ingest(
+        IngestConfig(
+            source=str(synth_zarr), out=str(out), processes=False, progress=False, variables=("t",), dates_per_task=3
+        )
+    )
     pattern = re.compile(r"ingest: (\d+)/18 dates \((\d+)%\), (\d+\.\d) MB/s, ETA (\d+:\d\d:\d\d|\?)")
     lines = [m for r in caplog.records if (m := pattern.fullmatch(r.getMessage()))]
     done = [int(m[1]) for m in lines]
@@ -533,12 +611,17 @@ def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
                 np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-9 * scale, err_msg=key)
         for stat, values in (("ens_mean", mean), ("ens_std", std)):
             got = statistics.value_partial(values)
-            exp = statistics.dataset_partials(xr.Dataset({"f": (("init_time", *ref[f"{stat}_{name}"].dims[1:]),
-                                                                values)}))["f"]
+            exp = statistics.dataset_partials(
+                xr.Dataset({"f": (("init_time", *ref[f"{stat}_{name}"].dims[1:]), values)})
+            )["f"]
             for key in exp:
-                np.testing.assert_allclose(np.asarray(got[key], dtype=np.float64),
-                                           np.asarray(exp[key], dtype=np.float64), rtol=1e-12, atol=0,
-                                           err_msg=f"{stat}_{name} {key}")
+                np.testing.assert_allclose(
+                    np.asarray(got[key], dtype=np.float64),
+                    np.asarray(exp[key], dtype=np.float64),
+                    rtol=1e-12,
+                    atol=0,
+                    err_msg=f"{stat}_{name} {key}",
+                )
     assert np.isnan(day["sst"].values).any()  # the NaN branch ran
 
 
@@ -547,8 +630,9 @@ def test_chunk_checksums_made_by_the_date_tasks_equal_hashing_the_finished_store
     parallel) instead of the client hashing the whole store at the end; the manifest equals the one a plain
     pass over the finished store writes, entry for entry."""
     out = tmp_path / "h.zarr"
-    ingest.ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False,
-                               variables=("t", "sst")))
+    ingest.ingest(
+        IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False, variables=("t", "sst"))
+    )
     made = json.loads((out / integrity.MANIFEST).read_text())
     integrity.record(out)  # every chunk hashed here, none taken from the tasks
     again = json.loads((out / integrity.MANIFEST).read_text())
@@ -573,7 +657,8 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
         "before = faults()\n"
         "tuned = cluster.keep_freed_memory()\n"
         "faults()\n"  # the heap grows once
-        "print(before, tuned, faults())\n")
+        "print(before, tuned, faults())\n"
+    )
     env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     before, tuned, after = out.stdout.split()

@@ -66,9 +66,24 @@ def test_training_stops_on_a_missing_chunk_instead_of_nan(copy, tmp_path, capsys
     exit 66, before it starts (the chunk manifest; it used to finish with exit 0 and val_crps=nan)."""
     for chunk in _chunks_of(copy, "ens_mean_t2m", int(_rows(copy, "val")[0])):
         chunk.unlink()
-    code = main(["train", "fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(copy),
-                 "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "1",
-                 "--trainer.enable_progress_bar", "false", "--data.cfg.batch_size", "2"])
+    code = main(
+        [
+            "train",
+            "fit",
+            "-c",
+            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+            "--data.cfg.store",
+            str(copy),
+            "--trainer.default_root_dir",
+            str(tmp_path / "runs"),
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--data.cfg.batch_size",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     errors = [ln for ln in _lines(err) if ln.startswith("postcast: error:")]
     assert code == 66, err[-2000:]

@@ -14,8 +14,10 @@ import torch
 from postcast.models import kernels
 from postcast.models.kernels import reference, triton_impl
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                reason="Triton needs a GPU or TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="Triton needs a GPU or TRITON_INTERPRET=1",
+)
 F64 = torch.float64
 
 
@@ -58,8 +60,9 @@ def test_crps_gaussian_matches_reference(n, gen):
     y = torch.randn(n, generator=gen) * 2
     got = kernels.crps_gaussian(mu, sigma, y)
     _finite(got)
-    torch.testing.assert_close(got.to(F64), reference.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64)),
-                               atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        got.to(F64), reference.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64)), atol=1e-6, rtol=1e-5
+    )
     got64 = kernels.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64))
     torch.testing.assert_close(got64, reference.crps_gaussian(mu.to(F64), sigma.to(F64), y.to(F64)), atol=1e-14, rtol=0)
 
@@ -94,7 +97,11 @@ def test_crps_ensemble_matches_definition(n, m, fair, gen):
 
 
 ROUTING = [  # weighted, block_gate, damping, quantile
-    (True, False, 1.0, 0.7), (False, False, 1.0, 0.7), (False, True, 0.0, 0.5), (True, True, 0.3, 0.4)]
+    (True, False, 1.0, 0.7),
+    (False, False, 1.0, 0.7),
+    (False, True, 0.0, 0.5),
+    (True, True, 0.3, 0.4),
+]
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -157,12 +164,21 @@ def test_models_give_the_same_answer_on_either_path(gen):
     torch.manual_seed(0)
     b, h, w = 2, 7, 9
     x = torch.randn(b, 11, h, w, generator=gen)  # 3 variables (6 fields) + 5 features, physical = normalised
-    batch = {"fields": x[:, :6], "features": x[:, 6:], "y": torch.randn(b, h, w, generator=gen),
-             "m": torch.randn(b, h, w, generator=gen), "s": torch.rand(b, h, w, generator=gen) + 0.5,
-             "members": torch.randn(b, 10, 3, h, w, generator=gen)}
+    batch = {
+        "fields": x[:, :6],
+        "features": x[:, 6:],
+        "y": torch.randn(b, h, w, generator=gen),
+        "m": torch.randn(b, h, w, generator=gen),
+        "s": torch.rand(b, h, w, generator=gen) + 0.5,
+        "members": torch.randn(b, 10, 3, h, w, generator=gen),
+    }
     for model in ("unet_smoe", "transformer"):
-        net = PostProcessor(model, net={"base_filters": 8} if model == "unet_smoe" else None, grid=(h, w),
-                            sample={"target": "t850", "variables": ["t", "z", "u"], "members": True})
+        net = PostProcessor(
+            model,
+            net={"base_filters": 8} if model == "unet_smoe" else None,
+            grid=(h, w),
+            sample={"target": "t850", "variables": ["t", "z", "u"], "members": True},
+        )
         for p in net.parameters():  # leave the zero-initialised start so the paths are exercised
             torch.nn.init.normal_(p, std=0.1)
         results = []
@@ -184,10 +200,18 @@ def test_backend_switch_and_errors():
         assert kernels.resolve(torch.zeros(1)) == "torch"
     with kernels.use_backend("auto"):
         assert kernels.resolve(torch.zeros(1)) == ("torch" if not torch.cuda.is_available() else "triton")
-    code = ("import torch; from postcast.models import kernels; kernels.set_backend('triton');"
-            "kernels.crps_gaussian(torch.zeros(3), torch.ones(3), torch.zeros(3))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=120)
+    code = (
+        "import torch; from postcast.models import kernels; kernels.set_backend('triton');"
+        "kernels.crps_gaussian(torch.zeros(3), torch.ones(3), torch.zeros(3))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        timeout=120,
+    )
     assert proc.returncode != 0 and "TRITON_INTERPRET=1" in proc.stderr
 
 

@@ -82,8 +82,9 @@ def test_survival_function_and_quantiles_match_scipy(family):
         np.testing.assert_allclose(q, scipy_quantile(family, v, LEVELS), rtol=1e-8, atol=1e-9, err_msg=f"{family} {i}")
     # on all points at once (shape S), with a threshold or a level per point: the same numbers
     t = np.array([thresholds(family, at(p, i))[-1] for i in range(4)])
-    np.testing.assert_allclose(law.sf(p, t), [scipy_sf(family, at(p, i), t[i]) for i in range(4)], rtol=1e-9,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        law.sf(p, t), [scipy_sf(family, at(p, i), t[i]) for i in range(4)], rtol=1e-9, atol=1e-12
+    )
     assert law.quantile(p, LEVELS[:, None]).shape == (len(LEVELS), 4)
 
 
@@ -129,8 +130,10 @@ def test_moments_match_scipy_where_scipy_has_them(family):
         for i in range(4):
             v = at(p, i)
             lo, hi = (min(v["coef"][0], 0.0), v["coef"][-1]) if family == "bernstein" else (0.0, np.inf)
-            m1 = (integrate.quad(lambda y, v=v: float(law.sf(v, y)), 0.0, hi, limit=200)[0]
-                  - integrate.quad(lambda y, v=v: float(law.cdf(v, y)), lo, 0.0, limit=200)[0])
+            m1 = (
+                integrate.quad(lambda y, v=v: float(law.sf(v, y)), 0.0, hi, limit=200)[0]
+                - integrate.quad(lambda y, v=v: float(law.cdf(v, y)), lo, 0.0, limit=200)[0]
+            )
             assert mean[i] == pytest.approx(m1, rel=1e-6, abs=1e-9), (family, i)
 
 
@@ -146,6 +149,9 @@ def test_each_torch_family_has_a_law_with_its_parameters():
 
 
 def test_an_unknown_family_is_a_config_error_naming_the_families():
-    with pytest.raises(ConfigError, match=r"'nope': choose one of \['bernstein', 'clogistic', 'csg', 'gaussian', "
-                                          r"'truncnormal'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'nope': choose one of \['bernstein', 'clogistic', 'csg', 'gaussian', "
+        r"'truncnormal'\]",
+    ):
         laws.get("nope")

@@ -49,18 +49,34 @@ def _grid_handle(edition, grid):
     _, res, (la0, la1, lo0, lo1) = grid
     h = eccodes.codes_grib_new_from_samples(f"regular_ll_pl_grib{edition}")
     ni, nj = round(((lo1 - lo0) % 360) / res) + 1, round((la0 - la1) / res) + 1
-    for k, v in (("Ni", ni), ("Nj", nj), ("latitudeOfFirstGridPointInDegrees", la0),
-                 ("latitudeOfLastGridPointInDegrees", la1), ("longitudeOfFirstGridPointInDegrees", lo0),
-                 ("longitudeOfLastGridPointInDegrees", lo1), ("iDirectionIncrementInDegrees", res),
-                 ("jDirectionIncrementInDegrees", res), ("jScansPositively", 0)):
+    for k, v in (
+        ("Ni", ni),
+        ("Nj", nj),
+        ("latitudeOfFirstGridPointInDegrees", la0),
+        ("latitudeOfLastGridPointInDegrees", la1),
+        ("longitudeOfFirstGridPointInDegrees", lo0),
+        ("longitudeOfLastGridPointInDegrees", lo1),
+        ("iDirectionIncrementInDegrees", res),
+        ("jDirectionIncrementInDegrees", res),
+        ("jScansPositively", 0),
+    ):
         eccodes.codes_set(h, k, v)
     lon, lat = np.meshgrid(lo0 + np.arange(ni) * res, np.linspace(la0, la1, nj))
     return h, lat.ravel(), lon.ravel()
 
 
-def write_ecmwf(path, *, edition=2, grid=("ll", 1.0, (90, -90, 0, 359)), members=tuple(range(51)),
-                steps=range(0, 49, 6),
-                variables=("t2m",), levels=(500, 850), data_type=None, dates=(INIT,)):
+def write_ecmwf(
+    path,
+    *,
+    edition=2,
+    grid=("ll", 1.0, (90, -90, 0, 359)),
+    members=tuple(range(51)),
+    steps=range(0, 49, 6),
+    variables=("t2m",),
+    levels=(500, 850),
+    data_type=None,
+    dates=(INIT,),
+):
     """An ECMWF-style ensemble file: control (number 0, dataType cf) + perturbed (pf) members, or
     analyses (an); GRIB1 or GRIB2; regular (any extent) or octahedral reduced Gaussian grid."""
     h0, lat, lon = _grid_handle(edition, grid)
@@ -68,7 +84,7 @@ def write_ecmwf(path, *, edition=2, grid=("ll", 1.0, (90, -90, 0, 359)), members
         for date in dates:
             for var in variables:
                 v = schema.VARIABLES[var]
-                for lv in (levels if v.level_type is schema.LevelType.PRESSURE else (None,)):
+                for lv in levels if v.level_type is schema.LevelType.PRESSURE else (None,):
                     for m in members:
                         for s in steps:
                             h = eccodes.codes_clone(h0)
@@ -122,9 +138,21 @@ def t2m_checkpoint(store, tmp_path_factory):
     from postcast.pipeline import train
 
     root = tmp_path_factory.mktemp("layout_runs")
-    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-                     "--data.cfg.sample.variables", "[t2m]", "--trainer.default_root_dir", str(root),
-                     "--trainer.max_epochs", "2"])
+    run = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+            "--data.cfg.store",
+            str(store),
+            "--data.cfg.sample.variables",
+            "[t2m]",
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.max_epochs",
+            "2",
+        ]
+    )
     return Path(run.trainer.checkpoint_callback.best_model_path)
 
 
@@ -142,16 +170,24 @@ def test_grib2_control_plus_50_members_ingests_on_its_own_grid(tmp_path, capsys)
     lon, lat = np.meshgrid(g.longitudes(), g.latitudes())
     got = ds["t2m"].sel(member=7, step=pd.Timedelta(hours=18)).values[0]
     np.testing.assert_allclose(got, field("t2m", lat, lon, 7, 18), atol=packing_error("t2m"))
-    np.testing.assert_allclose(ds["t"].sel(member=0, level=850).values[0, 0], field("t", lat, lon, 0, 0),
-                               atol=packing_error("t"))
+    np.testing.assert_allclose(
+        ds["t"].sel(member=0, level=850).values[0, 0], field("t", lat, lon, 0, 0), atol=packing_error("t")
+    )
     assert "51" in json.dumps(inspected(out, capsys))
 
 
 def test_grib1_and_grib2_of_the_same_fields_give_the_same_store(tmp_path):
     stores = []
     for ed in (1, 2):
-        src = write_ecmwf(tmp_path / f"e{ed}.grib", edition=ed, grid=("ll", 10.0, (90, -90, 0, 350)),
-                          members=range(4), steps=(0, 24), variables=("z",), levels=(500,))
+        src = write_ecmwf(
+            tmp_path / f"e{ed}.grib",
+            edition=ed,
+            grid=("ll", 10.0, (90, -90, 0, 350)),
+            members=range(4),
+            steps=(0, 24),
+            variables=("z",),
+            levels=(500,),
+        )
         out = tmp_path / f"s{ed}.zarr"
         ingest(IngestConfig(source=str(src), out=str(out), processes=False, progress=False))
         stores.append(contract.open_store(out))
@@ -162,19 +198,34 @@ def test_grib1_and_grib2_of_the_same_fields_give_the_same_store(tmp_path):
 def test_analysis_only_members_from_0_and_the_error_in_the_users_terms(tmp_path, capsys):
     """ERA5-EDA-like: 10 analyses numbered 0-9 (dataType an), step 0 only, 4 analysis times."""
     dates = [INIT + pd.Timedelta(hours=6 * i) for i in range(4)]
-    src = write_ecmwf(tmp_path / "eda.grib", edition=1, grid=("ll", 10.0, (90, -90, 0, 350)), members=tuple(range(10)),
-                      steps=(0,), variables=("z", "t"), levels=(500, 850), data_type="an", dates=dates)
+    src = write_ecmwf(
+        tmp_path / "eda.grib",
+        edition=1,
+        grid=("ll", 10.0, (90, -90, 0, 350)),
+        members=tuple(range(10)),
+        steps=(0,),
+        variables=("z", "t"),
+        levels=(500, 850),
+        data_type="an",
+        dates=dates,
+    )
     found = sources.discover(src)
     plan = found.forecast.plan(sources.Expectation())
     assert plan.members == tuple(range(10)) and plan.steps_h == (0,) and len(plan.init_times) == 4
-    with pytest.raises(MissingInputError, match=r"members 0-9 found \(0 is the control\), 1-10 expected: pass "
-                                                r"--members 0:9 or --members all"):
+    with pytest.raises(
+        MissingInputError,
+        match=r"members 0-9 found \(0 is the control\), 1-10 expected: pass "
+        r"--members 0:9 or --members all",
+    ):
         found.forecast.plan(sources.Expectation(members="1:10"))
     with pytest.raises(MissingInputError, match=r"step 24 h \(the source has 0 h: pass --steps 0 or omit it\)"):
         found.forecast.plan(sources.Expectation(steps_h=(0, 24, 48)))
     out = tmp_path / "eda.zarr"
-    ingest(IngestConfig(source=str(src), out=str(out), processes=False, progress=False, variables=("z", "t"),
-                        levels=(500, 850)))
+    ingest(
+        IngestConfig(
+            source=str(src), out=str(out), processes=False, progress=False, variables=("z", "t"), levels=(500, 850)
+        )
+    )
     assert contract.open_store(out).sizes["init_time"] == 4
     assert inspected(out, capsys)["complete"]
 
@@ -197,11 +248,19 @@ def test_octahedral_grid_is_regridded_and_recorded(tmp_path, capsys):
 def test_store_from_grib_equals_its_cfgrib_netcdf_twin(tmp_path, capsys):
     """cfgrib opens the GRIB2 file; xarray writes it as netCDF (number, time, step, isobaricInhPa, descending
     latitude, valid_time): the store from the netCDF twin equals the one from the GRIB file."""
-    src = write_ecmwf(tmp_path / "ens.grib2", grid=("ll", 10.0, (90, -90, 0, 350)), members=range(5), steps=(0, 24),
-                      variables=("t",), levels=(500, 850))
+    src = write_ecmwf(
+        tmp_path / "ens.grib2",
+        grid=("ll", 10.0, (90, -90, 0, 350)),
+        members=range(5),
+        steps=(0, 24),
+        variables=("t",),
+        levels=(500, 850),
+    )
     twin = tmp_path / "ens.nc"
-    parts = [xr.open_dataset(src, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": {"dataType": d}})
-             for d in ("cf", "pf")]  # cfgrib needs one dataType per dataset: the control (scalar number) apart
+    parts = [
+        xr.open_dataset(src, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": {"dataType": d}})
+        for d in ("cf", "pf")
+    ]  # cfgrib needs one dataType per dataset: the control (scalar number) apart
     xr.concat([parts[0].expand_dims("number"), parts[1]], dim="number").to_netcdf(twin)
     stores = []
     for p in (src, twin):
@@ -220,10 +279,17 @@ def test_checkpoint_forecasts_from_another_ensemble_and_grid(t2m_checkpoint, gri
     grid and from an O16 input: regridded to the checkpoint's grid; the files carry grid and method."""
     from postcast.pipeline.forecast import ForecastConfig, forecast
 
-    src = write_ecmwf(tmp_path / "in.grib2", grid=grid, members=range(51) if grid[0] == "ll" else range(5),
-                      steps=range(0, 49, 6) if grid[0] == "ll" else (48,))
-    res = forecast(ForecastConfig(checkpoint=str(t2m_checkpoint), input=str(src), out=str(tmp_path / "o"),
-                                  init_time=str(INIT.date())))
+    src = write_ecmwf(
+        tmp_path / "in.grib2",
+        grid=grid,
+        members=range(51) if grid[0] == "ll" else range(5),
+        steps=range(0, 49, 6) if grid[0] == "ll" else (48,),
+    )
+    res = forecast(
+        ForecastConfig(
+            checkpoint=str(t2m_checkpoint), input=str(src), out=str(tmp_path / "o"), init_time=str(INIT.date())
+        )
+    )
     assert len(res.written) == 1 and not res.fallback, res
     ds = xr.open_dataset(res.written[0])
     assert ds.sizes["latitude"] == 19 and ds.sizes["longitude"] == 36 and ds.attrs["product"] == "postprocessed"
@@ -232,11 +298,14 @@ def test_checkpoint_forecasts_from_another_ensemble_and_grid(t2m_checkpoint, gri
     assert np.isfinite(ds["t2m_mean"].values).all() and (ds["t2m_std"].values > 0).all()
 
 
-@pytest.mark.parametrize(("var", "scale", "units", "needle"), [
-    ("z", 1 / 9.80665, "m**2 s**-2", "geopotential height"),  # metres labelled as geopotential: 9.8x too small
-    ("t", 1.0, "degC", "K"),  # kelvin labelled degC: converted to ~520 K
-    ("t2m", -273.15, "K", "degC"),  # Celsius labelled K (a shift, given as scale -273.15 here)
-])
+@pytest.mark.parametrize(
+    ("var", "scale", "units", "needle"),
+    [
+        ("z", 1 / 9.80665, "m**2 s**-2", "geopotential height"),  # metres labelled as geopotential: 9.8x too small
+        ("t", 1.0, "degC", "K"),  # kelvin labelled degC: converted to ~520 K
+        ("t2m", -273.15, "K", "degC"),  # Celsius labelled K (a shift, given as scale -273.15 here)
+    ],
+)
 def test_plausibility_catches_mislabelled_units(tmp_path, var, scale, units, needle):
     """Issue 15: geopotential height in metres labelled m2 s-2 was ingested silently, 9.8x too small, in a
     store marked complete. Each variable's typical magnitude (per level) catches it, whatever the attribute."""
@@ -246,11 +315,19 @@ def test_plausibility_catches_mislabelled_units(tmp_path, var, scale, units, nee
     values = field(var, lat, lon, 0, 0)
     values = values + scale if scale == -273.15 else values * scale
     pl = schema.VARIABLES[var].level_type is schema.LevelType.PRESSURE
-    dims = ("time", "number", "isobaricInhPa", "latitude", "longitude") if pl else ("time", "number", "latitude",
-                                                                                 "longitude")
+    dims = (
+        ("time", "number", "isobaricInhPa", "latitude", "longitude")
+        if pl
+        else ("time", "number", "latitude", "longitude")
+    )
     data = values[None, None, None] if pl else values[None, None]
-    coords = {"time": [INIT], "number": [0], "latitude": g.latitudes(), "longitude": g.longitudes(), "step":
-              np.timedelta64(0, "h")} | ({"isobaricInhPa": [level]} if pl else {})
+    coords = {
+        "time": [INIT],
+        "number": [0],
+        "latitude": g.latitudes(),
+        "longitude": g.longitudes(),
+        "step": np.timedelta64(0, "h"),
+    } | ({"isobaricInhPa": [level]} if pl else {})
     path = tmp_path / "bad.nc"
     xr.Dataset({var: (dims, data, {"units": units})}, coords=coords).to_netcdf(path)
     from postcast.cli import main
@@ -269,9 +346,16 @@ def test_a_missing_member_is_reported_as_such_not_as_nans(tmp_path):
     for i, members in enumerate(([0, 1, 2], [0, 1])):
         t = INIT + pd.Timedelta(days=i)
         data = np.stack([field("t2m", lat, lon, m, 0) for m in members])[None]
-        xr.Dataset({"t2m": (("time", "number", "latitude", "longitude"), data, {"units": "K"})},
-                   coords={"time": [t], "number": members, "latitude": g.latitudes(), "longitude": g.longitudes(),
-                           "step": np.timedelta64(0, "h")}).to_netcdf(tmp_path / f"output.sfc.{i}.nc")
+        xr.Dataset(
+            {"t2m": (("time", "number", "latitude", "longitude"), data, {"units": "K"})},
+            coords={
+                "time": [t],
+                "number": members,
+                "latitude": g.latitudes(),
+                "longitude": g.longitudes(),
+                "step": np.timedelta64(0, "h"),
+            },
+        ).to_netcdf(tmp_path / f"output.sfc.{i}.nc")
     with pytest.raises(MissingInputError, match=r"2017-07-04: member 2 of 't2m' missing on this date"):
         ingest(IngestConfig(source=str(tmp_path), out=str(tmp_path / "s.zarr"), processes=False, progress=False))
 
@@ -294,13 +378,27 @@ def test_a_file_on_another_grid_is_reported_as_such(tmp_path):
     for i, res in enumerate((10.0, 5.0)):
         g = schema.Grid(res)
         lon, lat = np.meshgrid(g.longitudes(), g.latitudes())
-        xr.Dataset({"t2m": (("time", "number", "latitude", "longitude"), field("t2m", lat, lon, 0, 0)[None, None],
-                            {"units": "K"})},
-                   coords={"time": [INIT + pd.Timedelta(days=i)], "number": [0], "latitude": g.latitudes(),
-                           "longitude": g.longitudes(), "step": np.timedelta64(0, "h")}
-                   ).to_netcdf(tmp_path / f"output.sfc.{i}.nc")
-    with pytest.raises(BadInputError, match=r"output.sfc.1.nc is on regular_ll 5 deg .*output.sfc.0.nc on regular_ll "
-                                             r"10 deg"):
+        xr.Dataset(
+            {
+                "t2m": (
+                    ("time", "number", "latitude", "longitude"),
+                    field("t2m", lat, lon, 0, 0)[None, None],
+                    {"units": "K"},
+                )
+            },
+            coords={
+                "time": [INIT + pd.Timedelta(days=i)],
+                "number": [0],
+                "latitude": g.latitudes(),
+                "longitude": g.longitudes(),
+                "step": np.timedelta64(0, "h"),
+            },
+        ).to_netcdf(tmp_path / f"output.sfc.{i}.nc")
+    with pytest.raises(
+        BadInputError,
+        match=r"output.sfc.1.nc is on regular_ll 5 deg .*output.sfc.0.nc on regular_ll "
+        r"10 deg",
+    ):
         ingest(IngestConfig(source=str(tmp_path), out=str(tmp_path / "s.zarr"), processes=False, progress=False))
 
 
@@ -309,11 +407,15 @@ EUROPE = ("ll", 1.0, (70, 30, -20, 40))  # north, south, west, east as GRIB writ
 DATELINE = ("ll", 1.0, (60, 20, 160, 200))  # across the date line (0..360 longitudes past 180)
 
 
-@pytest.mark.parametrize(("grid", "res", "area"), [
-    (EUROPE, None, (30.0, 70.0, 340.0, 400.0)),
-    (EUROPE, 2.0, (30.0, 70.0, 340.0, 400.0)),
-    (DATELINE, 1.5, (21.0, 60.0, 160.5, 199.5)),
-], ids=["europe_own_grid", "europe_2deg", "dateline_1.5deg"])
+@pytest.mark.parametrize(
+    ("grid", "res", "area"),
+    [
+        (EUROPE, None, (30.0, 70.0, 340.0, 400.0)),
+        (EUROPE, 2.0, (30.0, 70.0, 340.0, 400.0)),
+        (DATELINE, 1.5, (21.0, 60.0, 160.5, 199.5)),
+    ],
+    ids=["europe_own_grid", "europe_2deg", "dateline_1.5deg"],
+)
 def test_a_regional_grid_is_stored_on_its_own_area(tmp_path, capsys, grid, res, area):
     """Issue 15: a regional GRIB2 was regridded to a global grid and refused as '939885 NaN values' named
     '.'. It is stored on its own area (at its own resolution, or the asked one inside the area), equal
@@ -339,9 +441,10 @@ def _truth_nc(path, dates, res=2.5):
     g = schema.Grid(res)
     lon, lat = np.meshgrid(g.longitudes(), g.latitudes()[::-1])
     data = np.stack([field("t2m", lat, lon, 0, 48) for _ in dates])
-    xr.Dataset({"t2m": (("time", "latitude", "longitude"), data, {"units": "K"})},
-               coords={"time": list(dates), "latitude": g.latitudes()[::-1], "longitude": g.longitudes()}
-               ).to_netcdf(path)
+    xr.Dataset(
+        {"t2m": (("time", "latitude", "longitude"), data, {"units": "K"})},
+        coords={"time": list(dates), "latitude": g.latitudes()[::-1], "longitude": g.longitudes()},
+    ).to_netcdf(path)
     return path
 
 
@@ -356,11 +459,22 @@ def regional(tmp_path_factory):
     src = write_ecmwf(root / "eu.grib2", grid=EUROPE, members=range(5), steps=(0, 24, 48), dates=dates)
     truth = _truth_nc(root / "era5.nc", [d + pd.Timedelta(hours=48) for d in dates])
     store = root / "eu.zarr"
-    ingest(IngestConfig(source=str(src), out=str(store), truth=str(truth), processes=False, progress=False,
-                        grid=2.0))
-    run = train.run(["fit", "-c", str(ROOT / "configs/train/tiny_emos_t2m.yaml"), "--data.cfg.store", str(store),
-                     "--data.cfg.sample.variables", "[t2m]", "--trainer.default_root_dir", str(root / "runs"),
-                     "--trainer.max_epochs", "2"])
+    ingest(IngestConfig(source=str(src), out=str(store), truth=str(truth), processes=False, progress=False, grid=2.0))
+    run = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+            "--data.cfg.store",
+            str(store),
+            "--data.cfg.sample.variables",
+            "[t2m]",
+            "--trainer.default_root_dir",
+            str(root / "runs"),
+            "--trainer.max_epochs",
+            "2",
+        ]
+    )
     return {"src": src, "store": store, "ckpt": Path(run.trainer.checkpoint_callback.best_model_path)}
 
 
@@ -382,8 +496,11 @@ def test_a_regional_checkpoint_forecasts_on_its_area(regional, tmp_path):
 
     assert tuple(load_checkpoint(str(regional["ckpt"]))[0].hparams["grid_area"]) == (30.0, 70.0, 340.0, 400.0)
     src = write_ecmwf(tmp_path / "glob.grib2", grid=("ll", 1.0, (90, -90, 0, 359)), members=range(7), steps=(48,))
-    res = forecast(ForecastConfig(checkpoint=str(regional["ckpt"]), input=str(src), out=str(tmp_path / "o"),
-                                  init_time=str(INIT.date())))
+    res = forecast(
+        ForecastConfig(
+            checkpoint=str(regional["ckpt"]), input=str(src), out=str(tmp_path / "o"), init_time=str(INIT.date())
+        )
+    )
     ds = xr.open_dataset(res.written[0])
     assert not res.fallback and ds.sizes["latitude"] == 21 and ds.sizes["longitude"] == 31
     np.testing.assert_allclose(ds["longitude"].values, 340.0 + 2.0 * np.arange(31))
@@ -396,8 +513,20 @@ def test_a_global_checkpoint_names_what_a_regional_input_lacks(t2m_checkpoint, t
     from postcast.cli import main
 
     src = write_ecmwf(tmp_path / "europe.grib2", grid=EUROPE, members=range(3), steps=(48,))
-    rc = main(["--no-progress", "forecast", "--checkpoint", str(t2m_checkpoint), "--input", str(src), "--out",
-               str(tmp_path / "o"), "--init-time", str(INIT.date())])
+    rc = main(
+        [
+            "--no-progress",
+            "forecast",
+            "--checkpoint",
+            str(t2m_checkpoint),
+            "--input",
+            str(src),
+            "--out",
+            str(tmp_path / "o"),
+            "--init-time",
+            str(INIT.date()),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 65 and len(err) == 1, err
     assert "europe.grib2" in err[0] and "covers lat 30..70" in err[0] and "global" in err[0], err[0]
@@ -407,8 +536,10 @@ def _cfgrib_twin(tmp_path, src):
     """The netCDF that cfgrib + xarray make of an ECMWF ensemble GRIB file (number, time, step,
     isobaricInhPa, descending latitude, valid_time); cfgrib reads one dataType at a time."""
     twin = tmp_path / "twin.nc"
-    parts = [xr.open_dataset(src, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": {"dataType": d}})
-             for d in ("cf", "pf")]
+    parts = [
+        xr.open_dataset(src, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": {"dataType": d}})
+        for d in ("cf", "pf")
+    ]
     xr.concat([parts[0].expand_dims("number"), parts[1]], dim="number").to_netcdf(twin)
     return twin
 
@@ -420,12 +551,39 @@ def test_compress_reads_the_cfgrib_netcdf_layout(tmp_path, capsys):
     from postcast.cli import main
     from postcast.compression.artefact import Artefact
 
-    src = write_ecmwf(tmp_path / "ens.grib2", grid=("ll", 10.0, (90, -90, 0, 350)), members=range(3), steps=(0, 24),
-                      variables=("t",), levels=(500, 850))
+    src = write_ecmwf(
+        tmp_path / "ens.grib2",
+        grid=("ll", 10.0, (90, -90, 0, 350)),
+        members=range(3),
+        steps=(0, 24),
+        variables=("t",),
+        levels=(500, 850),
+    )
     twin = _cfgrib_twin(tmp_path, src)
     out = tmp_path / "t850.pcnf"
-    rc = main(["--no-progress", "compress", str(twin), "--var", "t", "--level", "850", "--step-hours", "24",
-               "--member", "1", "--out", str(out), "--steps", "30", "--width", "16", "--depth", "1"])
+    rc = main(
+        [
+            "--no-progress",
+            "compress",
+            str(twin),
+            "--var",
+            "t",
+            "--level",
+            "850",
+            "--step-hours",
+            "24",
+            "--member",
+            "1",
+            "--out",
+            str(out),
+            "--steps",
+            "30",
+            "--width",
+            "16",
+            "--depth",
+            "1",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     art = Artefact.load(out)
     assert art.header["selection"]["levels"] == [850]

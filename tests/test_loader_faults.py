@@ -43,10 +43,31 @@ EXIT_AFTER_SIGNAL_S = 15
 
 
 def _train(store: Path, root: Path, *extra: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "postcast", "--no-progress", "--log-level", "ERROR", "train", "fit", "-c", PRESET,
-           "--data.cfg.store", str(store), "--trainer.default_root_dir", str(root), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "postcast",
+        "--no-progress",
+        "--log-level",
+        "ERROR",
+        "train",
+        "fit",
+        "-c",
+        PRESET,
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(root),
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
@@ -123,11 +144,17 @@ def test_truncated_chunk_is_named_before_training(store, tmp_path):
     assert "chunk ens_mean_t2m/c/1/0/0/0" in lines[0] and "damaged (20 bytes" in lines[0]
 
 
-@pytest.mark.parametrize(("loader", "sig", "code"), [
-    *(_tiered(name, signal.SIGTERM, 128 + signal.SIGTERM, loader=name) for name in ("auto", "plain", "plain-workers",
-                                                                                     "fixed")),
-    ("auto", signal.SIGINT, 130),
-    pytest.param("plain-workers", signal.SIGINT, 130, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    ("loader", "sig", "code"),
+    [
+        *(
+            _tiered(name, signal.SIGTERM, 128 + signal.SIGTERM, loader=name)
+            for name in ("auto", "plain", "plain-workers", "fixed")
+        ),
+        ("auto", signal.SIGINT, 130),
+        pytest.param("plain-workers", signal.SIGINT, 130, marks=pytest.mark.slow),
+    ],
+)
 def test_signals_end_training_promptly(store, tmp_path, loader, sig, code):
     """Signalled once its first epoch is saved, a long run ends within seconds with the signal's exit code
     and no process of its group left. Before: SIGTERM exited 0 (Lightning's SIGTERMException carries no
@@ -143,8 +170,10 @@ def test_signals_end_training_promptly(store, tmp_path, loader, sig, code):
     t1 = time.monotonic()
     proc.send_signal(sig)
     err = _finish(proc, EXIT_AFTER_SIGNAL_S)
-    print(f"\n{loader} {sig.name}: first epoch after {t1 - t0:.1f} s, exit {proc.returncode} "
-          f"{time.monotonic() - t1:.2f} s after the signal")
+    print(
+        f"\n{loader} {sig.name}: first epoch after {t1 - t0:.1f} s, exit {proc.returncode} "
+        f"{time.monotonic() - t1:.2f} s after the signal"
+    )
     assert proc.returncode == code, err[-3000:]
     assert len(_error_lines(err)) == 1 and "Traceback" not in err, err[-3000:]
     assert _group_left(proc.pid) == []

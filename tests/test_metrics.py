@@ -141,8 +141,7 @@ def test_latitude_weights_equal_the_closed_form_band_areas(step):
     cos = np.cos(np.deg2rad(lat))
     np.testing.assert_allclose(geo.latitude_weights(lat, "cos"), cos / cos.mean(), rtol=1e-12, atol=1e-15)
     centres = lat[:-1] + step / 2
-    np.testing.assert_allclose(geo.latitude_weights(centres, "area"), geo.latitude_weights(centres, "cos"),
-                               rtol=1e-12)
+    np.testing.assert_allclose(geo.latitude_weights(centres, "area"), geo.latitude_weights(centres, "cos"), rtol=1e-12)
     with pytest.raises(ValueError, match="use 'area' or 'cos'"):
         geo.latitude_weights(lat, "gauss")  # type: ignore[arg-type]
 
@@ -156,8 +155,9 @@ def test_one_latitude_weight_implementation():
     decoded = data + rng.normal(scale=0.1, size=data.shape).astype(np.float32)
     err = decoded.astype(np.float64) - data.astype(np.float64)
     w = np.cos(np.deg2rad(lat)) / np.cos(np.deg2rad(lat)).mean()
-    assert field_errors(data, decoded, lat)["wrmse"] == pytest.approx(float((err**2 * w[:, None]).mean()) ** 0.5,
-                                                                      rel=1e-12)
+    assert field_errors(data, decoded, lat)["wrmse"] == pytest.approx(
+        float((err**2 * w[:, None]).mean()) ** 0.5, rel=1e-12
+    )
 
 
 def test_metrics_import_without_torch():
@@ -171,8 +171,11 @@ def test_torch_engine_equals_numpy(ens):
     """engine="torch" (torch imported lazily, the kernel dispatch on CPU here) matches numpy."""
     x, y = ens
     for estimator in ("fair", "standard"):
-        np.testing.assert_allclose(metrics.crps_ensemble(x, y, estimator=estimator, engine="torch"),
-                                   metrics.crps_ensemble(x, y, estimator=estimator, engine="numpy"), rtol=1e-10)
+        np.testing.assert_allclose(
+            metrics.crps_ensemble(x, y, estimator=estimator, engine="torch"),
+            metrics.crps_ensemble(x, y, estimator=estimator, engine="numpy"),
+            rtol=1e-10,
+        )
 
 
 def test_calibration_diagnostics_detect_underdispersion():
@@ -245,8 +248,9 @@ def test_sorting_network_sorts_every_zero_one_input(m):
     assert np.all(np.diff(bits, axis=1) >= 0)
 
 
-@pytest.mark.parametrize(("m", "kernel"), [(2, "unrolled"), (10, "unrolled"), (2, "block"), (7, "block"),
-                                           (17, "block"), (50, "block")])
+@pytest.mark.parametrize(
+    ("m", "kernel"), [(2, "unrolled"), (10, "unrolled"), (2, "block"), (7, "block"), (17, "block"), (50, "block")]
+)
 def test_block_kernels_match_scoringrules_and_properscoring(m, kernel):
     rng = np.random.default_rng(m)
     n = 3 * metrics.BLOCK + 5  # full blocks and a ragged last block

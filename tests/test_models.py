@@ -25,9 +25,14 @@ def batch(b: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
     members = torch.randn(b, M, V, H, W, generator=g)
     x = torch.randn(b, C, H, W, generator=g)  # the model's statistics are 0/1: physical = normalised
     m = torch.randn(b, H, W, generator=g)
-    return {"fields": x[:, : 2 * V], "features": x[:, 2 * V:], "members": members, "m": m,
-            "s": torch.rand(b, H, W, generator=g) + 0.5,
-            "y": m + torch.randn(b, H, W, generator=g)}
+    return {
+        "fields": x[:, : 2 * V],
+        "features": x[:, 2 * V :],
+        "members": members,
+        "m": m,
+        "s": torch.rand(b, H, W, generator=g) + 0.5,
+        "y": m + torch.randn(b, H, W, generator=g),
+    }
 
 
 def build(kind: str, **kw) -> PostProcessor:
@@ -234,8 +239,7 @@ def _saved_checkpoint(path):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.strategy.connect(model)
     trainer.save_checkpoint(path)
     return model

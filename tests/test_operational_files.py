@@ -22,10 +22,45 @@ from postcast.datasets.sources import messages as grib
 GRID = schema.Grid(5.0)  # 37 x 72, global: small files, a regular grid the store keeps as is
 # 25 surface parameters of an ECMWF control forecast (paramId); tp and cp are accumulations since step 0,
 # mx2t6 / mn2t6 / 10fg a maximum / minimum over the 6 h before the step
-SURFACE_25 = (167, 168, 165, 166, 151, 134, 164, 136, 137, 235, 34, 31, 141, 59, 186, 187, 188, 228246, 228247,
-              228, 143, 121, 122, 49, 3020)
-TYPICAL = {167: 280.0, 168: 275.0, 151: 101_300.0, 134: 98_000.0, 235: 282.0, 34: 290.0, 3020: 20_000.0,
-           136: 25.0, 137: 24.0, 59: 100.0}  # a plausible level (canonical units); 0 for the others
+SURFACE_25 = (
+    167,
+    168,
+    165,
+    166,
+    151,
+    134,
+    164,
+    136,
+    137,
+    235,
+    34,
+    31,
+    141,
+    59,
+    186,
+    187,
+    188,
+    228246,
+    228247,
+    228,
+    143,
+    121,
+    122,
+    49,
+    3020,
+)
+TYPICAL = {
+    167: 280.0,
+    168: 275.0,
+    151: 101_300.0,
+    134: 98_000.0,
+    235: 282.0,
+    34: 290.0,
+    3020: 20_000.0,
+    136: 25.0,
+    137: 24.0,
+    59: 100.0,
+}  # a plausible level (canonical units); 0 for the others
 
 
 def _values(pid: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
@@ -40,11 +75,17 @@ def _values(pid: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarra
 
 
 def _grid_keys(h: int) -> None:
-    for key, value in (("Ni", GRID.n_lon), ("Nj", GRID.n_lat), ("latitudeOfFirstGridPointInDegrees", 90.0),
-                       ("latitudeOfLastGridPointInDegrees", -90.0), ("longitudeOfFirstGridPointInDegrees", 0.0),
-                       ("longitudeOfLastGridPointInDegrees", 360.0 - GRID.resolution),
-                       ("iDirectionIncrementInDegrees", GRID.resolution),
-                       ("jDirectionIncrementInDegrees", GRID.resolution), ("jScansPositively", 0)):
+    for key, value in (
+        ("Ni", GRID.n_lon),
+        ("Nj", GRID.n_lat),
+        ("latitudeOfFirstGridPointInDegrees", 90.0),
+        ("latitudeOfLastGridPointInDegrees", -90.0),
+        ("longitudeOfFirstGridPointInDegrees", 0.0),
+        ("longitudeOfLastGridPointInDegrees", 360.0 - GRID.resolution),
+        ("iDirectionIncrementInDegrees", GRID.resolution),
+        ("jDirectionIncrementInDegrees", GRID.resolution),
+        ("jScansPositively", 0),
+    ):
         eccodes.codes_set(h, key, value)
 
 
@@ -82,10 +123,17 @@ def write_control_25(path: Path, steps: tuple[int, ...] = (0, 6, 12)) -> Path:
             for pid in SURFACE_25:
                 if _window(pid) and step == 0:
                     continue  # a 6 h maximum starts at step 6
-                keys: dict[str, object] = {**GRIB2_ECMWF, "marsType": "cf", "productDefinitionTemplateNumber": 1,
-                                           "paramId": pid, "dataDate": 20240115, "dataTime": 0,
-                                           "typeOfEnsembleForecast": 1, "number": 0,
-                                           "numberOfForecastsInEnsemble": 51}
+                keys: dict[str, object] = {
+                    **GRIB2_ECMWF,
+                    "marsType": "cf",
+                    "productDefinitionTemplateNumber": 1,
+                    "paramId": pid,
+                    "dataDate": 20240115,
+                    "dataTime": 0,
+                    "typeOfEnsembleForecast": 1,
+                    "number": 0,
+                    "numberOfForecastsInEnsemble": 51,
+                }
                 window = _window(pid)
                 if window or pid in (228, 143):
                     keys |= {"startStep": step - window if window else 0, "endStep": step}
@@ -104,16 +152,29 @@ def write_lead_78(path: Path, dates: tuple[int, ...] = (20120301, 20120302)) -> 
         for date in dates:
             for number in range(51):
                 for pid in (167, 151):
-                    yield {"centre": "ecmf", "setLocalDefinition": 1, "localDefinitionNumber": 1,
-                           "marsType": "cf" if number == 0 else "pf", "numberOfForecastsInEnsemble": 51,
-                           "paramId": pid, "dataDate": date, "dataTime": 0, "number": number, "step": 78,
-                           "bitsPerValue": 16, "values": _values(pid, rng)}
+                    yield {
+                        "centre": "ecmf",
+                        "setLocalDefinition": 1,
+                        "localDefinitionNumber": 1,
+                        "marsType": "cf" if number == 0 else "pf",
+                        "numberOfForecastsInEnsemble": 51,
+                        "paramId": pid,
+                        "dataDate": date,
+                        "dataTime": 0,
+                        "number": number,
+                        "step": 78,
+                        "bitsPerValue": 16,
+                        "values": _values(pid, rng),
+                    }
 
     return _write(path, messages(), "regular_ll_sfc_grib1")
 
 
-SEASONAL_STARTS = {20170101: ((0, 744), (744, 1416)), 20170201: ((0, 672), (672, 1416)),
-                   20170301: ((0, 744), (744, 1464))}  # (startStep, endStep) h: calendar months from each start
+SEASONAL_STARTS = {
+    20170101: ((0, 744), (744, 1416)),
+    20170201: ((0, 672), (672, 1416)),
+    20170301: ((0, 744), (744, 1464)),
+}  # (startStep, endStep) h: calendar months from each start
 
 
 def write_seasonal_means(path: Path, members: int = 28) -> Path:
@@ -125,10 +186,21 @@ def write_seasonal_means(path: Path, members: int = 28) -> Path:
         for date, windows in SEASONAL_STARTS.items():
             for number in range(members):
                 for start, end in windows:
-                    yield {"centre": "ecmf", "setLocalDefinition": 1, "localDefinitionNumber": 1,
-                           "marsType": "fcmean", "numberOfForecastsInEnsemble": members, "paramId": 167,
-                           "dataDate": date, "dataTime": 0, "number": number, "stepType": "avg",
-                           "startStep": start, "endStep": end, "values": _values(167, rng)}
+                    yield {
+                        "centre": "ecmf",
+                        "setLocalDefinition": 1,
+                        "localDefinitionNumber": 1,
+                        "marsType": "fcmean",
+                        "numberOfForecastsInEnsemble": members,
+                        "paramId": 167,
+                        "dataDate": date,
+                        "dataTime": 0,
+                        "number": number,
+                        "stepType": "avg",
+                        "startStep": start,
+                        "endStep": end,
+                        "values": _values(167, rng),
+                    }
 
     return _write(path, messages(), "regular_ll_sfc_grib1")
 
@@ -142,15 +214,26 @@ def write_tp_accumulated(path: Path, steps: tuple[int, ...] = (0, 6, 12, 18, 24)
         total = {m: np.zeros(GRID.shape[0] * GRID.shape[1]) for m in range(1, 5)}
         for step in steps:
             for number in range(1, 5):
-                base = {**GRIB2_ECMWF, "marsType": "pf", "productDefinitionTemplateNumber": 1, "dataDate": 20120301,
-                        "dataTime": 0, "typeOfEnsembleForecast": 3, "number": number,
-                        "numberOfForecastsInEnsemble": 51}
+                base = {
+                    **GRIB2_ECMWF,
+                    "marsType": "pf",
+                    "productDefinitionTemplateNumber": 1,
+                    "dataDate": 20120301,
+                    "dataTime": 0,
+                    "typeOfEnsembleForecast": 3,
+                    "number": number,
+                    "numberOfForecastsInEnsemble": 51,
+                }
                 yield base | {"paramId": 167, "step": step, "values": _values(167, rng)}
                 rain = _values(228, rng) * (step > 0)
                 total[number] = total[number] + rain
                 start = 0 if window is None else max(step - window, 0)
-                yield base | {"paramId": 228, "startStep": start, "endStep": step,
-                              "values": total[number] if window is None else rain}
+                yield base | {
+                    "paramId": 228,
+                    "startStep": start,
+                    "endStep": step,
+                    "values": total[number] if window is None else rain,
+                }
 
     return _write(path, messages(), "GRIB2")
 
@@ -174,8 +257,12 @@ def _stored(out: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("operational")
-    return {"control25": write_control_25(d / "control25.grib2"), "lead78": write_lead_78(d / "ens78.grib"),
-            "seasonal": write_seasonal_means(d / "seasonal_means.grib"), "tp": write_tp_accumulated(d / "tp.grib2")}
+    return {
+        "control25": write_control_25(d / "control25.grib2"),
+        "lead78": write_lead_78(d / "ens78.grib"),
+        "seasonal": write_seasonal_means(d / "seasonal_means.grib"),
+        "tp": write_tp_accumulated(d / "tp.grib2"),
+    }
 
 
 # --- 1, 2: a file with more parameters than the schema; names as users type them ---------------------------
@@ -240,10 +327,12 @@ def test_folder_of_grib2_files(cli, files, tmp_path):
 def _truth_t2m(path: Path, valid: list[str]) -> Path:
     """ERA5-like t2m at the given valid times (netCDF, latitude north -> south)."""
     rng = np.random.default_rng(5)
-    da = xr.DataArray(280.0 + rng.normal(0.0, 3.0, (len(valid), *GRID.shape)).astype(np.float32),
-                      dims=("time", "latitude", "longitude"), attrs={"units": "K"},
-                      coords={"time": pd.to_datetime(valid), "latitude": GRID.latitudes()[::-1],
-                              "longitude": GRID.longitudes()})
+    da = xr.DataArray(
+        280.0 + rng.normal(0.0, 3.0, (len(valid), *GRID.shape)).astype(np.float32),
+        dims=("time", "latitude", "longitude"),
+        attrs={"units": "K"},
+        coords={"time": pd.to_datetime(valid), "latitude": GRID.latitudes()[::-1], "longitude": GRID.longitudes()},
+    )
     da.to_dataset(name="t2m").to_netcdf(path)
     return path
 
@@ -356,11 +445,21 @@ def test_netcdf_variables_beyond_the_schema_are_named_once(cli, tmp_path):
     dropped without a word)."""
     rng = np.random.default_rng(6)
     shape = (2, 1, 2, *GRID.shape)  # (number, time, step, latitude, longitude)
-    coords = {"number": [1, 2], "time": pd.to_datetime(["2012-03-01"]), "step": pd.to_timedelta([0, 24], unit="h"),
-              "latitude": GRID.latitudes()[::-1], "longitude": GRID.longitudes()}
+    coords = {
+        "number": [1, 2],
+        "time": pd.to_datetime(["2012-03-01"]),
+        "step": pd.to_timedelta([0, 24], unit="h"),
+        "latitude": GRID.latitudes()[::-1],
+        "longitude": GRID.longitudes(),
+    }
     dims = tuple(coords)
-    ds = xr.Dataset({n: (dims, (v + rng.normal(0.0, 2.0, shape)).astype(np.float32), {"units": "K"})
-                     for n, v in (("t2m", 280.0), ("d2m", 275.0))}, coords=coords)
+    ds = xr.Dataset(
+        {
+            n: (dims, (v + rng.normal(0.0, 2.0, shape)).astype(np.float32), {"units": "K"})
+            for n, v in (("t2m", 280.0), ("d2m", 275.0))
+        },
+        coords=coords,
+    )
     ds.to_netcdf(tmp_path / "f.nc")
     out = tmp_path / "s.zarr"
     proc = _ingest(cli, tmp_path / "f.nc", out)

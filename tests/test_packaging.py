@@ -88,8 +88,12 @@ def copy_tree(dest: Path) -> Path:
     what the repository would build, without building in the tree others work in."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the working tree's files are unknown")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
     for rel in filter(None, listed.split("\0")):
         src = ROOT / rel
         if not os.path.lexists(src):  # tracked but deleted in the working tree
@@ -111,8 +115,14 @@ def _env() -> dict[str, str]:
 
 def build_wheel(tree: Path, out: Path) -> Path:
     """The wheel of a source tree (pip, with this environment's setuptools: no download)."""
-    proc = subprocess.run(_pip("wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(tree)),
-                          cwd=out.parent, env=_env(), capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        _pip("wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(tree)),
+        cwd=out.parent,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (wheel,) = out.glob("postcast-*.whl")
     return wheel
@@ -139,11 +149,22 @@ def install_in_new_venv(wheel: Path, where: Path) -> Path:
     environment's dependencies on its path (a .pth file); returns its python."""
     venv.EnvBuilder(with_pip=False).create(where / "venv")
     python = where / "venv" / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          env=_env(), capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(site) / "_postcast_test_dependencies.pth").write_text(f"{_dependency_links(where / 'deps')}\n")
-    proc = subprocess.run(_pip("--python", str(python), "install", "--no-deps", "-q", str(wheel)), cwd=where,
-                          env=_env(), capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        _pip("--python", str(python), "install", "--no-deps", "-q", str(wheel)),
+        cwd=where,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return python
 
@@ -159,8 +180,15 @@ def check_wheel(wheel: Path, tree: Path, work: Path, modules: Iterable[str] | No
     python = install_in_new_venv(wheel, work)
     installed = os.path.realpath(python.parent.parent)
     names = sorted(expected if modules is None else modules)
-    proc = subprocess.run([str(python), "-c", _IMPORTER], input=json.dumps(names), cwd=work, env=_env(),
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [str(python), "-c", _IMPORTER],
+        input=json.dumps(names),
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name, where in json.loads(proc.stdout.splitlines()[-1]).items():
         if where.startswith("error: "):
@@ -189,8 +217,12 @@ def test_a_new_sub_package_is_in_the_wheel(tmp_path):
     (tree / "datasets" / "newsub" / "deeper" / "__init__.py").write_text("")
     (tree / "datasets" / "newsub" / "deeper" / "leaf.py").write_text("VALUE = 2\n")
     wheel = build_wheel(tree, tmp_path / "dist")
-    planted = {"postcast.datasets.newsub", "postcast.datasets.newsub.mod", "postcast.datasets.newsub.deeper",
-               "postcast.datasets.newsub.deeper.leaf"}
+    planted = {
+        "postcast.datasets.newsub",
+        "postcast.datasets.newsub.mod",
+        "postcast.datasets.newsub.deeper",
+        "postcast.datasets.newsub.deeper.leaf",
+    }
     assert planted <= source_modules(tree)
     assert planted <= wheel_modules(wheel)
     assert source_modules(tree) == wheel_modules(wheel)
@@ -207,7 +239,8 @@ def test_the_check_fails_for_a_package_left_out(tmp_path):
         "from setuptools import setup\n\n"
         f"setup(packages={['postcast', *packages]!r},\n"
         f"      package_dir={ {'postcast': CLI, **{f'postcast.{layer}': layer for layer in LAYERS}}!r},\n"
-        "      package_data={'postcast': ['py.typed']})\n")
+        "      package_data={'postcast': ['py.typed']})\n"
+    )
     wheel = build_wheel(tree, tmp_path / "dist")
     left_out = {m for m in source_modules(tree) if m.startswith("postcast.datasets.ingest")}
     assert "postcast.datasets.ingest.run" in left_out

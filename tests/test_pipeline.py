@@ -17,14 +17,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pipeline_yaml(tmp: Path, presets: list[str], train_args: list[str]) -> Path:
-    cfg = {"kind": "pipeline", "workdir": str(tmp / "work"), "workers": 1, "processes": False,
-           "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [500, 850]},
-           "train": [str(ROOT / "configs/train" / f"{p}.yaml") for p in presets],
-           "train_args": ["--data.cfg.batch_size", "2", *train_args], "bootstrap": 50,
-           "forecast_from": "2017-06-01", "forecast_to": "2017-12-31",
-           "compress": [{"preset": str(ROOT / "configs/train/emos_t850.yaml"),
-                         "field": {"width": 8, "depth": 1, "steps": 20, "batch_points": 512,
-                                   "error_bound_std": 0.1}}]}
+    cfg = {
+        "kind": "pipeline",
+        "workdir": str(tmp / "work"),
+        "workers": 1,
+        "processes": False,
+        "synth": {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_year": 3, "levels": [500, 850]},
+        "train": [str(ROOT / "configs/train" / f"{p}.yaml") for p in presets],
+        "train_args": ["--data.cfg.batch_size", "2", *train_args],
+        "bootstrap": 50,
+        "forecast_from": "2017-06-01",
+        "forecast_to": "2017-12-31",
+        "compress": [
+            {
+                "preset": str(ROOT / "configs/train/emos_t850.yaml"),
+                "field": {"width": 8, "depth": 1, "steps": 20, "batch_points": 512, "error_bound_std": 0.1},
+            }
+        ],
+    }
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -60,14 +70,21 @@ def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
     cli("run", str(cfg), check=True)
     assert set(statuses(work).values()) == {"skipped"}
     again = json.loads((work / "summary.json").read_text())  # a rerun keeps what the outputs took
-    assert {n: s["seconds"] for n, s in again["stages"].items()} == \
-        {n: s["seconds"] for n, s in first["stages"].items()}
+    assert {n: s["seconds"] for n, s in again["stages"].items()} == {
+        n: s["seconds"] for n, s in first["stages"].items()
+    }
     assert again["seconds"] == first["seconds"] > 0
     assert [sorted(r["ran"]) for r in again["runs"]] == [sorted(first["stages"]), []]
     cli("run", str(cfg), "--force", "train:emos_t850", check=True)
-    assert statuses(work) == {"synth": "skipped", "ingest": "skipped", "train:emos_t850": "ran",
-                              "train:mlp_t850": "skipped", "evaluate": "ran", "forecast": "ran",
-                              "compress:emos_t850_train": "skipped"}
+    assert statuses(work) == {
+        "synth": "skipped",
+        "ingest": "skipped",
+        "train:emos_t850": "ran",
+        "train:mlp_t850": "skipped",
+        "evaluate": "ran",
+        "forecast": "ran",
+        "compress:emos_t850_train": "skipped",
+    }
     bad = cli("run", str(cfg), "--force", "train:nope")
     assert bad.returncode == 2 and "no such stage" in bad.stderr
 
@@ -90,8 +107,9 @@ def test_killed_run_resumes_training(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert statuses(work)["ingest"] == "skipped" and statuses(work)["train:mlp_t850"] == "ran"
     assert "resuming from" in (work / "logs/pipeline.log").read_text()
-    last = max(work.glob("runs/mlp_t850/lightning_logs/version_*/checkpoints/last*.ckpt"),
-               key=lambda p: p.stat().st_mtime)
+    last = max(
+        work.glob("runs/mlp_t850/lightning_logs/version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime
+    )
     assert torch.load(last, weights_only=False)["epoch"] == 39  # finished the planned epochs, not restarted
     # the same run resumed (one version) and the recorded checkpoint is the best of the whole run
     assert [p.name for p in (work / "runs/mlp_t850/lightning_logs").iterdir()] == ["version_0"]
@@ -111,7 +129,8 @@ def test_bad_pipeline_configs(cli, tmp_path):
     proc = cli("config", "validate", str(missing))
     assert proc.returncode == 2 and "not found" in proc.stderr
     narrow = tmp_path / "narrow.yaml"
-    narrow.write_text("kind: pipeline\nsynth: {seed: 1}\ncompress: [{preset: configs/train/emos_t850.yaml, "
-                      "field: {width: 0}}]\n")
+    narrow.write_text(
+        "kind: pipeline\nsynth: {seed: 1}\ncompress: [{preset: configs/train/emos_t850.yaml, field: {width: 0}}]\n"
+    )
     proc = cli("config", "validate", str(narrow))
     assert proc.returncode == 2 and "width=0 must be >= 1" in proc.stderr

@@ -32,22 +32,23 @@ def four():
 
 # ---- gradient compression -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_topk_and_oktopk_at_full_density_equal_the_dense_allreduce(world, two, four):
-    for r in (two if world == 2 else four):
+    for r in two if world == 2 else four:
         assert r["sparse"]["topk_k_eq_n"] and r["sparse"]["oktopk_density1"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_error_feedback_conserves_the_gradient_sum(world, two, four):
-    for r in (two if world == 2 else four):
+    for r in two if world == 2 else four:
         assert r["sparse"]["topk_conservation_err"] < 1e-4
         assert r["sparse"]["oktopk_conservation_err"] < 1e-4
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_oktopk_kept_entries_stay_in_band_and_match_what_ranks_sent(world, two, four):
-    for r in (two if world == 2 else four):
+    for r in two if world == 2 else four:
         k = r["sparse"]["oktopk_k"]
         assert all(2 * k // 3 <= nnz <= 4 * k // 3 for nnz in r["sparse"]["oktopk_nnz"]), r["sparse"]["oktopk_nnz"]
         assert r["sparse"]["oktopk_invariant"]  # sum over ranks of (acc - residual) == kept sums
@@ -69,6 +70,7 @@ def test_powersgd_under_lightning_stays_near_dense_ddp(two):
 
 
 # ---- Lion Cub ---------------------------------------------------------------------------------------
+
 
 def test_lion_cub_votes_are_the_sign_of_the_summed_signs(two):
     for r in two:
@@ -110,6 +112,7 @@ def test_sign_packing_round_trips():
 
 # ---- eager-SGD ----------------------------------------------------------------------------------------
 
+
 def test_eager_sgd_fast_rank_is_not_blocked_by_the_delayed_rank(two):
     fast = two[0]["eager"]
     delay = 0.05
@@ -136,10 +139,14 @@ def test_eager_sgd_majority_rounds_include_their_initiator(two):
 
 # ---- WAGMA ----------------------------------------------------------------------------------------------
 
+
 def test_wagma_butterfly_groups():
     phases = wagma.butterfly_groups(8, 2)
-    assert phases == [[[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 2], [1, 3], [4, 6], [5, 7]],
-                      [[0, 4], [1, 5], [2, 6], [3, 7]]]
+    assert phases == [
+        [[0, 1], [2, 3], [4, 5], [6, 7]],
+        [[0, 2], [1, 3], [4, 6], [5, 7]],
+        [[0, 4], [1, 5], [2, 6], [3, 7]],
+    ]
     assert wagma.butterfly_groups(16, 4)[1][0] == [0, 4, 8, 12]
     with pytest.raises(ValueError, match="power of two"):
         wagma.butterfly_groups(6, 2)
@@ -152,6 +159,7 @@ def test_wagma_reaches_consensus_with_four_ranks(four):
 
 
 # ---- sparsity ---------------------------------------------------------------------------------------------
+
 
 def test_nm_masks_have_exact_per_block_counts():
     torch.manual_seed(0)
@@ -182,9 +190,18 @@ def test_magnitude_masks_and_cubic_schedule():
 def _fit(tmp: Path, cb: L.Callback, steps: int, ckpt: str | None = None) -> testing.TinyRegression:
     L.seed_everything(0, verbose=False)
     model = testing.TinyRegression()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
-                        callbacks=[cb], default_root_dir=tmp, enable_progress_bar=False, enable_model_summary=False,
-                        enable_checkpointing=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        logger=False,
+        callbacks=[cb],
+        default_root_dir=tmp,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     trainer.fit(model, ckpt_path=ckpt)
     trainer.save_checkpoint(tmp / f"step{steps}.ckpt")
     return model
@@ -222,18 +239,40 @@ def test_nm_sparsity_callback_trains_with_2_to_4_masks(tmp_path):
 
 # ---- the Lightning CLI on 2 processes (opt-in) ---------------------------------------------------------
 
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("plugin", ["topk", "oktopk", "powersgd", "wagma", "eager_solo", "eager_majority",
-                                    "lion_cub", "sparsity_2to4"])
+@pytest.mark.parametrize(
+    "plugin", ["topk", "oktopk", "powersgd", "wagma", "eager_solo", "eager_majority", "lion_cub", "sparsity_2to4"]
+)
 def test_plugin_presets_train_on_two_processes(cli, store, tmp_path, plugin):
     report = tmp_path / "comm.json"
-    cli("train", "fit", "-c", str(ROOT / "configs/train/unet_t850.yaml"),
-        "-c", str(ROOT / f"configs/plugins/{plugin}.yaml"),
-        "--data.cfg.store", str(store), "--model.net", '{"base_filters": 8}',
-        "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "2", "--data.cfg.batch_size", "2",
-        "--trainer.devices", "2", "--trainer.callbacks+=postcast.models.plugins.CommReport",
-        "--trainer.callbacks.path", str(report), check=True, timeout=600)
+    cli(
+        "train",
+        "fit",
+        "-c",
+        str(ROOT / "configs/train/unet_t850.yaml"),
+        "-c",
+        str(ROOT / f"configs/plugins/{plugin}.yaml"),
+        "--data.cfg.store",
+        str(store),
+        "--model.net",
+        '{"base_filters": 8}',
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.max_epochs",
+        "2",
+        "--data.cfg.batch_size",
+        "2",
+        "--trainer.devices",
+        "2",
+        "--trainer.callbacks+=postcast.models.plugins.CommReport",
+        "--trainer.callbacks.path",
+        str(report),
+        check=True,
+        timeout=600,
+    )
     rep = json.loads(report.read_text())
     assert rep["world_size"] == 2 and rep["steps"] > 0
     if plugin != "sparsity_2to4":

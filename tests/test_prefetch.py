@@ -38,10 +38,17 @@ def test_planned_stream_equals_the_samplers(n, drop_last, monkeypatch):
     data = list(range(n))
     for rank in range(WORLD):
         spec = prefetch.StreamSpec(n, seed=prefetch.lightning_seed(), rank=rank, world=WORLD, drop_last=drop_last)
-        torch_sampler = DistributedSampler(data, num_replicas=WORLD, rank=rank, shuffle=True, seed=1234,
-                                           drop_last=drop_last)
-        injected = _get_distributed_sampler(DataLoader(data, shuffle=True), shuffle=True, overfit_batches=0,
-                                            num_replicas=WORLD, rank=rank, drop_last=drop_last)
+        torch_sampler = DistributedSampler(
+            data, num_replicas=WORLD, rank=rank, shuffle=True, seed=1234, drop_last=drop_last
+        )
+        injected = _get_distributed_sampler(
+            DataLoader(data, shuffle=True),
+            shuffle=True,
+            overfit_batches=0,
+            num_replicas=WORLD,
+            rank=rank,
+            drop_last=drop_last,
+        )
         assert isinstance(injected, DistributedSampler) and injected.seed == 1234
         for epoch in range(EPOCHS):
             torch_sampler.set_epoch(epoch)
@@ -93,9 +100,18 @@ def test_batches_are_bit_identical_to_the_plain_loader(cfg, tmp_path):
     nbytes = base.sample_nbytes()
     for rank in range(WORLD):
         spec = prefetch.StreamSpec(len(base), seed=3, rank=rank, world=WORLD)
-        loader = prefetch.clairvoyant_loader(base, spec, batch_size=2, sample_bytes=nbytes, ram_bytes=nbytes,
-                                             disk_bytes=nbytes, disk_dir=tmp_path / f"r{rank}", epochs=EPOCHS,
-                                             threads=2, lookahead=1)
+        loader = prefetch.clairvoyant_loader(
+            base,
+            spec,
+            batch_size=2,
+            sample_bytes=nbytes,
+            ram_bytes=nbytes,
+            disk_bytes=nbytes,
+            disk_dir=tmp_path / f"r{rank}",
+            epochs=EPOCHS,
+            threads=2,
+            lookahead=1,
+        )
         data = loader.dataset
         assert isinstance(data, prefetch.ClairvoyantDataset) and data.plan.capacity == (1, 1)
         plain_sampler = DistributedSampler(base, num_replicas=WORLD, rank=rank, shuffle=True, seed=3)
@@ -113,8 +129,9 @@ def test_batches_are_bit_identical_to_the_plain_loader(cfg, tmp_path):
             assert n == len(plain)
         data.close()
         hits = {k: sum(st.hits[k] for st in data.stats) for k in ("ram", "disk", "staging")}
-        assert hits["ram"] > 0 and hits["disk"] > 0 and hits["staging"] + sum(
-            st.consumer_reads for st in data.stats) > 0
+        assert (
+            hits["ram"] > 0 and hits["disk"] > 0 and hits["staging"] + sum(st.consumer_reads for st in data.stats) > 0
+        )
 
 
 def test_config_switch_and_loader_kinds(cfg):
@@ -148,8 +165,16 @@ class _Linear(L.LightningModule):
 def test_trainer_uses_the_clairvoyant_loader_and_logs_its_stats(cfg, tmp_path):
     """auto -> clairvoyant under a real Trainer: the callback is added, epoch 2 is all RAM hits."""
     dm = StoreDataModule(cfg)
-    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(_Linear(cfg.sample.n_channels), datamodule=dm)
     stats = next(c for c in trainer.callbacks if isinstance(c, prefetch.PrefetchStats))  # type: ignore[attr-defined]
     assert [h["epoch"] for h in stats.history] == [0, 1]

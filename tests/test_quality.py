@@ -93,13 +93,16 @@ def test_mypy_sees_across_modules(tmp_path):
     if cache.is_dir():  # incremental: only the planted file is checked again
         shutil.copytree(cache, tmp_path / ".mypy_cache")
     run = tmp_path / "pipeline" / "run.py"
-    run.write_text(run.read_text() + "\n\ndef _planted() -> None:\n"
-                   "    io.chunk_shape('init_time', (1,), whole=(), grow=())  # a str where a tuple of dims goes\n")
+    run.write_text(
+        run.read_text() + "\n\ndef _planted() -> None:\n"
+        "    io.chunk_shape('init_time', (1,), whole=(), grow=())  # a str where a tuple of dims goes\n"
+    )
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 1, proc.stdout[-2000:]
     errors = [ln for ln in proc.stdout.splitlines() if ": error:" in ln]
-    assert len(errors) == 1 and "pipeline/run.py" in errors[0] and '"chunk_shape" has incompatible type "str"' in \
-        errors[0], proc.stdout[-2000:]
+    assert (
+        len(errors) == 1 and "pipeline/run.py" in errors[0] and '"chunk_shape" has incompatible type "str"' in errors[0]
+    ), proc.stdout[-2000:]
 
 
 def test_imports_go_one_way():
@@ -110,13 +113,16 @@ def test_data_core_is_torch_free():
     assert torch_in_core(ROOT) == []
 
 
-@pytest.mark.parametrize(("where", "line"), [
-    ("pipeline/run.py", "from postcast.train import run"),  # the CLI package (cli/ = postcast)
-    ("pipeline/run.py", "from postcast import cli"),
-    ("datasets/io.py", "import postcast.models.module"),
-    ("models/module.py", "from postcast.pipeline import forecast"),
-    ("compression/loader.py", "from postcast.serve.app import app"),
-])
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        ("pipeline/run.py", "from postcast.train import run"),  # the CLI package (cli/ = postcast)
+        ("pipeline/run.py", "from postcast import cli"),
+        ("datasets/io.py", "import postcast.models.module"),
+        ("models/module.py", "from postcast.pipeline import forecast"),
+        ("compression/loader.py", "from postcast.serve.app import app"),
+    ],
+)
 def test_layer_check_catches_a_planted_upward_import(tmp_path, where, line):
     for layer in LAYERS:
         shutil.copytree(ROOT / layer, tmp_path / layer, ignore=shutil.ignore_patterns("__pycache__"))
@@ -143,9 +149,11 @@ def test_a_process_using_grib_and_regridding_exits_cleanly():
     """eccodes' and pyproj's wheels bundle native libraries that abort the process at exit ("free():
     invalid size", exit 134) when eccodes loads first; postcast's GRIB module loads pyproj first, so any
     process that reads GRIB and regrids (pyresample -> pyproj) exits 0."""
-    code = ("from postcast.datasets.sources import messages as grib, regrid\n"
-            "import pyresample.geometry, eccodes\n"
-            "print(eccodes.codes_get_api_version())")
+    code = (
+        "from postcast.datasets.sources import messages as grib, regrid\n"
+        "import pyresample.geometry, eccodes\n"
+        "print(eccodes.codes_get_api_version())"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
 
@@ -170,8 +178,9 @@ def _copy_package(dest: Path) -> Path:
 
 def test_no_import_cycle_and_no_import_of_the_cli_below_it():
     """The command that checks it: ``python scripts/check_imports.py`` (exit 1 and the cycles otherwise)."""
-    proc = subprocess.run([sys.executable, "scripts/check_imports.py"], cwd=ROOT, capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "scripts/check_imports.py"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.stdout.startswith("no import cycle"), proc.stdout
 
@@ -187,9 +196,11 @@ def test_import_graph_resolution(tmp_path):
         "datasets/core/__init__.py": "",
         "datasets/core/version.py": "",
         "datasets/sub/__init__.py": "",
-        "datasets/sub/b.py": ("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                              "    from postcast.datasets import NAME\n"
-                              "def f():\n    from ..core import version\n    from . import c\n"),
+        "datasets/sub/b.py": (
+            "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+            "    from postcast.datasets import NAME\n"
+            "def f():\n    from ..core import version\n    from . import c\n"
+        ),
         "datasets/sub/c.py": "from .. import NAME, a\n",
     }
     for rel, text in files.items():
@@ -209,9 +220,11 @@ def test_import_graph_resolution(tmp_path):
         ("postcast.datasets.sub.c", "postcast.datasets.a"),
     }
     (cycle,) = ci.cycles(edges)  # one per strongly connected component: its shortest from its first module
-    assert [(e.source, e.target) for e in cycle] == [("postcast.datasets", "postcast.datasets.a"),
-                                                     ("postcast.datasets.a", "postcast.datasets.sub.b"),
-                                                     ("postcast.datasets.sub.b", "postcast.datasets")]
+    assert [(e.source, e.target) for e in cycle] == [
+        ("postcast.datasets", "postcast.datasets.a"),
+        ("postcast.datasets.a", "postcast.datasets.sub.b"),
+        ("postcast.datasets.sub.b", "postcast.datasets"),
+    ]
 
 
 def test_import_check_finds_a_planted_cycle(tmp_path):
@@ -220,24 +233,38 @@ def test_import_check_finds_a_planted_cycle(tmp_path):
     root = _copy_package(tmp_path)
     known, edges = ci.graph(root)
     assert ci.cycles(edges) == []
-    edge = next(e for e in edges if e.source.startswith("postcast.datasets.") and not known[e.target].is_package
-                and e.target.startswith("postcast.datasets."))
+    edge = next(
+        e
+        for e in edges
+        if e.source.startswith("postcast.datasets.")
+        and not known[e.target].is_package
+        and e.target.startswith("postcast.datasets.")
+    )
     path = known[edge.target].path
-    path.write_text(path.read_text() + f"\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                                       f"    import {edge.source}\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_imports.py"), str(root)], cwd=tmp_path,
-                          capture_output=True, text=True, check=False)
+    path.write_text(
+        path.read_text() + f"\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import {edge.source}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_imports.py"), str(root)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stdout
     (line,) = proc.stdout.splitlines()
     assert line.startswith("import cycle: ") and edge.source in line and edge.target in line, line
 
 
-@pytest.mark.parametrize("line", [
-    "import postcast",
-    "from postcast import __version__",  # now postcast.datasets.core.version.__version__
-    "from ... import cli",  # relative, from datasets/sources/registry.py: postcast.cli
-    "from postcast.cli import main",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import postcast",
+        "from postcast import __version__",  # now postcast.datasets.core.version.__version__
+        "from ... import cli",  # relative, from datasets/sources/registry.py: postcast.cli
+        "from postcast.cli import main",
+    ],
+)
 def test_import_check_finds_the_cli_imported_below_it(tmp_path, line):
     ci = _check_imports()
     root = _copy_package(tmp_path)
@@ -246,12 +273,16 @@ def test_import_check_finds_the_cli_imported_below_it(tmp_path, line):
     problems, _, _ = ci.report(root)  # (and a cycle where the CLI imports the importer)
     found = [p for p in problems if p.startswith("the CLI package imported below it: ")]
     assert len(found) == 1 and found[0].startswith(
-        "the CLI package imported below it: datasets/sources/registry.py:"), problems
+        "the CLI package imported below it: datasets/sources/registry.py:"
+    ), problems
 
 
 def test_no_module_over_500_lines():
-    over = {m.path.relative_to(ROOT).as_posix(): n for m in _check_imports().modules(ROOT).values()
-            if (n := len(m.path.read_text().splitlines())) > MAX_LINES}
+    over = {
+        m.path.relative_to(ROOT).as_posix(): n
+        for m in _check_imports().modules(ROOT).values()
+        if (n := len(m.path.read_text().splitlines())) > MAX_LINES
+    }
     assert over == {}, f"modules over {MAX_LINES} lines: {over}"
 
 
@@ -265,8 +296,13 @@ def test_the_target_table_is_read_through_the_schema():
     files (``git grep``): a name is resolved once where it comes in (``schema.target``), then passed on."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    proc = subprocess.run(["git", "grep", "--untracked", "-c", "TARGETS\\[", "--", ".", ":(exclude)datasets/schema.py"],
-                          cwd=ROOT, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["git", "grep", "--untracked", "-c", "TARGETS\\[", "--", ".", ":(exclude)datasets/schema.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode in (0, 1), proc.stderr  # 1: no match
     counts = {path: int(n) for path, _, n in (ln.rpartition(":") for ln in proc.stdout.splitlines())}
     assert sum(counts.values()) <= MAX_TARGET_LOOKUPS, counts
@@ -276,6 +312,11 @@ def test_ruff_format_clean():
     ruff = shutil.which("ruff", path=Path(sys.executable).parent)
     if ruff is None:
         pytest.fail("ruff is not installed: run scripts/setup.sh")
-    proc = subprocess.run([ruff, "format", "--check", "--output-format", "concise", "."], cwd=ROOT,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [ruff, "format", "--check", "--output-format", "concise", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]  # the files `ruff format` would change

@@ -44,8 +44,9 @@ def test_latitude_order_and_longitude_convention_do_not_matter(form):
     """North-to-south latitudes with -180..180 longitudes, and longitudes starting at the date line
     (170, 172.5, ..., 360+167.5 as -192.5 wraps): the same result as the canonical 0..360 ascending grid."""
     lat = np.linspace(90, -90, 73)
-    lon = np.arange(-180, 180, 2.5) if form == "descending_-180" else np.mod(170 + np.arange(144) * 2.5 + 180,
-                                                                             360) - 180
+    lon = (
+        np.arange(-180, 180, 2.5) if form == "descending_-180" else np.mod(170 + np.arange(144) * 2.5 + 180, 360) - 180
+    )
     lo, la = np.meshgrid(lon, lat)
     out = regrid.to_grid(harmonic(la, lo), regrid.SourceGrid.regular(lat, lon), schema.Grid(5.0))
     ref_lat, ref_lon = np.linspace(-90, 90, 73), np.arange(144) * 2.5
@@ -80,8 +81,12 @@ def test_octahedral_reduced_gaussian_bilinear_meets_the_stated_error():
 def test_nearest_on_points_with_pyresample_meets_half_a_cell():
     """Nearest neighbour (pyresample KD-tree) from O32: error <= max|grad f| x half the point spacing."""
     lat, lon = octahedral(32)
-    out = regrid.to_grid(np.stack([harmonic(lat, lon), -harmonic(lat, lon)]), regrid.SourceGrid.points(lat, lon),
-                         schema.Grid(5.0), "nearest")
+    out = regrid.to_grid(
+        np.stack([harmonic(lat, lon), -harmonic(lat, lon)]),
+        regrid.SourceGrid.points(lat, lon),
+        schema.Grid(5.0),
+        "nearest",
+    )
     err = np.abs(out[0] - target_truth(schema.Grid(5.0)))
     assert err.max() < 2.0 * np.radians(360 / 20 / 2 + 2.8), err.max()  # |grad f| <= 2 per radian
     np.testing.assert_array_equal(out[1], -out[0])
@@ -92,8 +97,9 @@ def test_conservative_preserves_the_area_mean_and_constants():
     lat, lon = np.linspace(-90, 90, 181), np.arange(360) * 1.0
     lo, la = np.meshgrid(lon, lat)
     src = regrid.SourceGrid.regular(lat, lon)
-    np.testing.assert_allclose(regrid.to_grid(np.full(la.shape, 3.5), src, schema.Grid(2.0), "conservative"), 3.5,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        regrid.to_grid(np.full(la.shape, 3.5), src, schema.Grid(2.0), "conservative"), 3.5, rtol=1e-6
+    )
     out = regrid.to_grid(harmonic(la, lo) + 2.0, src, schema.Grid(2.0), "conservative")
     g = schema.Grid(2.0)
     w_src, w_out = np.cos(np.radians(lat))[:, None], np.cos(np.radians(g.latitudes()))[:, None]
@@ -101,15 +107,20 @@ def test_conservative_preserves_the_area_mean_and_constants():
     mean_out = float((w_out * out).sum() / (w_out.sum() * g.n_lon))
     assert abs(mean_out - mean_src) < 1e-3
     with pytest.raises(ValueError, match="bilinear"):
-        regrid.to_grid(np.zeros((19, 36)), regrid.SourceGrid.regular(np.linspace(-90, 90, 19), np.arange(36) * 10.0),
-                       schema.Grid(5.0), "conservative")
+        regrid.to_grid(
+            np.zeros((19, 36)),
+            regrid.SourceGrid.regular(np.linspace(-90, 90, 19), np.arange(36) * 10.0),
+            schema.Grid(5.0),
+            "conservative",
+        )
 
 
 def test_same_grid_is_returned_untouched_and_bad_method_names_the_fix():
     g = schema.Grid(10.0)
     x = np.random.default_rng(0).standard_normal(g.shape)
-    np.testing.assert_array_equal(regrid.to_grid(x, regrid.SourceGrid.regular(g.latitudes(), g.longitudes()), g),
-                                  x.astype(np.float32))
+    np.testing.assert_array_equal(
+        regrid.to_grid(x, regrid.SourceGrid.regular(g.latitudes(), g.longitudes()), g), x.astype(np.float32)
+    )
     with pytest.raises(ValueError, match="use one of bilinear, nearest, conservative"):
         regrid.to_grid(x, regrid.SourceGrid.regular(g.latitudes(), g.longitudes()), g, "cubic")
 

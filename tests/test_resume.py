@@ -18,8 +18,19 @@ PRESET = str(ROOT / "configs/train/tiny_emos_t2m.yaml")  # local EMOS on T2m: ov
 
 
 def _args(store: Path, root: Path, epochs: int) -> list[str]:
-    return ["fit", "-c", PRESET, "--data.cfg.store", str(store), "--trainer.default_root_dir", str(root),
-            "--trainer.max_epochs", str(epochs), "--trainer.enable_model_summary", "false"]
+    return [
+        "fit",
+        "-c",
+        PRESET,
+        "--data.cfg.store",
+        str(store),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_epochs",
+        str(epochs),
+        "--trainer.enable_model_summary",
+        "false",
+    ]
 
 
 def _selected(cli: train.PostcastCLI, root: Path) -> tuple[str, float, float]:
@@ -42,10 +53,20 @@ def _kill_after(store: Path, root: Path, epochs: int, at_epoch: int) -> None:
     """Run `postcast train fit` as a real process and SIGKILL it once last.ckpt has reached ``at_epoch``."""
     last = root / "lightning_logs/version_0/checkpoints/last.ckpt"
     resume = ["--ckpt_path", str(last)] if last.exists() else []  # a second kill hits the resumed run
-    cmd = [sys.executable, "-m", "postcast", "--no-progress", "train", *_args(store, root, epochs),
-           "--trainer.enable_progress_bar", "false", *resume]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "postcast",
+        "--no-progress",
+        "train",
+        *_args(store, root, epochs),
+        "--trainer.enable_progress_bar",
+        "false",
+        *resume,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
     deadline = time.time() + 240
     try:
         while _last_epoch(last) < at_epoch:

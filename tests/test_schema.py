@@ -8,11 +8,32 @@ from postcast.datasets import schema
 def test_variable_tables_match_ens10():
     assert [v.name for v in schema.PL_VARIABLES] == ["z", "t", "q", "w", "d", "u", "v"]
     assert [v.param_id for v in schema.PL_VARIABLES] == [129, 130, 133, 135, 155, 131, 132]
-    assert [v.name for v in schema.SFC_VARIABLES] == ["sst", "tcw", "tcwv", "cp", "tp", "msl", "tcc", "u10",
-                                                      "v10", "t2m", "skt"]
+    assert [v.name for v in schema.SFC_VARIABLES] == [
+        "sst",
+        "tcw",
+        "tcwv",
+        "cp",
+        "tp",
+        "msl",
+        "tcc",
+        "u10",
+        "v10",
+        "t2m",
+        "skt",
+    ]
     assert {v.name: v.param_id for v in schema.SFC_VARIABLES} == {
-        "sst": 34, "tcw": 136, "tcwv": 137, "cp": 143, "tp": 228, "msl": 151, "tcc": 164, "u10": 165,
-        "v10": 166, "t2m": 167, "skt": 235}
+        "sst": 34,
+        "tcw": 136,
+        "tcwv": 137,
+        "cp": 143,
+        "tp": 228,
+        "msl": 151,
+        "tcc": 164,
+        "u10": 165,
+        "v10": 166,
+        "t2m": 167,
+        "skt": 235,
+    }
     assert schema.variable("2t").name == "t2m" and schema.variable("10u").name == "u10"
     assert schema.variable("167").name == "t2m"
     assert schema.VARIABLES["z"].units == "m**2 s**-2"  # geopotential, not height
@@ -24,11 +45,14 @@ def test_variable_tables_match_ens10():
 
 def test_cf_attrs():
     assert schema.cf_attrs(schema.VARIABLES["t2m"]) == {
-        "units": "K", "long_name": "2 metre temperature", "GRIB_shortName": "2t", "GRIB_paramId": 167,
-        "standard_name": "air_temperature"}
+        "units": "K",
+        "long_name": "2 metre temperature",
+        "GRIB_shortName": "2t",
+        "GRIB_paramId": 167,
+        "standard_name": "air_temperature",
+    }
     tcw = schema.cf_attrs(schema.VARIABLES["tcw"])  # no CF standard name: none written
-    assert tcw == {"units": "kg m**-2", "long_name": "Total column water", "GRIB_shortName": "tcw",
-                   "GRIB_paramId": 136}
+    assert tcw == {"units": "kg m**-2", "long_name": "Total column water", "GRIB_shortName": "tcw", "GRIB_paramId": 136}
 
 
 def test_levels_steps_members():

@@ -22,8 +22,10 @@ def server(forecasts):
 
 
 def test_point_query_returns_the_stored_values(server, forecasts):
-    r = httpx.get(f"{server}/forecast/point", params={"target": "t850", "lat": 47.4, "lon": 8.6,
-                                                       "time": "2017-01-05T00:00", "threshold": 280})
+    r = httpx.get(
+        f"{server}/forecast/point",
+        params={"target": "t850", "lat": 47.4, "lon": 8.6, "time": "2017-01-05T00:00", "threshold": 280},
+    )
     assert r.status_code == 200
     body = r.json()
     ds = xr.open_dataset(next(forecasts.rglob("t850_20170103T00.nc"))).isel(forecast_reference_time=0)
@@ -33,14 +35,17 @@ def test_point_query_returns_the_stored_values(server, forecasts):
     assert body["quantiles"]["0.5"] == pytest.approx(body["mean"], rel=1e-6)
     assert body["exceedance"]["273.15"] == pytest.approx(float(point["t850_exceedance_probability"][0]))
     from scipy.stats import norm
+
     assert body["exceedance"]["280"] == pytest.approx(norm.sf(280, body["mean"], body["std"]), rel=1e-5)
     latest = httpx.get(f"{server}/forecast/point", params={"target": "t850", "lat": 0, "lon": -170}).json()
     assert latest["init_time"] == "2017-01-04T00:00:00" and latest["longitude"] == 190.0
 
 
 def test_bbox_listing_health_metrics_and_map(server):
-    r = httpx.get(f"{server}/forecast/bbox", params={"target": "t850", "lat_min": 40, "lat_max": 50,
-                                                      "lon_min": -10, "lon_max": 10})
+    r = httpx.get(
+        f"{server}/forecast/bbox",
+        params={"target": "t850", "lat_min": 40, "lat_max": 50, "lon_min": -10, "lon_max": 10},
+    )
     body = r.json()
     assert r.status_code == 200 and body["latitude"] == [40.0, 45.0, 50.0]
     assert body["longitude"] == [0.0, 5.0, 10.0, 350.0, 355.0] and np.asarray(body["mean"]).shape == (3, 5)
@@ -56,14 +61,17 @@ def test_bbox_listing_health_metrics_and_map(server):
     assert "postcast_forecasts 3" in metrics
 
 
-@pytest.mark.parametrize(("params", "status"), [
-    ({"target": "q700", "lat": 0, "lon": 0}, 422),  # unknown target
-    ({"target": "t850", "lat": 95, "lon": 0}, 422),  # latitude out of range
-    ({"target": "t850", "lon": 0}, 422),  # missing latitude
-    ({"target": "t850", "lat": 0, "lon": 0, "time": "yesterday-ish"}, 422),
-    ({"target": "t850", "lat": 0, "lon": 0, "time": "2030-01-01"}, 404),  # no such forecast
-    ({"target": "z500", "lat": 0, "lon": 0}, 404),  # no forecast for that target
-])
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({"target": "q700", "lat": 0, "lon": 0}, 422),  # unknown target
+        ({"target": "t850", "lat": 95, "lon": 0}, 422),  # latitude out of range
+        ({"target": "t850", "lon": 0}, 422),  # missing latitude
+        ({"target": "t850", "lat": 0, "lon": 0, "time": "yesterday-ish"}, 422),
+        ({"target": "t850", "lat": 0, "lon": 0, "time": "2030-01-01"}, 404),  # no such forecast
+        ({"target": "z500", "lat": 0, "lon": 0}, 404),  # no forecast for that target
+    ],
+)
 def test_bad_requests_get_4xx(server, params, status):
     r = httpx.get(f"{server}/forecast/point", params=params)
     assert r.status_code == status and "detail" in r.json()
@@ -92,8 +100,11 @@ def test_serve_says_where_it_listens_logs_each_request_and_says_when_it_stopped(
 
     port, log = free_port(), tmp_path / "serve.log"
     with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", str(port)],
-                                stdout=err, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "postcast", "serve", str(forecasts), "--port", str(port)],
+            stdout=err,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.time() + 60
         while f"http://127.0.0.1:{port}" not in log.read_text():

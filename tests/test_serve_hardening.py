@@ -57,8 +57,19 @@ def test_metrics_stay_bounded_under_distinct_404_paths(forecasts):
     assert 'postcast_requests_total{path="unmatched",status="404"} 400' in text
 
 
-@pytest.mark.parametrize("path", ["/", "/forecasts", "/map.png?target=t850", "/forecast/point?target=t850&lat=0&lon=0",
-                                  "/openapi.json", "/docs", "/metrics", "/no-such-page"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/forecasts",
+        "/map.png?target=t850",
+        "/forecast/point?target=t850&lat=0&lon=0",
+        "/openapi.json",
+        "/docs",
+        "/metrics",
+        "/no-such-page",
+    ],
+)
 def test_token_guards_everything_but_health(forecasts, path):
     client = TestClient(create_app(forecasts, token="s3cret"))
     r = client.get(path)
@@ -75,8 +86,10 @@ def test_metrics_can_be_left_public(forecasts):
     assert client.get("/forecasts").status_code == 401
 
 
-@pytest.mark.parametrize("path", ["/health", "/forecasts", "/forecast/point?target=t850&lat=0&lon=0", "/metrics",
-                                  "/map.png?target=t850", "/"])
+@pytest.mark.parametrize(
+    "path",
+    ["/health", "/forecasts", "/forecast/point?target=t850&lat=0&lon=0", "/metrics", "/map.png?target=t850", "/"],
+)
 def test_head_is_answered_like_get(forecasts, path):
     client = TestClient(create_app(forecasts))
     head, get = client.head(path), client.get(path)
@@ -85,8 +98,11 @@ def test_head_is_answered_like_get(forecasts, path):
 
 
 def test_openapi_documents_every_status_and_media_type(forecasts):
-    spec = TestClient(create_app(forecasts, token="s3cret")).get(
-        "/openapi.json", headers={"Authorization": "Bearer s3cret"}).json()
+    spec = (
+        TestClient(create_app(forecasts, token="s3cret"))
+        .get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
+        .json()
+    )
     paths = spec["paths"]
     for path in ("/forecasts", "/forecast/point", "/forecast/bbox", "/map.png", "/", "/metrics"):
         assert "401" in paths[path]["get"]["responses"], path
@@ -97,10 +113,13 @@ def test_openapi_documents_every_status_and_media_type(forecasts):
     assert "401" not in paths["/health"]["get"]["responses"]
 
 
-@pytest.mark.parametrize("params", [
-    {"target": "q700", "lat": 0, "lon": 0},  # validation by FastAPI
-    {"target": "t850", "lat": 0, "lon": 0, "time": "yesterday-ish"},  # validation in postcast
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"target": "q700", "lat": 0, "lon": 0},  # validation by FastAPI
+        {"target": "t850", "lat": 0, "lon": 0, "time": "yesterday-ish"},  # validation in postcast
+    ],
+)
 def test_422_bodies_match_the_documented_schema(forecasts, params):
     app = create_app(forecasts)
     client = TestClient(app)
@@ -144,8 +163,17 @@ def test_idle_and_header_trickling_connections_are_closed(forecasts):
         assert httpx.get(f"{url}/health").status_code == 200  # room again
 
 
-@pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"], ["--workers", "0"],
-                                  ["--header-timeout", "0"], ["--limit-concurrency", "0"], ["--watch", "-1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--port", "99999"],
+        ["--port", "-1"],
+        ["--workers", "0"],
+        ["--header-timeout", "0"],
+        ["--limit-concurrency", "0"],
+        ["--watch", "-1"],
+    ],
+)
 def test_bad_port_or_option_is_one_line_exit_2(forecasts, args, capsys):
     from postcast.cli import main
 
@@ -177,6 +205,7 @@ def test_out_of_range_port_is_refused_by_the_real_command(forecasts):
         pytest.fail("postcast serve --port 99999 kept running instead of refusing")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+
 
 def test_unknown_query_parameters_are_refused(forecasts):
     client = TestClient(create_app(forecasts))

@@ -63,8 +63,10 @@ def _crps(summary, model):
 def test_each_model_is_reachable_and_the_default_is_the_best_verified(server, summary):
     assert _crps(summary, GOOD) < _crps(summary, BAD)  # the scores the service must read
     answers = {}
-    queries = {"/forecast/point": POINT, "/forecast/bbox": {"target": TARGET, "lat_min": 40, "lat_max": 50,
-                                                            "lon_min": 0, "lon_max": 10}}
+    queries = {
+        "/forecast/point": POINT,
+        "/forecast/bbox": {"target": TARGET, "lat_min": 40, "lat_max": 50, "lon_min": 0, "lon_max": 10},
+    }
     for model in (GOOD, BAD):
         for path, query in queries.items():
             r = httpx.get(f"{server}{path}", params={**query, "model": model}, headers=AUTH)
@@ -80,7 +82,8 @@ def test_each_model_is_reachable_and_the_default_is_the_best_verified(server, su
     (entry,) = [t for t in listing["targets"] if t["target"] == TARGET]
     assert entry["default_model"] == GOOD and "metrics.json" in entry["chosen_by"]
     assert {m["model"]: m["crps"] for m in entry["models"]} == pytest.approx(
-        {GOOD: _crps(summary, GOOD), BAD: _crps(summary, BAD)})
+        {GOOD: _crps(summary, GOOD), BAD: _crps(summary, BAD)}
+    )
     assert {f["model"] for f in listing["forecasts"]} == {GOOD, BAD}
     default = httpx.get(f"{server}/forecast/point", params=POINT, headers=AUTH).json()
     assert default["model"] == entry["default_model"] and default["mean"] == answers[("/forecast/point", GOOD)]

@@ -23,8 +23,17 @@ def test_truth_in_a_zarr_store_under_any_name_is_found(cli, synth_zarr, tmp_path
     truth = tmp_path / "analyses"
     shutil.copytree(synth_zarr / "era5.zarr", truth)
     out = tmp_path / "s.zarr"
-    proc = cli("ingest", str(_forecast_only(tmp_path, synth_zarr)), "--truth", str(truth), "--out", str(out),
-               "--threads", "--variables", "t,z,t2m")
+    proc = cli(
+        "ingest",
+        str(_forecast_only(tmp_path, synth_zarr)),
+        "--truth",
+        str(truth),
+        "--out",
+        str(out),
+        "--threads",
+        "--variables",
+        "t,z,t2m",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {"truth_t850", "truth_z500", "truth_t2m"} <= set(contract.open_store(out).data_vars)
 
@@ -34,8 +43,9 @@ def test_truth_that_yields_nothing_exits_66_naming_what_was_searched(cli, synth_
     empty.mkdir()
     (empty / "README.txt").write_text("not truth")
     out = tmp_path / "s.zarr"
-    proc = cli("ingest", str(_forecast_only(tmp_path, synth_zarr)), "--truth", str(empty), "--out", str(out),
-               "--threads")
+    proc = cli(
+        "ingest", str(_forecast_only(tmp_path, synth_zarr)), "--truth", str(empty), "--out", str(out), "--threads"
+    )
     assert proc.returncode == 66, proc.stderr[-2000:]
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("postcast: error:"))
     assert f"truth {empty}: no truth found; searched for a zarr store and netCDF files" in line
@@ -67,7 +77,8 @@ def test_kinds_by_content_and_name(synth_zarr, synth_grib, synth_netcdf, tmp_pat
             shutil.copy(p, folder / f"{p.name.replace('.', '_')}.grib2")
     found = sources.discover(folder)
     assert isinstance(found.forecast, sources.GribSource) and len(found.forecast.files) == 2 * len(
-        [p for p in synth_grib.iterdir() if p.name.startswith("output.pl.")])
+        [p for p in synth_grib.iterdir() if p.name.startswith("output.pl.")]
+    )
     assert sources.find_sources(folder) == ("grib", sorted(folder.iterdir()))
     with pytest.raises(MissingInputError, match="no such file or directory"):
         sources.truth_paths(tmp_path / "missing")

@@ -65,14 +65,22 @@ def test_zarrs_is_in_use_and_zarr_python_reads_what_it_wrote(tmp_path):
 
 def test_postcast_zarrs_0_falls_back_to_zarr_python_and_still_writes(tmp_path):
     """The fallback path (as when zarrs is not installed): zarr-python's own pipeline, same store."""
-    code = ("import numpy as np, xarray as xr, zarr\nfrom postcast.datasets import io\n"
-            "assert not io.ZARRS_IN_USE, 'zarrs in use'\n"
-            f"assert zarr.config.get('codec_pipeline.path') == {DEFAULT_PIPELINE!r}\n"
-            "ds = xr.Dataset({'x': (('a', 'b'), np.arange(12, dtype=np.float32).reshape(3, 4))})\n"
-            f"io.write_zarr(ds, {str(tmp_path / 'f.zarr')!r})\n"
-            f"assert (io.open_zarr({str(tmp_path / 'f.zarr')!r}).x.values == ds.x.values).all()\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "POSTCAST_ZARRS": "0"}, check=False)
+    code = (
+        "import numpy as np, xarray as xr, zarr\nfrom postcast.datasets import io\n"
+        "assert not io.ZARRS_IN_USE, 'zarrs in use'\n"
+        f"assert zarr.config.get('codec_pipeline.path') == {DEFAULT_PIPELINE!r}\n"
+        "ds = xr.Dataset({'x': (('a', 'b'), np.arange(12, dtype=np.float32).reshape(3, 4))})\n"
+        f"io.write_zarr(ds, {str(tmp_path / 'f.zarr')!r})\n"
+        f"assert (io.open_zarr({str(tmp_path / 'f.zarr')!r}).x.values == ds.x.values).all()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "POSTCAST_ZARRS": "0"},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -82,11 +90,18 @@ def _stats_like() -> tuple[xr.Dataset, dict[str, tuple[int, ...]]]:
     import dask.array
 
     lat, lon = np.linspace(90, -90, 7), np.arange(0, 360, 40.0)
-    coords = {schema.STEP: np.array([0, 24, 48]), schema.LEVEL: np.array([500, 850]), schema.LAT: lat,
-              schema.LON: lon, schema.MEMBER: np.arange(3)}  # member: a coordinate no array uses
-    layouts = [((schema.STEP,), (3,), np.float64, (3,)),
-               ((schema.STEP, schema.LEVEL), (3, 2), np.float64, (3, 2)),
-               ((schema.STEP, schema.LAT, schema.LON), (3, 7, 9), np.float32, (1, 7, 9))]
+    coords = {
+        schema.STEP: np.array([0, 24, 48]),
+        schema.LEVEL: np.array([500, 850]),
+        schema.LAT: lat,
+        schema.LON: lon,
+        schema.MEMBER: np.arange(3),
+    }  # member: a coordinate no array uses
+    layouts = [
+        ((schema.STEP,), (3,), np.float64, (3,)),
+        ((schema.STEP, schema.LEVEL), (3, 2), np.float64, (3, 2)),
+        ((schema.STEP, schema.LAT, schema.LON), (3, 7, 9), np.float32, (1, 7, 9)),
+    ]
     data, chunks = {}, {}
     for k, (dims, shape, dtype, chunk) in enumerate(layouts):
         lazy = dask.array.full(shape, np.nan, dtype=dtype, chunks=chunk)
@@ -124,8 +139,11 @@ def test_write_into_writes_what_xarray_writes_and_refuses_a_shape_mismatch(tmp_p
     values and attributes as xarray's write of the same data; data of another shape is refused by name."""
     ds, chunks = _stats_like()
     rng = np.random.default_rng(0)
-    filled = xr.Dataset({n: (v.dims, rng.normal(size=v.shape).astype(v.dtype)) for n, v in ds.data_vars.items()},
-                        coords=ds.coords, attrs={"train_init_times": 3})
+    filled = xr.Dataset(
+        {n: (v.dims, rng.normal(size=v.shape).astype(v.dtype)) for n, v in ds.data_vars.items()},
+        coords=ds.coords,
+        attrs={"train_init_times": 3},
+    )
     filled["t_2"][0, 0, 0] = np.nan  # a never-valid point
     for path in (tmp_path / "a.zarr", tmp_path / "b.zarr"):
         io.write_template(ds, path, chunks=chunks, group="statistics")
@@ -135,8 +153,10 @@ def test_write_into_writes_what_xarray_writes_and_refuses_a_shape_mismatch(tmp_p
     assert len(files) == 4 * (1 + 1 + 3) + 5  # and the five coordinates
     for rel in files:
         assert (tmp_path / "b.zarr" / rel).read_bytes() == (tmp_path / "a.zarr" / rel).read_bytes(), rel
-    xr.testing.assert_identical(io.open_zarr(tmp_path / "b.zarr", group="statistics").load(),
-                                io.open_zarr(tmp_path / "a.zarr", group="statistics").load())
+    xr.testing.assert_identical(
+        io.open_zarr(tmp_path / "b.zarr", group="statistics").load(),
+        io.open_zarr(tmp_path / "a.zarr", group="statistics").load(),
+    )
     with pytest.raises(ValueError, match=r"t_1.*recreate the template"):
         io.write_into(xr.Dataset({"t_1": (("a", "b"), np.zeros((2, 2)))}), tmp_path / "b.zarr", group="statistics")
 
@@ -148,8 +168,9 @@ def test_write_into_round_trips_data_that_are_not_floating_point(tmp_path):
 
     times = pd.date_range("2013-01-03", periods=4, freq="D").values.astype("datetime64[ns]")
     counts = np.arange(4, dtype=np.int32)
-    tmpl = xr.Dataset({"when": ("n", dask.array.from_array(times, chunks=4)),
-                       "count": ("n", dask.array.from_array(counts, chunks=4))})
+    tmpl = xr.Dataset(
+        {"when": ("n", dask.array.from_array(times, chunks=4)), "count": ("n", dask.array.from_array(counts, chunks=4))}
+    )
     io.write_template(tmpl, tmp_path / "s.zarr", chunks={"when": (4,), "count": (4,)})
     io.write_into(xr.Dataset({"when": ("n", times), "count": ("n", counts)}), tmp_path / "s.zarr")
     back = io.open_zarr(tmp_path / "s.zarr")

@@ -124,7 +124,7 @@ def test_bias_depends_non_linearly_on_other_variables(sample):
     fc, truth = sample
     ens = fc.isel(step=2).mean("member")
     m = ens["t"].sel(level=850).values.ravel()
-    bias = (truth["oracle_mean_t850"].isel(step=2).values.ravel() - m)
+    bias = truth["oracle_mean_t850"].isel(step=2).values.ravel() - m
     ws = np.hypot(ens["u"].sel(level=850), ens["v"].sel(level=850)).values.ravel()
     tcc = ens["tcc"].values.ravel()
 
@@ -150,8 +150,12 @@ def test_gaussian_waves_are_unit_normal_pointwise():
     assert abs(at.mean()) < 0.06 and abs(at.std() - 1) < 0.05
     assert stats.kstest(at, "norm").pvalue > 1e-3
     w = synthetic.GaussianWaves(np.random.default_rng(1))
-    vals = np.array([synthetic.GaussianWaves(np.random.default_rng(k))(grid.latitudes(), grid.longitudes(), 3.0)[5, 5]
-                     for k in range(1500)])
+    vals = np.array(
+        [
+            synthetic.GaussianWaves(np.random.default_rng(k))(grid.latitudes(), grid.longitudes(), 3.0)[5, 5]
+            for k in range(1500)
+        ]
+    )
     assert abs(vals.std() - 1) < 0.06
     a, b = w(grid.latitudes(), grid.longitudes(), 10.0), w(grid.latitudes(), grid.longitudes(), 10.5)
     assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.9  # evolves smoothly in time

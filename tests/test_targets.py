@@ -25,8 +25,14 @@ from postcast.pipeline import train
 from postcast.pipeline.metrics import crps_ensemble
 
 # 2 years x 8 dates on the 10 deg grid, with the derived targets' truths (built in the tests: opt in)
-SMALL = {"seed": 7, "resolution": 10.0, "years": (2016, 2017), "dates_per_year": 8, "levels": (850,),
-         "targets": ("t2m", "ws10", "tp24")}
+SMALL = {
+    "seed": 7,
+    "resolution": 10.0,
+    "years": (2016, 2017),
+    "dates_per_year": 8,
+    "levels": (850,),
+    "targets": ("t2m", "ws10", "tp24"),
+}
 
 
 def test_registry_describes_every_target():
@@ -76,8 +82,10 @@ def _day() -> xr.Dataset:
     tp[:, 1] = [[[0.002, 0.0]], [[0.010, 0.0]]]
     tp[:, 2] = [[[0.0025, 0.0]], [[0.0099, 0.0]]]  # member 2: the accumulation shrinks (packing noise)
     dims = (schema.MEMBER, schema.STEP, schema.LAT, schema.LON)
-    ds = xr.Dataset({"u10": (dims, np.stack([u] * 3, axis=1)), "v10": (dims, np.stack([v] * 3, axis=1)),
-                     "tp": (dims, tp)}, coords={schema.STEP: steps, schema.LAT: [0.0], schema.LON: [0.0, 10.0]})
+    ds = xr.Dataset(
+        {"u10": (dims, np.stack([u] * 3, axis=1)), "v10": (dims, np.stack([v] * 3, axis=1)), "tp": (dims, tp)},
+        coords={schema.STEP: steps, schema.LAT: [0.0], schema.LON: [0.0, 10.0]},
+    )
     for name in ("u10", "v10", "tp"):  # the inputs' statistics, as a store holds them
         ds[contract.ens_mean(name)] = ds[name].mean(schema.MEMBER)
         ds[contract.ens_std(name)] = ds[name].std(schema.MEMBER)
@@ -110,10 +118,14 @@ def test_24h_precipitation_is_a_clipped_difference_in_mm():
     np.testing.assert_allclose(s["s"], [[0.25, 0.0]], rtol=1e-6)
     np.testing.assert_array_equal(s["fields"][-1], [[0.5, 1.0]])  # tp's mean and std, tp24's mean, std, dry
     assert SampleSpec(target="tp24", variables=("tp",)).field_keys()[2:] == [
-        "ens_mean_tp24", "ens_std_tp24", "dry_fraction_tp24"]
+        "ens_mean_tp24",
+        "ens_std_tp24",
+        "dry_fraction_tp24",
+    ]
     with pytest.raises(ConfigError, match="step_h"):  # +0 h has no 24 h before it in the data
-        Sampler(SampleSpec(target="tp24", variables=("tp",), step_h=0), np.array([0.0]),
-                np.array([0.0, 10.0])).sample(_day())
+        Sampler(SampleSpec(target="tp24", variables=("tp",), step_h=0), np.array([0.0]), np.array([0.0, 10.0])).sample(
+            _day()
+        )
 
 
 def test_default_synthetic_targets_are_the_ens10_three():
@@ -139,8 +151,12 @@ def _at48(ds: xr.Dataset, name: str) -> np.ndarray:
 def test_ws10_truth_is_a_draw_from_the_oracle_truncated_normal(small):
     fc, truth = small
     y = _at48(truth, "truth_ws10")
-    law = distributions.TruncNormal(*(torch.from_numpy(_at48(truth, n).astype(np.float64))
-                                      for n in contract.oracle_parameters(schema.target("ws10")).values()))
+    law = distributions.TruncNormal(
+        *(
+            torch.from_numpy(_at48(truth, n).astype(np.float64))
+            for n in contract.oracle_parameters(schema.target("ws10")).values()
+        )
+    )
     assert (y >= 0).all()
     pit = law.law.pit(law.numpy_params(), y.astype(np.float64)).ravel()  # the law's (datasets/laws.py)
     assert stats.kstest(pit[::7], "uniform").pvalue > 1e-3
@@ -153,8 +169,12 @@ def test_ws10_truth_is_a_draw_from_the_oracle_truncated_normal(small):
 def test_tp24_truth_is_a_draw_from_the_oracle_csg(small):
     fc, truth = small
     y = _at48(truth, "truth_tp24")
-    law = distributions.CensoredShiftedGamma(*(torch.from_numpy(_at48(truth, n).astype(np.float64))
-                                               for n in contract.oracle_parameters(schema.target("tp24")).values()))
+    law = distributions.CensoredShiftedGamma(
+        *(
+            torch.from_numpy(_at48(truth, n).astype(np.float64))
+            for n in contract.oracle_parameters(schema.target("tp24")).values()
+        )
+    )
     gen = torch.Generator().manual_seed(0)
     u = torch.rand(y.shape, generator=gen, dtype=torch.float64)
     pit = law.law.pit(law.numpy_params(), y.astype(np.float64), u.numpy()).ravel()  # randomised at the point mass
@@ -165,7 +185,8 @@ def test_tp24_truth_is_a_draw_from_the_oracle_csg(small):
     assert p_dry.max() > 0.6 and p_dry.min() < 0.1  # dry regions and wet ones
     assert np.quantile(y, 0.999) > 5 * np.quantile(y[~dry], 0.5)  # rare heavy amounts
     members = schema.target("tp24").members(  # (init, member, lat, lon) mm: tp(+48 h) - tp(+24 h), clipped at 0
-        lambda v, off: fc[v].sel({schema.STEP: pd.Timedelta(hours=48 + off)}).values)
+        lambda v, off: fc[v].sel({schema.STEP: pd.Timedelta(hours=48 + off)}).values
+    )
     raw = crps_ensemble(np.moveaxis(members, 1, -1), y).mean()
     oracle = law.crps(torch.from_numpy(y.astype(np.float64))).mean().item()
     assert oracle < 0.9 * raw, (oracle, raw)
@@ -195,8 +216,9 @@ def _raw_val_crps(store: Path, target: str) -> float:
     ds, tg = contract.open_store(store), schema.target(target)
     rows = contract.split_rows(ds, "val", target=tg)
     at = {h: contract.step_position(ds.get_index(schema.STEP), h) for h in (24, 48)}
-    x = tg.members(lambda v, off: ds[v].isel({schema.INIT_TIME: rows, schema.STEP: at[48 + off]}).values
-                   .astype(np.float64))  # (N, M, H, W)
+    x = tg.members(
+        lambda v, off: ds[v].isel({schema.INIT_TIME: rows, schema.STEP: at[48 + off]}).values.astype(np.float64)
+    )  # (N, M, H, W)
     y = ds[contract.truth_name(target)].isel({schema.INIT_TIME: rows, schema.STEP: at[48]}).values
     return float(crps_ensemble(np.moveaxis(x, 1, -1), y).mean())
 
@@ -204,8 +226,19 @@ def _raw_val_crps(store: Path, target: str) -> float:
 @pytest.mark.parametrize("target", ["ws10", "tp24"])
 def test_one_epoch_of_emos_beats_the_raw_members(derived_store, target, tmp_path):
     """The tiny preset (the target's family: truncnormal, csg) after one epoch scores below the members."""
-    cli = train.run(["fit", "-c", f"configs/train/tiny_emos_{target}.yaml", "--data.cfg.store", str(derived_store),
-                     "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
+    cli = train.run(
+        [
+            "fit",
+            "-c",
+            f"configs/train/tiny_emos_{target}.yaml",
+            "--data.cfg.store",
+            str(derived_store),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_model_summary",
+            "false",
+        ]
+    )
     tg = schema.target(target)  # the preset names no distribution nor thresholds: the target's own
     assert cli.model.hparams["distribution"] == tg.family and cli.model.thresholds == list(tg.thresholds)
     val = float(cli.trainer.callback_metrics["val_crps"])
@@ -224,8 +257,19 @@ def test_synth_with_an_unknown_target(tmp_path, capsys):
 
 def test_train_a_derived_target_on_a_store_without_its_truth(store, tmp_path, capsys):
     """The ENS-10 store (no synth targets) has no truth_ws10: one line naming it, exit 66, no checkpoint."""
-    res = in_process(["train", "fit", "-c", "configs/train/tiny_emos_ws10.yaml", "--data.cfg.store", str(store),
-                      "--trainer.default_root_dir", str(tmp_path / "runs")], capsys)
+    res = in_process(
+        [
+            "train",
+            "fit",
+            "-c",
+            "configs/train/tiny_emos_ws10.yaml",
+            "--data.cfg.store",
+            str(store),
+            "--trainer.default_root_dir",
+            str(tmp_path / "runs"),
+        ],
+        capsys,
+    )
     assert_ok("train fit: derived target without its truth", res, not list(tmp_path.rglob("*.ckpt")))
     assert res.code == 66 and "truth_ws10" in res.error_lines[0]
 
@@ -252,23 +296,43 @@ def test_evaluate_with_too_few_bootstrap_resamples(store, tmp_path, capsys, n):
     assert "--bootstrap" in res.error_lines[0]
 
 
-@pytest.mark.parametrize(("preset", "target", "family"), [("emos_global_t2m", "ws10", "truncnormal"),
-                                                          ("transformer_t2m", "tp24", "csg")])
+@pytest.mark.parametrize(
+    ("preset", "target", "family"), [("emos_global_t2m", "ws10", "truncnormal"), ("transformer_t2m", "tp24", "csg")]
+)
 def test_models_reading_the_members_take_a_derived_target(derived_store, preset, target, family, tmp_path):
     """Global EMOS and the Transformer read the target's own members: a derived target's are one more member
     variable after the inputs' (it was an IndexError, exit 70), equal to the members derived from the store."""
-    cli = train.run(["fit", "-c", f"configs/train/{preset}.yaml", "--data.cfg.store", str(derived_store),
-                     "--data.cfg.sample.target", target, "--model.distribution", family,
-                     "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
-                     "--trainer.limit_val_batches", "2",
-                     "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
+    cli = train.run(
+        [
+            "fit",
+            "-c",
+            f"configs/train/{preset}.yaml",
+            "--data.cfg.store",
+            str(derived_store),
+            "--data.cfg.sample.target",
+            target,
+            "--model.distribution",
+            family,
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.limit_train_batches",
+            "2",
+            "--trainer.limit_val_batches",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_model_summary",
+            "false",
+        ]
+    )
     assert np.isfinite(float(cli.trainer.callback_metrics["val_crps"]))
     spec = cli.datamodule.cfg.sample
     ds = contract.open_store(derived_store)
     sample = Sampler(spec, ds[schema.LAT].values, ds[schema.LON].values).sample(ds.isel({schema.INIT_TIME: 3}))
     tg, at = schema.target(target), {h: contract.step_position(ds.get_index(schema.STEP), h) for h in (24, 48)}
-    own = tg.members(lambda v, off: ds[v].isel({schema.INIT_TIME: 3, schema.STEP: at[48 + off]}).values
-                     .astype(np.float64))  # (M, H, W)
+    own = tg.members(
+        lambda v, off: ds[v].isel({schema.INIT_TIME: 3, schema.STEP: at[48 + off]}).values.astype(np.float64)
+    )  # (M, H, W)
     assert sample["members"].shape[1] == spec.n_member_variables == len(spec.input_variables) + 1
     np.testing.assert_allclose(sample["members"][:, -1], own, rtol=1e-6, atol=1e-6)
 
@@ -278,12 +342,25 @@ def test_validation_logs_the_oracle_of_a_non_gaussian_target(derived_store, tmp_
     equal to scoringrules' crps_csg0 on the validation dates read from the store."""
     import scoringrules as sr
 
-    cli = train.run(["fit", "-c", "configs/train/tiny_emos_tp24.yaml", "--data.cfg.store", str(derived_store),
-                     "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_model_summary", "false"])
+    cli = train.run(
+        [
+            "fit",
+            "-c",
+            "configs/train/tiny_emos_tp24.yaml",
+            "--data.cfg.store",
+            str(derived_store),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_model_summary",
+            "false",
+        ]
+    )
     logged = float(cli.trainer.callback_metrics["val_oracle_crps"])
     ds = contract.open_store(derived_store)
     rows = contract.split_rows(ds, "val", target=schema.target("tp24"))
     step = contract.step_position(ds.get_index(schema.STEP), 48)
-    k, theta, delta, y = (ds[n].isel({schema.INIT_TIME: rows, schema.STEP: step}).values.astype(np.float64)
-                          for n in ("oracle_shape_tp24", "oracle_scale_tp24", "oracle_shift_tp24", "truth_tp24"))
+    k, theta, delta, y = (
+        ds[n].isel({schema.INIT_TIME: rows, schema.STEP: step}).values.astype(np.float64)
+        for n in ("oracle_shape_tp24", "oracle_scale_tp24", "oracle_shift_tp24", "truth_tp24")
+    )
     assert logged == pytest.approx(sr.crps_csg0(y, k, scale=theta, shift=delta).mean(), rel=1e-4)

@@ -18,8 +18,9 @@ from postcast.datasets import contract, schema
 from postcast.datasets.synth import synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
 
-RAW = SynthConfig(seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=2, levels=(850,),
-                  targets=("t2m", "ws10", "tp24"))
+RAW = SynthConfig(
+    seed=5, resolution=10.0, years=(2016, 2017), dates_per_year=2, levels=(850,), targets=("t2m", "ws10", "tp24")
+)
 LAT = np.arange(90.0, -91.0, -10.0)  # ERA5 order: north -> south (19)
 LON = np.arange(0.0, 360.0, 10.0)  # 36
 
@@ -38,13 +39,20 @@ def forecasts(tmp_path_factory: pytest.TempPathFactory) -> tuple:
 
 def _valid_times(inits: pd.DatetimeIndex, every_h: int) -> pd.DatetimeIndex:
     """Valid times every ``every_h`` hours up to +48 h from 12 h before each init on (gaps between the dates)."""
-    spans = [pd.date_range(end=t + pd.Timedelta(hours=48), periods=60 // every_h + 1, freq=f"{every_h}h")
-             for t in inits]
+    spans = [
+        pd.date_range(end=t + pd.Timedelta(hours=48), periods=60 // every_h + 1, freq=f"{every_h}h") for t in inits
+    ]
     return spans[0].append(spans[1:]).unique().sort_values()
 
 
-def _era5(path, inits: pd.DatetimeIndex, *, every_h: int = 1, tp_units: str = "m",
-          names: tuple[str, ...] = ("u10", "v10", "tp", "t2m")) -> xr.Dataset:
+def _era5(
+    path,
+    inits: pd.DatetimeIndex,
+    *,
+    every_h: int = 1,
+    tp_units: str = "m",
+    names: tuple[str, ...] = ("u10", "v10", "tp", "t2m"),
+) -> xr.Dataset:
     """An ERA5-like netCDF file (dims valid_time, latitude, longitude) with the variables ``names``
     (u-like and v-like names get wind, tp precipitation amounts per interval, t2m temperature)."""
     rng = np.random.default_rng(every_h)
@@ -54,23 +62,38 @@ def _era5(path, inits: pd.DatetimeIndex, *, every_h: int = 1, tp_units: str = "m
     tp[:, 0, 0] = -1e-7  # packing noise: a cell whose 24 h sum is negative (clipped to 0)
     if tp_units == "mm":
         tp *= 1000.0
-    fields = {"u": (rng.normal(0.0, 6.0, shape), "m s**-1"), "v": (rng.normal(0.0, 6.0, shape), "m s**-1"),
-              "tp": (tp, tp_units), "t": (rng.normal(285.0, 5.0, shape), "K")}
+    fields = {
+        "u": (rng.normal(0.0, 6.0, shape), "m s**-1"),
+        "v": (rng.normal(0.0, 6.0, shape), "m s**-1"),
+        "tp": (tp, tp_units),
+        "t": (rng.normal(285.0, 5.0, shape), "K"),
+    }
     data = {n: (("valid_time", "latitude", "longitude"), *fields[_kind(n)]) for n in names}
-    ds = xr.Dataset({n: (d, v.astype(np.float32), {"units": u}) for n, (d, v, u) in data.items()},
-                    coords={"valid_time": times, "latitude": LAT, "longitude": LON})
+    ds = xr.Dataset(
+        {n: (d, v.astype(np.float32), {"units": u}) for n, (d, v, u) in data.items()},
+        coords={"valid_time": times, "latitude": LAT, "longitude": LON},
+    )
     ds.to_netcdf(path, engine="netcdf4")
     return ds
 
 
 def _kind(name: str) -> str:
-    return {"u10": "u", "10u": "u", "eastward_wind": "u", "v10": "v", "10v": "v", "northward_wind": "v",
-            "tp": "tp", "t2m": "t"}[name]
+    return {
+        "u10": "u",
+        "10u": "u",
+        "eastward_wind": "u",
+        "v10": "v",
+        "10v": "v",
+        "northward_wind": "v",
+        "tp": "tp",
+        "t2m": "t",
+    }[name]
 
 
 def _ingest(cli, src, truth, out):
-    return cli("ingest", str(src), "--truth", str(truth), "--out", str(out), "--threads",
-               "--variables", "u10,v10,tp,t2m")
+    return cli(
+        "ingest", str(src), "--truth", str(truth), "--out", str(out), "--threads", "--variables", "u10,v10,tp,t2m"
+    )
 
 
 def _truth_at(out, name: str, h: int) -> xr.DataArray:
@@ -82,8 +105,12 @@ def _truth_at(out, name: str, h: int) -> xr.DataArray:
 
 def _tp24(era: xr.Dataset, valid: pd.DatetimeIndex, every_h: int, factor: float) -> np.ndarray:
     """By hand: the sum of the amounts at valid - 24 h + every_h ... valid, x factor, clipped at 0."""
-    sums = [sum(era["tp"].sel(valid_time=v - pd.Timedelta(hours=k)).values.astype(np.float64)
-                for k in range(0, 24, every_h)) for v in valid]
+    sums = [
+        sum(
+            era["tp"].sel(valid_time=v - pd.Timedelta(hours=k)).values.astype(np.float64) for k in range(0, 24, every_h)
+        )
+        for v in valid
+    ]
     return np.maximum(np.stack(sums), 0.0) * factor
 
 
@@ -132,8 +159,10 @@ def test_tp24_in_mm_every_6_hours(forecasts, cli, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = _tp24(era, inits + pd.Timedelta(hours=48), 6, 1.0)
     np.testing.assert_allclose(_truth_at(tmp_path / "s.zarr", "truth_tp24", 48).values, want, rtol=1e-5, atol=1e-6)
-    ws = np.hypot(era["10u"].sel(valid_time=inits + pd.Timedelta(hours=48)).values,
-                  era["10v"].sel(valid_time=inits + pd.Timedelta(hours=48)).values)
+    ws = np.hypot(
+        era["10u"].sel(valid_time=inits + pd.Timedelta(hours=48)).values,
+        era["10v"].sel(valid_time=inits + pd.Timedelta(hours=48)).values,
+    )
     np.testing.assert_allclose(_truth_at(tmp_path / "s.zarr", "truth_ws10", 48).values, ws, rtol=1e-6)
 
 
@@ -163,15 +192,18 @@ def _irregular(path, inits):
     era.assign_coords(valid_time=times).to_netcdf(path)
 
 
-@pytest.mark.parametrize(("case", "said"), [("5h", "valid times every 5 h;"),
-                                            ("irregular", "valid times at irregular spacings (0.5 h, 1 h")])
+@pytest.mark.parametrize(
+    ("case", "said"), [("5h", "valid times every 5 h;"), ("irregular", "valid times at irregular spacings (0.5 h, 1 h")]
+)
 def test_tp_at_a_spacing_that_does_not_divide_24h_is_refused_in_one_line(forecasts, capsys, tmp_path, case, said):
     src, inits = forecasts
     truth = tmp_path / f"era5_{case}.nc"
     _era5(truth, inits, every_h=5) if case == "5h" else _irregular(truth, inits)
     out = tmp_path / "s.zarr"
-    res = in_process(["ingest", str(src), "--truth", str(truth), "--out", str(out), "--threads",
-                      "--variables", "u10,v10,tp,t2m"], capsys)
+    res = in_process(
+        ["ingest", str(src), "--truth", str(truth), "--out", str(out), "--threads", "--variables", "u10,v10,tp,t2m"],
+        capsys,
+    )
     assert_ok(f"ingest: truth tp at spacing {case}", res, safe=not contract.is_complete(out))
     assert res.code == 65
     assert f"{truth}: tp (precipitation) has {said}" in res.error_lines[0]
@@ -182,8 +214,20 @@ def test_truth_of_u10_alone_is_refused_naming_what_ws10_needs(forecasts, capsys,
     src, inits = forecasts
     _era5(tmp_path / "era5_u_only.nc", inits, names=("u10",))
     out = tmp_path / "s.zarr"
-    res = in_process(["ingest", str(src), "--truth", str(tmp_path / "era5_u_only.nc"), "--out", str(out),
-                      "--threads", "--variables", "u10,v10,tp,t2m"], capsys)
+    res = in_process(
+        [
+            "ingest",
+            str(src),
+            "--truth",
+            str(tmp_path / "era5_u_only.nc"),
+            "--out",
+            str(out),
+            "--threads",
+            "--variables",
+            "u10,v10,tp,t2m",
+        ],
+        capsys,
+    )
     assert_ok("ingest: truth with u10 alone", res, safe=not contract.is_complete(out))
     assert res.code == 66 and "ws10 is computed from u10 and v10" in res.error_lines[0]
 
@@ -201,16 +245,28 @@ def test_evaluate_scores_ws10_on_the_derived_truth(hourly, cli, tmp_path):
     """`postcast evaluate --targets ws10` on the store: the raw members' fair CRPS is that of hypot(u10, v10)
     members against the truth's hypot(u10, v10) (scoringrules)."""
     era, out, _ = hourly
-    proc = cli("evaluate", str(out), "--targets", "ws10", "--split", "test", "--bootstrap", "20",
-               "--out", str(tmp_path / "eval"))
+    proc = cli(
+        "evaluate",
+        str(out),
+        "--targets",
+        "ws10",
+        "--split",
+        "test",
+        "--bootstrap",
+        "20",
+        "--out",
+        str(tmp_path / "eval"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "eval" / "metrics.json").read_text())["targets"]["ws10"]
     ds = contract.open_store(out)
     step = contract.step_position(ds.get_index(schema.STEP), 48)
     at = {n: ds[n].isel({schema.STEP: step}).values.astype(np.float64) for n in ("u10", "v10", "truth_ws10")}
     x = np.hypot(at["u10"], at["v10"])  # (T, M, lat, lon)
-    y = np.hypot(era["u10"].sel(valid_time=ds[schema.INIT_TIME].values + np.timedelta64(48, "h")).values,
-                 era["v10"].sel(valid_time=ds[schema.INIT_TIME].values + np.timedelta64(48, "h")).values)
+    y = np.hypot(
+        era["u10"].sel(valid_time=ds[schema.INIT_TIME].values + np.timedelta64(48, "h")).values,
+        era["v10"].sel(valid_time=ds[schema.INIT_TIME].values + np.timedelta64(48, "h")).values,
+    )
     np.testing.assert_allclose(at["truth_ws10"], y[:, ::-1], rtol=1e-6)  # the store is south -> north
     crps = sr.crps_ensemble(y[:, ::-1], x, m_axis=1, estimator="fair").mean()
     np.testing.assert_allclose(res["raw_ensemble"]["global"]["crps_fair"], crps, rtol=1e-6)
@@ -219,13 +275,13 @@ def test_evaluate_scores_ws10_on_the_derived_truth(hourly, cli, tmp_path):
 def test_tp24_truth_of_an_in_memory_dataset_in_microseconds(forecasts, tmp_path):
     """pandas 3 / xarray keep datetime64[us] for data built in memory: the spacing was read as nanoseconds
     (1 h as 3.6 ms), and every tp24 truth came out NaN without a word."""
-    from postcast.datasets.sources import conventions
+    from postcast.datasets.sources import derived
 
     _, inits = forecasts
     ds = _era5(tmp_path / "era5.nc", inits)
     us = ds.assign_coords(valid_time=ds["valid_time"].values.astype("datetime64[us]"))
     assert us["valid_time"].dtype == np.dtype("datetime64[us]")
-    got = conventions.normalise_truth(us)["truth_tp24"].load()
-    want = conventions.normalise_truth(xr.open_dataset(tmp_path / "era5.nc"))["truth_tp24"].load()
+    got = derived.normalise_truth(us)["truth_tp24"].load()
+    want = derived.normalise_truth(xr.open_dataset(tmp_path / "era5.nc"))["truth_tp24"].load()
     assert np.isfinite(got.values).any()
     np.testing.assert_allclose(got.values, want.values, rtol=1e-6)

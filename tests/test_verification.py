@@ -15,6 +15,7 @@ import xarray as xr
 from postcast.datasets import contract, schema
 from postcast.datasets.core import geo
 from postcast.pipeline import evaluate, gather, significance, verification
+from postcast.pipeline.chunk import Chunk
 
 LAT = np.array([-75.0, -45.0, -15.0, 15.0, 45.0, 75.0])
 LON = np.arange(0.0, 360.0, 45.0)
@@ -25,9 +26,15 @@ def make_ver(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray, members: np.ndarr
     forecast "raw" (T, lat, lon), members (T, M, lat, lon) and the truth."""
     t = np.arange(y.shape[0]).astype("datetime64[D]")
     dims = ("init_time", "latitude", "longitude")
-    ds = xr.Dataset({"truth": (dims, y), "members": (("init_time", "member", *dims[1:]), members),
-                     "mu": (("forecast", *dims), mu[None]), "sigma": (("forecast", *dims), sigma[None])},
-                    coords={"forecast": ["raw"], "init_time": t, "latitude": LAT, "longitude": LON})
+    ds = xr.Dataset(
+        {
+            "truth": (dims, y),
+            "members": (("init_time", "member", *dims[1:]), members),
+            "mu": (("forecast", *dims), mu[None]),
+            "sigma": (("forecast", *dims), sigma[None]),
+        },
+        coords={"forecast": ["raw"], "init_time": t, "latitude": LAT, "longitude": LON},
+    )
     ds.attrs.update(target="t850", step_h=48, split="test", units="K")
     return ds
 
@@ -47,10 +54,16 @@ def scores(ver: xr.Dataset, efi: np.ndarray | None = None) -> dict[str, float]:
     efi = np.full(ver["truth"].shape, 0.5) if efi is None else efi
     res = evaluate.score(ver, efi, bootstrap=20)
     g, ens = res["forecasts"]["raw"]["global"], res["raw_ensemble"]["global"]
-    return {"crps": g["crps"], "crps_weighted": g["crps_weighted"], "eecrps": g["eecrps"],
-            "eecrps_weighted": g["eecrps_weighted"], "crps_fair": ens["crps_fair"],
-            "crps_fair_weighted": ens["crps_fair_weighted"], "crps_standard": ens["crps_standard"],
-            "crps_standard_weighted": ens["crps_standard_weighted"]}
+    return {
+        "crps": g["crps"],
+        "crps_weighted": g["crps_weighted"],
+        "eecrps": g["eecrps"],
+        "eecrps_weighted": g["eecrps_weighted"],
+        "crps_fair": ens["crps_fair"],
+        "crps_fair_weighted": ens["crps_fair_weighted"],
+        "crps_standard": ens["crps_standard"],
+        "crps_standard_weighted": ens["crps_standard_weighted"],
+    }
 
 
 def weighted_mean(s: np.ndarray, lat: np.ndarray = LAT) -> float:
@@ -122,8 +135,12 @@ def test_a_field_varying_only_with_latitude_gives_the_analytic_area_weighted_mea
 
 def test_the_weighted_score_of_one_date_equals_that_date_repeated():
     one = random_ver(4, t=1)
-    rep = make_ver(*(np.repeat(one[v].values[0 if v in ("mu", "sigma") else slice(None)], 6, axis=0)
-                     for v in ("mu", "sigma", "truth", "members")))
+    rep = make_ver(
+        *(
+            np.repeat(one[v].values[0 if v in ("mu", "sigma") else slice(None)], 6, axis=0)
+            for v in ("mu", "sigma", "truth", "members")
+        )
+    )
     a, b = scores(one), scores(rep)
     for name, value in a.items():
         assert b[name] == pytest.approx(value, rel=1e-12), name
@@ -208,7 +225,7 @@ def test_unbiased_spread_skill_is_one_for_a_perfect_small_ensemble():
     mu = rng.normal(size=shape)
     members = mu[:, None] + rng.normal(size=(t, m, *shape[1:]))
     y = mu + rng.normal(size=shape)
-    c = verification.Chunk(y, np.zeros(shape), members=members)
+    c = Chunk(y, np.zeros(shape), members=members)
     total, _ = verification.score_chunk(c, LAT, LON)
     i = [mm.name for mm in verification.METRICS].index("spread_skill")
     written = np.sqrt((m + 1) / m * members.var(axis=1, ddof=1).mean()) / np.sqrt(((members.mean(1) - y) ** 2).mean())
@@ -221,7 +238,7 @@ def test_reliability_of_a_calibrated_gaussian_follows_the_diagonal():
     shape = (300, LAT.size, LON.size)
     mu, sigma = rng.normal(size=shape) * 2, rng.uniform(0.5, 1.5, shape)
     y = mu + sigma * rng.normal(size=shape)
-    c = verification.Chunk(y, np.zeros(shape), mu=mu, sigma=sigma)
+    c = Chunk(y, np.zeros(shape), mu=mu, sigma=sigma)
     q = np.full(shape[1:], 1.0)
     p = verification.exceedance(c, q, above=True)
     np.testing.assert_allclose(p, 1 - scipy_norm_cdf(q, mu, sigma), rtol=1e-12)
@@ -250,15 +267,19 @@ def test_evaluate_writes_every_lead_significance_and_decomposition(store, tmp_pa
     assert np.isfinite(crps.sel(forecast=["raw", "oracle", "raw_ensemble"])).all()
     assert bool((crps.diff("lead") > 0).all())  # errors grow with lead
     dec = ds["decomposition"].sel(target="t850", region="global")
-    np.testing.assert_allclose(dec.sel(component="crps"), dec.sel(component="reliability")
-                               - dec.sel(component="resolution") + dec.sel(component="uncertainty"), rtol=1e-10)
+    np.testing.assert_allclose(
+        dec.sel(component="crps"),
+        dec.sel(component="reliability") - dec.sel(component="resolution") + dec.sel(component="uncertainty"),
+        rtol=1e-10,
+    )
     summary = json.loads((out / "metrics.json").read_text())["targets"]["t850"]
     assert summary == res["targets"]["t850"] | {"leads": summary["leads"]}
     assert summary["lead_h"] == 48 and set(summary["leads"]) == {"0", "24", "48"}
     g = summary["forecasts"]["oracle"]["global"]
     assert g["crps_weighted"] == pytest.approx(float(crps.sel(forecast="oracle", lead=48)))
-    assert g["crps_minus_raw"]["significant"] == bool(ds["significant"].sel(
-        target="t850", lead=48, forecast="oracle", region="global", weighting="none"))
+    assert g["crps_minus_raw"]["significant"] == bool(
+        ds["significant"].sel(target="t850", lead=48, forecast="oracle", region="global", weighting="none")
+    )
     page = (out / "report.html").read_text()
     assert all(f"+{h} h" in page for h in (0, 24, 48)) and "reliability_t850.png" in page
     assert "decomposition_t850.png" in page and "skill_vs_lead_t850.png" in page
@@ -267,10 +288,11 @@ def test_evaluate_writes_every_lead_significance_and_decomposition(store, tmp_pa
 def md_column(text: str, header: str) -> dict[str, str]:
     """The cells under ``header`` of the first markdown table that has it, by the row's first cell."""
     lines = text.splitlines()
-    at = next(i for i, (ln, rule) in enumerate(itertools.pairwise(lines))
-              if rule.startswith("|---") and f"| {header} |" in ln)
+    at = next(
+        i for i, (ln, rule) in enumerate(itertools.pairwise(lines)) if rule.startswith("|---") and f"| {header} |" in ln
+    )
     j = [c.strip() for c in lines[at].split("|")].index(header)
-    rows = [[c.strip() for c in ln.split("|")] for ln in itertools.takewhile(str.strip, lines[at + 2:])]
+    rows = [[c.strip() for c in ln.split("|")] for ln in itertools.takewhile(str.strip, lines[at + 2 :])]
     return {r[1]: r[j] for r in rows}
 
 
@@ -281,17 +303,25 @@ def test_a_registered_metric_reaches_metrics_json_results_nc_and_the_report(stor
     value of a hand computation."""
     import json
 
-    mae = verification.Metric("mae", "MAE", "mean absolute error of the forecast mean",
-                              lambda c: {"value": np.abs(c.mean - c.truth)}, weighted=True)
+    mae = verification.Metric(
+        "mae",
+        "MAE",
+        "mean absolute error of the forecast mean",
+        lambda c: {"value": np.abs(c.mean - c.truth)},
+        weighted=True,
+    )
     monkeypatch.setattr(verification, "METRICS", (*verification.METRICS, mae))
     out = tmp_path / "eval"
     evaluate.evaluate(evaluate.EvalConfig(store=str(store), targets=("t850",), out=str(out), bootstrap=20))
     summary = json.loads((out / "metrics.json").read_text())["targets"]["t850"]
-    ver = gather.verification_dataset(contract.open_store(store), schema.target("t850"), "test",
-                                        step_h=summary["lead_h"])
+    ver = gather.verification_dataset(
+        contract.open_store(store), schema.target("t850"), "test", step_h=summary["lead_h"]
+    )
     y, units = ver["truth"].values, ver.attrs["units"]
-    errors = {"raw": np.abs(ver["mu"].sel(forecast="raw").values - y),
-              gather.ENSEMBLE: np.abs(ver["members"].values.mean(axis=1) - y)}
+    errors = {
+        "raw": np.abs(ver["mu"].sel(forecast="raw").values - y),
+        gather.ENSEMBLE: np.abs(ver["members"].values.mean(axis=1) - y),
+    }
     want = {f: e.mean() for f, e in errors.items()}
     want_w = {f: weighted_mean(e, ver["latitude"].values) for f, e in errors.items()}
 
@@ -301,13 +331,18 @@ def test_a_registered_metric_reaches_metrics_json_results_nc_and_the_report(stor
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     for f in errors:
         assert (in_json[f]["mae"], in_json[f]["mae_weighted"]) == pytest.approx((want[f], want_w[f]), rel=1e-12), f
-        assert (float(in_nc.sel(forecast=f, weighting="none")), float(in_nc.sel(forecast=f, weighting="area"))
-                ) == pytest.approx((want[f], want_w[f]), rel=1e-12), f
+        assert (
+            float(in_nc.sel(forecast=f, weighting="none")),
+            float(in_nc.sel(forecast=f, weighting="area")),
+        ) == pytest.approx((want[f], want_w[f]), rel=1e-12), f
         in_md = md_column(md, f)
         assert (in_md[mae.label], in_md[f"{mae.label}, area-w."]) == (f"{want[f]:{mae.fmt}}", f"{want_w[f]:{mae.fmt}}")
     about = ds.sel(target="t850", metric="mae")
-    assert (str(about["metric_label"].values), str(about["metric_description"].values),
-            str(about["metric_units"].values)) == (mae.label, mae.description, units)
+    assert (
+        str(about["metric_label"].values),
+        str(about["metric_description"].values),
+        str(about["metric_units"].values),
+    ) == (mae.label, mae.description, units)
     assert md_column(md, "units")[mae.label] == units and f"<td>{mae.label}, area-w.</td>" in page
     assert f"- {mae.label}: {mae.description}" in md and f"<li>{mae.label}: {mae.description}</li>" in page
 
@@ -319,6 +354,6 @@ def test_one_member_is_refused_not_mistaken_for_a_missing_numba():
 
     rng = np.random.default_rng(0)
     y = rng.normal(size=(3, 4, 5))
-    chunk = verification.Chunk(y, np.zeros_like(y), members=rng.normal(size=(3, 1, 4, 5)))  # (T, M=1, lat, lon)
+    chunk = Chunk(y, np.zeros_like(y), members=rng.normal(size=(3, 1, 4, 5)))  # (T, M=1, lat, lon)
     with pytest.raises(BadInputError, match="1 ensemble member"):
         chunk.ensemble_crps  # noqa: B018

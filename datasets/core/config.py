@@ -201,8 +201,10 @@ def check_yaml(text: str, where: str) -> None:
     finally:
         reader.dispose()
     if nodes > MAX_YAML_NODES:
-        msg = (f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (aliases repeating aliases, "
-               "an alias bomb?); write the values out instead of nesting aliases")
+        msg = (
+            f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (aliases repeating aliases, "
+            "an alias bomb?); write the values out instead of nesting aliases"
+        )
         raise ConfigError(msg)
 
 

@@ -56,8 +56,7 @@ class Grid:
     def __post_init__(self) -> None:
         n_lat, n_lon = 180.0 / self.resolution, 360.0 / self.resolution
         if self.resolution <= 0 or abs(n_lat - round(n_lat)) > 1e-9 or abs(n_lon - round(n_lon)) > 1e-9:
-            msg = (f"grid resolution {self.resolution} deg does not divide 180 and 360; "
-                   "use e.g. 0.5, 1, 2, 2.5, 3, 4, 5")
+            msg = f"grid resolution {self.resolution} deg does not divide 180 and 360; use e.g. 0.5, 1, 2, 2.5, 3, 4, 5"
             raise ValueError(msg)
         if self.area is not None:
             self._check_area(tuple(float(a) for a in self.area))
@@ -65,10 +64,13 @@ class Grid:
     def _check_area(self, area: tuple[float, ...]) -> None:
         s, n, w, e = area
         spans = ((n - s) / self.resolution, (e - w) / self.resolution)
-        if not (-90 <= s < n <= 90 and 0 <= w < 360 and w < e < w + 360
-                and all(abs(x - round(x)) < 1e-6 for x in spans)):
-            msg = (f"grid area {list(area)} (south, north, west, east): need -90 <= south < north <= 90, "
-                   f"0 <= west < 360, west < east < west + 360, spans that are multiples of {self.resolution:g} deg")
+        if not (
+            -90 <= s < n <= 90 and 0 <= w < 360 and w < e < w + 360 and all(abs(x - round(x)) < 1e-6 for x in spans)
+        ):
+            msg = (
+                f"grid area {list(area)} (south, north, west, east): need -90 <= south < north <= 90, "
+                f"0 <= west < 360, west < east < west + 360, spans that are multiples of {self.resolution:g} deg"
+            )
             raise ValueError(msg)
 
     @property
@@ -103,8 +105,11 @@ class Grid:
 
     def describe(self) -> str:
         """For provenance and messages: 'regular_ll 1 deg global 181x360' or '... lat 30..70 lon 340..400 41x61'."""
-        where = "global" if self.area is None else (f"lat {self.area[0]:g}..{self.area[1]:g} "
-                                                    f"lon {self.area[2]:g}..{self.area[3]:g}")
+        where = (
+            "global"
+            if self.area is None
+            else (f"lat {self.area[0]:g}..{self.area[1]:g} lon {self.area[2]:g}..{self.area[3]:g}")
+        )
         return f"regular_ll {self.resolution:g} deg {where} {self.n_lat}x{self.n_lon}"
 
     @classmethod
@@ -121,12 +126,16 @@ class Grid:
         if regional and (lat.size != grid.n_lat or lon.size != grid.n_lon):
             return cls._regional(lat, lon, grid.resolution)
         if lat.size != grid.n_lat or lon.size != grid.n_lon:
-            msg = (f"not a global {res} deg grid: got {lat.size} x {lon.size} points, expected "
-                   f"{grid.n_lat} x {grid.n_lon} (latitude -90..90 with both poles, longitude 0..360)")
+            msg = (
+                f"not a global {res} deg grid: got {lat.size} x {lon.size} points, expected "
+                f"{grid.n_lat} x {grid.n_lon} (latitude -90..90 with both poles, longitude 0..360)"
+            )
             raise ValueError(msg)
         if not (np.allclose(lat, grid.latitudes(), atol=1e-4) and np.allclose(lon, grid.longitudes(), atol=1e-4)):
-            msg = (f"grid coordinates are not the regular {res} deg grid (latitude {lat[0]}..{lat[-1]}, "
-                   f"longitude {lon[0]}..{lon[-1]}); regrid to a global regular grid first")
+            msg = (
+                f"grid coordinates are not the regular {res} deg grid (latitude {lat[0]}..{lat[-1]}, "
+                f"longitude {lon[0]}..{lon[-1]}); regrid to a global regular grid first"
+            )
             raise ValueError(msg)
         return grid
 
@@ -138,7 +147,9 @@ class Grid:
         area = (s, n, w, e)
         grid = cls(res, area)
         if not (np.allclose(lat, grid.latitudes(), atol=1e-4) and np.allclose(lon_u, grid.longitudes(), atol=1e-4)):
-            msg = (f"not an evenly spaced {res:g} deg grid (latitude {lat[0]}..{lat[-1]}, longitude "
-                   f"{lon[0]}..{lon[-1]} in steps of {res:g})")
+            msg = (
+                f"not an evenly spaced {res:g} deg grid (latitude {lat[0]}..{lat[-1]}, longitude "
+                f"{lon[0]}..{lon[-1]} in steps of {res:g})"
+            )
             raise ValueError(msg)
         return grid

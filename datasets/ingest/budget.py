@@ -21,13 +21,15 @@ class StatisticsOptions(Protocol):
     @property
     def one_pass_max_gb(self) -> float | None: ...
 
+
 TASK_BYTES = 64 * 2**20  # member data per date task, and per read chunk of the two-pass statistics
 
 
 def _fields(plan: sources.Plan) -> int:
     """Member fields per (member, step): a pressure-level variable counts once per level."""
-    return sum(len(plan.levels) if plan.variable(v).level_type is schema.LevelType.PRESSURE else 1
-               for v in plan.variables)
+    return sum(
+        len(plan.levels) if plan.variable(v).level_type is schema.LevelType.PRESSURE else 1 for v in plan.variables
+    )
 
 
 def date_bytes(plan: sources.Plan) -> int:
@@ -70,12 +72,17 @@ def one_pass(cfg: StatisticsOptions, plan: sources.Plan, worker_gb: float | None
     if cfg.statistics != "auto":
         return cfg.statistics == "one-pass"
     need = one_pass_bytes(plan) / 1e9
-    budget = cfg.one_pass_max_gb if cfg.one_pass_max_gb is not None else (
-        0.6 * worker_gb if worker_gb is not None else None)
+    budget = (
+        cfg.one_pass_max_gb if cfg.one_pass_max_gb is not None else (0.6 * worker_gb if worker_gb is not None else None)
+    )
     if budget is None or need > budget:
         source = "one_pass_max_gb" if cfg.one_pass_max_gb is not None else "60% of a worker's memory"
         why = "no worker reports its memory" if budget is None else f"over {budget:.1f} GB ({source})"
-        log.info("statistics in a second pass over the store: one-pass statistics would take %.1f GB per worker, "
-                 "%s; workers with more memory (or a larger one_pass_max_gb) take the one-pass path", need, why)
+        log.info(
+            "statistics in a second pass over the store: one-pass statistics would take %.1f GB per worker, "
+            "%s; workers with more memory (or a larger one_pass_max_gb) take the one-pass path",
+            need,
+            why,
+        )
         return False
     return True

@@ -39,15 +39,18 @@ def check_local_workers(workers: int) -> None:
     gb = psutil.virtual_memory().total / 1e9
     bound = max(1, min(WORKERS_PER_CORE * cores, int(gb / MIN_WORKER_GB)))
     if workers > bound:
-        msg = (f"--workers {workers}: this machine has {cores} cores and {gb:.0f} GB of memory, room for 1..{bound} "
-               f"local workers ({WORKERS_PER_CORE} per core, {MIN_WORKER_GB:g} GB each); pass at most {bound}, or "
-               "--scheduler for a larger cluster")
+        msg = (
+            f"--workers {workers}: this machine has {cores} cores and {gb:.0f} GB of memory, room for 1..{bound} "
+            f"local workers ({WORKERS_PER_CORE} per core, {MIN_WORKER_GB:g} GB each); pass at most {bound}, or "
+            "--scheduler for a larger cluster"
+        )
         raise ConfigError(msg)
 
 
 @contextmanager
-def dask_client(scheduler: str | None, workers: int, processes: bool = True, *,
-                connect_timeout: float = 10.0) -> Iterator[Any]:
+def dask_client(
+    scheduler: str | None, workers: int, processes: bool = True, *, connect_timeout: float = 10.0
+) -> Iterator[Any]:
     """A dask.distributed client: the scheduler at an address (``tcp://HOST:PORT``) or named by a
     scheduler file (the JSON that ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi
     write), or a LocalCluster of worker processes. A missing or unreadable scheduler file, or a
@@ -62,16 +65,27 @@ def dask_client(scheduler: str | None, workers: int, processes: bool = True, *,
             client = Client(address, timeout=connect_timeout)
         except (OSError, TimeoutError) as err:
             named = address if address == scheduler else f"{address} (from {scheduler})"
-            msg = (f"no dask scheduler answers at {named} within {connect_timeout:g} s: start it (dask scheduler "
-                   "--scheduler-file F) or pass the address of a running one with --scheduler")
+            msg = (
+                f"no dask scheduler answers at {named} within {connect_timeout:g} s: start it (dask scheduler "
+                "--scheduler-file F) or pass the address of a running one with --scheduler"
+            )
             raise MissingInputError(msg) from err
         try:
             yield client
         finally:
             client.close()
         return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, dashboard_address=None,
-                      memory_limit=0, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=processes,
+            dashboard_address=None,
+            memory_limit=0,
+            silence_logs=logging.ERROR,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         quiet_task_failures()  # this process (thread workers): a failed task is reported once, by the driver
         if processes:  # and our own worker processes
             client.run(quiet_task_failures)
@@ -99,8 +113,10 @@ def scheduler_file_address(path: str) -> str:
     except (ValueError, AttributeError):
         address = None
     if not isinstance(address, str) or not address:
-        msg = (f"scheduler file {path} holds no scheduler address (JSON with \"address\", as `dask scheduler "
-               f"--scheduler-file {path}` writes it; empty while the scheduler starts): {fix}")
+        msg = (
+            f'scheduler file {path} holds no scheduler address (JSON with "address", as `dask scheduler '
+            f"--scheduler-file {path}` writes it; empty while the scheduler starts): {fix}"
+        )
         raise MissingInputError(msg)
     return address
 

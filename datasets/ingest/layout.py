@@ -42,7 +42,8 @@ def chunk_shapes(plan: sources.Plan) -> dict[str, tuple[int, ...]]:
         edims = tuple(d for d in dims if d != schema.MEMBER)
         eshape = tuple(n for d, n in zip(dims, shape, strict=True) if d != schema.MEMBER)
         out[contract.ens_mean(v)] = out[contract.ens_std(v)] = io.chunk_shape(
-            edims, eshape, whole=(schema.LAT, schema.LON), grow=grow)
+            edims, eshape, whole=(schema.LAT, schema.LON), grow=grow
+        )
     for tg in schema.TARGETS.values():
         for name in (contract.truth_name(tg.name), *contract.oracle_parameters(tg).values()):
             out[name] = (1, ns, ny, nx)
@@ -71,10 +72,14 @@ def template(plan: sources.Plan, *, truth: Sequence[str], oracle: Sequence[str],
         edims = tuple(d for d in dims if d != schema.MEMBER)  # the ensemble statistics: no member axis
         eshape = tuple(s for d, s in zip(dims, shape, strict=True) if d != schema.MEMBER)
         data[v] = xr.Variable(dims, empty(shape, v), attrs)
-        data[contract.ens_mean(v)] = xr.Variable(edims, empty(eshape, contract.ens_mean(v)),
-                                            {**attrs, "long_name": f"ensemble mean of {var.long_name}"})
-        data[contract.ens_std(v)] = xr.Variable(edims, empty(eshape, contract.ens_std(v)),
-                                           {**attrs, "long_name": f"ensemble std (ddof=0) of {var.long_name}"})
+        data[contract.ens_mean(v)] = xr.Variable(
+            edims, empty(eshape, contract.ens_mean(v)), {**attrs, "long_name": f"ensemble mean of {var.long_name}"}
+        )
+        data[contract.ens_std(v)] = xr.Variable(
+            edims,
+            empty(eshape, contract.ens_std(v)),
+            {**attrs, "long_name": f"ensemble std (ddof=0) of {var.long_name}"},
+        )
     tdims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
     for name in [*truth, *oracle]:
         tg = schema.target(name.split("_")[-1])  # truth_<target>, oracle_<parameter>_<target>
@@ -87,14 +92,20 @@ def _coordinates(plan: sources.Plan, splits: schema.Splits) -> dict[str, Any]:
     times = pd.DatetimeIndex(plan.init_times)
     steps = pd.to_timedelta(list(plan.steps_h), unit="h")
     return {
-        schema.INIT_TIME: times, schema.MEMBER: np.array(plan.members), schema.STEP: steps,
+        schema.INIT_TIME: times,
+        schema.MEMBER: np.array(plan.members),
+        schema.STEP: steps,
         schema.LEVEL: (schema.LEVEL, np.array(plan.levels, dtype=np.int64), {"units": "hPa"}),
         schema.LAT: (schema.LAT, plan.grid.latitudes(), {"units": "degrees_north", "standard_name": "latitude"}),
         schema.LON: (schema.LON, plan.grid.longitudes(), {"units": "degrees_east", "standard_name": "longitude"}),
         schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP), times.values[:, None] + steps.values[None, :]),
-        contract.SPLIT: (schema.INIT_TIME, np.array([contract.split_code(splits.split_of(t.year)) for t in times],
-                                                    dtype=np.int8),
-                         {"long_name": "data split of the init time",
-                          "flag_values": sorted(contract.SPLIT_CODES.values()),
-                          "flag_meanings": contract.SPLIT_FLAG_MEANINGS}),
+        contract.SPLIT: (
+            schema.INIT_TIME,
+            np.array([contract.split_code(splits.split_of(t.year)) for t in times], dtype=np.int8),
+            {
+                "long_name": "data split of the init time",
+                "flag_values": sorted(contract.SPLIT_CODES.values()),
+                "flag_meanings": contract.SPLIT_FLAG_MEANINGS,
+            },
+        ),
     }

@@ -55,8 +55,10 @@ def _acquire(path: Path, out: str | os.PathLike[str]) -> int:
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            msg = (f"{out}: another ingest ({holder}) is writing this store now; wait for it to finish or "
-                   f"choose another --out (the lock {path} is released when that process ends)")
+            msg = (
+                f"{out}: another ingest ({holder}) is writing this store now; wait for it to finish or "
+                f"choose another --out (the lock {path} is released when that process ends)"
+            )
             raise ConfigError(msg) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino

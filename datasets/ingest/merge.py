@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from postcast.datasets import contract, io, schema, sources, statistics
+from postcast.datasets.ingest import partials
 from postcast.datasets.ingest.cluster import keep_freed_memory
 from postcast.datasets.ingest.tasks import marker_name
 
@@ -33,7 +34,7 @@ def resume_state(plan: sources.Plan, done_dir: Path, stats_dir: Path, train: fro
     not in merged.npz, from the done-markers and merged.npz."""
     done = {p.name for p in done_dir.iterdir()}
     merged = stats_dir / MERGED
-    covered = set(statistics.partial_dates(merged)) if merged.exists() else set()
+    covered = set(partials.partial_dates(merged)) if merged.exists() else set()
     todo, prior = [], []
     for i, t in enumerate(plan.init_times):
         stamp = marker_name(t)
@@ -55,7 +56,7 @@ class Merger:
         self.unsaved = 0  # dates in self.acc since the last checkpoint
         self.acc: Any = None  # a future of the merged partials (None: nothing merged yet)
         if covered:
-            self.acc = client.submit(statistics.load_partials, str(stats_dir / MERGED), pure=False)
+            self.acc = client.submit(partials.load_partials, str(stats_dir / MERGED), pure=False)
 
     def add(self, fut: Any, stamps: list[str]) -> None:
         """Fold the partials of future ``fut`` (covering the dates ``stamps``) into the merge."""
@@ -63,23 +64,33 @@ class Merger:
             return
         # merges and checkpoints run before waiting date tasks (priority): a finished date's partials are
         # folded in at once, not held until the queue drains
-        self.acc = fut if self.acc is None else self.client.submit(statistics.combine_fields, self.acc, fut,
-                                                                    pure=False, priority=MERGE_PRIORITY)
+        self.acc = (
+            fut
+            if self.acc is None
+            else self.client.submit(statistics.combine_fields, self.acc, fut, pure=False, priority=MERGE_PRIORITY)
+        )
         self.covered += stamps
         self.unsaved += len(stamps)
         if self.unsaved >= self.every:
-            self.acc = self.client.submit(checkpoint_partials, self.acc, str(self.stats_dir / MERGED),
-                                          sorted(self.covered), pure=False, priority=MERGE_PRIORITY)
+            self.acc = self.client.submit(
+                checkpoint_partials,
+                self.acc,
+                str(self.stats_dir / MERGED),
+                sorted(self.covered),
+                pure=False,
+                priority=MERGE_PRIORITY,
+            )
             self.unsaved = 0
 
 
-def checkpoint_partials(parts: statistics.FieldPartials | None, path: str,
-                        dates: list[str]) -> statistics.FieldPartials | None:
+def checkpoint_partials(
+    parts: statistics.FieldPartials | None, path: str, dates: list[str]
+) -> statistics.FieldPartials | None:
     """Save merged partials (and the dates they cover) atomically; returns ``parts`` (a pass-through link
     in the chain of merges)."""
     if parts is not None:
         with io.atomic_path(path) as tmp:
-            statistics.save_partials(parts, tmp, dates=dates)
+            partials.save_partials(parts, tmp, dates=dates)
     return parts
 
 
@@ -99,8 +110,9 @@ def statistics_template(store_path: Path) -> None:
     io.write_template(tmpl, store_path, chunks=chunks, group=contract.STATISTICS_GROUP)
 
 
-def write_statistics(parts: statistics.FieldPartials | None, store_path: str, train_times: np.ndarray,
-                     splits: schema.Splits) -> None:
+def write_statistics(
+    parts: statistics.FieldPartials | None, store_path: str, train_times: np.ndarray, splits: schema.Splits
+) -> None:
     """Write the statistics group from the merged partials (a task: it runs where they are) into the arrays
     :func:`statistics_template` created."""
     keep_freed_memory()

@@ -17,8 +17,16 @@ class Progress:
     bytes, this run only) and an ETA from that rate. A log line (INFO) every ``every_dates`` dates
     (default: a tenth of the run) or ``every_s`` seconds, whichever comes first, and at the end."""
 
-    def __init__(self, total: int, done: int, bytes_per_date: int, *, every_s: float = 10.0,
-                 every_dates: int | None = None, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int,
+        done: int,
+        bytes_per_date: int,
+        *,
+        every_s: float = 10.0,
+        every_dates: int | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
         self.total, self.done, self._first = total, done, done
         self.bytes_per_date, self.every_s = bytes_per_date, every_s
         self.every_dates = every_dates or max(1, (total - done) // 10)
@@ -48,14 +56,18 @@ class Progress:
         """``n`` more dates are done: log a line when due."""
         self.done += n
         now = self._clock()
-        if (self.done >= self.total or now - self._last_t >= self.every_s
-                or self.done - self._last_done >= self.every_dates):
+        if (
+            self.done >= self.total
+            or now - self._last_t >= self.every_s
+            or self.done - self._last_done >= self.every_dates
+        ):
             log.info("%s", self.line())
             self._last_t, self._last_done = now, self.done
 
 
-def as_completed(futures: list[Any], weights: list[int], meter: Progress, *, bar: bool,
-                 desc: str = "ingest") -> Iterator[tuple[Any, int]]:
+def as_completed(
+    futures: list[Any], weights: list[int], meter: Progress, *, bar: bool, desc: str = "ingest"
+) -> Iterator[tuple[Any, int]]:
     """Yield (future, weight) as futures complete, with a tqdm bar (``bar``) counting weights (dates) and
     showing MB/s, and ``meter``'s log lines. Empties ``futures``, so that each result is held only until
     merged."""
@@ -65,8 +77,7 @@ def as_completed(futures: list[Any], weights: list[int], meter: Progress, *, bar
     weight = {f.key: w for f, w in zip(futures, weights, strict=True)}
     pending = completing(futures)
     futures.clear()
-    with tqdm(total=meter.total, initial=meter.done, desc=desc, unit="date", disable=not bar,
-              mininterval=1.0) as shown:
+    with tqdm(total=meter.total, initial=meter.done, desc=desc, unit="date", disable=not bar, mininterval=1.0) as shown:
         for fut in pending:
             n = weight.pop(fut.key)
             yield fut, n

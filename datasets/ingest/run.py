@@ -121,8 +121,7 @@ class IngestConfig:
 
     @property
     def expectation(self) -> sources.Expectation:
-        return sources.Expectation(self.variables, self.levels, self.members, self.steps, self.grid,
-                                   self.regrid_method)
+        return sources.Expectation(self.variables, self.levels, self.members, self.steps, self.grid, self.regrid_method)
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the store's content (not how it is computed): every field
@@ -144,8 +143,10 @@ def _same_inputs(cfg: IngestConfig, out: Path) -> None:
     now = json.loads(json.dumps(asdict(cfg), default=str))
     content = [f.name for f in fields(cfg) if not f.metadata.get("execution")]
     differs = [k for k in content if before.get(k) != now.get(k)] or ["the source's resolved path"]
-    msg = (f"{out} is a complete store made from other inputs or options ({', '.join(differs)} differ): pass "
-           "--overwrite to rebuild it, or choose another --out")
+    msg = (
+        f"{out} is a complete store made from other inputs or options ({', '.join(differs)} differ): pass "
+        "--overwrite to rebuild it, or choose another --out"
+    )
     raise ConfigError(msg)
 
 
@@ -157,7 +158,6 @@ class IngestResult:
     n_written: int
     seconds: float
     bytes_read: int = 0
-
 
 
 @dataclass(frozen=True)
@@ -242,8 +242,14 @@ def _ingest(cfg: IngestConfig) -> IngestResult:
     io.replace(run.store, out)
     io.remove(run.partial)
     log.info("wrote %s (%d init dates)", out, len(plan.init_times))
-    return IngestResult(out, False, len(plan.init_times), len(todo), time.perf_counter() - start,
-                        len(todo) * ingest_budget.date_bytes(plan))
+    return IngestResult(
+        out,
+        False,
+        len(plan.init_times),
+        len(todo),
+        time.perf_counter() - start,
+        len(todo) * ingest_budget.date_bytes(plan),
+    )
 
 
 def _plan(cfg: IngestConfig, found: sources.Discovered, client: Any) -> sources.Plan:
@@ -277,24 +283,34 @@ def _build(run: IngestRun) -> list[int]:
     del merged
     t_stats = time.perf_counter()
     _finalise(run, dict(zip(sums[0], run.client.gather(sums[1]), strict=True)), _written_chunks(run.done_dir))
-    log.info("dates written in %.1f s; statistics group %.1f s; checksums and metadata %.1f s",
-             t_written - t_dates, t_stats - t_written, time.perf_counter() - t_stats)
+    log.info(
+        "dates written in %.1f s; statistics group %.1f s; checksums and metadata %.1f s",
+        t_written - t_dates,
+        t_stats - t_written,
+        time.perf_counter() - t_stats,
+    )
     return resume.todo
 
 
 def _prepare(run: IngestRun) -> None:
     """Create (or reopen, to resume) the partial store and its done-markers directory."""
     partial, meta = run.partial, run.partial / "plan.json"
-    fingerprint = {"config": run.cfg.fingerprint(), "plan": run.plan.to_dict(), "truth": run.truth_vars,
-                   "oracle": run.oracle_vars}
+    fingerprint = {
+        "config": run.cfg.fingerprint(),
+        "plan": run.plan.to_dict(),
+        "truth": run.truth_vars,
+        "oracle": run.oracle_vars,
+    }
     if meta.exists():
         if json.loads(meta.read_text()) == json.loads(json.dumps(fingerprint, default=str)) and run.store.exists():
             log.info("resuming the interrupted ingest in %s", partial)
             run.stats_dir.mkdir(exist_ok=True)  # an ingest from before one-pass statistics has none
             return
         if not run.cfg.restart:
-            msg = (f"{partial} holds an interrupted ingest with other settings or sources; rerun with the same "
-                   "arguments to resume, or pass --restart to discard it")
+            msg = (
+                f"{partial} holds an interrupted ingest with other settings or sources; rerun with the same "
+                "arguments to resume, or pass --restart to discard it"
+            )
             raise ConfigError(msg)
         log.warning("discarding the interrupted ingest in %s (--restart)", partial)
     io.remove(partial)
@@ -311,8 +327,21 @@ def _submit_dates(run: IngestRun, todo: list[int]) -> tuple[list[Any], list[list
     """Submit the date tasks of ``todo`` (batches of consecutive dates); (futures, their batches)."""
     found = run.found
     work = ingest_tasks.batches(todo, run.cfg.dates_per_task or ingest_budget.batch_size(run.plan))
-    futures = [run.client.submit(ingest_tasks.ingest_dates, found.forecast, found.truth, found.oracle, run.plan, b,
-                                 str(run.store), str(run.done_dir), run.partial_dates, pure=False) for b in work]
+    futures = [
+        run.client.submit(
+            ingest_tasks.ingest_dates,
+            found.forecast,
+            found.truth,
+            found.oracle,
+            run.plan,
+            b,
+            str(run.store),
+            str(run.done_dir),
+            run.partial_dates,
+            pure=False,
+        )
+        for b in work
+    ]
     return futures, work
 
 
@@ -326,10 +355,14 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, submitted: tuple[lis
     plan, client = run.plan, run.client
     merger = ingest_merge.Merger(client, run.stats_dir, resume.covered, run.cfg.checkpoint_dates)
     for i in resume.prior:
-        merger.add(client.submit(ingest_merge.stored_partials, str(run.store), i, pure=False),
-                   [ingest_tasks.marker_name(plan.init_times[i])])
-    stamps = {f.key: [ingest_tasks.marker_name(plan.init_times[i]) for i in b if i in run.partial_dates]
-              for f, b in zip(futures, work, strict=True)}
+        merger.add(
+            client.submit(ingest_merge.stored_partials, str(run.store), i, pure=False),
+            [ingest_tasks.marker_name(plan.init_times[i])],
+        )
+    stamps = {
+        f.key: [ingest_tasks.marker_name(plan.init_times[i]) for i in b if i in run.partial_dates]
+        for f, b in zip(futures, work, strict=True)
+    }
     n = len(plan.init_times)
     meter = ingest_progress.Progress(n, n - len(resume.todo), ingest_budget.date_bytes(plan))
     with ThreadPoolExecutor(1) as pool:  # the template beside the loop that submits merges as dates finish
@@ -349,12 +382,19 @@ def _statistics(run: IngestRun, merged: Any) -> None:
     train = sorted(run.train)
     if train and not run.one_pass:
         ds = io.open_zarr(run.store, chunks=ingest_budget.statistics_read_chunks(run.plan))
-        io.write_zarr(statistics.compute_statistics(ds, run.cfg.splits), run.store,
-                      group=contract.STATISTICS_GROUP, mode="w")
+        io.write_zarr(
+            statistics.compute_statistics(ds, run.cfg.splits), run.store, group=contract.STATISTICS_GROUP, mode="w"
+        )
     elif train:
-        run.client.submit(ingest_merge.write_statistics, merged, str(run.store),
-                          np.asarray(run.plan.init_times)[train], run.cfg.splits, pure=False,
-                          priority=ingest_merge.MERGE_PRIORITY).result()
+        run.client.submit(
+            ingest_merge.write_statistics,
+            merged,
+            str(run.store),
+            np.asarray(run.plan.init_times)[train],
+            run.cfg.splits,
+            pure=False,
+            priority=ingest_merge.MERGE_PRIORITY,
+        ).result()
     else:  # e.g. an operational store of new forecasts: models carry their own statistics
         log.warning("no init date in the training years %s: the store gets no statistics", run.cfg.splits.train)
 
@@ -381,7 +421,6 @@ def _written_chunks(done_dir: Path) -> dict[str, dict[str, Any]]:
         except (ValueError, AttributeError):  # unreadable: that date's chunks are hashed at the end instead
             continue
     return out
-
 
 
 def _finalise(run: IngestRun, sums: dict[str, str], written: dict[str, dict[str, Any]]) -> None:
@@ -416,8 +455,9 @@ def _finalise(run: IngestRun, sums: dict[str, str], written: dict[str, dict[str,
 def _code_version() -> str:
     here = Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5, check=False).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=False
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""
     return f"{__version__}+g{sha}" if sha else __version__
@@ -434,4 +474,3 @@ def _checksum(path: str) -> str:
                     h.update(q.read_bytes())
         return "tree-sha256:" + h.hexdigest()
     return "sha256:" + io.sha256_file(p)
-

@@ -15,9 +15,16 @@ from postcast.datasets import contract, integrity, io, schema, sources, statisti
 from postcast.datasets.ingest.cluster import keep_freed_memory
 
 
-def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
-                 oracle: sources.TruthSource | None, plan: sources.Plan, indices: list[int], store_path: str,
-                 done_dir: str, train: frozenset[int] = frozenset()) -> statistics.FieldPartials | None:
+def ingest_dates(
+    forecast: sources.ForecastSource,
+    truth: sources.TruthSource | None,
+    oracle: sources.TruthSource | None,
+    plan: sources.Plan,
+    indices: list[int],
+    store_path: str,
+    done_dir: str,
+    train: frozenset[int] = frozenset(),
+) -> statistics.FieldPartials | None:
     """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks), then
     mark each done (the marker holds the checksums of the date's chunk files). Returns the merged partial
     statistics of this batch's training dates (in ``train``; None: none of them), computed from the values
@@ -36,9 +43,15 @@ def ingest_dates(forecast: sources.ForecastSource, truth: sources.TruthSource | 
     return merged
 
 
-def load_date(forecast: sources.ForecastSource, truth: sources.TruthSource | None,
-              oracle: sources.TruthSource | None, plan: sources.Plan, i: int, *, partials: bool = False,
-              ) -> tuple[xr.Dataset, statistics.FieldPartials | None]:
+def load_date(
+    forecast: sources.ForecastSource,
+    truth: sources.TruthSource | None,
+    oracle: sources.TruthSource | None,
+    plan: sources.Plan,
+    i: int,
+    *,
+    partials: bool = False,
+) -> tuple[xr.Dataset, statistics.FieldPartials | None]:
     """One init date as the store holds it (members, their ensemble statistics, truth and oracle) and, with
     ``partials``, the partial statistics of its fields (from the float32 values the store gets)."""
     t = plan.init_times[i]
@@ -56,8 +69,11 @@ def load_date(forecast: sources.ForecastSource, truth: sources.TruthSource | Non
         ens[contract.ens_mean(name)] = xr.Variable(dims, mean)
         ens[contract.ens_std(name)] = xr.Variable(dims, std)
         if p is not None:
-            parts |= {name: p, contract.ens_mean(name): statistics.value_partial(mean),
-                      contract.ens_std(name): statistics.value_partial(std)}
+            parts |= {
+                name: p,
+                contract.ens_mean(name): statistics.value_partial(mean),
+                contract.ens_std(name): statistics.value_partial(std),
+            }
     pieces = [ds, xr.Dataset(ens)]
     pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
     day = xr.merge(pieces, compat="override", join="override")

@@ -66,12 +66,16 @@ class DataConfig:
             msg = f"loader {self.loader!r}: use one of {list(LOADERS)}"
             raise ConfigError(msg)
         if self.batch_size < 1 or self.num_workers < 0:
-            msg = (f"batch_size ({self.batch_size}) must be >= 1 and num_workers ({self.num_workers}) >= 0: "
-                   "set --data.cfg.batch_size / --data.cfg.num_workers")
+            msg = (
+                f"batch_size ({self.batch_size}) must be >= 1 and num_workers ({self.num_workers}) >= 0: "
+                "set --data.cfg.batch_size / --data.cfg.num_workers"
+            )
             raise ConfigError(msg)
         if min(self.cache_bytes, self.disk_cache_bytes, self.prefetch_threads) < 0:
-            msg = (f"cache_bytes ({self.cache_bytes}), disk_cache_bytes ({self.disk_cache_bytes}) and "
-                   f"prefetch_threads ({self.prefetch_threads}) must be >= 0")
+            msg = (
+                f"cache_bytes ({self.cache_bytes}), disk_cache_bytes ({self.disk_cache_bytes}) and "
+                f"prefetch_threads ({self.prefetch_threads}) must be >= 0"
+            )
             raise ConfigError(msg)
         if self.disk_cache_dir is None and self.disk_cache_bytes:
             msg = f"disk_cache_bytes={self.disk_cache_bytes} needs disk_cache_dir (a local directory)"
@@ -123,8 +127,10 @@ def check_variables(store: xr.Dataset, spec: SampleSpec, store_path: str) -> Non
     missing = [n for n in spec.store_variables() if n not in store]
     if missing:
         names = ", ".join(missing)
-        msg = (f"{store_path} has no {names}, which target {spec.target} with inputs {list(spec.input_variables)} "
-               "reads: ingest a store that holds them, or set data.cfg.sample.variables to inputs the store has")
+        msg = (
+            f"{store_path} has no {names}, which target {spec.target} with inputs {list(spec.input_variables)} "
+            "reads: ingest a store that holds them, or set data.cfg.sample.variables to inputs the store has"
+        )
         raise MissingInputError(msg, missing=missing)
 
 
@@ -185,8 +191,10 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
             self._arrays = {n: group[n] for n in names}  # type: ignore[misc]
             self._coords = {str(c): ds[c].values for c in ds.coords if ds[c].dims == (c,) and c != schema.INIT_TIME}
         values = prefetch.read_rows(self._arrays, row)
-        day = xr.Dataset({n: (ds[n].dims[1:], v) for n, v in values.items()},
-                         coords={**self._coords, schema.INIT_TIME: ds[schema.INIT_TIME].values[row]})
+        day = xr.Dataset(
+            {n: (ds[n].dims[1:], v) for n, v in values.items()},
+            coords={**self._coords, schema.INIT_TIME: ds[schema.INIT_TIME].values[row]},
+        )
         return to_tensors(self.sampler.sample(day))
 
 
@@ -219,8 +227,10 @@ class StoreDataModule(L.LightningDataModule):
         (the model copies them at fit start and carries them in its checkpoint)."""
         stats = _open(self.cfg.store)[1]
         if stats is None:
-            msg = (f"{self.cfg.store} has no statistics group (no init date in the training years): "
-                   "train on a store with one")
+            msg = (
+                f"{self.cfg.store} has no statistics group (no init date in the training years): "
+                "train on a store with one"
+            )
             raise MissingInputError(msg)
         check_variables(_open(self.cfg.store)[0], self.cfg.sample, self.cfg.store)
         return self.cfg.sample.normalisation(stats)
@@ -233,8 +243,13 @@ class StoreDataModule(L.LightningDataModule):
         return own or contract.truth_quantiles(_open(self.cfg.store)[0], spec.resolved_target, spec.step_h)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:
-        return DataLoader(StoreDataset(self.cfg, split), batch_size=self.cfg.batch_size, shuffle=shuffle,
-                          num_workers=self.cfg.num_workers, persistent_workers=self.cfg.num_workers > 0)
+        return DataLoader(
+            StoreDataset(self.cfg, split),
+            batch_size=self.cfg.batch_size,
+            shuffle=shuffle,
+            num_workers=self.cfg.num_workers,
+            persistent_workers=self.cfg.num_workers > 0,
+        )
 
     @property
     def train_loader_kind(self) -> str:
@@ -268,9 +283,17 @@ class StoreDataModule(L.LightningDataModule):
         if self.clairvoyant is not None:
             self.clairvoyant.close()
         loader = prefetch.clairvoyant_loader(
-            base, spec, batch_size=self.cfg.batch_size, sample_bytes=base.sample_nbytes(),
-            ram_bytes=self.cfg.cache_bytes, disk_bytes=self.cfg.disk_cache_bytes, disk_dir=disk_dir,
-            epochs=min(max(stop - start, 1), PLAN_EPOCHS_MAX), start_epoch=start, threads=self.cfg.prefetch_threads)
+            base,
+            spec,
+            batch_size=self.cfg.batch_size,
+            sample_bytes=base.sample_nbytes(),
+            ram_bytes=self.cfg.cache_bytes,
+            disk_bytes=self.cfg.disk_cache_bytes,
+            disk_dir=disk_dir,
+            epochs=min(max(stop - start, 1), PLAN_EPOCHS_MAX),
+            start_epoch=start,
+            threads=self.cfg.prefetch_threads,
+        )
         assert isinstance(loader.dataset, prefetch.ClairvoyantDataset)  # what clairvoyant_loader builds
         self.clairvoyant = loader.dataset
         return loader

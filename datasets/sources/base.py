@@ -16,6 +16,7 @@ import xarray as xr
 
 from postcast.datasets import plausibility, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
+from postcast.datasets.schema import LevelType, Variable
 from postcast.datasets.sources import conventions, regrid
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,10 @@ class Expectation:
         parse_members(self.members)
         if self.grid is not None:
             if not (math.isfinite(self.grid) and MIN_GRID_DEG <= self.grid <= 90.0):
-                msg = (f"--grid {self.grid}: give a resolution between {MIN_GRID_DEG} and 90 degrees (finer grids "
-                       f"exceed {MIN_GRID_BYTES / 1e6:.0f} MB per float32 field)")
+                msg = (
+                    f"--grid {self.grid}: give a resolution between {MIN_GRID_DEG} and 90 degrees (finer grids "
+                    f"exceed {MIN_GRID_BYTES / 1e6:.0f} MB per float32 field)"
+                )
                 raise ConfigError(msg)
             schema.Grid(self.grid)  # ValueError naming usable resolutions
         if self.method not in regrid.METHODS:
@@ -115,8 +118,11 @@ class Expectation:
             return tuple(have)
         if kind == "count":
             if len(have) < a:
-                raise_missing([f"members {_span(have)} found{ctrl}, {a} expected: pass --members "
-                                f"{len(have)} or --members all"], source, "items")
+                raise_missing(
+                    [f"members {_span(have)} found{ctrl}, {a} expected: pass --members {len(have)} or --members all"],
+                    source,
+                    "items",
+                )
             return tuple(have[:a])
         want = list(range(a, b + 1))
         lacking = [m for m in want if m not in have]
@@ -124,15 +130,18 @@ class Expectation:
             raise_missing([f"members {_span(have)} found{ctrl}, {a}-{b} expected: {fix}"], source, "items")
         return tuple(want)
 
-    def pick(self, what: str, asked: tuple[int, ...] | None, have: list[int], unit: str,
-             source: str) -> tuple[int, ...]:
+    def pick(
+        self, what: str, asked: tuple[int, ...] | None, have: list[int], unit: str, source: str
+    ) -> tuple[int, ...]:
         """Levels or steps: those asked (all must be there) or, by default, those the source has."""
         if asked is None:
             return tuple(sorted(have))
         lacking = [x for x in asked if x not in have]
         if lacking:
-            hint = (f"the source has {', '.join(map(str, sorted(have))) or 'none'} {unit}: pass --{what} "
-                    f"{','.join(map(str, sorted(have)))} or omit it")
+            hint = (
+                f"the source has {', '.join(map(str, sorted(have))) or 'none'} {unit}: pass --{what} "
+                f"{','.join(map(str, sorted(have)))} or omit it"
+            )
             raise_missing([f"{what.removesuffix('s')} {x} {unit} ({hint})" for x in lacking], source, "items")
         return tuple(sorted(asked))
 
@@ -166,10 +175,18 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         generic = {"generic_variables": {n: dict(schema.cf_attrs(v)) for n, v in self.generic.items()}}
-        return {"init_times": [str(t) for t in self.init_times], "variables": list(self.variables),
-                "levels": list(self.levels), "members": list(self.members), "steps_h": list(self.steps_h),
-                "resolution": self.grid.resolution, "area": self.grid.area, "files": self.files, **self.regridding,
-                **(generic if self.generic else {})}
+        return {
+            "init_times": [str(t) for t in self.init_times],
+            "variables": list(self.variables),
+            "levels": list(self.levels),
+            "members": list(self.members),
+            "steps_h": list(self.steps_h),
+            "resolution": self.grid.resolution,
+            "area": self.grid.area,
+            "files": self.files,
+            **self.regridding,
+            **(generic if self.generic else {}),
+        }
 
 
 def raise_missing(missing: list[str], source: str, what: str = "forecast fields") -> None:
@@ -191,8 +208,10 @@ def _missing_slices(da: xr.DataArray, source: str) -> None:
         empty = np.isnan(da.values).all(axis=tuple(da.dims.index(d) for d in other))
         if empty.any():
             labels = [str(x) for x in np.asarray(da[dim].values)[empty]]
-            msg = (f"{source}: {dim} {', '.join(labels)} of {da.name!r} missing on this date (another date or file has "
-                   f"it); add the file that holds it or pass --{dim}s without {labels[0]}")
+            msg = (
+                f"{source}: {dim} {', '.join(labels)} of {da.name!r} missing on this date (another date or file has "
+                f"it); add the file that holds it or pass --{dim}s without {labels[0]}"
+            )
             raise MissingInputError(msg)
 
 
@@ -212,8 +231,11 @@ def check_values(ds: xr.Dataset, source: str, generic: frozenset[str] = frozense
         nan = np.isnan(values) if np.isnan(lo) or np.isnan(hi) else np.zeros((), dtype=bool)
         if nan.any() and not var.missing_over_land:
             _missing_slices(da, source)
-            where = {d: str(da[d].values[i]) for d, i in zip(da.dims, np.argwhere(nan)[0], strict=True)
-                     if d in da.coords and d not in (schema.LAT, schema.LON)}
+            where = {
+                d: str(da[d].values[i])
+                for d, i in zip(da.dims, np.argwhere(nan)[0], strict=True)
+                if d in da.coords and d not in (schema.LAT, schema.LON)
+            }
             msg = f"{source}: {int(nan.sum())} NaN values in {name!r} (first at {where}); only sst may be missing"
             raise BadInputError(msg)
         if nan.all():
@@ -223,8 +245,10 @@ def check_values(ds: xr.Dataset, source: str, generic: frozenset[str] = frozense
         if nan.any():
             lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
         if lo < var.valid_min or hi > var.valid_max:
-            msg = (f"{source}: {name!r} spans {lo:.4g}..{hi:.4g} {var.units}, outside the plausible "
-                   f"{var.valid_min:g}..{var.valid_max:g}: wrong units or corrupt data?")
+            msg = (
+                f"{source}: {name!r} spans {lo:.4g}..{hi:.4g} {var.units}, outside the plausible "
+                f"{var.valid_min:g}..{var.valid_max:g}: wrong units or corrupt data?"
+            )
             raise BadInputError(msg)
 
 
@@ -266,21 +290,26 @@ def pick_variables(expect: Expectation, have: set[str], source: str) -> tuple[st
         return tuple(v for v in schema.VARIABLES if v in have)
     lacking = [v for v in expect.variables if v not in have]
     if lacking:
-        hint = (f"the source has {', '.join(v for v in schema.VARIABLES if v in have) or 'none'}: pass --variables "
-                f"{','.join(v for v in schema.VARIABLES if v in have)}")
+        hint = (
+            f"the source has {', '.join(v for v in schema.VARIABLES if v in have) or 'none'}: pass --variables "
+            f"{','.join(v for v in schema.VARIABLES if v in have)}"
+        )
         raise_missing([f"variable {v} ({hint})" for v in lacking], source, "items")
     return tuple(expect.variables)
 
 
-def target_grid(src: regrid.SourceGrid, expect: Expectation, source: str) -> tuple[schema.Grid,
-                                                                                    regrid.SourceGrid | None]:
+def target_grid(
+    src: regrid.SourceGrid, expect: Expectation, source: str
+) -> tuple[schema.Grid, regrid.SourceGrid | None]:
     """The grid to write (a checkpoint's exact grid, the asked resolution over the source's area, or
     the source's own grid) and the source grid to regrid from (None: no regridding)."""
     if expect.exact_grid is not None:
         grid = expect.exact_grid
         if not src.covers(grid):
-            msg = (f"{source}: the input covers {regrid.coverage(src)} only; the model reads "
-                   f"{grid.describe()}: give an input that covers it, or train on a store of this area")
+            msg = (
+                f"{source}: the input covers {regrid.coverage(src)} only; the model reads "
+                f"{grid.describe()}: give an input that covers it, or train on a store of this area"
+            )
             raise BadInputError(msg)
     else:
         try:
@@ -291,7 +320,6 @@ def target_grid(src: regrid.SourceGrid, expect: Expectation, source: str) -> tup
     if not src.is_grid(grid):
         log.info("%s: %s is not %s: regridding (%s)", source, src.name, grid.describe(), expect.method)
     return grid, (None if src.is_grid(grid) else src)
-
 
 
 def regridded(ds: xr.Dataset, plan: Plan) -> xr.Dataset:
@@ -308,3 +336,57 @@ def regridded(ds: xr.Dataset, plan: Plan) -> xr.Dataset:
         out[name] = xr.Variable((*keep, schema.LAT, schema.LON), values, da.attrs)
     return xr.Dataset(out, coords={k: v for k, v in coords.items()})
 
+
+# cfgrib stepType (eccodes; GRIB2 typeOfStatisticalProcessing, GRIB1 timeRangeIndicator) -> CF cell method
+CELL_METHODS = {
+    "avg": "mean",
+    "accum": "sum",
+    "max": "maximum",
+    "min": "minimum",
+    "diff": "range",
+    "rms": "root_mean_square",
+    "sd": "standard_deviation",
+}
+
+
+def cell_method(step_type: str) -> str | None:
+    """The CF ``cell_methods`` entry of a GRIB stepType ('time: mean' for avg and ECMWF's avgfc/avgua/...);
+    None for instantaneous fields."""
+    if step_type == "instant":
+        return None
+    base = "avg" if step_type.startswith("avg") else step_type
+    return f"time: {CELL_METHODS.get(base, step_type)}"
+
+
+def generic_variable(
+    name: str,
+    short_name: str,
+    param_id: int,
+    units: str,
+    long_name: str,
+    standard_name: str | None,
+    type_of_level: str,
+    step_type: str,
+    window: str,
+) -> Variable:
+    """A parameter beyond the schema, described by its GRIB keys (eccodes' cfVarName, shortName, paramId,
+    units, name, cfName, typeOfLevel, stepType); ``window`` says over what a time-processed field is taken."""
+    extra = [("GRIB_typeOfLevel", type_of_level), ("GRIB_stepType", step_type)]
+    method = cell_method(step_type)
+    if method:
+        extra += [("cell_methods", method), ("time_window", window)]
+    level = LevelType.PRESSURE if type_of_level == LevelType.PRESSURE else LevelType.SURFACE
+    return Variable(
+        name,
+        short_name,
+        param_id,
+        units,
+        long_name,
+        standard_name,
+        level,
+        -np.inf,
+        np.inf,
+        accumulated=step_type == "accum",
+        generic=True,
+        extra_attrs=tuple(extra),
+    )

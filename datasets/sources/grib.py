@@ -17,7 +17,15 @@ from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.sources import base, regrid
 from postcast.datasets.sources import messages as grib
-from postcast.datasets.sources.base import Expectation, ForecastSource, Plan, raise_missing, target_grid
+from postcast.datasets.sources.base import (
+    Expectation,
+    ForecastSource,
+    Plan,
+    cell_method,
+    generic_variable,
+    raise_missing,
+    target_grid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +54,14 @@ class GribSource(ForecastSource):
         src = self.path
         ens10 = self._ens10_named()
         if ens10:
-            expect = replace(expect, variables=expect.variables or tuple(schema.VARIABLES),
-                             steps_h=expect.steps_h or schema.STEPS_H)
+            expect = replace(
+                expect, variables=expect.variables or tuple(schema.VARIABLES), steps_h=expect.steps_h or schema.STEPS_H
+            )
             self._only_schema(expect.variables or ())
         # ENS-10 files: what is lost is listed per message below, with the file it belongs in
-        variables, generic = (expect.variables, {}) if ens10 and expect.variables else _grib_variables(
-            self.index, expect, str(src))
+        variables, generic = (
+            (expect.variables, {}) if ens10 and expect.variables else _grib_variables(self.index, expect, str(src))
+        )
         idx = self.index[self.index["var"].isin(variables)]
         _check_time_processing(idx, variables, str(src))
         if expect.steps_h is None:
@@ -64,8 +74,10 @@ class GribSource(ForecastSource):
         dup = idx.duplicated(["var", "level", "member", "init_time", "step_h"])
         if dup.any():
             r = idx[dup].iloc[0]
-            msg = (f"{r.file}: {int(dup.sum())} duplicate messages, e.g. {r['var']} level {r.level} member "
-                   f"{r.member} {r.init_time:%Y-%m-%d} step {r.step_h} h")
+            msg = (
+                f"{r.file}: {int(dup.sum())} duplicate messages, e.g. {r['var']} level {r.level} member "
+                f"{r.member} {r.init_time:%Y-%m-%d} step {r.step_h} h"
+            )
             raise BadInputError(msg)
         on_levels = [v for v in variables if (generic[v] if v in generic else schema.VARIABLES[v]).on_levels]
         pl_rows = idx[idx["var"].isin(on_levels)]
@@ -73,14 +85,27 @@ class GribSource(ForecastSource):
         members = expect.pick_members(sorted(int(m) for m in set(idx.member)), str(src))
         steps = expect.pick("steps", expect.steps_h, sorted(int(x) for x in set(idx.step_h)), "h", str(src))
         grid, source_grid = target_grid(next(iter(grids.values())), expect, str(src))
-        plan = Plan(sorted(pd.Timestamp(t) for t in idx.init_time.unique()), variables, levels, members, steps, grid,
-                    [str(f) for f in self.files], source_grid, expect.method, generic)
+        plan = Plan(
+            sorted(pd.Timestamp(t) for t in idx.init_time.unique()),
+            variables,
+            levels,
+            members,
+            steps,
+            grid,
+            [str(f) for f in self.files],
+            source_grid,
+            expect.method,
+            generic,
+        )
         present = set(zip(idx["init_time"], idx["var"], idx["level"], idx["member"], idx["step_h"], strict=True))
         file_of = dict(zip(zip(idx["init_time"], idx["var"], strict=True), idx["file"], strict=True))
 
         def where(t: pd.Timestamp, v: str, lv: int) -> str:  # the ENS-10 file it belongs in, else the one read
-            return grib.file_name("pl" if lv else "sfc", t.month, t.day) if ens10 else Path(
-                file_of.get((t, v), str(src))).name
+            return (
+                grib.file_name("pl" if lv else "sfc", t.month, t.day)
+                if ens10
+                else Path(file_of.get((t, v), str(src))).name
+            )
 
         missing = [
             f"{t:%Y-%m-%d} {v}{'' if lv == 0 else f' {lv} hPa'} member {m} step {s} h ({where(t, v, lv)})"
@@ -103,15 +128,20 @@ class GribSource(ForecastSource):
         another name asked for is not there."""
         beyond = [v for v in asked if v not in schema.VARIABLES]
         if beyond:
-            raise_missing([f"variable {v} (ENS-10 files hold {', '.join(schema.VARIABLES)} only)" for v in beyond],
-                           str(self.path), "items")
+            raise_missing(
+                [f"variable {v} (ENS-10 files hold {', '.join(schema.VARIABLES)} only)" for v in beyond],
+                str(self.path),
+                "items",
+            )
         idx = self.index
         bad = idx[~idx["var"].isin(list(schema.VARIABLES))]
         if len(bad):
             r = bad.iloc[0]
             i = int((idx.loc[: bad.index[0], "file"] == r.file).sum()) - 1
-            msg = (f"{r.file}: message {i} holds {r.short_name!r} (paramId {r.param_id}), not an ENS-10 variable "
-                   "(ENS-10 files hold its 18 variables only: a damaged message? re-fetch the file)")
+            msg = (
+                f"{r.file}: message {i} holds {r.short_name!r} (paramId {r.param_id}), not an ENS-10 variable "
+                "(ENS-10 files hold its 18 variables only: a damaged message? re-fetch the file)"
+            )
             raise BadInputError(msg)
 
     @staticmethod
@@ -148,8 +178,6 @@ class GribSource(ForecastSource):
         return ds
 
 
-
-
 def _describe_param(rows: pd.DataFrame, name: str) -> str:
     """'2d (paramId 168)', or with the postcast name: '2t (paramId 167, t2m)'."""
     r = rows.iloc[0]
@@ -167,8 +195,9 @@ def _match(asked: str, params: pd.DataFrame) -> str | None:
     return None
 
 
-def _grib_variables(index: pd.DataFrame, expect: Expectation, source: str
-                    ) -> tuple[tuple[str, ...], dict[str, schema.Variable]]:
+def _grib_variables(
+    index: pd.DataFrame, expect: Expectation, source: str
+) -> tuple[tuple[str, ...], dict[str, schema.Variable]]:
     """The parameters to take from GRIB files: those asked for (by any name; beyond the schema as generic
     variables described by their GRIB keys) or, by default, every one the schema knows. The others are
     skipped with one INFO line; an asked-for parameter the files lack is :class:`MissingInputError`."""
@@ -177,8 +206,11 @@ def _grib_variables(index: pd.DataFrame, expect: Expectation, source: str
     if expect.variables is None:
         taken = tuple(v for v in schema.VARIABLES if v in set(params["var"]))
         if not taken:
-            raise_missing([f"variables (no ENS-10 variable found; the files hold {holds}: pass --variables to "
-                            "take them)"], source, "items")
+            raise_missing(
+                [f"variables (no ENS-10 variable found; the files hold {holds}: pass --variables to take them)"],
+                source,
+                "items",
+            )
     else:
         found = {v: _match(v, params) for v in expect.variables}
         lacking = [v for v, n in found.items() if n is None]
@@ -188,11 +220,19 @@ def _grib_variables(index: pd.DataFrame, expect: Expectation, source: str
     generic = {n: _generic(index[index["var"] == n], n) for n in taken if n not in schema.VARIABLES}
     skipped = params[~params["var"].isin(taken)]
     if len(skipped):
-        log.info("%s: %d parameters not taken: %s (not read; `postcast ingest --variables` takes them)", source,
-                 len(skipped), ", ".join(_describe_param(r, str(n)) for n, r in skipped.groupby("var", sort=False)))
+        log.info(
+            "%s: %d parameters not taken: %s (not read; `postcast ingest --variables` takes them)",
+            source,
+            len(skipped),
+            ", ".join(_describe_param(r, str(n)) for n, r in skipped.groupby("var", sort=False)),
+        )
     if generic:
-        log.info("%s: %s beyond the ENS-10 schema: taken as generic variables from their GRIB keys; their values "
-                 "are not checked for plausibility (no known range)", source, ", ".join(generic))
+        log.info(
+            "%s: %s beyond the ENS-10 schema: taken as generic variables from their GRIB keys; their values "
+            "are not checked for plausibility (no known range)",
+            source,
+            ", ".join(generic),
+        )
     return taken, generic
 
 
@@ -205,16 +245,27 @@ def _window(rows: pd.DataFrame) -> str:
     if len(lengths) == 1:
         return f"the {lengths.pop()} h before the step"
     first, last = rows.sort_values("step_h").iloc[[0, -1]].itertuples()
-    return (f"windows of {min(lengths)}..{max(lengths)} h ({first.start_step}-{first.step_h} h .. "
-            f"{last.start_step}-{last.step_h} h)")
+    return (
+        f"windows of {min(lengths)}..{max(lengths)} h ({first.start_step}-{first.step_h} h .. "
+        f"{last.start_step}-{last.step_h} h)"
+    )
 
 
 def _generic(rows: pd.DataFrame, name: str) -> schema.Variable:
     """A parameter beyond the schema as a variable, from the GRIB keys of its messages."""
     r = rows.iloc[0]
     std = None if r.cf_name in ("", "unknown") else str(r.cf_name)
-    return schema.generic_variable(name, str(r.short_name), int(r.param_id), str(r.units), str(r.long_name), std,
-                                   str(r.type_of_level), str(r.step_type), _window(rows))
+    return generic_variable(
+        name,
+        str(r.short_name),
+        int(r.param_id),
+        str(r.units),
+        str(r.long_name),
+        std,
+        str(r.type_of_level),
+        str(r.step_type),
+        _window(rows),
+    )
 
 
 def _check_time_processing(index: pd.DataFrame, variables: tuple[str, ...], source: str) -> None:
@@ -226,8 +277,10 @@ def _check_time_processing(index: pd.DataFrame, variables: tuple[str, ...], sour
         rows = index[index["var"] == name]
         kinds = sorted(set(rows.step_type))
         if len(kinds) > 1:
-            msg = (f"{source}: {_describe_param(rows, name)} comes with several kinds of time processing "
-                   f"(stepType {', '.join(kinds)}): split the file by stepType (grib_copy -w stepType=instant)")
+            msg = (
+                f"{source}: {_describe_param(rows, name)} comes with several kinds of time processing "
+                f"(stepType {', '.join(kinds)}): split the file by stepType (grib_copy -w stepType=instant)"
+            )
             raise BadInputError(msg)
         var = schema.VARIABLES.get(name)
         if var is None or not kinds:  # (a variable the files lack is reported as missing)
@@ -235,14 +288,16 @@ def _check_time_processing(index: pd.DataFrame, variables: tuple[str, ...], sour
         want = "accum" if var.accumulated else "instant"
         if kinds == [want] and (want == "instant" or set(rows.start_step.tolist()) == {0}):
             continue
-        method = schema.cell_method(kinds[0]) or "instantaneous"
+        method = cell_method(kinds[0]) or "instantaneous"
         starts = rows.init_time.nunique()
         own = ", each with its own steps" if rows.groupby("init_time").step_h.agg(frozenset).nunique() > 1 else ""
         want_text = "accumulated from step 0" if var.accumulated else "an instantaneous value"
-        msg = (f"{source}: {_describe_param(rows, name)} holds time-processed fields ({method}, stepType {kinds[0]}, "
-               f"{_window(rows)}; {rows.member.nunique()} members, {starts} start{'s' if starts > 1 else ''}{own}); "
-               f"postcast's {name} is {want_text}: give {rows.short_name.iloc[0]} as that (time-processed parameters "
-               "beyond the schema, e.g. mx2t6, are taken with --variables, labelled with their cell_methods)")
+        msg = (
+            f"{source}: {_describe_param(rows, name)} holds time-processed fields ({method}, stepType {kinds[0]}, "
+            f"{_window(rows)}; {rows.member.nunique()} members, {starts} start{'s' if starts > 1 else ''}{own}); "
+            f"postcast's {name} is {want_text}: give {rows.short_name.iloc[0]} as that (time-processed parameters "
+            "beyond the schema, e.g. mx2t6, are taken with --variables, labelled with their cell_methods)"
+        )
         raise BadInputError(msg)
 
 
@@ -256,28 +311,30 @@ def _check_same_steps(index: pd.DataFrame, source: str) -> None:
         return
     common = sorted(frozenset.intersection(*per_start))
     shown = "; ".join(f"{t:%Y-%m-%d %H} UTC: {','.join(map(str, sorted(s)))} h" for t, s in per_start.iloc[:3].items())
-    fix = (f"pass --steps {','.join(map(str, common))} (the steps every start has)" if common else
-           "no step is common to all starts: ingest each start on its own (e.g. grib_copy -w dataDate=YYYYMMDD)")
-    msg = (f"{source}: its {len(per_start)} starts have different steps (a lagged ensemble? {shown}"
-           f"{' ...' if len(per_start) > 3 else ''}); a store holds one set of steps for every start: {fix}")
+    fix = (
+        f"pass --steps {','.join(map(str, common))} (the steps every start has)"
+        if common
+        else "no step is common to all starts: ingest each start on its own (e.g. grib_copy -w dataDate=YYYYMMDD)"
+    )
+    msg = (
+        f"{source}: its {len(per_start)} starts have different steps (a lagged ensemble? {shown}"
+        f"{' ...' if len(per_start) > 3 else ''}); a store holds one set of steps for every start: {fix}"
+    )
     raise BadInputError(msg)
-
-
-
-
 
 
 def _assemble(data: dict[str, np.ndarray], init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
 
     coords = {
-        schema.INIT_TIME: [init_time], schema.MEMBER: list(plan.members),
-        schema.STEP: pd.to_timedelta(list(plan.steps_h), unit="h"), schema.LEVEL: list(plan.levels),
-        schema.LAT: plan.grid.latitudes(), schema.LON: plan.grid.longitudes(),
+        schema.INIT_TIME: [init_time],
+        schema.MEMBER: list(plan.members),
+        schema.STEP: pd.to_timedelta(list(plan.steps_h), unit="h"),
+        schema.LEVEL: list(plan.levels),
+        schema.LAT: plan.grid.latitudes(),
+        schema.LON: plan.grid.longitudes(),
     }
     out = {}
     for v, arr in data.items():
         var = plan.variable(v)
         out[v] = xr.Variable(var.dims, arr, schema.cf_attrs(var))
     return xr.Dataset(out, coords=coords)
-
-

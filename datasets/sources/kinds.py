@@ -77,12 +77,15 @@ def truth_paths(truth: str | Path) -> list[Path]:
         raise MissingInputError(msg)
     kind, found = find_sources(tp)
     if kind == "grib":
-        msg = (f"truth {tp}: GRIB analyses are not read as truth: convert them to netCDF (e.g. eccodes' "
-               "grib_to_netcdf) or give a zarr store")
+        msg = (
+            f"truth {tp}: GRIB analyses are not read as truth: convert them to netCDF (e.g. eccodes' "
+            "grib_to_netcdf) or give a zarr store"
+        )
         raise BadInputError(msg)
     if not found:
-        msg = (f"truth {tp}: no truth found; searched for {KIND_NAMES['zarr']} and {KIND_NAMES['netcdf']} "
-               f"(*.nc or netCDF/HDF5 content){' in this folder' if tp.is_dir() else ''}")
+        msg = (
+            f"truth {tp}: no truth found; searched for {KIND_NAMES['zarr']} and {KIND_NAMES['netcdf']} "
+            f"(*.nc or netCDF/HDF5 content){' in this folder' if tp.is_dir() else ''}"
+        )
         raise MissingInputError(msg)
     return found
-

@@ -22,6 +22,7 @@ from pathlib import Path
 # isort: off
 import pyproj  # noqa: F401  (before eccodes)
 import eccodes
+
 # isort: on
 import numpy as np
 import pandas as pd
@@ -37,9 +38,29 @@ BITS_PER_VALUE = 16
 # the keys asked once per parameter (eccodes key -> index column), not once per message
 PARAM_KEYS = {"paramId": "param_id", "cfVarName": "cf_var", "units": "units", "name": "long_name", "cfName": "cf_name"}
 PARAM_COLUMNS = tuple(PARAM_KEYS.values())
-INDEX_COLUMNS = ["var", "level", "member", "init_time", "step_h", "offset", "length", "ni", "nj",
-                 "lat_first", "lat_last", "lon_first", "lon_last", "grid_type", "n_values", "data_type",
-                 "short_name", "type_of_level", "step_type", "start_step", *PARAM_COLUMNS]
+INDEX_COLUMNS = [
+    "var",
+    "level",
+    "member",
+    "init_time",
+    "step_h",
+    "offset",
+    "length",
+    "ni",
+    "nj",
+    "lat_first",
+    "lat_last",
+    "lon_first",
+    "lon_last",
+    "grid_type",
+    "n_values",
+    "data_type",
+    "short_name",
+    "type_of_level",
+    "step_type",
+    "start_step",
+    *PARAM_COLUMNS,
+]
 
 
 def file_name(kind: str, month: int, day: int) -> str:
@@ -179,8 +200,9 @@ def _check_no_stray_bytes(path: Path, df: pd.DataFrame) -> None:
     starts = df["offset"].to_numpy(np.int64)
     ends = starts + df["length"].to_numpy(np.int64)
     order = np.argsort(starts)
-    gaps = list(zip(np.concatenate([[0], ends[order]]), np.concatenate([starts[order], [path.stat().st_size]]),
-                    strict=True))
+    gaps = list(
+        zip(np.concatenate([[0], ends[order]]), np.concatenate([starts[order], [path.stat().st_size]]), strict=True)
+    )
     with open(path, "rb") as f:
         for i, (lo, hi) in enumerate(gaps):
             if hi <= lo:
@@ -188,14 +210,20 @@ def _check_no_stray_bytes(path: Path, df: pd.DataFrame) -> None:
             f.seek(int(lo))
             if f.read(int(hi - lo)).strip(b"\0"):
                 where = f"before message {i}" if i < len(gaps) - 1 else "after the last message"
-                msg = (f"{path}: {hi - lo} bytes {where} (at byte {lo}) are not GRIB: a damaged message header "
-                       "(e.g. a corrupted 'GRIB' magic); re-fetch the file")
+                msg = (
+                    f"{path}: {hi - lo} bytes {where} (at byte {lo}) are not GRIB: a damaged message header "
+                    "(e.g. a corrupted 'GRIB' magic); re-fetch the file"
+                )
                 raise BadInputError(msg)
 
 
 _LONG_KEYS = ("level", "dataDate", "dataTime", "offset", "totalLength")
-_GRID_KEYS = ("latitudeOfFirstGridPointInDegrees", "latitudeOfLastGridPointInDegrees",
-              "longitudeOfFirstGridPointInDegrees", "longitudeOfLastGridPointInDegrees")
+_GRID_KEYS = (
+    "latitudeOfFirstGridPointInDegrees",
+    "latitudeOfLastGridPointInDegrees",
+    "longitudeOfFirstGridPointInDegrees",
+    "longitudeOfLastGridPointInDegrees",
+)
 
 
 def _get_long(h: int, key: str, default: int) -> int:
@@ -243,8 +271,9 @@ def _name(short: str, param: dict[str, object], type_of_level: str) -> str:
     return name if var is None else f"{name}_{type_of_level}"  # e.g. schema t on model levels
 
 
-def _header_row(h: int, path: Path, i: int, grids: dict[str, list[object]],
-                params: dict[str, dict[str, object]]) -> list[object]:
+def _header_row(
+    h: int, path: Path, i: int, grids: dict[str, list[object]], params: dict[str, dict[str, object]]
+) -> list[object]:
     """The index row of one message. ``grids`` caches the grid keys by the grid section's MD5 (one call
     instead of eight for every message on a grid already seen), ``params`` the keys of each parameter."""
     try:
@@ -266,9 +295,26 @@ def _header_row(h: int, path: Path, i: int, grids: dict[str, list[object]],
         ni, nj, *corners, gtype, n_values = grid
         dtype = _get_string(h, "dataType")
         step_type = _get_string(h, "stepType") or "instant"
-        return [name, level if pl else 0, number, init, step, offset, length, ni, nj, *corners, gtype, n_values,
-                dtype, short, type_of_level, step_type, _get_long(h, "startStep", step),
-                *(param[c] for c in PARAM_COLUMNS)]
+        return [
+            name,
+            level if pl else 0,
+            number,
+            init,
+            step,
+            offset,
+            length,
+            ni,
+            nj,
+            *corners,
+            gtype,
+            n_values,
+            dtype,
+            short,
+            type_of_level,
+            step_type,
+            _get_long(h, "startStep", step),
+            *(param[c] for c in PARAM_COLUMNS),
+        ]
     except Exception as err:
         msg = f"{path}: cannot read the header of GRIB message {i}: {err}"
         raise BadInputError(msg) from err
@@ -277,8 +323,9 @@ def _header_row(h: int, path: Path, i: int, grids: dict[str, list[object]],
 def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> regrid.SourceGrid:
     """The grid shared by every message of an index (regular lat/lon of any extent and scan order,
     or reduced Gaussian as per-point coordinates), or :class:`BadInputError`."""
-    shapes = index[["grid_type", "ni", "nj", "n_values", "lat_first", "lat_last", "lon_first",
-                    "lon_last"]].drop_duplicates()
+    shapes = index[
+        ["grid_type", "ni", "nj", "n_values", "lat_first", "lat_last", "lon_first", "lon_last"]
+    ].drop_duplicates()
     if len(shapes) != 1:
         msg = f"{path}: messages on {len(shapes)} different grids; split the file by grid (grib_copy)"
         raise BadInputError(msg)
@@ -328,8 +375,9 @@ def _values(h: int) -> np.ndarray:
         return np.asarray(eccodes.codes_get_values(h), dtype=np.float32)
 
 
-def decode_into(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], out: np.ndarray,
-                positions: Iterable[int]) -> None:
+def decode_into(
+    path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], out: np.ndarray, positions: Iterable[int]
+) -> None:
     """Decode the messages at (offset, length) of ``rows`` into ``out[positions]`` (each (*shape) float32,
     as :func:`decode` lays them out), without an intermediate array per file."""
     shape = out.shape[1:]
@@ -360,8 +408,9 @@ def decode_into(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], o
             out[k] = field if jpos else field[::-1]
 
 
-def copy_messages(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-                  keep: Callable[[dict[str, object]], bool]) -> int:
+def copy_messages(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], keep: Callable[[dict[str, object]], bool]
+) -> int:
     """Copy the messages of ``src`` for which ``keep(keys)`` is true to ``dst`` (like ``grib_copy -w``);
     ``keys`` holds shortName, level, number, dataDate and endStep. Returns the messages copied."""
     n = 0

@@ -50,27 +50,42 @@ def combine(parts: list[xr.Dataset], label: str, names: list[str]) -> xr.Dataset
     variables (pl and sfc files) are merged."""
     first = parts[0]
     for ds, name in zip(parts[1:], names[1:], strict=True):
-        same = all(ds[c].shape == first[c].shape and np.allclose(ds[c].values, first[c].values)
-                   for c in (schema.LAT, schema.LON))
+        same = all(
+            ds[c].shape == first[c].shape and np.allclose(ds[c].values, first[c].values)
+            for c in (schema.LAT, schema.LON)
+        )
         if not same:
-            grids = [regrid.SourceGrid.regular(d[schema.LAT].values, d[schema.LON].values).name
-                     if conventions.POINTS not in d[schema.LAT].dims else "a point grid" for d in (first, ds)]
-            msg = (f"{label}: {Path(name).name} is on {grids[1]}, {Path(names[0]).name} on {grids[0]}; "
-                   "one source holds one grid: ingest them separately")
+            grids = [
+                regrid.SourceGrid.regular(d[schema.LAT].values, d[schema.LON].values).name
+                if conventions.POINTS not in d[schema.LAT].dims
+                else "a point grid"
+                for d in (first, ds)
+            ]
+            msg = (
+                f"{label}: {Path(name).name} is on {grids[1]}, {Path(names[0]).name} on {grids[0]}; "
+                "one source holds one grid: ingest them separately"
+            )
             raise BadInputError(msg)
     groups: dict[tuple[str, ...], list[xr.Dataset]] = {}
     for ds in parts:
         groups.setdefault(tuple(sorted(str(v) for v in ds.data_vars)), []).append(ds)
     joined = []
     for group in groups.values():
-        ds = group[0] if len(group) == 1 else xr.concat(group, dim=schema.INIT_TIME, data_vars="minimal",
-                                                       coords="minimal", compat="override", join="outer")
+        ds = (
+            group[0]
+            if len(group) == 1
+            else xr.concat(
+                group, dim=schema.INIT_TIME, data_vars="minimal", coords="minimal", compat="override", join="outer"
+            )
+        )
         if schema.INIT_TIME in ds.dims:
             ds = ds.sortby(schema.INIT_TIME)
             dup = ds.indexes[schema.INIT_TIME].duplicated()
             if dup.any():
-                msg = (f"{label}: init time {ds[schema.INIT_TIME].values[dup][0]} appears in more than one file; "
-                       "remove the duplicate file")
+                msg = (
+                    f"{label}: init time {ds[schema.INIT_TIME].values[dup][0]} appears in more than one file; "
+                    "remove the duplicate file"
+                )
                 raise BadInputError(msg)
         joined.append(ds)
     try:
@@ -122,8 +137,11 @@ class XarraySource(ForecastSource):
 
     def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
         ds = self.dataset[list(plan.variables)]
-        sel: dict[str, Any] = {schema.INIT_TIME: [init_time], schema.MEMBER: list(plan.members),
-                               schema.STEP: pd.to_timedelta(list(plan.steps_h), unit="h")}
+        sel: dict[str, Any] = {
+            schema.INIT_TIME: [init_time],
+            schema.MEMBER: list(plan.members),
+            schema.STEP: pd.to_timedelta(list(plan.steps_h), unit="h"),
+        }
         if plan.levels and schema.LEVEL in ds.dims:  # a surface-only selection (T2m) has no level dim
             sel[schema.LEVEL] = list(plan.levels)
         out = ds.sel(sel).load(scheduler="synchronous")  # in this task (no sub-tasks through a cluster)
@@ -136,7 +154,3 @@ class XarraySource(ForecastSource):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"paths": self.paths, "path": self.path}
-
-
-
-

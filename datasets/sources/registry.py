@@ -52,9 +52,11 @@ def discover(path: str | Path, *, truth: str | Path | None = None) -> Discovered
         elif ncs:
             forecast = XarraySource(ncs)
         else:
-            msg = (f"{p}: no forecasts found; expected GRIB files (ENS-10's output.pl.2018MMDD and "
-                   f"output.sfc.2018MMDD, or {', '.join('*' + s for s in GRIB_SUFFIXES)}), output.*.nc files or "
-                   "forecast.zarr")
+            msg = (
+                f"{p}: no forecasts found; expected GRIB files (ENS-10's output.pl.2018MMDD and "
+                f"output.sfc.2018MMDD, or {', '.join('*' + s for s in GRIB_SUFFIXES)}), output.*.nc files or "
+                "forecast.zarr"
+            )
             raise MissingInputError(msg)
         if (p / "era5.zarr").exists():
             found_truth = [p / "era5.zarr"]

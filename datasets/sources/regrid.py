@@ -48,16 +48,17 @@ class SourceGrid:
     def regular(cls, lat: np.ndarray, lon: np.ndarray) -> SourceGrid:
         lat, lon = np.asarray(lat, np.float64), np.asarray(lon, np.float64)
         dlat = abs(float(lat[1] - lat[0])) if lat.size > 1 else 0.0
-        name = (f"regular_ll {dlat:g} deg {lat.size}x{lon.size} lat {lat.min():g}..{lat.max():g} "
-                f"lon {lon.min():g}..{lon.max():g}")
+        name = (
+            f"regular_ll {dlat:g} deg {lat.size}x{lon.size} lat {lat.min():g}..{lat.max():g} "
+            f"lon {lon.min():g}..{lon.max():g}"
+        )
         return cls("regular", lat, lon, name)
 
     @classmethod
     def points(cls, lat: np.ndarray, lon: np.ndarray, name: str = "") -> SourceGrid:
         lat, lon = np.asarray(lat, np.float64).ravel(), np.mod(np.asarray(lon, np.float64).ravel(), 360.0)
         rows = reduced_rows(lat)
-        label = name or (f"reduced_gg {len(rows['lat'])} rows ({lat.size} points)" if rows else
-                         f"points ({lat.size})")
+        label = name or (f"reduced_gg {len(rows['lat'])} rows ({lat.size} points)" if rows else f"points ({lat.size})")
         return cls("points", lat, lon, label, rows)
 
     @property
@@ -66,15 +67,22 @@ class SourceGrid:
 
     def is_grid(self, grid: schema.Grid) -> bool:
         """Whether this is exactly ``grid`` (ascending latitude, the grid's longitudes modulo 360): no regridding."""
-        return (self.kind == "regular" and self.lat.size == grid.n_lat and self.lon.size == grid.n_lon
-                and np.allclose(self.lat, grid.latitudes(), atol=1e-4)
-                and np.allclose(np.mod(self.lon, 360.0), np.mod(grid.longitudes(), 360.0), atol=1e-4))
+        return (
+            self.kind == "regular"
+            and self.lat.size == grid.n_lat
+            and self.lon.size == grid.n_lon
+            and np.allclose(self.lat, grid.latitudes(), atol=1e-4)
+            and np.allclose(np.mod(self.lon, 360.0), np.mod(grid.longitudes(), 360.0), atol=1e-4)
+        )
 
     @property
     def is_global(self) -> bool:
         """Whether the source covers the globe (a point cloud is taken as a global reduced grid)."""
-        return self.kind != "regular" or (_periodic(self.lon) and self.lat.min() <= -90 + _step(self.lat) + 1e-6
-                                          and self.lat.max() >= 90 - _step(self.lat) - 1e-6)
+        return self.kind != "regular" or (
+            _periodic(self.lon)
+            and self.lat.min() <= -90 + _step(self.lat) + 1e-6
+            and self.lat.max() >= 90 - _step(self.lat) - 1e-6
+        )
 
     def covers(self, grid: schema.Grid) -> bool:
         """Whether every point of ``grid`` lies inside this source (regridding leaves no NaN edge)."""
@@ -139,8 +147,9 @@ def _regular(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str
         return _cell_means(values, src, grid)
     da = _regular_da(values, src.lat, src.lon)
     interp: Literal["linear", "nearest"] = "linear" if method == "bilinear" else "nearest"
-    out = _interp_lon(da, grid.longitudes(), interp).interp(lat=grid.latitudes(), method=interp,
-                                                            kwargs={"fill_value": np.nan})
+    out = _interp_lon(da, grid.longitudes(), interp).interp(
+        lat=grid.latitudes(), method=interp, kwargs={"fill_value": np.nan}
+    )
     return np.asarray(out.values)
 
 
@@ -149,8 +158,10 @@ def _cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.nd
     target cell holding its centre (xarray ``groupby``), weighted by cos(latitude)."""
     res_src = abs(float(src.lat[1] - src.lat[0]))
     if grid.resolution < 2 * res_src - 1e-9:
-        msg = (f"conservative regridding averages source cells into coarser target cells ({res_src:g} deg -> "
-               f"{grid.resolution:g} deg); to refine use method bilinear or nearest")
+        msg = (
+            f"conservative regridding averages source cells into coarser target cells ({res_src:g} deg -> "
+            f"{grid.resolution:g} deg); to refine use method bilinear or nearest"
+        )
         raise ConfigError(msg)
     dims = [f"d{i}" for i in range(values.ndim - 2)] + ["lat", "lon"]
     w = xr.DataArray(np.clip(np.cos(np.radians(src.lat)), 1e-6, None), dims=["lat"])
@@ -174,8 +185,10 @@ def _reduced_cell_means(values: np.ndarray, src: SourceGrid, grid: schema.Grid) 
     rows = src.rows
     spacing = 180.0 / len(rows["lat"])
     if grid.resolution < 2 * spacing - 1e-9:
-        msg = (f"conservative regridding averages source cells into coarser target cells (~{spacing:.3g} deg -> "
-               f"{grid.resolution:g} deg); to refine use method bilinear or nearest")
+        msg = (
+            f"conservative regridding averages source cells into coarser target cells (~{spacing:.3g} deg -> "
+            f"{grid.resolution:g} deg); to refine use method bilinear or nearest"
+        )
         raise ConfigError(msg)
     row_lat = np.asarray(rows["lat"], np.float64)
     order = np.argsort(row_lat)
@@ -211,8 +224,8 @@ def _reduced(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.ndarr
     rows, tlon = src.rows, grid.longitudes()
     per_row = []
     for start, count in zip(rows["start"], rows["count"], strict=True):
-        lon = src.lon[start:start + count]
-        row = _regular_da(values[..., None, start:start + count], np.zeros(1), lon).isel(lat=0)
+        lon = src.lon[start : start + count]
+        row = _regular_da(values[..., None, start : start + count], np.zeros(1), lon).isel(lat=0)
         per_row.append(_interp_lon(row, tlon, "linear").values)
     stacked = np.stack(per_row, axis=-2)  # (..., rows, target lon)
     da = _regular_da_lat(stacked, rows["lat"], tlon)
@@ -235,8 +248,9 @@ def _nearest_points(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> n
     target = geometry.GridDefinition(lons=np.where(tlon > 180.0, tlon - 360.0, tlon), lats=tlat)
     radius = 4.0 * np.radians(max(grid.resolution, 180.0 / max(len(src.rows.get("lat", [])), 1))) * EARTH_RADIUS_M
     flat = values.reshape(-1, values.shape[-1])  # (fields, n)
-    out = kd_tree.resample_nearest(source, np.moveaxis(flat, 0, -1), target, radius_of_influence=radius,
-                                   fill_value=None)
+    out = kd_tree.resample_nearest(
+        source, np.moveaxis(flat, 0, -1), target, radius_of_influence=radius, fill_value=None
+    )
     out = np.ma.filled(np.ma.asarray(out, dtype=np.float64), np.nan)  # (y, x[, fields])
     out = out[..., None] if out.ndim == 2 else out
     return np.moveaxis(out, -1, 0).reshape(*values.shape[:-1], *grid.shape)

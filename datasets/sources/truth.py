@@ -13,7 +13,7 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError
-from postcast.datasets.sources import conventions, regrid
+from postcast.datasets.sources import conventions, derived, regrid
 from postcast.datasets.sources.base import Plan, regridded
 from postcast.datasets.sources.kinds import kind_of
 
@@ -63,8 +63,10 @@ class TruthSource:
         if src.is_grid(plan.grid):
             return out
         if not src.covers(plan.grid):
-            msg = (f"{self.paths[0]}: truth covers {regrid.coverage(src)} only; the store is on "
-                   f"{plan.grid.describe()}: give truth that covers it")
+            msg = (
+                f"{self.paths[0]}: truth covers {regrid.coverage(src)} only; the store is on "
+                f"{plan.grid.describe()}: give truth that covers it"
+            )
             raise BadInputError(msg)
         return regridded(out, replace(plan, source_grid=src))
 
@@ -103,8 +105,11 @@ def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
         if kind_of(paths[0]) == "zarr":
             raw = open_zarr(paths[0], chunks=None)
         else:
-            raw = xr.merge([xr.open_dataset(p, engine="netcdf4", chunks=_TRUTH_CHUNKS) for p in paths],
-                           compat="override", join="outer")
+            raw = xr.merge(
+                [xr.open_dataset(p, engine="netcdf4", chunks=_TRUTH_CHUNKS) for p in paths],
+                compat="override",
+                join="outer",
+            )
     except (OSError, ValueError) as err:
         msg = f"{paths[0]}: cannot open truth ({err})"
         raise BadInputError(msg) from err
@@ -114,6 +119,4 @@ def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
             msg = f"{paths[0]}: no oracle_mean_* / oracle_std_* variables"
             raise BadInputError(msg)
         return conventions.normalise_oracle(raw[names], source=paths[0])
-    return conventions.normalise_truth(raw, source=paths[0])
-
-
+    return derived.normalise_truth(raw, source=paths[0])

@@ -52,8 +52,15 @@ def _lazy_variable(cfg: SynthConfig, var: schema.Variable) -> da.Array:
     nl = len(cfg.sorted_levels) if var.on_levels else 1
     ny, nx = cfg.grid.shape
     chunks = (_time_chunks(cfg), (cfg.members,), (len(schema.STEPS_H),), (nl,), (ny,), (nx,))
-    arr = da.map_blocks(_member_block_mapped, chunks=chunks, dtype=np.float32, meta=np.empty((0,) * 6, np.float32),
-                        cfg=cfg, variable=var.name, name=f"synth-{var.name}-{dask.base.tokenize(cfg)}")
+    arr = da.map_blocks(
+        _member_block_mapped,
+        chunks=chunks,
+        dtype=np.float32,
+        meta=np.empty((0,) * 6, np.float32),
+        cfg=cfg,
+        variable=var.name,
+        name=f"synth-{var.name}-{dask.base.tokenize(cfg)}",
+    )
     return arr[:, :, :, 0] if var.level_type is schema.LevelType.SURFACE else arr
 
 
@@ -65,8 +72,7 @@ def _coords(cfg: SynthConfig, with_members: bool = True, levels: bool = True) ->
         schema.STEP: steps,
         schema.LAT: ("latitude", cfg.grid.latitudes(), {"units": "degrees_north", "standard_name": "latitude"}),
         schema.LON: ("longitude", cfg.grid.longitudes(), {"units": "degrees_east", "standard_name": "longitude"}),
-        schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP),
-                            times.values[:, None] + steps.values[None, :]),
+        schema.VALID_TIME: ((schema.INIT_TIME, schema.STEP), times.values[:, None] + steps.values[None, :]),
     }
     if with_members:
         coords[schema.MEMBER] = np.arange(1, cfg.members + 1)
@@ -121,12 +127,27 @@ def truth_dataset(cfg: SynthConfig) -> xr.Dataset:
     the config and every step, dims (init_time, step, latitude, longitude)."""
     arrays = _truth_arrays(cfg)
     chunks = ((len(arrays),), _time_chunks(cfg), (len(schema.STEPS_H),), *((n,) for n in cfg.grid.shape))
-    arr = da.map_blocks(_truth_block_mapped, chunks=chunks, dtype=np.float32, meta=np.empty((0,) * 5, np.float32),
-                        cfg=cfg, name=f"synth-truth-{dask.base.tokenize(cfg)}")
+    arr = da.map_blocks(
+        _truth_block_mapped,
+        chunks=chunks,
+        dtype=np.float32,
+        meta=np.empty((0,) * 5, np.float32),
+        cfg=cfg,
+        name=f"synth-truth-{dask.base.tokenize(cfg)}",
+    )
     dims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
-    data_vars = {name: xr.Variable(dims, arr[k], {"units": "1" if key == "shape" else schema.target(target).units,
-                                                   "target": target, "long_name": f"{label} {target}"})
-                 for k, (target, key, name, label) in enumerate(arrays)}
+    data_vars = {
+        name: xr.Variable(
+            dims,
+            arr[k],
+            {
+                "units": "1" if key == "shape" else schema.target(target).units,
+                "target": target,
+                "long_name": f"{label} {target}",
+            },
+        )
+        for k, (target, key, name, label) in enumerate(arrays)
+    }
     ds = xr.Dataset(data_vars, coords=_coords(cfg, with_members=False, levels=False))
     ds.attrs.update(synthetic_attrs(cfg))
     return ds

@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 def _zarr_chunks(ds: xr.Dataset) -> dict[str, tuple[int, ...]]:
     whole = ("number", schema.MEMBER, schema.LAT, schema.LON)
     grow = ("isobaricInhPa", schema.LEVEL, schema.STEP)
-    return {str(n): io.chunk_shape(tuple(map(str, v.dims)), v.shape, whole=whole, grow=grow)
-            for n, v in ds.data_vars.items()}
+    return {
+        str(n): io.chunk_shape(tuple(map(str, v.dims)), v.shape, whole=whole, grow=grow)
+        for n, v in ds.data_vars.items()
+    }
 
 
 def progress_bar(enabled: bool) -> Any:
@@ -136,8 +138,13 @@ def write_synthetic(cfg: SynthConfig, out: str | Path, *, progress: bool = True)
     oracle = truth[[n for n in truth.data_vars if str(n).startswith("oracle_")]]
     _write_zarr_once(oracle, out / "oracle.zarr", progress)
     files.append("oracle.zarr")
-    manifest = {"postcast_synthetic_version": synthetic.FORMAT_VERSION, "config": cfg.to_dict(),
-                "files": files, "n_init_times": len(cfg.init_times), "grid": list(cfg.grid.shape),
-                "seconds": round(time.perf_counter() - start, 2)}
+    manifest = {
+        "postcast_synthetic_version": synthetic.FORMAT_VERSION,
+        "config": cfg.to_dict(),
+        "files": files,
+        "n_init_times": len(cfg.init_times),
+        "grid": list(cfg.grid.shape),
+        "seconds": round(time.perf_counter() - start, 2),
+    }
     io.write_json(manifest_path, manifest)
     return manifest

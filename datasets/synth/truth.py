@@ -62,8 +62,9 @@ class World(Weather):
         draw = {"gaussian": self._gaussian, "truncnormal": self._wind_speed, "csg": self._amount}[tg.family]
         return {**draw(tg, init, step_h, x, eps), "ens_mean": m, "ens_std": s}
 
-    def _gaussian(self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray,
-                  eps: np.ndarray) -> dict[str, np.ndarray]:
+    def _gaussian(
+        self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray, eps: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """N(m + beta, sigma^2): beta from location, season, 850 hPa wind and clouds; sigma > spread."""
         m, s = x.mean(axis=0), x.std(axis=0)
         valid = init + pd.Timedelta(hours=step_h)
@@ -74,8 +75,12 @@ class World(Weather):
         wind_term = np.tanh((ws - 10.0) / 5.0)
         season = self.latent(valid)["season"]
         g = LEAD_GROWTH[step_h]
-        shape = (0.6 * self._bias_fields[tg.name] + 0.5 * season * np.sign(self.sinlat)
-                 + 0.6 * wind_term + 0.4 * np.sin(3.0 * (2.0 * tcc - 1.0)))
+        shape = (
+            0.6 * self._bias_fields[tg.name]
+            + 0.5 * season * np.sign(self.sinlat)
+            + 0.6 * wind_term
+            + 0.4 * np.sin(3.0 * (2.0 * tcc - 1.0))
+        )
         if tg.level is None:  # a surface target: clouds keep land nights warm
             shape = shape + 0.8 * (2.0 * tcc - 1.0) * self.land
         beta = tg.error_scale * g * 0.55 * shape
@@ -85,23 +90,24 @@ class World(Weather):
         truth = mean + sigma * eps
         return {"mean": mean, "std": sigma, "mu": mean, "sigma": sigma, "truth": truth}
 
-    def _wind_speed(self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray,
-                    eps: np.ndarray) -> dict[str, np.ndarray]:
+    def _wind_speed(
+        self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray, eps: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """N(mu, sigma^2) truncated to [0, inf): the members' speed corrected by place (weaker over land),
         season and the speed itself; sigma grows with the spread (under-dispersion) and in strong wind."""
         m, s = x.mean(axis=0), x.std(axis=0)  # (lat, lon) m/s
         g = LEAD_GROWTH[step_h]
         season = self.latent(init + pd.Timedelta(hours=step_h))["season"]
         strong = np.tanh((m - 8.0) / 4.0)
-        shape = (0.8 * self._bias_fields[tg.name] + 0.4 * season * np.sign(self.sinlat)
-                 - 0.6 * self.land + 0.5 * strong)
+        shape = 0.8 * self._bias_fields[tg.name] + 0.4 * season * np.sign(self.sinlat) - 0.6 * self.land + 0.5 * strong
         mu = m + tg.error_scale * g * shape
         sigma = np.sqrt((UNDERDISPERSION * s * (1.0 + 0.2 * strong)) ** 2 + (0.3 * tg.error_scale * g) ** 2)
         truth = stats.truncnorm.ppf(special.ndtr(eps), -mu / sigma, np.inf, loc=mu, scale=sigma)
         return {"mu": mu, "sigma": sigma, "truth": truth}
 
-    def _amount(self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray,
-                eps: np.ndarray) -> dict[str, np.ndarray]:
+    def _amount(
+        self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray, eps: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """max(0, X - shift), X ~ Gamma(shape, scale): the shift (so P(dry)) grows in dry regions (land in
         the subtropics) and with the dry members; the mean follows the members' mean corrected by place and
         season; near the year's rare intense events the spread triples (heavy tails)."""

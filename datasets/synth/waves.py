@@ -24,8 +24,17 @@ class GaussianWaves:
     spectrum s^2 is normalised to sum 1, hence unit variance pointwise.
     """
 
-    def __init__(self, rng: np.random.Generator, *, n_max: int = 8, l_max: int = 7, scale: float = 3.0,
-                 n_freq: int = 3, periods: tuple[float, float] = (6.0, 40.0), drift: float = 6.0):
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        *,
+        n_max: int = 8,
+        l_max: int = 7,
+        scale: float = 3.0,
+        n_freq: int = 3,
+        periods: tuple[float, float] = (6.0, 40.0),
+        drift: float = 6.0,
+    ):
         n = np.arange(n_max + 1)
         ll = np.arange(l_max + 1)
         spec = 1.0 / (1.0 + (ll[:, None] ** 2 + n[None, :] ** 2) / scale**2) ** 2  # (L+1, N+1)
@@ -62,8 +71,9 @@ class GaussianWaves:
             rows = np.stack([np.cos(lam), np.sin(lam)], axis=1)
         return rows.reshape(-1, lon.size)  # (2N+2, n_lon)
 
-    def __call__(self, lat: np.ndarray, lon: np.ndarray, t: float = 0.0, *, dlat: bool = False,
-                 dlon: bool = False) -> np.ndarray:
+    def __call__(
+        self, lat: np.ndarray, lon: np.ndarray, t: float = 0.0, *, dlat: bool = False, dlon: bool = False
+    ) -> np.ndarray:
         """Field (n_lat, n_lon) at time ``t`` (days); ``dlat``/``dlon`` give unit-variance derivatives."""
         out = self._lat_basis(lat, dlat) @ self.coefficients(t) @ self._lon_basis(lon, t, dlon)
         if dlat:
@@ -88,8 +98,9 @@ def _static_basis(resolution: float, n_max: int, l_max: int, scale: float) -> tu
     return lat, std, lon
 
 
-def static_fields(rng: np.random.Generator, grid: Grid, count: int, *, scale: float = 4.0,
-                  n_max: int = 8, l_max: int = 7) -> np.ndarray:
+def static_fields(
+    rng: np.random.Generator, grid: Grid, count: int, *, scale: float = 4.0, n_max: int = 8, l_max: int = 7
+) -> np.ndarray:
     """``count`` independent smooth fields (count, n_lat, n_lon), each exactly N(0, 1) pointwise
     (the time-frozen case of :class:`GaussianWaves`, batched)."""
     lat, std, lon = _static_basis(grid.resolution, n_max, l_max, scale)

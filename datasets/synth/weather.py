@@ -23,12 +23,45 @@ LEAD_GROWTH = {0: 0.15, 24: 0.6, 48: 1.0}
 UNDERDISPERSION = 1.7  # k: true error std / ensemble spread (spread/skill ~ 1/k before bias)
 
 # Standard-atmosphere geopotential heights (m) and temperatures (K) on the ENS-10 levels.
-_H_STD = {10: 31060.0, 50: 20580.0, 100: 16180.0, 200: 11790.0, 300: 9160.0, 400: 7180.0,
-          500: 5570.0, 700: 3010.0, 850: 1460.0, 925: 760.0, 1000: 110.0}
-_T_STD = {10: 227.0, 50: 211.0, 100: 206.0, 200: 217.0, 300: 229.0, 400: 242.0, 500: 253.0,
-          700: 270.0, 850: 279.0, 925: 283.0, 1000: 288.0}
-_JET = {10: 8.0, 50: 10.0, 100: 15.0, 200: 35.0, 300: 30.0, 400: 24.0, 500: 18.0, 700: 10.0,
-        850: 6.0, 925: 4.0, 1000: 3.0}  # m/s, zonal-mean westerly jet maximum
+_H_STD = {
+    10: 31060.0,
+    50: 20580.0,
+    100: 16180.0,
+    200: 11790.0,
+    300: 9160.0,
+    400: 7180.0,
+    500: 5570.0,
+    700: 3010.0,
+    850: 1460.0,
+    925: 760.0,
+    1000: 110.0,
+}
+_T_STD = {
+    10: 227.0,
+    50: 211.0,
+    100: 206.0,
+    200: 217.0,
+    300: 229.0,
+    400: 242.0,
+    500: 253.0,
+    700: 270.0,
+    850: 279.0,
+    925: 283.0,
+    1000: 288.0,
+}
+_JET = {
+    10: 8.0,
+    50: 10.0,
+    100: 15.0,
+    200: 35.0,
+    300: 30.0,
+    400: 24.0,
+    500: 18.0,
+    700: 10.0,
+    850: 6.0,
+    925: 4.0,
+    1000: 3.0,
+}  # m/s, zonal-mean westerly jet maximum
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -93,11 +126,16 @@ class Weather:
         """Extreme events of a year: rows (time_day, lat, lon, amplitude, radius_deg, duration_day)."""
         rng = _rng(self.seed, _STREAM["events"], year)
         k = rng.poisson(8.0)
-        return np.column_stack([
-            rng.uniform(0, 366, k), np.rad2deg(np.arcsin(rng.uniform(-0.95, 0.95, k))),
-            rng.uniform(0, 360, k), rng.choice([-1.0, 1.0], k) * rng.uniform(2.5, 4.0, k),
-            rng.uniform(8.0, 15.0, k), rng.uniform(1.5, 3.0, k),
-        ])
+        return np.column_stack(
+            [
+                rng.uniform(0, 366, k),
+                np.rad2deg(np.arcsin(rng.uniform(-0.95, 0.95, k))),
+                rng.uniform(0, 360, k),
+                rng.choice([-1.0, 1.0], k) * rng.uniform(2.5, 4.0, k),
+                rng.uniform(8.0, 15.0, k),
+                rng.uniform(1.5, 3.0, k),
+            ]
+        )
 
     def _event_field(self, year: int, day: float) -> np.ndarray:
         out = np.zeros(self.grid.shape)
@@ -105,8 +143,10 @@ class Weather:
             w = math.exp(-0.5 * ((day - te) / dur) ** 2)
             if w < 1e-3:
                 continue
-            c = (np.sin(np.deg2rad(la)) * self.sinlat
-                 + np.cos(np.deg2rad(la)) * self.coslat * np.cos(np.deg2rad(self.lon - lo))[None, :])
+            c = (
+                np.sin(np.deg2rad(la)) * self.sinlat
+                + np.cos(np.deg2rad(la)) * self.coslat * np.cos(np.deg2rad(self.lon - lo))[None, :]
+            )
             ang = np.rad2deg(np.arccos(np.clip(c, -1.0, 1.0)))
             out += amp * w * np.exp(-0.5 * (ang / rad) ** 2)
         return out
@@ -164,8 +204,10 @@ class Weather:
         The returned array is cached and shared: do not modify it."""
         valid = init + pd.Timedelta(hours=step_h)
         if name not in GENERATORS:
-            msg = (f"no synthetic generator for variable {name!r}: add a World method decorated "
-                   f"@generates({name!r}) to class Weather in datasets/synth/weather.py")
+            msg = (
+                f"no synthetic generator for variable {name!r}: add a World method decorated "
+                f"@generates({name!r}) to class Weather in datasets/synth/weather.py"
+            )
             raise KeyError(msg)
         out: np.ndarray = GENERATORS[name](self, level, init, step_h, valid)
         return out
@@ -250,9 +292,11 @@ class Weather:
     @generates("msl")
     def _f_msl(self, level: int, init: pd.Timestamp, step_h: int, valid: pd.Timestamp) -> np.ndarray:
         lat = self.latent(valid)
-        clim = (101325.0 + 1500.0 * (np.exp(-(((self.abslat - 30.0) / 10.0) ** 2))
-                                     - np.exp(-(((self.abslat - 60.0) / 10.0) ** 2)))
-                - 600.0 * self.land * lat["season"])
+        clim = (
+            101325.0
+            + 1500.0 * (np.exp(-(((self.abslat - 30.0) / 10.0) ** 2)) - np.exp(-(((self.abslat - 60.0) / 10.0) ** 2)))
+            - 600.0 * self.land * lat["season"]
+        )
         anom = 0.8 * self._flow_members(init, step_h, valid) + 0.6 * self.own("msl", 0, valid)[None]
         return clim[None] + 900.0 * self.env[None] * anom
 

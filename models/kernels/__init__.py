@@ -141,8 +141,15 @@ def crps_ensemble(x: torch.Tensor, y: torch.Tensor, fair: bool = True) -> torch.
     return out
 
 
-def topk_route(values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool = False,
-               block_gate: bool = False, damping: float = 1.0, quantile: float = 0.7) -> torch.Tensor:
+def topk_route(
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    k: int,
+    weighted: bool = False,
+    block_gate: bool = False,
+    damping: float = 1.0,
+    quantile: float = 0.7,
+) -> torch.Tensor:
     """SMoE top-k routing: values, weights (B, E, H, W) -> selected (optionally weight-scaled) values
     (B, k, H, W), with the SMoE backward (see :class:`postcast.models.kernels.reference.TopKRouting`)."""
     fn = _impl("topk_route", values, weights)

@@ -34,7 +34,7 @@ def crps_ensemble(x: torch.Tensor, y: torch.Tensor, fair: bool = True) -> torch.
     """Ensemble CRPS of members x (N, M) at y (N,) by sorting: sum_ij |x_i - x_j| = 2 sum_i (2i - M - 1) x_(i)."""
     m = x.shape[-1]
     s = x.sort(dim=-1).values
-    w = (2.0 * torch.arange(1, m + 1, dtype=x.dtype, device=x.device) - m - 1.0)  # (M,)
+    w = 2.0 * torch.arange(1, m + 1, dtype=x.dtype, device=x.device) - m - 1.0  # (M,)
     spread = (s * w).sum(-1) / (m * (m - 1) if fair else m * m)
     return (x - y.unsqueeze(-1)).abs().mean(-1) - spread
 
@@ -53,8 +53,16 @@ class TopKRouting(torch.autograd.Function):
     the gate gets no task gradient when ``block_gate`` (it learns from the RC loss instead)."""
 
     @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool,
-                block_gate: bool, damping: float, quantile: float) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        values: torch.Tensor,
+        weights: torch.Tensor,
+        k: int,
+        weighted: bool,
+        block_gate: bool,
+        damping: float,
+        quantile: float,
+    ) -> torch.Tensor:
         # values, weights: (B, E, H, W) -> y (B, k, H, W)
         idx = weights.topk(k, dim=1).indices  # (B, k, H, W)
         sel_v = values.gather(1, idx)
@@ -79,8 +87,15 @@ class TopKRouting(torch.autograd.Function):
         return grad_values, grad_weights, None, None, None, None, None
 
 
-def topk_route(values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool, block_gate: bool,
-               damping: float, quantile: float) -> torch.Tensor:
+def topk_route(
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    k: int,
+    weighted: bool,
+    block_gate: bool,
+    damping: float,
+    quantile: float,
+) -> torch.Tensor:
     out: torch.Tensor = TopKRouting.apply(values, weights, k, weighted, block_gate, damping, quantile)
     return out
 

@@ -31,8 +31,7 @@ def _pow2(n: int, floor: int = 1) -> int:
 
 # --- 1. ensemble statistics + standardisation ---------------------------------------------------------
 @triton.jit
-def _ens_standardise_kernel(x_ptr, mean_ptr, std_ptr, z_ptr, M, N, eps,
-                            MP: tl.constexpr, BLOCK: tl.constexpr):
+def _ens_standardise_kernel(x_ptr, mean_ptr, std_ptr, z_ptr, M, N, eps, MP: tl.constexpr, BLOCK: tl.constexpr):
     # one program: all M members of BLOCK feature positions of sample b, held in registers (one read)
     b = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -62,8 +61,7 @@ def ensemble_standardise(members: torch.Tensor, eps: float = 1e-6) -> tuple[torc
 
 # --- 2. Gaussian CRPS, forward and gradient in one pass ----------------------------------------------
 @triton.jit
-def _crps_gaussian_kernel(mu_ptr, sg_ptr, y_ptr, out_ptr, dmu_ptr, dsg_ptr, n,
-                          GRAD: tl.constexpr, BLOCK: tl.constexpr):
+def _crps_gaussian_kernel(mu_ptr, sg_ptr, y_ptr, out_ptr, dmu_ptr, dsg_ptr, n, GRAD: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     mu = tl.load(mu_ptr + offs, mask=m, other=0.0)
@@ -136,8 +134,20 @@ def crps_ensemble(x: torch.Tensor, y: torch.Tensor, fair: bool = True) -> torch.
 
 # --- 4. SMoE top-k routing ----------------------------------------------------------------------------
 @triton.jit
-def _topk_fwd_kernel(v_ptr, w_ptr, y_ptr, idx_ptr, sv_ptr, sw_ptr, E, P,
-                     K: tl.constexpr, WEIGHTED: tl.constexpr, EP: tl.constexpr, BLOCK: tl.constexpr):
+def _topk_fwd_kernel(
+    v_ptr,
+    w_ptr,
+    y_ptr,
+    idx_ptr,
+    sv_ptr,
+    sw_ptr,
+    E,
+    P,
+    K: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    EP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     b = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rows = tl.arange(0, EP)
@@ -163,9 +173,23 @@ def _topk_fwd_kernel(v_ptr, w_ptr, y_ptr, idx_ptr, sv_ptr, sw_ptr, E, P,
 
 
 @triton.jit
-def _topk_bwd_kernel(e_ptr, idx_ptr, sv_ptr, sw_ptr, scale_ptr, gv_ptr, gw_ptr, E, P,
-                     K: tl.constexpr, WEIGHTED: tl.constexpr, DAMP: tl.constexpr, GATE: tl.constexpr,
-                     EP: tl.constexpr, BLOCK: tl.constexpr):
+def _topk_bwd_kernel(
+    e_ptr,
+    idx_ptr,
+    sv_ptr,
+    sw_ptr,
+    scale_ptr,
+    gv_ptr,
+    gw_ptr,
+    E,
+    P,
+    K: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    DAMP: tl.constexpr,
+    GATE: tl.constexpr,
+    EP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     b = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rows = tl.arange(0, EP)
@@ -199,8 +223,16 @@ class TopKRouting(torch.autograd.Function):
     """Same semantics as :class:`postcast.models.kernels.reference.TopKRouting`; both passes in Triton."""
 
     @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool,
-                block_gate: bool, damping: float, quantile: float) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        values: torch.Tensor,
+        weights: torch.Tensor,
+        k: int,
+        weighted: bool,
+        block_gate: bool,
+        damping: float,
+        quantile: float,
+    ) -> torch.Tensor:
         v, w = values.contiguous(), weights.contiguous()  # (B, E, H, W)
         b, e = v.shape[:2]
         p = v[0, 0].numel()
@@ -208,8 +240,9 @@ class TopKRouting(torch.autograd.Function):
         y, sv, sw = _out(shape, v), _out(shape, v), _out(shape, v)
         idx = _out(shape, v, torch.int64)
         block = min(256, _pow2(p, 16))
-        _topk_fwd_kernel[(triton.cdiv(p, block), b)](v, w, y, idx, sv, sw, e, p, K=k, WEIGHTED=weighted,
-                                                      EP=_pow2(e), BLOCK=block)
+        _topk_fwd_kernel[(triton.cdiv(p, block), b)](
+            v, w, y, idx, sv, sw, e, p, K=k, WEIGHTED=weighted, EP=_pow2(e), BLOCK=block
+        )
         ctx.save_for_backward(idx, sv, sw)
         ctx.cfg = (e, weighted, block_gate, damping, quantile)
         return y
@@ -228,22 +261,55 @@ class TopKRouting(torch.autograd.Function):
         gv = _out(shape, g)
         gw = _out(shape, g) if not block_gate else gv
         block = min(256, _pow2(p, 16))
-        _topk_bwd_kernel[(triton.cdiv(p, block), b)](g, idx, sv, sw, scale, gv, gw, experts, p, K=k,
-                                                      WEIGHTED=weighted, DAMP=damp, GATE=not block_gate,
-                                                      EP=_pow2(experts), BLOCK=block)
+        _topk_bwd_kernel[(triton.cdiv(p, block), b)](
+            g,
+            idx,
+            sv,
+            sw,
+            scale,
+            gv,
+            gw,
+            experts,
+            p,
+            K=k,
+            WEIGHTED=weighted,
+            DAMP=damp,
+            GATE=not block_gate,
+            EP=_pow2(experts),
+            BLOCK=block,
+        )
         return gv, None if block_gate else gw, None, None, None, None, None
 
 
-def topk_route(values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool, block_gate: bool,
-               damping: float, quantile: float) -> torch.Tensor:
+def topk_route(
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    k: int,
+    weighted: bool,
+    block_gate: bool,
+    damping: float,
+    quantile: float,
+) -> torch.Tensor:
     out: torch.Tensor = TopKRouting.apply(values, weights, k, weighted, block_gate, damping, quantile)
     return out
 
 
 # --- 5. neural-field decoder: Fourier features + first layer ------------------------------------------
 @triton.jit
-def _fourier_kernel(x_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, N, F, H,
-                    D: tl.constexpr, FP: tl.constexpr, HP: tl.constexpr, BLOCK: tl.constexpr):
+def _fourier_kernel(
+    x_ptr,
+    b_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    F,
+    H,
+    D: tl.constexpr,
+    FP: tl.constexpr,
+    HP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rm = rows < N
     fc = tl.arange(0, FP)
@@ -272,15 +338,17 @@ class FourierLayer(torch.autograd.Function):
     step is dominated by the later layers; inference, the hot path, never runs it)."""
 
     @staticmethod
-    def forward(ctx: Any, coords: torch.Tensor, bmat: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, coords: torch.Tensor, bmat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
         x, bm, w, bias_c = coords.contiguous(), bmat.contiguous(), weight.contiguous(), bias.contiguous()
         n, d = x.shape
         f, h = bm.shape[1], w.shape[0]
         out = _out((n, h), x)
         block = 32
-        _fourier_kernel[(triton.cdiv(n, block),)](x, bm, w, bias_c, out, n, f, h, D=d, FP=_pow2(f, 16),
-                                                  HP=_pow2(h, 16), BLOCK=block)
+        _fourier_kernel[(triton.cdiv(n, block),)](
+            x, bm, w, bias_c, out, n, f, h, D=d, FP=_pow2(f, 16), HP=_pow2(h, 16), BLOCK=block
+        )
         ctx.save_for_backward(coords, bmat, weight, bias)
         return out
 

@@ -19,5 +19,16 @@ from postcast.models.plugins.report import CommReport
 from postcast.models.plugins.sparsity import MagnitudePruning, NMSparsity
 from postcast.models.plugins.wagma import WAGMA, GroupAverager, butterfly_groups
 
-__all__ = ["COMMS", "WAGMA", "CommDDPStrategy", "CommReport", "EagerSGD", "GroupAverager", "LionCub",
-           "MagnitudePruning", "NMSparsity", "PartialAllreduce", "butterfly_groups"]
+__all__ = [
+    "COMMS",
+    "WAGMA",
+    "CommDDPStrategy",
+    "CommReport",
+    "EagerSGD",
+    "GroupAverager",
+    "LionCub",
+    "MagnitudePruning",
+    "NMSparsity",
+    "PartialAllreduce",
+    "butterfly_groups",
+]

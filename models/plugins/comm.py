@@ -63,7 +63,7 @@ def write_flat_grads(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None
     off = 0
     for p in params:
         n = p.numel()
-        chunk = flat[off: off + n].view_as(p).to(p.dtype)
+        chunk = flat[off : off + n].view_as(p).to(p.dtype)
         if p.grad is None:
             p.grad = chunk.clone()
         else:

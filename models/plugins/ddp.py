@@ -89,8 +89,14 @@ def powersgd_counting_hook(state: PowerSGDCounting, bucket: dist.GradBucket) -> 
     return powerSGD_hook.powerSGD_hook(state, bucket)
 
 
-def make_hook(comm: str, *, density: float = 0.01, powersgd_rank: int = 1, start_iter: int = 2,
-              group: dist.ProcessGroup | None = None) -> tuple[Any, Callable[..., Any]]:
+def make_hook(
+    comm: str,
+    *,
+    density: float = 0.01,
+    powersgd_rank: int = 1,
+    start_iter: int = 2,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[Any, Callable[..., Any]]:
     """(state, hook) for a communication name in :data:`COMMS`; the state has a ``counter``."""
     if comm == "allreduce":
         return CountingState(group), allreduce_hook
@@ -100,8 +106,13 @@ def make_hook(comm: str, *, density: float = 0.01, powersgd_rank: int = 1, start
         return SparseHookState(method=comm, density=density, warmup_steps=start_iter, group=group), sparse_hook
     if comm == "powersgd":
         # torch requires start_powerSGD_iter > 1 with error feedback (DDP rebuilds buckets after step 1)
-        ps = PowerSGDCounting(process_group=group, matrix_approximation_rank=powersgd_rank,
-                              start_powerSGD_iter=max(2, start_iter), use_error_feedback=True, warm_start=True)
+        ps = PowerSGDCounting(
+            process_group=group,
+            matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=max(2, start_iter),
+            use_error_feedback=True,
+            warm_start=True,
+        )
         ps.counter = ByteCounter()
         return ps, powersgd_counting_hook
     msg = f"comm={comm!r}: choose one of {COMMS}"
@@ -124,18 +135,29 @@ class CommDDPStrategy(DDPStrategy):
             slowest each step, defeating eager-SGD; WAGMA averages buffers itself), on otherwise.
     """
 
-    def __init__(self, comm: str = "allreduce", density: float = 0.01, powersgd_rank: int = 1, start_iter: int = 2,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, process_group_backend: str | None = None,
-                 find_unused_parameters: bool = False, broadcast_buffers: bool | None = None) -> None:
+    def __init__(
+        self,
+        comm: str = "allreduce",
+        density: float = 0.01,
+        powersgd_rank: int = 1,
+        start_iter: int = 2,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        process_group_backend: str | None = None,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool | None = None,
+    ) -> None:
         if comm not in COMMS:
             msg = f"comm={comm!r}: choose one of {COMMS}"
             raise ConfigError(msg)
         if comm in ("topk", "oktopk") and not 0.0 < density <= 1.0:
             msg = f"density={density}: the fraction of gradient entries sent must be in (0, 1]"
             raise ConfigError(msg)
-        super().__init__(process_group_backend=process_group_backend, timeout=timeout(timeout_s),
-                         find_unused_parameters=find_unused_parameters,
-                         broadcast_buffers=comm != "noop" if broadcast_buffers is None else broadcast_buffers)
+        super().__init__(
+            process_group_backend=process_group_backend,
+            timeout=timeout(timeout_s),
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=comm != "noop" if broadcast_buffers is None else broadcast_buffers,
+        )
         self.comm = comm
         self.density = density
         self.powersgd_rank = powersgd_rank
@@ -147,8 +169,9 @@ class CommDDPStrategy(DDPStrategy):
         if not isinstance(self.model, DistributedDataParallel):
             msg = f"CommDDPStrategy needs a DistributedDataParallel model, got {type(self.model).__name__}"
             raise TypeError(msg)
-        self.comm_state, hook = make_hook(self.comm, density=self.density, powersgd_rank=self.powersgd_rank,
-                                          start_iter=self.start_iter)
+        self.comm_state, hook = make_hook(
+            self.comm, density=self.density, powersgd_rank=self.powersgd_rank, start_iter=self.start_iter
+        )
         self.model.register_comm_hook(self.comm_state, hook)
 
     @property

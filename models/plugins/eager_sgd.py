@@ -62,8 +62,18 @@ class PartialAllreduce:
     Lightning run); ``name`` must be equal on all ranks and unique per run (key prefix).
     """
 
-    def __init__(self, numel: int, *, store: dist.Store, name: str, mode: str = "solo", staleness_bound: int = 8,
-                 seed: int = 0, normalise: str = "world", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        numel: int,
+        *,
+        store: dist.Store,
+        name: str,
+        mode: str = "solo",
+        staleness_bound: int = 8,
+        seed: int = 0,
+        normalise: str = "world",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         if mode not in MODES:
             msg = f"mode={mode!r}: choose one of {MODES}"
             raise ConfigError(msg)
@@ -101,8 +111,9 @@ class PartialAllreduce:
             self.acc_steps.append(step)
         if self.world == 1:
             return
-        is_init = (self.mode == "majority" and not self.is_sync(step)
-                   and initiator(self.seed, step, self.world) == self.rank)
+        is_init = (
+            self.mode == "majority" and not self.is_sync(step) and initiator(self.seed, step, self.world) == self.rank
+        )
         self.store.add(self._key(step), self.world if is_init else 1)
 
     def result(self, step: int) -> torch.Tensor:
@@ -154,7 +165,7 @@ class PartialAllreduce:
                 dist.all_reduce(buf, group=self.group)
                 self.counter.allreduce(buf.numel() * 4, self.world)
                 self.counter.calls += 1
-                total, who = buf[: -self.world], buf[-self.world:]
+                total, who = buf[: -self.world], buf[-self.world :]
                 n_contrib = int(who.sum())
                 who_ranks = [r for r in range(self.world) if who[r] > 0]
                 denom = self.world if self.normalise == "world" else max(1, n_contrib)
@@ -195,8 +206,16 @@ class EagerSGD(L.Callback):
         timeout_s: timeout of every round (seconds).
     """
 
-    def __init__(self, mode: str = "solo", staleness_bound: int = 8, normalise: str = "world", seed: int = 0,
-                 delay_rank: int = -1, delay_s: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        mode: str = "solo",
+        staleness_bound: int = 8,
+        normalise: str = "world",
+        seed: int = 0,
+        delay_rank: int = -1,
+        delay_s: float = 0.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         if mode not in MODES:
             msg = f"mode={mode!r}: choose one of {MODES}"
             raise ConfigError(msg)
@@ -213,9 +232,16 @@ class EagerSGD(L.Callback):
         dist.broadcast_object_list(name, src=0)
         store = dist.distributed_c10d._get_default_store()
         numel = sum(p.numel() for p in pl_module.parameters())
-        self.comm = PartialAllreduce(numel, store=store, name=f"eager/{name[0]}", mode=self.mode,
-                                     staleness_bound=self.staleness_bound, seed=self.seed,
-                                     normalise=self.normalise, timeout_s=self.timeout_s)
+        self.comm = PartialAllreduce(
+            numel,
+            store=store,
+            name=f"eager/{name[0]}",
+            mode=self.mode,
+            staleness_bound=self.staleness_bound,
+            seed=self.seed,
+            normalise=self.normalise,
+            timeout_s=self.timeout_s,
+        )
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         if self.comm is None:

@@ -44,8 +44,9 @@ def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
     return bits.to(torch.int8) * 2 - 1
 
 
-def vote(u: torch.Tensor, *, bits: int, group: dist.ProcessGroup | None = None,
-         counter: ByteCounter | None = None) -> torch.Tensor:
+def vote(
+    u: torch.Tensor, *, bits: int, group: dist.ProcessGroup | None = None, counter: ByteCounter | None = None
+) -> torch.Tensor:
     """Majority vote sign(sum over ranks of u) of the local updates u (N,) in {-1, 0, 1}; float32 (N,)."""
     counter = counter if counter is not None else ByteCounter()
     if bits not in (1, 8):
@@ -82,8 +83,15 @@ class LionCub(torch.optim.Optimizer):
         momentum_sync_every: average the momenta over ranks every this many steps (0: never).
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0, bits: int = 8, momentum_sync_every: int = 0) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        bits: int = 8,
+        momentum_sync_every: int = 0,
+    ) -> None:
         if lr <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             msg = f"lr={lr}, betas={betas}: need lr > 0 and betas in [0, 1)"
             raise ConfigError(msg)
@@ -122,7 +130,7 @@ class LionCub(torch.optim.Optimizer):
                     continue
                 n = p.numel()
                 p.mul_(1 - g["lr"] * g["weight_decay"])
-                p.add_(voted[off: off + n].view_as(p).to(p.dtype), alpha=-g["lr"])
+                p.add_(voted[off : off + n].view_as(p).to(p.dtype), alpha=-g["lr"])
                 self.state[p]["exp_avg"].lerp_(p.grad, 1 - b2)  # m = b2 m + (1 - b2) g
                 off += n
         self.steps += 1
@@ -140,5 +148,5 @@ class LionCub(torch.optim.Optimizer):
         flat /= world
         off = 0
         for m in moms:
-            m.copy_(flat[off: off + m.numel()].view_as(m))
+            m.copy_(flat[off : off + m.numel()].view_as(m))
             off += m.numel()

@@ -37,17 +37,23 @@ class CommReport(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         found = counters(trainer)
         names = sorted(found)
-        vals = torch.tensor([[found[n].bytes_sent, float(found[n].calls)] for n in names] or [[0.0, 0.0]],
-                            dtype=torch.float64)  # (n_sources, 2)
+        vals = torch.tensor(
+            [[found[n].bytes_sent, float(found[n].calls)] for n in names] or [[0.0, 0.0]], dtype=torch.float64
+        )  # (n_sources, 2)
         _, world = world_of(None)
         if world > 1:
             dist.all_reduce(vals)
             vals /= world
         steps = max(1, trainer.global_step)
-        per = {n: {"bytes_per_step": float(vals[i, 0]) / steps, "calls": float(vals[i, 1])}
-               for i, n in enumerate(names)}
-        self.summary = {"steps": trainer.global_step, "world_size": world, "sources": per,
-                        "bytes_per_step": sum(v["bytes_per_step"] for v in per.values()),
-                        "n_parameters": sum(p.numel() for p in pl_module.parameters())}
+        per = {
+            n: {"bytes_per_step": float(vals[i, 0]) / steps, "calls": float(vals[i, 1])} for i, n in enumerate(names)
+        }
+        self.summary = {
+            "steps": trainer.global_step,
+            "world_size": world,
+            "sources": per,
+            "bytes_per_step": sum(v["bytes_per_step"] for v in per.values()),
+            "n_parameters": sum(p.numel() for p in pl_module.parameters()),
+        }
         if self.path and trainer.global_rank == 0:
             io.write_json(self.path, self.summary)

@@ -51,8 +51,9 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float, structured: bool = Fal
         msg = f"sparsity={sparsity}: the fraction of zeroed weights must be in [0, 1)"
         raise ConfigError(msg)
     ones = torch.ones_like(weight)
-    method: prune.BasePruningMethod = (prune.LnStructured(sparsity, n=1, dim=0) if structured
-                                       else prune.L1Unstructured(sparsity))
+    method: prune.BasePruningMethod = (
+        prune.LnStructured(sparsity, n=1, dim=0) if structured else prune.L1Unstructured(sparsity)
+    )
     return method.compute_mask(weight.detach(), default_mask=ones).bool()
 
 
@@ -136,8 +137,9 @@ class _MaskedTraining(L.Callback, ABC):
             if grad is not None:
                 grad.mul_(mask.to(grad.device, grad.dtype))
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.step += 1
         if self.due():
             self.update_masks(pl_module)
@@ -174,9 +176,17 @@ class MagnitudePruning(_MaskedTraining):
         min_numel: skip tensors smaller than this. exclude: skip parameters whose name contains one of these.
     """
 
-    def __init__(self, sparsity: float = 0.5, schedule: str = "oneshot", start_step: int = 0, end_step: int = 100,
-                 every: int = 10, structured: bool = False, min_numel: int = 64,
-                 exclude: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        sparsity: float = 0.5,
+        schedule: str = "oneshot",
+        start_step: int = 0,
+        end_step: int = 100,
+        every: int = 10,
+        structured: bool = False,
+        min_numel: int = 64,
+        exclude: list[str] | None = None,
+    ) -> None:
         super().__init__(min_numel, exclude)
         if schedule not in SCHEDULES:
             msg = f"schedule={schedule!r}: choose one of {SCHEDULES}"
@@ -220,8 +230,15 @@ class NMSparsity(_MaskedTraining):
         min_numel, exclude: as in :class:`MagnitudePruning`.
     """
 
-    def __init__(self, n: int = 2, m: int = 4, start_step: int = 0, semi_structured: bool = False,
-                 min_numel: int = 64, exclude: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        n: int = 2,
+        m: int = 4,
+        start_step: int = 0,
+        semi_structured: bool = False,
+        min_numel: int = 64,
+        exclude: list[str] | None = None,
+    ) -> None:
         super().__init__(min_numel, exclude, semi_structured)
         if not 0 < n < m:
             msg = f"N:M = {n}:{m}: need 0 < n < m (2:4 for semi-structured sparsity)"
@@ -245,8 +262,10 @@ def to_semi_structured(model: nn.Module) -> nn.Module:
     """Convert 2:4-masked Linear weights to semi-structured sparse tensors (GPU inference, in place)."""
     weights = [p for p in model.parameters()]
     if not weights or weights[0].device.type != "cuda" or not torch.cuda.is_available():
-        msg = ("semi_structured=True: 2:4 semi-structured kernels need the model on a CUDA GPU "
-               "(compute capability >= 8.0); run on a GPU or set semi_structured: false")
+        msg = (
+            "semi_structured=True: 2:4 semi-structured kernels need the model on a CUDA GPU "
+            "(compute capability >= 8.0); run on a GPU or set semi_structured: false"
+        )
         raise ConfigError(msg)
     try:
         from torchao.sparsity import semi_sparse_weight, sparsify_

@@ -40,8 +40,13 @@ COLLECTIVE_TIMEOUT_S = 60.0
 
 def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, out: Any, args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
     try:
         out.put((rank, "ok", fn(rank, world, *args)))
     except BaseException:
@@ -148,8 +153,10 @@ def prog_lion(rank: int, world: int) -> dict[str, Any]:
     want = torch.sign(torch.stack(_gathered(u)).sum(0))
     u1 = torch.where(u == 0, torch.ones_like(u), u)  # 1-bit votes carry no zeros
     want1 = torch.sign(torch.stack(_gathered(u1)).sum(0))
-    res: dict[str, Any] = {"vote8": bool(torch.equal(lion.vote(u, bits=8), want)),
-           "vote1": bool(torch.equal(lion.vote(u1, bits=1), want1))}
+    res: dict[str, Any] = {
+        "vote8": bool(torch.equal(lion.vote(u, bits=8), want)),
+        "vote1": bool(torch.equal(lion.vote(u1, bits=1), want1)),
+    }
     torch.manual_seed(0)
     model = nn.Linear(5, 3)
     opt = lion.LionCub(model.parameters(), lr=0.01, bits=8, momentum_sync_every=2)
@@ -170,11 +177,16 @@ def prog_eager(rank: int, world: int, delay_s: float = 0.05, steps: int = 8) -> 
     slow = world - 1
     n = 64
     out: dict[str, Any] = {}
-    for label, mode, tau in (("solo", "solo", 1000), ("sync", "sync", 1000), ("bounded", "solo", 3),
-                             ("majority", "majority", 1000)):
+    for label, mode, tau in (
+        ("solo", "solo", 1000),
+        ("sync", "sync", 1000),
+        ("bounded", "solo", 3),
+        ("majority", "majority", 1000),
+    ):
         gen = torch.Generator().manual_seed(rank)
-        comm = eager_sgd.PartialAllreduce(n, store=store, name=f"test/{label}", mode=mode, staleness_bound=tau,
-                                      seed=5, timeout_s=COLLECTIVE_TIMEOUT_S)
+        comm = eager_sgd.PartialAllreduce(
+            n, store=store, name=f"test/{label}", mode=mode, staleness_bound=tau, seed=5, timeout_s=COLLECTIVE_TIMEOUT_S
+        )
         raw = torch.zeros(n)
         for t in range(steps):
             if rank == slow:
@@ -190,10 +202,13 @@ def prog_eager(rank: int, world: int, delay_s: float = 0.05, steps: int = 8) -> 
         pending = comm.pending()
         dist.all_reduce(pending)
         dist.all_reduce(raw)
-        out[label] = {"blocked_mean_s": sum(log.blocked_s) / len(log.blocked_s), "max_staleness": max(log.staleness),
-                      "contributors": log.contributors,
-                      "conservation_err": float((log.sent_sum + pending - raw).abs().max()),
-                      "initiators": [eager_sgd.initiator(5, t, world) for t in range(steps)]}
+        out[label] = {
+            "blocked_mean_s": sum(log.blocked_s) / len(log.blocked_s),
+            "max_staleness": max(log.staleness),
+            "contributors": log.contributors,
+            "conservation_err": float((log.sent_sum + pending - raw).abs().max()),
+            "initiators": [eager_sgd.initiator(5, t, world) for t in range(steps)],
+        }
     return out
 
 
@@ -220,12 +235,28 @@ class TinyRegression(L.LightningModule):
 
 
 def _fit_tiny(rank: int, world: int, strategy: CommDDPStrategy) -> tuple[TinyRegression, L.Trainer]:
-    os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "NODE_RANK": "0", "WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})  # group exists: no rendezvous
+    os.environ.update(
+        {
+            "LOCAL_RANK": str(rank),
+            "RANK": str(rank),
+            "NODE_RANK": "0",
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1",
+        }
+    )  # group exists: no rendezvous
     L.seed_everything(0, verbose=False)
     model = TinyRegression()
-    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=3, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model)
     return model, trainer
 
@@ -247,8 +278,13 @@ def prog_lightning_hook(rank: int, world: int) -> dict[str, Any]:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         counter = strategy.counter
         assert counter is not None
-        out[comm] = {"hook_calls": counter.calls, "steps": trainer.global_step, "loss": _loss(model),
-                     "bytes": counter.bytes_sent, "replicas_equal": all(torch.equal(flat, o) for o in _gathered(flat))}
+        out[comm] = {
+            "hook_calls": counter.calls,
+            "steps": trainer.global_step,
+            "loss": _loss(model),
+            "bytes": counter.bytes_sent,
+            "replicas_equal": all(torch.equal(flat, o) for o in _gathered(flat)),
+        }
     return out
 
 
@@ -263,14 +299,22 @@ def prog_wagma(rank: int, world: int) -> dict[str, Any]:
     params = [p + torch.randn(p.shape, generator=gen) for p in params]  # replicas drift apart again
     kinds.append(avg.step(params))  # round 3 (t = 2) is global
     flat = torch.cat([p.reshape(-1) for p in params])
-    return {"kinds": kinds, "consensus": consensus, "global_equal": all(torch.equal(flat, o) for o in _gathered(flat)),
-            "groups": avg.phases}
+    return {
+        "kinds": kinds,
+        "consensus": consensus,
+        "global_equal": all(torch.equal(flat, o) for o in _gathered(flat)),
+        "groups": avg.phases,
+    }
 
 
 def prog_two_ranks(rank: int, world: int) -> dict[str, Any]:
     """Everything the 2-rank tests check, in one launch (process start-up dominates on 2 cores)."""
-    return {"sparse": prog_sparse(rank, world), "lion": prog_lion(rank, world), "eager": prog_eager(rank, world),
-            "lightning": prog_lightning_hook(rank, world)}
+    return {
+        "sparse": prog_sparse(rank, world),
+        "lion": prog_lion(rank, world),
+        "eager": prog_eager(rank, world),
+        "lightning": prog_lightning_hook(rank, world),
+    }
 
 
 def prog_four_ranks(rank: int, world: int) -> dict[str, Any]:

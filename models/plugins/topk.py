@@ -36,8 +36,9 @@ def _k_of(n: int, density: float) -> int:
     return max(1, min(n, math.ceil(density * n)))
 
 
-def _allgather_pairs(idx: torch.Tensor, val: torch.Tensor, group: dist.ProcessGroup | None,
-                     counter: ByteCounter) -> tuple[torch.Tensor, torch.Tensor]:
+def _allgather_pairs(
+    idx: torch.Tensor, val: torch.Tensor, group: dist.ProcessGroup | None, counter: ByteCounter
+) -> tuple[torch.Tensor, torch.Tensor]:
     """All-gather variable-length (index (n_r,), value (n_r,)) pairs; padded to the longest."""
     _, world = world_of(group)
     if world == 1:
@@ -60,8 +61,9 @@ def _allgather_pairs(idx: torch.Tensor, val: torch.Tensor, group: dist.ProcessGr
     return keep_i, keep_v
 
 
-def topk_allreduce(acc: torch.Tensor, k: int, group: dist.ProcessGroup | None = None,
-                   counter: ByteCounter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_allreduce(
+    acc: torch.Tensor, k: int, group: dist.ProcessGroup | None = None, counter: ByteCounter | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k all-reduce of ``acc`` (N,) float32: returns (mean over ranks of everyone's top-k (N,),
     residual (N,) = ``acc`` with the sent entries zeroed). Every rank sends exactly k pairs."""
     counter = counter if counter is not None else ByteCounter()
@@ -123,8 +125,9 @@ def _local_select(acc: torch.Tensor, k: int, st: OkTopkBucket, exact: bool) -> t
     return idx
 
 
-def _repartition(idx: torch.Tensor, n: int, world: int, group: dist.ProcessGroup | None,
-                 counter: ByteCounter) -> torch.Tensor:
+def _repartition(
+    idx: torch.Tensor, n: int, world: int, group: dist.ProcessGroup | None, counter: ByteCounter
+) -> torch.Tensor:
     """Region cuts (P + 1,) splitting 0..n so that each region holds ~equal selected entries."""
     if idx.numel() == 0:
         cuts = torch.linspace(0, n, world + 1).double()
@@ -140,8 +143,9 @@ def _repartition(idx: torch.Tensor, n: int, world: int, group: dist.ProcessGroup
     return torch.cummax(out, 0).values  # (P + 1,) monotone
 
 
-def _reduce_scatter(idx: torch.Tensor, vals: torch.Tensor, cuts: torch.Tensor, group: dist.ProcessGroup | None,
-                    counter: ByteCounter) -> tuple[torch.Tensor, torch.Tensor]:
+def _reduce_scatter(
+    idx: torch.Tensor, vals: torch.Tensor, cuts: torch.Tensor, group: dist.ProcessGroup | None, counter: ByteCounter
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse reduce-scatter: pairs (index (n_sel,) ascending, value) go to their region's owner, who
     sums them. Returns this rank's region sums (hi - lo,) and which offsets received a pair (bool)."""
     rank, world = world_of(group)
@@ -168,8 +172,15 @@ def _reduce_scatter(idx: torch.Tensor, vals: torch.Tensor, cuts: torch.Tensor, g
     return region, touched
 
 
-def _global_select(region: torch.Tensor, touched: torch.Tensor, k: int, st: OkTopkBucket, exact: bool,
-                   group: dist.ProcessGroup | None, counter: ByteCounter) -> torch.Tensor:
+def _global_select(
+    region: torch.Tensor,
+    touched: torch.Tensor,
+    k: int,
+    st: OkTopkBucket,
+    exact: bool,
+    group: dist.ProcessGroup | None,
+    counter: ByteCounter,
+) -> torch.Tensor:
     """Region offsets (n_kept,) whose |sum| >= the global threshold; the threshold is reused while
     the total kept count stays in [2k/3, 4k/3], else (and when ``exact``) the exact k-th largest."""
     _, world = world_of(group)
@@ -194,9 +205,16 @@ def _global_select(region: torch.Tensor, touched: torch.Tensor, k: int, st: OkTo
     return keep_with(st.global_thr)[0]
 
 
-def oktopk_allreduce(acc: torch.Tensor, k: int, st: OkTopkBucket, group: dist.ProcessGroup | None = None,
-                     counter: ByteCounter | None = None, *, recompute_every: int = 32,
-                     repartition_every: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def oktopk_allreduce(
+    acc: torch.Tensor,
+    k: int,
+    st: OkTopkBucket,
+    group: dist.ProcessGroup | None = None,
+    counter: ByteCounter | None = None,
+    *,
+    recompute_every: int = 32,
+    repartition_every: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Ok-Topk sparse all-reduce of ``acc`` (N,): (mean of the globally kept sums (N,), residual (N,))."""
     counter = counter if counter is not None else ByteCounter()
     rank, world = world_of(group)
@@ -260,9 +278,15 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
         if state.method == "topk":
             out, st.residual = topk_allreduce(acc, k, state.group, state.counter)
         else:
-            out, st.residual = oktopk_allreduce(acc, k, st, state.group, state.counter,
-                                                recompute_every=state.recompute_every,
-                                                repartition_every=state.repartition_every)
+            out, st.residual = oktopk_allreduce(
+                acc,
+                k,
+                st,
+                state.group,
+                state.counter,
+                recompute_every=state.recompute_every,
+                repartition_every=state.repartition_every,
+            )
         fut.set_result(out.to(buf.dtype))
     if bucket.is_last():
         state.step += 1

@@ -35,8 +35,10 @@ def butterfly_groups(world: int, group_size: int) -> list[list[list[int]]]:
     """Phases of rank groups: ``phases[s]`` is a partition of range(world) into groups of ``group_size``."""
     k, logp = _log2(group_size, "group_size"), _log2(world, "world size")
     if group_size > world or (k and logp % k):
-        msg = (f"group_size={group_size} with {world} ranks: log2(group_size) must divide log2(world) "
-               f"(e.g. group_size 2 or {world})")
+        msg = (
+            f"group_size={group_size} with {world} ranks: log2(group_size) must divide log2(world) "
+            f"(e.g. group_size 2 or {world})"
+        )
         raise ConfigError(msg)
     n_phases = logp // k if k else 1
     phases = []
@@ -89,7 +91,7 @@ class GroupAverager:
         off = 0
         with torch.no_grad():
             for x in tensors:
-                x.copy_(flat[off: off + x.numel()].view_as(x).to(x.dtype))
+                x.copy_(flat[off : off + x.numel()].view_as(x).to(x.dtype))
                 off += x.numel()
         return "global" if is_global else "group"
 
@@ -105,8 +107,13 @@ class WAGMA(L.Callback):
         timeout_s: timeout of the group collectives (seconds).
     """
 
-    def __init__(self, group_size: int = 2, global_every: int = 10, average_buffers: bool = True,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        group_size: int = 2,
+        global_every: int = 10,
+        average_buffers: bool = True,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.group_size, self.global_every = group_size, global_every
         self.average_buffers, self.timeout_s = average_buffers, timeout_s
         self.averager: GroupAverager | None = None
@@ -117,14 +124,20 @@ class WAGMA(L.Callback):
         require_noop(trainer, "WAGMA")
         self.averager = GroupAverager(self.group_size, self.global_every, self.timeout_s)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.averager is None:
             return
         tensors = [p.data for p in pl_module.parameters()]
         if self.average_buffers:
-            tensors += [b for m in pl_module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-                        for b in m.buffers() if b.is_floating_point()]
+            tensors += [
+                b
+                for m in pl_module.modules()
+                if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                for b in m.buffers()
+                if b.is_floating_point()
+            ]
         self.averager.step(tensors)
 
     @property
@@ -137,8 +150,10 @@ def require_noop(trainer: L.Trainer, plugin: str) -> None:
     if trainer.world_size == 1:
         return
     if getattr(trainer.strategy, "comm", None) != "noop":
-        msg = (f"{plugin} communicates itself, but the strategy is {type(trainer.strategy).__name__}"
-               f"(comm={getattr(trainer.strategy, 'comm', 'allreduce')!r}); use trainer.strategy: "
-               "{class_path: postcast.models.plugins.CommDDPStrategy, init_args: {comm: noop}} "
-               "(configs/plugins/*.yaml do)")
+        msg = (
+            f"{plugin} communicates itself, but the strategy is {type(trainer.strategy).__name__}"
+            f"(comm={getattr(trainer.strategy, 'comm', 'allreduce')!r}); use trainer.strategy: "
+            "{class_path: postcast.models.plugins.CommDDPStrategy, init_args: {comm: noop}} "
+            "(configs/plugins/*.yaml do)"
+        )
         raise ConfigError(msg)

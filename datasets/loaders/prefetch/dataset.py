@@ -45,8 +45,15 @@ class ClairvoyantDataset(Dataset[Sample]):
     sample read from ``base`` is counted in ``backing_reads``.
     """
 
-    def __init__(self, base: Dataset[Sample], plan: CachePlan, *, threads: int = 4, lookahead: int = 16,
-                 disk_dir: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        base: Dataset[Sample],
+        plan: CachePlan,
+        *,
+        threads: int = 4,
+        lookahead: int = 16,
+        disk_dir: str | os.PathLike[str] | None = None,
+    ):
         if plan.capacity[1] and disk_dir is None:
             msg = "the plan has a disk tier: pass disk_dir (a local directory)"
             raise ValueError(msg)
@@ -66,8 +73,9 @@ class ClairvoyantDataset(Dataset[Sample]):
         self._error: BaseException | None = None  # the first failed read of a prefetch thread
         self.backing_reads = 0
         self.stats: list[EpochStats] = []
-        self._threads = [threading.Thread(target=self._work, name=f"prefetch-{k}", daemon=True)
-                         for k in range(max(threads, 0))]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"prefetch-{k}", daemon=True) for k in range(max(threads, 0))
+        ]
         self._started = False
 
     # -- public
@@ -256,14 +264,30 @@ def sample_nbytes(sample: Sample) -> int:
     return sum(t.numel() * t.element_size() for t in sample.values())
 
 
-def clairvoyant_loader(base: Dataset[Sample], spec: StreamSpec, *, batch_size: int, sample_bytes: int,
-                       ram_bytes: int, disk_bytes: int = 0, disk_dir: str | os.PathLike[str] | None = None,
-                       epochs: int = 1, start_epoch: int = 0, threads: int = 4,
-                       lookahead: int = 16) -> DataLoader[Sample]:
+def clairvoyant_loader(
+    base: Dataset[Sample],
+    spec: StreamSpec,
+    *,
+    batch_size: int,
+    sample_bytes: int,
+    ram_bytes: int,
+    disk_bytes: int = 0,
+    disk_dir: str | os.PathLike[str] | None = None,
+    epochs: int = 1,
+    start_epoch: int = 0,
+    threads: int = 4,
+    lookahead: int = 16,
+) -> DataLoader[Sample]:
     """A DataLoader over ``base`` that yields what ``DataLoader(base, batch_size,
     sampler=DistributedSampler(base, ...spec))`` yields, from a planned cache."""
-    plan = plan_cache(spec, sample_bytes=sample_bytes, ram_bytes=ram_bytes, disk_bytes=disk_bytes,
-                      epochs=epochs, start_epoch=start_epoch)
+    plan = plan_cache(
+        spec,
+        sample_bytes=sample_bytes,
+        ram_bytes=ram_bytes,
+        disk_bytes=disk_bytes,
+        epochs=epochs,
+        start_epoch=start_epoch,
+    )
     data = ClairvoyantDataset(base, plan, threads=threads, lookahead=lookahead, disk_dir=disk_dir)
     return DataLoader(data, batch_size=batch_size, sampler=ReplaySampler(data, spec, data.begin_epoch), num_workers=0)
 

@@ -42,10 +42,17 @@ class CachePlan:
         return self.spec.per_epoch * (self.epochs if epochs is None else epochs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"spec": asdict(self.spec), "start_epoch": self.start_epoch, "epochs": self.epochs,
-                "sample_bytes": self.sample_bytes, "capacity": list(self.capacity),
-                "slots": {str(i): list(s) for i, s in self.slots.items()}, "fill_order": list(self.fill_order),
-                "predicted_hits": self.predicted_hits(), "accesses": self.accesses()}
+        return {
+            "spec": asdict(self.spec),
+            "start_epoch": self.start_epoch,
+            "epochs": self.epochs,
+            "sample_bytes": self.sample_bytes,
+            "capacity": list(self.capacity),
+            "slots": {str(i): list(s) for i, s in self.slots.items()},
+            "fill_order": list(self.fill_order),
+            "predicted_hits": self.predicted_hits(),
+            "accesses": self.accesses(),
+        }
 
 
 def _count(spec: StreamSpec, start_epoch: int, epochs: int) -> tuple[dict[int, int], dict[int, int]]:
@@ -58,8 +65,9 @@ def _count(spec: StreamSpec, start_epoch: int, epochs: int) -> tuple[dict[int, i
     return counts, first
 
 
-def plan_cache(spec: StreamSpec, *, sample_bytes: int, ram_bytes: int, disk_bytes: int = 0,
-               epochs: int = 1, start_epoch: int = 0) -> CachePlan:
+def plan_cache(
+    spec: StreamSpec, *, sample_bytes: int, ram_bytes: int, disk_bytes: int = 0, epochs: int = 1, start_epoch: int = 0
+) -> CachePlan:
     """Place this rank's samples into RAM, then disk, under the byte budgets: hottest first (most
     accesses over ``epochs`` epochs), ties by first access; each tier is filled by first access."""
     if sample_bytes <= 0 or epochs <= 0:
@@ -71,10 +79,18 @@ def plan_cache(spec: StreamSpec, *, sample_bytes: int, ram_bytes: int, disk_byte
     slots: dict[int, tuple[int, int]] = {}
     start = 0
     for tier, cap in enumerate(capacity):
-        chosen = sorted(hot[start:start + cap], key=first.__getitem__)  # fill order within the tier
+        chosen = sorted(hot[start : start + cap], key=first.__getitem__)  # fill order within the tier
         slots.update({i: (tier, s) for s, i in enumerate(chosen)})
         start += len(chosen)
     used = (sum(t == 0 for t, _ in slots.values()), sum(t == 1 for t, _ in slots.values()))
-    return CachePlan(spec=spec, start_epoch=start_epoch, epochs=epochs, sample_bytes=sample_bytes,
-                     capacity=used, slots=slots, counts=counts, first=first,
-                     fill_order=tuple(sorted(slots, key=first.__getitem__)))
+    return CachePlan(
+        spec=spec,
+        start_epoch=start_epoch,
+        epochs=epochs,
+        sample_bytes=sample_bytes,
+        capacity=used,
+        slots=slots,
+        counts=counts,
+        first=first,
+        fill_order=tuple(sorted(slots, key=first.__getitem__)),
+    )

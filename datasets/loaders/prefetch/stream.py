@@ -63,7 +63,7 @@ def access_stream(spec: StreamSpec, epoch: int) -> list[int]:
     total = spec.per_epoch * spec.world
     # drop_last: truncate; else pad by wrapping around, as often as needed
     order = order[:total] if spec.drop_last else (order * math.ceil(total / spec.n))[:total]
-    return order[spec.rank:total:spec.world]
+    return order[spec.rank : total : spec.world]
 
 
 class ReplaySampler(DistributedSampler[int]):
@@ -71,8 +71,14 @@ class ReplaySampler(DistributedSampler[int]):
     tells the clairvoyant dataset which epoch starts and what it will yield."""
 
     def __init__(self, dataset: Dataset[Any], spec: StreamSpec, begin_epoch: Callable[[int, list[int]], None]):
-        super().__init__(dataset, num_replicas=spec.world, rank=spec.rank, shuffle=spec.shuffle,
-                         seed=spec.seed, drop_last=spec.drop_last)
+        super().__init__(
+            dataset,
+            num_replicas=spec.world,
+            rank=spec.rank,
+            shuffle=spec.shuffle,
+            seed=spec.seed,
+            drop_last=spec.drop_last,
+        )
         self.begin_epoch = begin_epoch  # the clairvoyant dataset's: which epoch starts, what it will yield
 
     def __iter__(self) -> Iterator[int]:

@@ -71,7 +71,12 @@ class EpochStats:
     def summary(self, sample_bytes: int) -> dict[str, float]:
         n = max(self.accesses, 1)
         out = {f"hit_rate_{k}": v / n for k, v in self.hits.items()}
-        out.update(accesses=self.accesses, backing_reads=self.backing_reads, stall_s=self.stall_s,
-                   backing_MB=self.backing_reads * sample_bytes / 1e6, consumer_reads=self.consumer_reads,
-                   off_plan=self.off_plan)
+        out.update(
+            accesses=self.accesses,
+            backing_reads=self.backing_reads,
+            stall_s=self.stall_s,
+            backing_MB=self.backing_reads * sample_bytes / 1e6,
+            consumer_reads=self.consumer_reads,
+            off_plan=self.off_plan,
+        )
         return out
