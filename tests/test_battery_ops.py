@@ -36,13 +36,12 @@ def test_download_base_url_not_an_address(tmp_path, capsys, url):
 # --- ingest -----------------------------------------------------------------------------------------
 def test_ingest_more_workers_than_the_machine_holds(synth_zarr, tmp_path, capsys):
     """--workers 1000 started for minutes (and exhausted the memory); refused before anything starts,
-    naming the bound (2 per core)."""
+    naming the bound (2 per core): no partial store, so no date was started."""
     out = tmp_path / "s.zarr"
-    t0 = time.perf_counter()
     res = in_process(["ingest", str(synth_zarr), "--out", str(out), "--workers", "1000"], capsys)
     assert_ok("ingest: --workers 1000", res, not out.exists() and not contract.partial_path(out).exists())
     bound = 2 * len(os.sched_getaffinity(0))
-    assert res.code == 2 and f"1..{bound}" in res.error_lines[0] and time.perf_counter() - t0 < 10
+    assert res.code == 2 and f"1..{bound}" in res.error_lines[0]
 
 
 def test_a_second_ingest_into_one_store_is_refused_and_a_dead_ones_lock_taken_over(synth_zarr, tmp_path, capsys):
@@ -53,7 +52,7 @@ def test_a_second_ingest_into_one_store_is_refused_and_a_dead_ones_lock_taken_ov
     argv = ["ingest", str(synth_zarr), "--out", str(out), "--threads", "--workers", "1"]
     a = subprocess.Popen([sys.executable, "-m", "postcast", "--no-progress", *argv], stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # against a hang only
         while not (contract.partial_path(out) / "plan.json").exists() and a.poll() is None:
             assert time.monotonic() < deadline, "process A did not start its ingest"
             time.sleep(0.05)
@@ -131,11 +130,10 @@ def test_pipeline_compress_stage_of_a_preset_reading_sst(tmp_path, capsys, monke
     }
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    t0 = time.perf_counter()
     res = in_process(["run", str(path)], capsys)
     assert_ok("run: compress stage of a preset reading sst", res, not (tmp_path / "work" / "compressed").exists())
     assert res.code == 2 and "sst" in res.error_lines[0] and "emos_t850" in res.error_lines[0]
-    assert not (tmp_path / "work" / "synth").exists() and time.perf_counter() - t0 < 60  # no stage ran
+    assert not (tmp_path / "work" / "synth").exists()  # no stage ran
 
 
 def test_pipeline_compress_stage_of_a_derived_target(tmp_path, capsys, monkeypatch):

@@ -52,7 +52,7 @@ class Cluster:
         self._start(
             "scheduler", "--scheduler-file", str(self.file), "--host", "127.0.0.1", "--port", "0", "--no-dashboard"
         )
-        _wait(lambda: self.file.exists() and bool(self.file.read_text().strip()), 60, "the scheduler file")
+        _wait(lambda: self.file.exists() and bool(self.file.read_text().strip()), 300, "the scheduler file")
         for _ in range(n_workers):
             self.workers.append(
                 self._start(
@@ -216,7 +216,7 @@ def test_a_killed_worker_and_a_rerun_give_the_store_of_one_go(cluster, synth_zar
     try:
         _wait(
             lambda: not first.is_alive() or (done_dir.exists() and any(p.name[0] != "." for p in done_dir.iterdir())),
-            120,
+            600,
             "the first finished date",
         )
         assert first.is_alive(), f"ingest ended before the kill ({failure})"

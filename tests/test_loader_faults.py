@@ -8,6 +8,7 @@ process behind. Each test prints how long its process took (``pytest -s`` shows 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,6 +19,9 @@ from pathlib import Path
 
 import pytest
 import zarr
+
+from postcast.datasets.core.errors import BadInputError, MissingInputError
+from postcast.models.module import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = str(ROOT / "configs/train/tiny_emos_t2m.yaml")
@@ -38,8 +42,9 @@ def _tiered(*values: object, loader: str) -> object:
     return pytest.param(*values, marks=() if loader in IN_DEFAULT_TIER else pytest.mark.slow)
 
 
-ERROR_WITHIN_S = 60  # process start (torch and Lightning imports: ~10 s here) to exit 65
-EXIT_AFTER_SIGNAL_S = 15
+# Ceilings against a hang only, generous for a busy machine (torch and Lightning imports take ~10 s of an
+# idle core): promptness after a signal is measured in epochs, not seconds (test_signals_end_training_promptly).
+HANG_CEILING_S = 300
 
 
 def _train(store: Path, root: Path, *extra: str) -> subprocess.Popen[str]:
@@ -118,7 +123,7 @@ def test_damaged_chunk_stops_training_in_every_loader(damaged, tmp_path, loader)
     the plain loader printed a traceback and exited 1."""
     t0 = time.monotonic()
     proc = _train(damaged, tmp_path / "runs", "--trainer.max_epochs", "3", *LOADERS[loader])
-    err = _finish(proc, ERROR_WITHIN_S)
+    err = _finish(proc, HANG_CEILING_S)
     took = time.monotonic() - t0
     print(f"\n{loader}: exit {proc.returncode} after {took:.1f} s")
     lines = _error_lines(err)
@@ -137,7 +142,7 @@ def test_truncated_chunk_is_named_before_training(store, tmp_path):
     chunk.write_bytes(chunk.read_bytes()[:20])
     t0 = time.monotonic()
     proc = _train(bad, tmp_path / "runs", "--trainer.max_epochs", "3")
-    err = _finish(proc, ERROR_WITHIN_S)
+    err = _finish(proc, HANG_CEILING_S)
     print(f"\ntruncated: exit {proc.returncode} after {time.monotonic() - t0:.1f} s")
     lines = _error_lines(err)
     assert proc.returncode == 65 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
@@ -156,24 +161,39 @@ def test_truncated_chunk_is_named_before_training(store, tmp_path):
     ],
 )
 def test_signals_end_training_promptly(store, tmp_path, loader, sig, code):
-    """Signalled once its first epoch is saved, a long run ends within seconds with the signal's exit code
-    and no process of its group left. Before: SIGTERM exited 0 (Lightning's SIGTERMException carries no
-    code) and SIGINT 1."""
+    """Signalled once its first epoch is saved, a long run ends before it finishes another epoch (an
+    epoch here takes well under a second of an idle core, so this is "within seconds" on an idle machine
+    and holds however busy it is), with the signal's exit code and no process of its group left.
+    Before: SIGTERM exited 0 (Lightning's SIGTERMException carries no code) and SIGINT 1; and a 15 s
+    wall-clock budget after the signal failed on a machine under load 4-7."""
     root = tmp_path / "runs"
     proc = _train(store, root, "--trainer.max_epochs", "100000", *LOADERS[loader])
     t0 = time.monotonic()
-    while not list(root.rglob("last.ckpt")):
-        if proc.poll() is not None or time.monotonic() - t0 > ERROR_WITHIN_S:
+    while not (saved := list(root.rglob("last.ckpt"))):
+        if proc.poll() is not None or time.monotonic() - t0 > HANG_CEILING_S:
             _finish(proc, 1)
             pytest.fail(f"no epoch finished: exit {proc.returncode}")
         time.sleep(0.2)
+    before = _epoch(saved[0])
     t1 = time.monotonic()
     proc.send_signal(sig)
-    err = _finish(proc, EXIT_AFTER_SIGNAL_S)
+    err = _finish(proc, HANG_CEILING_S)
+    epochs_after = _epoch(saved[0]) - before
     print(
         f"\n{loader} {sig.name}: first epoch after {t1 - t0:.1f} s, exit {proc.returncode} "
-        f"{time.monotonic() - t1:.2f} s after the signal"
+        f"{time.monotonic() - t1:.2f} s and {epochs_after} epoch(s) after the signal"
     )
     assert proc.returncode == code, err[-3000:]
     assert len(_error_lines(err)) == 1 and "Traceback" not in err, err[-3000:]
+    assert epochs_after <= 2, f"{epochs_after} more epochs finished after the signal"  # 1 in flight, 1 slack
     assert _group_left(proc.pid) == []
+
+
+def _epoch(ckpt: Path) -> int:
+    """The epoch a checkpoint was saved at, read through the project's verified reader (retried while
+    the training process is replacing the file)."""
+    for _ in range(50):
+        with contextlib.suppress(BadInputError, MissingInputError):
+            return int(read_checkpoint(str(ckpt))["epoch"])
+        time.sleep(0.1)
+    return int(read_checkpoint(str(ckpt))["epoch"])

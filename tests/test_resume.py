@@ -67,7 +67,7 @@ def _kill_after(store: Path, root: Path, epochs: int, at_epoch: int) -> None:
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"}
     )
-    deadline = time.time() + 240
+    deadline = time.time() + 600  # against a hang only
     try:
         while _last_epoch(last) < at_epoch:
             assert proc.poll() is None and time.time() < deadline, "training ended before the kill point"
