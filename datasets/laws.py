@@ -72,6 +72,17 @@ class Family:
         """(mean, std), each of shape S, in closed form."""
         raise NotImplementedError
 
+    def valid(self, p: Params) -> np.ndarray:
+        """Where the parameters are a law of this family (bool, shape S): finite and inside its domain (a
+        positive scale, ...); anything read from a file is checked with it before it is used."""
+        finite = [np.isfinite(p[q.name]).all(axis=0) if q.vector else np.isfinite(p[q.name]) for q in self.parameters]
+        with np.errstate(invalid="ignore"):
+            return np.logical_and.reduce([*finite, self._domain(p)])
+
+    def _domain(self, p: Params) -> np.ndarray | bool:
+        """Where finite parameters are inside the family's domain."""
+        return True
+
     def cdf(self, p: Params, x: ArrayLike) -> np.ndarray:
         """P(Y <= x)."""
         raise NotImplementedError
@@ -134,6 +145,9 @@ class Gaussian(Family):
     parameters = (Parameter("mu", "mean"), Parameter("sigma", "standard deviation"))
     moments_from = "the parameters mu and sigma"
 
+    def _domain(self, p: Params) -> np.ndarray:
+        return p["sigma"] > 0
+
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
         return p["mu"], p["sigma"]
 
@@ -158,6 +172,9 @@ class TruncNormal(Family):
         Parameter("sigma", "scale sigma of the normal law before truncation to [0, inf)"),
     )
     lower = 0.0
+
+    def _domain(self, p: Params) -> np.ndarray:
+        return p["sigma"] > 0
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
         """alpha = -mu / sigma, lam = phi(alpha) / Phi(-alpha) (inverse Mills ratio, erfcx: 0 where
@@ -207,6 +224,9 @@ class CensoredLogistic(Family):
     )
     lower = 0.0
 
+    def _domain(self, p: Params) -> np.ndarray:
+        return p["scale"] > 0
+
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
         """t = loc / scale: E Y = scale softplus(t), E Y^2 = 2 scale^2 F_1(t) (:func:`_fermi_dirac_1`)."""
         s, t = p["scale"], p["loc"] / p["scale"]
@@ -249,6 +269,9 @@ class CensoredShiftedGamma(Family):
         Parameter("shift", "shift of the gamma law X (Y = max(0, X - shift))"),
     )
     lower = 0.0
+
+    def _domain(self, p: Params) -> np.ndarray:
+        return (p["shape"] > 0) & (p["scale"] > 0) & (p["shift"] >= 0)
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
         """c = shift / theta, Q = upper regularised incomplete gamma: E Y = theta (k Q(k+1, c) - c Q(k, c)),
@@ -305,6 +328,9 @@ class Bernstein(Family):
             "coef", "coefficients a_j of the Bernstein quantile function Q(tau) = sum_j a_j B_j,d(tau)", vector=True
         ),
     )
+
+    def _domain(self, p: Params) -> np.ndarray:
+        return (np.diff(p["coef"], axis=0) >= 0).all(axis=0)  # a_0 <= ... <= a_d
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
         """E Y = mean_j a_j (each B_j,d integrates to 1 / (d + 1)); with a centred, var = a^T G a,

@@ -417,23 +417,25 @@ def scores_path(root: str | Path) -> tuple[str, Path] | None:
     return None
 
 
+def _is_score(v: object) -> bool:
+    """A CRPS: a finite non-negative number (not a JSON boolean, which Python reads as an int)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
 def read_scores(path: Path) -> dict[str, dict[str, float]]:
     """target -> model -> :data:`SCORE` from evaluate's ``metrics.json`` (``targets.<target>.forecasts.
-    <model>.global.crps_weighted``; non-finite scores left out); :class:`BadInputError` naming the file
-    when it is not such a summary."""
+    <model>.global.crps_weighted``; what is not a finite non-negative number left out); :class:`BadInputError`
+    naming the file when it is not such a summary."""
     try:
         targets = json.loads(path.read_text())["targets"]
         scores = {
             str(t): {str(m): s["global"][SCORE] for m, s in summary["forecasts"].items()}
             for t, summary in targets.items()
         }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:  # (deep nesting)
         msg = (
             f"{path}: not the metrics.json of `postcast evaluate` ({type(err).__name__}: {str(err)[:200]}); "
             "rewrite it with `postcast evaluate` or remove it"
         )
         raise BadInputError(msg) from err
-    return {
-        t: {m: float(v) for m, v in by_model.items() if isinstance(v, int | float) and math.isfinite(v)}
-        for t, by_model in scores.items()
-    }
+    return {t: {m: float(v) for m, v in by_model.items() if _is_score(v)} for t, by_model in scores.items()}

@@ -51,6 +51,7 @@ from postcast.datasets.core.version import __version__
 from postcast.pipeline import archive
 from postcast.serve.auth import Gate, bearer_ok
 from postcast.serve.catalog import Catalog
+from postcast.serve.grid import as_asked, box_columns
 from postcast.serve.metrics import Stats
 from postcast.serve.openapi import document
 from postcast.serve.rendering import PNGResponse, index_page, render_map
@@ -64,14 +65,16 @@ from postcast.serve.schemas import (
     PointAnswer,
     Target,
     Time,
+    check_threshold,
     error_answers,
     parse_time,
 )
 
 
 def _json(obj: dict[str, Any]) -> Response:
-    """A compact JSON answer (the routes build their dicts; the response models only document them)."""
-    return Response(json.dumps(obj, separators=(",", ":")).encode(), media_type="application/json")
+    """A compact strict-JSON answer (the routes build their dicts; the response models only document them;
+    what is served is checked on loading, serve/grid.py, so no NaN reaches here)."""
+    return Response(json.dumps(obj, separators=(",", ":"), allow_nan=False).encode(), media_type="application/json")
 
 
 def create_app(
@@ -182,6 +185,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
             float | None, Query(description="exceedance threshold, target units", allow_inf_nan=False)
         ] = None,
     ) -> Response:
+        check_threshold(target, threshold)
         entry, s = catalog.resolve(target, model, parse_time(time))
         f = s.field
         i, j = s.lat(lat), s.lon(lon % 360.0)
@@ -194,7 +198,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
             "product": entry.product,
             "model": entry.model,
             "latitude": float(f.lat[i]),
-            "longitude": float(f.lon[j]),
+            "longitude": as_asked(float(f.lon[j]), lon),
             "mean": mu,
             "std": sd,
             "quantiles": dict(zip(s.quantile_keys, f.quantiles[:, i, j].tolist(), strict=True)),
@@ -211,9 +215,8 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
         entry, s = catalog.resolve(target, model, parse_time(time))
         f = s.field
         rows = (f.lat >= lat_min) & (f.lat <= lat_max)
-        lo, hi = lon_min % 360.0, lon_max % 360.0
-        cols = (f.lon >= lo) & (f.lon <= hi) if lo <= hi else (f.lon >= lo) | (f.lon <= hi)  # across 0 deg
-        if not rows.any() or not cols.any():  # lat_min > lat_max included: an empty box
+        cols, shown = box_columns(f.lon, lon_min, lon_max)  # west to east, as asked
+        if not rows.any() or not cols.size:  # lat_min > lat_max included: an empty box
             raise HTTPException(
                 404,
                 f"no grid point inside the box (latitude {lat_min}..{lat_max}, longitude "
@@ -228,7 +231,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
                 "product": entry.product,
                 "model": entry.model,
                 "latitude": f.lat[rows].tolist(),
-                "longitude": f.lon[cols].tolist(),
+                "longitude": shown.tolist(),
                 "mean": f.mean[np.ix_(rows, cols)].tolist(),
                 "std": f.std[np.ix_(rows, cols)].tolist(),
             }

@@ -1,5 +1,6 @@
-"""A loaded forecast as the service serves it: the field of one product with its nearest-grid-point
-locators and the keys of its quantiles and thresholds, prepared once per loaded file."""
+"""A loaded forecast as the service serves it: the field of one product, checked (:func:`check`), with its
+nearest-grid-point locators and the keys of its quantiles and thresholds, prepared once per loaded file;
+and the longitudes of a box or point in the convention they were asked in (-180..180 or 0..360)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from postcast.pipeline.archive import Field, Product
+from postcast.datasets import laws
+from postcast.pipeline.archive import Field, Product, UnreadableProduct
 
 
 def _nearest(values: np.ndarray, x: float, periodic: bool = False) -> int:
@@ -50,6 +52,8 @@ class Served:
 
     @classmethod
     def of(cls, p: Product, f: Field) -> Served:
+        """The product ``p`` as served; :class:`UnreadableProduct` when its content fails :func:`check`."""
+        check(p, f)
         return cls(
             f,
             Locator(f.lat, False),
@@ -59,3 +63,43 @@ class Served:
             tuple(f"{q:g}" for q in f.quantile_levels),
             tuple(f"{t:g}" for t in f.thresholds),
         )
+
+
+def check(p: Product, f: Field) -> None:
+    """What no answer may carry (JSON has no NaN; a probability lies in [0, 1]): quantile levels in (0, 1),
+    finite thresholds and quantiles, exceedance probabilities in [0, 1] and parameters inside their family's
+    domain (:meth:`postcast.datasets.laws.Family.valid`) at every point; else :class:`UnreadableProduct`
+    naming what is wrong (the file is skipped and listed by /health)."""
+    levels, exceed = f.quantile_levels, f.exceedance
+    faults = {
+        "quantile levels outside (0, 1)": ~((levels > 0) & (levels < 1)),
+        "non-finite thresholds": ~np.isfinite(f.thresholds),
+        "non-finite quantiles": ~np.isfinite(f.quantiles),
+        "exceedance probabilities outside [0, 1]": ~((exceed >= 0) & (exceed <= 1)),
+        f"{f.family} parameters outside the family's domain": ~laws.get(f.family).valid(f.params),
+    }
+    found = [f"{what} ({int(bad.sum())} values)" for what, bad in faults.items() if bad.any()]
+    if found:
+        msg = f"{p.path}: {'; '.join(found)}: rewrite it with `postcast forecast`"
+        raise UnreadableProduct(msg)
+
+
+def box_columns(lon: np.ndarray, west: float, east: float) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of the grid longitudes ``lon`` inside the box from ``west`` eastwards to ``east``, west to
+    east, and those longitudes counted from ``west`` (so -10..10 gives -10, -5, 0, 5, 10 and 350..10 gives
+    350, 355, 0, 5, 10); a box 360 deg wide is every column; ``west`` > ``east`` crosses 0 deg."""
+    width = east - west if east >= west else east - west + 360.0
+    offset = np.mod(lon - west, 360.0)  # degrees east of the box's west edge
+    inside = np.ones(lon.shape, bool) if width >= 360.0 else offset <= width + 1e-9
+    idx = np.flatnonzero(inside)
+    idx = idx[np.argsort(offset[idx], kind="stable")]
+    shown = west + offset[idx]
+    return idx, np.where(shown >= 360.0, shown - 360.0, shown)
+
+
+def as_asked(grid_lon: float, asked: float) -> float:
+    """A grid longitude in the convention of the one asked for: -180..180 for a negative one (lon=-170 is
+    answered -170, not 190), else 0..360."""
+    if asked < 0:
+        return grid_lon - 360.0 if grid_lon > 180.0 else grid_lon
+    return grid_lon + 360.0 if grid_lon < 0 else grid_lon

@@ -12,7 +12,7 @@ from fastapi import HTTPException, Query
 from pandas.errors import OutOfBoundsDatetime
 from pydantic import BaseModel
 
-from postcast.datasets import schema
+from postcast.datasets import laws, schema
 
 
 # --- the answers -------------------------------------------------------------------------------------
@@ -148,3 +148,13 @@ def parse_time(text: str | None) -> pd.Timestamp | None:
     if stamp is pd.NaT:
         raise HTTPException(422, f"time {text!r}: not a date-time (e.g. 2017-01-04T00:00)")
     return stamp.tz_convert("UTC").tz_localize(None) if stamp.tzinfo else stamp
+
+
+def check_threshold(target: str, threshold: float | None) -> None:
+    """422 for a threshold below what the target can take (its law's support: 0 for wind speed and
+    precipitation), where every forecast's exceedance probability is 1."""
+    lower = laws.get(schema.target(target).family).lower
+    if threshold is not None and lower is not None and threshold < lower:
+        raise HTTPException(
+            422, f"threshold {threshold:g}: {target} is never below {lower:g}; give a threshold of {lower:g} or more"
+        )

@@ -38,7 +38,7 @@ def test_point_query_returns_the_stored_values(server, forecasts):
 
     assert body["exceedance"]["280"] == pytest.approx(norm.sf(280, body["mean"], body["std"]), rel=1e-5)
     latest = httpx.get(f"{server}/forecast/point", params={"target": "t850", "lat": 0, "lon": -170}).json()
-    assert latest["init_time"] == "2017-01-04T00:00:00" and latest["longitude"] == 190.0
+    assert latest["init_time"] == "2017-01-04T00:00:00" and latest["longitude"] == -170.0  # as asked (issue 38)
 
 
 def test_bbox_listing_health_metrics_and_map(server):
@@ -48,7 +48,7 @@ def test_bbox_listing_health_metrics_and_map(server):
     )
     body = r.json()
     assert r.status_code == 200 and body["latitude"] == [40.0, 45.0, 50.0]
-    assert body["longitude"] == [0.0, 5.0, 10.0, 350.0, 355.0] and np.asarray(body["mean"]).shape == (3, 5)
+    assert body["longitude"] == [-10.0, -5.0, 0.0, 5.0, 10.0] and np.asarray(body["mean"]).shape == (3, 5)  # W to E
     listing = httpx.get(f"{server}/forecasts").json()["forecasts"]
     assert [f["init_time"][:10] for f in listing] == ["2017-01-02", "2017-01-03", "2017-01-04"]
     assert httpx.get(f"{server}/health").json()["forecasts"] == 3

@@ -31,7 +31,13 @@ import xarray as xr
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.io import atomic_path
-from postcast.datasets.sources import regrid
+from postcast.datasets.sources.gribgrids import SCAN_BITS, in_grid_order, scan_flags
+from postcast.datasets.sources.gribgrids import grid_of as grid_of  # (read here by ingest and inspect)
+
+# eccodes writes its own ERROR/WARNING lines to stderr (e.g. "Cannot unpack key 'codedValues' as float" before
+# the double-precision fallback of _values): every failure reaches the user as one BadInputError line instead
+_ECCODES_LOG = open(os.devnull, "w")  # noqa: SIM115  (held open for eccodes' C logger, for the process)
+eccodes.codes_context_set_logging(_ECCODES_LOG)
 
 MISSING_VALUE = 9999.0  # what ENS-10 readers see for missing SST (the reference loader fills 9999)
 BITS_PER_VALUE = 16
@@ -54,6 +60,7 @@ INDEX_COLUMNS = [
     "lon_last",
     "grid_type",
     "n_values",
+    "scan",
     "data_type",
     "short_name",
     "type_of_level",
@@ -217,6 +224,8 @@ def _check_no_stray_bytes(path: Path, df: pd.DataFrame) -> None:
                 raise BadInputError(msg)
 
 
+# parameters other centres name differently: NCEP's prmsl (paramId 260074) is ECMWF's msl (151)
+SAME_AS = {"prmsl": "msl"}
 _LONG_KEYS = ("level", "dataDate", "dataTime", "offset", "totalLength")
 _GRID_KEYS = (
     "latitudeOfFirstGridPointInDegrees",
@@ -244,11 +253,21 @@ def _get_string(h: int, key: str) -> str:
         return ""
 
 
+def _get_double(h: int, key: str) -> float:
+    """A key that some grids lack (a Lambert grid has no last grid point): NaN when absent."""
+    try:
+        return float(eccodes.codes_get_double(h, key))
+    except eccodes.CodesInternalError:
+        return float("nan")
+
+
 def _grid_keys(h: int) -> list[object]:
-    """ni, nj, first/last latitude and longitude, gridType and number of points of a message."""
+    """ni, nj, first/last latitude and longitude, gridType, number of points and scanning flags of a
+    message (NaN or 0 for what its grid type lacks: the type is refused or read in gribgrids.grid_of)."""
     ni, nj = _get_long(h, "Ni", 0), _get_long(h, "Nj", 0)
-    grid = [eccodes.codes_get_double(h, k) for k in _GRID_KEYS]
-    return [ni, nj, *grid, eccodes.codes_get_string(h, "gridType"), _get_long(h, "numberOfPoints", ni * nj)]
+    grid = [_get_double(h, k) for k in _GRID_KEYS]
+    gtype = eccodes.codes_get_string(h, "gridType")
+    return [ni, nj, *grid, gtype, _get_long(h, "numberOfPoints", ni * nj), scan_flags(h)]
 
 
 def _param(h: int, short: str, params: dict[str, dict[str, object]]) -> dict[str, object]:
@@ -264,7 +283,7 @@ def _param(h: int, short: str, params: dict[str, dict[str, object]]) -> dict[str
 def _name(short: str, param: dict[str, object], type_of_level: str) -> str:
     """The postcast name of a parameter: the schema's when it knows the parameter on this kind of level,
     else eccodes' cfVarName (cfgrib's name), else the shortName, else ``p<paramId>``."""
-    var = schema.BY_SHORT_NAME.get(short) or schema.BY_PARAM_ID.get(int(str(param["param_id"])))
+    var = schema.BY_SHORT_NAME.get(SAME_AS.get(short, short)) or schema.BY_PARAM_ID.get(int(str(param["param_id"])))
     if var is not None and var.on_levels == (type_of_level == schema.LevelType.PRESSURE):
         return var.name
     name = next((str(n) for n in (param["cf_var"], short) if n and n != "unknown"), f"p{param['param_id']}")
@@ -292,7 +311,7 @@ def _header_row(
             grid = _grid_keys(h)
             if md5:
                 grids[md5] = grid
-        ni, nj, *corners, gtype, n_values = grid
+        ni, nj, *corners, gtype, n_values, scan = grid
         dtype = _get_string(h, "dataType")
         step_type = _get_string(h, "stepType") or "instant"
         return [
@@ -308,6 +327,7 @@ def _header_row(
             *corners,
             gtype,
             n_values,
+            scan,
             dtype,
             short,
             type_of_level,
@@ -318,43 +338,6 @@ def _header_row(
     except Exception as err:
         msg = f"{path}: cannot read the header of GRIB message {i}: {err}"
         raise BadInputError(msg) from err
-
-
-def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> regrid.SourceGrid:
-    """The grid shared by every message of an index (regular lat/lon of any extent and scan order,
-    or reduced Gaussian as per-point coordinates), or :class:`BadInputError`."""
-    shapes = index[
-        ["grid_type", "ni", "nj", "n_values", "lat_first", "lat_last", "lon_first", "lon_last"]
-    ].drop_duplicates()
-    if len(shapes) != 1:
-        msg = f"{path}: messages on {len(shapes)} different grids; split the file by grid (grib_copy)"
-        raise BadInputError(msg)
-    gtype, ni, nj, _, la0, la1, lo0, lo1 = shapes.iloc[0]
-    if gtype == "regular_ll":
-        lat = np.sort(np.linspace(la0, la1, int(nj)))  # decode returns latitude ascending
-        span = np.mod(lo1 - lo0, 360.0) or 360.0
-        lon = lo0 + np.arange(int(ni)) * (span / (int(ni) - 1) if ni > 1 else 0.0)  # crosses 360/180 freely
-        return regrid.SourceGrid.regular(lat, lon)
-    if gtype in ("reduced_gg", "regular_gg", "reduced_ll"):
-        lat, lon, name = _point_coords(path, int(index["offset"].iloc[0]), int(index["length"].iloc[0]))
-        return regrid.SourceGrid.points(lat, lon, name)
-    msg = f"{path}: gridType {gtype} is not supported; use regular_ll or reduced_gg (ECMWF classic/octahedral)"
-    raise BadInputError(msg)
-
-
-def _point_coords(path: str | os.PathLike[str], offset: int, length: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """Per-point latitude/longitude of one message (in storage order) and a grid name (O8, N32)."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        h = eccodes.codes_new_from_message(f.read(length))
-    try:
-        lat = eccodes.codes_get_array(h, "latitudes")
-        lon = eccodes.codes_get_array(h, "longitudes")
-        name = eccodes.codes_get_string(h, "gridName") if eccodes.codes_is_defined(h, "gridName") else ""
-        gtype = eccodes.codes_get_string(h, "gridType")
-    finally:
-        eccodes.codes_release(h)
-    return lat, lon, f"{gtype} {name} ({lat.size} points)".replace("  ", " ")
 
 
 def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape: tuple[int, ...]) -> np.ndarray:
@@ -368,10 +351,12 @@ def decode(path: str | os.PathLike[str], rows: Iterable[tuple[int, int]], shape:
 
 
 def _values(h: int) -> np.ndarray:
-    """A message's values as float32 (eccodes >= 2.30 decodes to float directly: one copy less)."""
+    """A message's values as float32 (eccodes >= 2.30 decodes to float directly: one copy less), in double
+    precision where eccodes has no single-precision decoder for the packing (grid_jpeg, grid_ieee: "Function
+    not yet implemented") or is older."""
     try:
         return np.asarray(eccodes.codes_get_float_array(h, "values"))
-    except AttributeError:  # an older eccodes
+    except (AttributeError, eccodes.CodesInternalError):
         return np.asarray(eccodes.codes_get_values(h), dtype=np.float32)
 
 
@@ -395,7 +380,7 @@ def decode_into(
                 values = _values(h)
                 if eccodes.codes_get_long(h, "bitmapPresent"):
                     values[values == np.float32(eccodes.codes_get_double(h, "missingValue"))] = np.nan
-                jpos = eccodes.codes_get_long(h, "jScansPositively") if len(shape) == 2 else 1
+                scan = scan_flags(h) if len(shape) == 2 else SCAN_BITS["jScansPositively"]
             except Exception as err:
                 msg = f"{path}: cannot decode GRIB message at byte {offset}: {err}"
                 raise BadInputError(msg) from err
@@ -404,8 +389,7 @@ def decode_into(
             if values.size != size:
                 msg = f"{path}: message at byte {offset} has {values.size} values, expected {size}"
                 raise BadInputError(msg)
-            field = values.reshape(shape)
-            out[k] = field if jpos else field[::-1]
+            out[k] = in_grid_order(values, shape, scan)
 
 
 def copy_messages(
