@@ -196,7 +196,7 @@ def fingerprint(cfg: PipelineConfig, preset: str) -> dict[str, Any]:
     return {"id": hashlib.sha256(blob).hexdigest()[:16], **settings}
 
 
-def _current_versions(root: Path, current: dict[str, Any], fresh: bool) -> set[str]:
+def _stale_versions(root: Path, current: dict[str, Any], fresh: bool) -> set[str]:
     """The logger versions under ``root`` to leave out of resuming and model selection: all of them when
     the recorded fingerprint differs from ``current`` (or ``fresh``), else those the record marks stale.
     Records ``current`` (with the stale versions) before training, so a killed run resumes only its own."""
@@ -238,7 +238,7 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
         str(progress).lower(),
         *cfg.train_args,
     ]
-    stale = _current_versions(root, fingerprint(cfg, preset), fresh)
+    stale = _stale_versions(root, fingerprint(cfg, preset), fresh)
     last = _newest(root, "last.ckpt", stale)
     if last is not None:
         log.info("%s: resuming from %s", preset, last)

@@ -6,6 +6,7 @@ get the fix. Each: the exit code, exactly one error line, no traceback, nothing 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -46,6 +47,7 @@ def test_ingest_out_in_a_read_only_folder(synth_zarr, tmp_path, capsys):
     assert_ok("ingest: --out in a read-only folder", Outcome(res.code, res.err, frozenset(DISK_FULL)))
 
 
+@pytest.mark.distributed  # a LocalCluster of processes; the issue's tracebacks did not show here (a guard)
 def test_ingest_with_worker_processes_onto_a_full_disk_is_one_line(synth_zarr, tmp_path):
     """A LocalCluster of worker processes (the default) and a file size limit: the one error line, and no
     asyncio "Task exception was never retrieved" or dask tracebacks after it."""
@@ -171,3 +173,22 @@ def test_forecast_from_nan_weights_warns(t2m_ckpt, synth_zarr, tmp_path):
     warned = [ln for ln in proc.stderr.splitlines() if " WARNING " in ln and "non-finite" in ln]
     assert warned and "fallback" in proc.stdout
     assert all(xr.open_dataset(p).attrs["postcast_fallback"] == 1 for p in out.rglob("*.nc"))
+
+
+def test_ingest_says_nothing_of_dask_ports(synth_zarr, tmp_path):
+    """With port 8787 taken (by another cluster's dashboard, or here), an ingest's LocalCluster printed
+    distributed's "Port 8787 is already in use" warning (3 lines) on stderr."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        with contextlib.suppress(OSError):  # (already taken by someone else: as good)
+            taken.bind(("", 8787))
+            taken.listen()
+        argv = ["ingest", str(synth_zarr), "--out", str(tmp_path / "s.zarr"), "--threads", "--workers", "1"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "postcast", "--no-progress", *argv], capture_output=True, text=True, timeout=300
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "8787" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr[-3000:]
