@@ -23,6 +23,9 @@ _BANDS: dict[str, tuple[float, float]] = {
     "sst": (265.0, 310.0),
     "msl": (9.5e4, 1.06e5),
     "q": (0.0, 0.03),
+    # derived targets (their own units): a field's median 10 m wind speed, 24 h precipitation
+    "ws10": (0.0, 40.0),
+    "tp24": (0.0, 50.0),
 }
 # (name, scale, offset): value_seen = true * scale + offset for a mistake; used to name the cause
 _MISTAKES: dict[str, list[tuple[str, float, float]]] = {
@@ -44,6 +47,7 @@ _MISTAKES: dict[str, list[tuple[str, float, float]]] = {
         ("pressure in Pa labelled as hPa: set units 'Pa'", 100.0, 0.0),
     ],
     "q": [("specific humidity in g/kg labelled as kg/kg: set units 'g/kg'", 1000.0, 0.0)],
+    "tp24": [("precipitation in mm labelled as m: set units 'mm'", 1000.0, 0.0)],
 }
 for _alias in ("t2m", "skt", "sst"):
     _MISTAKES[_alias] = _MISTAKES["t"]
@@ -71,8 +75,9 @@ def band(variable: str, level: int | None) -> tuple[float, float] | None:
 SAMPLE = 200_000  # values whose median stands for a field's (a 0.5 deg field of 10 members has 2.6 million)
 
 
-def problem(variable: str, level: int | None, values: np.ndarray) -> str | None:
-    """None if the field's median is plausible, else a sentence naming the value and the likely fix."""
+def problem(variable: str, level: int | None, values: np.ndarray, units: str | None = None) -> str | None:
+    """None if the field's median is plausible, else a sentence naming the value and the likely fix
+    (``units``: the field's, default its schema variable's)."""
     limits = band(variable, level)
     flat = values.ravel()
     sample = flat[:: max(1, flat.size // SAMPLE)]  # an evenly strided sample: the bands are ~20 % wide
@@ -83,7 +88,7 @@ def problem(variable: str, level: int | None, values: np.ndarray) -> str | None:
     lo, hi = limits
     if lo <= med <= hi:
         return None
-    units = schema.VARIABLES[variable].units
+    units = units or schema.VARIABLES[variable].units
     where = f" at {level} hPa" if level is not None else ""
     text = f"{variable!r}{where} has median {med:.4g} {units}, outside the plausible {lo:.4g}..{hi:.4g} {units}"
     for cause, scale, offset in _MISTAKES.get(variable, []):
@@ -91,3 +96,35 @@ def problem(variable: str, level: int | None, values: np.ndarray) -> str | None:
         if lo <= true <= hi:
             return f"{text}: looks like {cause}"
     return f"{text}: wrong units or corrupt data? check the units attribute"
+
+
+def value_range(tg: schema.Target) -> tuple[float, float]:
+    """The physically possible values of a target (its units): its variable's range, or for a derived
+    target the range its declaration makes of its variables' (a magnitude: 0 up to that of the largest
+    components; an accumulation: its lower clip, or 0, up to the variable's largest amount, scaled)."""
+    if tg.derive is None:
+        var = schema.VARIABLES[tg.variable]
+        return var.valid_min, var.valid_max
+    parts = [schema.VARIABLES[v] for v in tg.derive.variables]
+    if tg.derive.kind is schema.DeriveKind.HYPOT:
+        return 0.0, float(np.hypot.reduce([max(abs(v.valid_min), abs(v.valid_max)) for v in parts]))
+    low = 0.0 if tg.derive.clip_min is None else tg.derive.clip_min
+    return low * tg.derive.scale, parts[0].valid_max * tg.derive.scale
+
+
+def target_problem(tg: schema.Target, values: np.ndarray) -> str | None:
+    """None if a target's field (e.g. its truth) is plausible: its median within its variable's band (at
+    its level, as a forecast's fields are checked) and every finite value within :func:`value_range`; else
+    a sentence naming the value and the likely fix."""
+    bad = problem(tg.variable, tg.level, values, tg.units)
+    finite = values[np.isfinite(values)]
+    if bad or finite.size == 0:
+        return bad
+    lo, hi = value_range(tg)
+    seen_lo, seen_hi = float(finite.min()), float(finite.max())
+    if seen_lo < lo or seen_hi > hi:
+        return (
+            f"{tg.name} spans {seen_lo:.4g}..{seen_hi:.4g} {tg.units}, outside the possible {lo:.4g}..{hi:.4g} "
+            f"{tg.units}: wrong units or corrupt data? check the units attribute"
+        )
+    return None

@@ -80,8 +80,11 @@ class ForecastConfig:
     on_input_grid: bool = False  # write on the input's regular grid (cut to a regional checkpoint's area)
 
     def __post_init__(self) -> None:
-        if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
-            msg = f"name {self.name!r}: give a plain file-name part, e.g. unet_t850"
+        name = self.name
+        odd = name is not None and (set(name) & set("/\\") or not name.isprintable() or name.startswith("."))
+        if name is not None and (odd or not 0 < len(name) <= 100):
+            shown = f"{name[:40]!r}{'...' * (len(name) > 40)}"
+            msg = f"name {shown}: give a plain file-name part (1-100 characters, no / or \\), e.g. unet_t850"
             raise ConfigError(msg)
         bad = [q for q in self.quantiles if not 0.0 < q < 1.0]
         if bad:
@@ -362,6 +365,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         params = _predict(run, day)
         if not all(np.isfinite(v).all() for v in params.values()):
             product, reason = FALLBACK, "the model produced non-finite values"
+            log.warning("%s %s: %s (NaN weights?); writing the raw-ensemble fallback", cfg.checkpoint, init, reason)
     if product == FALLBACK:
         family, params = fallback_law(spec.resolved_target, run.sampler.target_statistics(day))
     attrs = {

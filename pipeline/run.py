@@ -10,7 +10,10 @@ Bookkeeping lives in ``WORKDIR/manifest.json``: per stage the hash of its config
 (upstream outputs, identified by path, size and modification time), its outputs and timings. A
 stage whose hash matches and whose outputs exist is skipped, so a rerun does nothing; ``force``
 reruns named stages (and, through the input hashes, whatever their new outputs feed). A killed
-run resumes: synth and ingest resume themselves, training continues from its ``last.ckpt``.
+run resumes: synth and ingest resume themselves, training continues from its ``last.ckpt``, but only
+a run with this run's :func:`fingerprint` (preset, arguments, store and splits, recorded in
+``runs/<preset>/fingerprint.json``): a run from other settings is neither resumed nor selected, the
+stage trains anew (and evaluate and forecast rerun on the new checkpoint).
 Each run appends to ``WORKDIR/logs/pipeline.log`` and writes ``WORKDIR/summary.json``.
 """
 
@@ -175,13 +178,51 @@ def _ingest(cfg: PipelineConfig, progress: bool) -> list[str]:
     return [str(cfg.store / "zarr.json")]
 
 
-def _best_checkpoint(root: Path) -> str | None:
-    found = sorted(root.glob("lightning_logs/version_*/checkpoints/best*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return str(found[-1]) if found else None
+FINGERPRINT = "fingerprint.json"  # in runs/<preset>/: what the runs there were trained from
+
+
+def fingerprint(cfg: PipelineConfig, preset: str) -> dict[str, Any]:
+    """What a trained model depends on: the preset (path and text), the extra arguments, the store
+    (its metadata file's path, size and modification time: a new ingest is a new store) and the splits;
+    ``id`` is their hash."""
+    settings = {
+        "preset": preset,
+        "preset_text": Path(preset).read_text(),
+        "args": list(cfg.train_args),
+        "store": _identity(str(cfg.store / "zarr.json")),
+        "splits": asdict(cfg.splits),
+    }
+    blob = json.dumps(settings, sort_keys=True, default=str).encode()
+    return {"id": hashlib.sha256(blob).hexdigest()[:16], **settings}
+
+
+def _stale_versions(root: Path, current: dict[str, Any], fresh: bool) -> set[str]:
+    """The logger versions under ``root`` to leave out of resuming and model selection: all of them when
+    the recorded fingerprint differs from ``current`` (or ``fresh``), else those the record marks stale.
+    Records ``current`` (with the stale versions) before training, so a killed run resumes only its own."""
+    record = root / FINGERPRINT
+    try:
+        before = json.loads(record.read_text()) if record.exists() else {}
+    except (OSError, ValueError):
+        before = {}  # an unreadable record trusts nothing
+    if not fresh and isinstance(before, dict) and before.get("id") == current["id"]:
+        return set(before.get("stale", []))
+    stale = sorted(p.name for p in root.glob("lightning_logs/version_*"))
+    if stale and not fresh:
+        log.info("%s: %s trained from other settings (preset, arguments, store or splits): training anew", root, stale)
+    root.mkdir(parents=True, exist_ok=True)
+    io.write_json(record, {**current, "stale": stale})
+    return set(stale)
+
+
+def _newest(root: Path, pattern: str, stale: set[str]) -> str | None:
+    found = [p for p in root.glob(f"lightning_logs/version_*/checkpoints/{pattern}") if p.parents[1].name not in stale]
+    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
 
 
 def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> list[str]:
-    """Fit one preset; an unfinished earlier attempt is resumed from its last.ckpt unless ``fresh``."""
+    """Fit one preset; an unfinished earlier attempt with the same :func:`fingerprint` is resumed from its
+    last.ckpt unless ``fresh``; runs from other settings are never resumed nor selected."""
     from postcast.pipeline.train import run as lightning
 
     root = cfg.root / "runs" / Path(preset).stem
@@ -197,13 +238,14 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
         str(progress).lower(),
         *cfg.train_args,
     ]
-    lasts = sorted(root.glob("lightning_logs/version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    if lasts and not fresh:
-        log.info("%s: resuming from %s", preset, lasts[-1])
-        args += ["--ckpt_path", str(lasts[-1])]
+    stale = _stale_versions(root, fingerprint(cfg, preset), fresh)
+    last = _newest(root, "last.ckpt", stale)
+    if last is not None:
+        log.info("%s: resuming from %s", preset, last)
+        args += ["--ckpt_path", last]
     cli = lightning(args)
     callback = cli.trainer.checkpoint_callback  # the first ModelCheckpoint: val_crps (see postcast.pipeline.train)
-    best = getattr(callback, "best_model_path", "") or _best_checkpoint(root)
+    best = getattr(callback, "best_model_path", "") or _newest(root, "best*.ckpt", stale)
     if not best:
         msg = f"{preset}: training finished without a checkpoint under {root}"
         raise PostcastError(msg)
@@ -319,9 +361,10 @@ def stages(cfg: PipelineConfig, manifest: Manifest, progress: bool) -> list[Stag
         out.append(
             Stage(
                 name,
-                {"preset": preset, "preset_text": text, "args": list(cfg.train_args)},
+                {"preset": preset, "preset_text": text, "args": list(cfg.train_args), "splits": asdict(cfg.splits)},
                 [first],
                 lambda fresh, p=preset: _train(cfg, p, progress, fresh),  # type: ignore[misc]
+                details=lambda outputs, p=preset: {"fingerprint": fingerprint(cfg, p)["id"]},  # type: ignore[misc]
             )
         )
     if cfg.evaluate:

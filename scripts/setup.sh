@@ -10,7 +10,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LOCK=scripts/lock-py311-linux.txt
 
+if [[ -L .venv && ! -e .venv ]]; then  # a link to an environment that is gone (this script makes such links)
+    echo "setup: ./.venv linked to $(readlink .venv), which no longer exists: removing the link"
+    rm .venv
+fi
 if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+    if [[ ! -x "$VIRTUAL_ENV/bin/python" ]]; then
+        echo "setup: the active environment $VIRTUAL_ENV has no working bin/python: deactivate, then rerun" >&2
+        exit 2
+    fi
     active=$(cd "$VIRTUAL_ENV" && pwd -P)
     if [[ -e .venv && "$(cd .venv && pwd -P)" != "$active" ]]; then
         if [[ ! -L .venv ]]; then
@@ -22,8 +30,16 @@ if [[ -n "${VIRTUAL_ENV:-}" ]]; then
     [[ -e .venv ]] || ln -s "$active" .venv
     echo "setup: installing into the active environment $VIRTUAL_ENV (./.venv links to it)"
 elif [[ ! -x .venv/bin/python ]]; then
+    fresh=()
+    if [[ -f .venv/pyvenv.cfg ]]; then  # a virtual environment whose interpreter is gone (its Python was removed)
+        echo "setup: ./.venv/bin/python does not run (its Python is gone): recreating ./.venv"
+        fresh=(--clear)
+    elif [[ -e .venv || -L .venv ]]; then
+        echo "setup: ./.venv exists but is not a virtual environment: move it away and rerun" >&2
+        exit 2
+    fi
     echo "setup: creating the virtual environment ./.venv ($(python3 --version))"
-    python3 -m venv .venv || { echo "setup: python3 -m venv failed: install your system's venv package (Debian: apt-get install python3-venv)" >&2; exit 69; }
+    python3 -m venv "${fresh[@]}" .venv || { echo "setup: python3 -m venv failed: install your system's venv package (Debian: apt-get install python3-venv)" >&2; exit 69; }
 else
     echo "setup: reusing the virtual environment ./.venv"
 fi

@@ -80,7 +80,7 @@ def dask_client(
             n_workers=workers,
             threads_per_worker=1,
             processes=processes,
-            dashboard_address=None,
+            dashboard_address=":0",  # its HTTP server on a free port (None still tried 8787, warning when taken)
             memory_limit=0,
             silence_logs=logging.ERROR,
         ) as cluster,

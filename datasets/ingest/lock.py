@@ -16,7 +16,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from postcast.datasets.core.errors import ConfigError
+from postcast.datasets.core.errors import ConfigError, OutputError
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,16 @@ def lock_path(out: str | os.PathLike[str]) -> Path:
 
 @contextlib.contextmanager
 def hold(out: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold the lock of ``out`` for the block; a ConfigError when another live process holds it."""
+    """Hold the lock of ``out`` for the block; a ConfigError when another live process holds it, an
+    OutputError (exit 74) when the lock cannot be made (a read-only folder, --out under a regular file)."""
     path = lock_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(path, out)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _acquire(path, out)
+    except OSError as err:  # read-only, under a regular file, the lock a folder: nowhere to write
+        fix = f"remove the folder {path} (the lock goes there)" if path.is_dir() else "choose a writable folder"
+        msg = f"{out}: cannot create the store's lock {path} ({err.strerror or err}); {fix}"
+        raise OutputError(msg) from err
     try:
         holder = os.read(fd, 200).decode(errors="replace").strip()
         if holder:

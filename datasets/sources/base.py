@@ -85,6 +85,7 @@ class Expectation:
 
     def __post_init__(self) -> None:
         if self.variables is not None:
+            _unambiguous(self.variables)
             object.__setattr__(self, "variables", tuple(schema.resolve(v) or v for v in self.variables))
         for name, values in (("variables", self.variables), ("levels", self.levels), ("steps", self.steps_h)):
             _distinct(name, values)
@@ -242,14 +243,53 @@ def check_values(ds: xr.Dataset, source: str, generic: frozenset[str] = frozense
             msg = f"{source}: {name!r} is entirely missing"
             raise BadInputError(msg)
         _check_plausible(da, source)
+        if name in _SUMMED:
+            _check_accumulating(da, source)
         if nan.any():
             lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
         if lo < var.valid_min or hi > var.valid_max:
             msg = (
                 f"{source}: {name!r} spans {lo:.4g}..{hi:.4g} {var.units}, outside the plausible "
-                f"{var.valid_min:g}..{var.valid_max:g}: wrong units or corrupt data?"
+                f"{var.valid_min:g}..{var.valid_max:g}: {_range_fix(var, lo, hi)}"
             )
             raise BadInputError(msg)
+
+
+def _range_fix(var: Variable, lo: float, hi: float) -> str:
+    """The likely cause of values outside a variable's range: an amount in mm labelled as m, else unknown."""
+    if var.units == "m" and var.valid_min <= lo / 1000 and hi / 1000 <= var.valid_max:
+        return "looks like mm labelled as m: set units 'mm'"
+    return "wrong units or corrupt data?"
+
+
+# the accumulations a target's amount is taken from (tp for tp24): the difference of two steps
+_SUMMED = {
+    t.derive.variables[0]
+    for t in schema.derived_targets()
+    if t.derive and t.derive.kind is schema.DeriveKind.ACCUMULATION
+}
+ACCUMULATION_NOISE = 1e-4  # canonical units (tp: m, 0.1 mm): GRIB packing noise of an accumulation between steps
+
+
+def _check_accumulating(da: xr.DataArray, source: str) -> None:
+    """An accumulation from the forecast's start never shrinks from one step to the next (beyond packing
+    noise): one that does is amounts per interval, or steps out of order, and a 24 h amount from it
+    (clipped at 0) would be dry everywhere."""
+    if schema.STEP not in da.dims or da.sizes[schema.STEP] < 2:
+        return
+    change = da.diff(schema.STEP)  # (..., step - 1, ...)
+    shrinks = change < -ACCUMULATION_NOISE
+    if bool(shrinks.any()):
+        worst = change.where(shrinks).min(skipna=True)
+        per_step = shrinks.any([d for d in da.dims if d != schema.STEP])  # (step - 1,)
+        at = per_step[schema.STEP].values[int(per_step.values.argmax())]  # the later step of the first fall
+        msg = (
+            f"{source}: {da.name!r} decreases from one step to the next at {int(shrinks.sum())} values (by up to "
+            f"{-float(worst):.4g} {da.attrs.get('units', '')}, first at step {pd.Timedelta(at)}): not an "
+            f"accumulation from the forecast's start; give the running accumulation (the sum of the amounts up "
+            f"to each step)"
+        )
+        raise BadInputError(msg)
 
 
 def _check_plausible(da: xr.DataArray, source: str) -> None:
@@ -280,6 +320,19 @@ class ForecastSource(ABC):
 
 def is_pressure_level(v: str) -> bool:
     return schema.VARIABLES[v].on_levels
+
+
+def _unambiguous(names: tuple[str, ...]) -> None:
+    """Refuse a name the schema gives to more than one variable (the CF standard name air_temperature: t and
+    t2m) instead of looking it up in the file as an unknown parameter."""
+    for name in names:
+        sharing = [v.name for v in schema.VARIABLES.values() if (v.standard_name or "").lower() == name.strip().lower()]
+        if schema.resolve(name) is None and len(sharing) > 1:
+            msg = (
+                f"--variables {name}: ambiguous, the CF standard name of {' and '.join(sharing)}; "
+                f"give one of them, e.g. --variables {sharing[0]}"
+            )
+            raise ConfigError(msg)
 
 
 def pick_variables(expect: Expectation, have: set[str], source: str) -> tuple[str, ...]:

@@ -135,6 +135,7 @@ def _truth_accumulation(tg: schema.Target, name: str, acc: xr.DataArray, source:
     chunk = max(n, _TIME_CHUNK)  # a window reaches back into one chunk at most
     variable = schema.VARIABLES[tg.derive.variables[0]]
     mm = convert_units(_by_time(acc, chunk), variable, source) * tg.derive.scale  # tp: m -> mm
+    _check_amounts(mm.isel({schema.VALID_TIME: slice(0, max(2 * n, 8) + 1)}), name, source, tg)
     full = pd.date_range(times[0], times[-1], freq=every)
     if len(full) != len(times):  # gaps between the dates: each missing interval is NaN (an incomplete window)
         mm = _by_time(mm.reindex({schema.VALID_TIME: full}), chunk)
@@ -156,6 +157,50 @@ def _truth_accumulation(tg: schema.Target, name: str, acc: xr.DataArray, source:
         clipped,
     )
     return sums if tg.derive.clip_min is None else sums.clip(min=tg.derive.clip_min)
+
+
+_NOISE = 0.01  # target units (tp24: mm): packing noise of an amount; an amount below -_NOISE is negative
+_RUNNING = 0.2  # an amount falling at fewer than this share of its changes between valid times is running
+
+
+def _check_amounts(head: xr.DataArray, name: str, source: str, tg: schema.Target) -> None:
+    """The first valid times' amounts per interval (``head``: valid_time first or not, target units) are
+    amounts: none negative beyond packing noise, and not a running accumulation (one rising at every
+    interval and falling only where it restarts, as a forecast's tp from its start does), which summed
+    over a window gives tens of times the true amount."""
+    t = np.moveaxis(np.asarray(head.values, dtype=np.float64), head.get_axis_num(schema.VALID_TIME), 0)
+    if np.isnan(t).all():
+        return
+    low = float(np.nanmin(t))
+    if low < -_NOISE:
+        msg = (
+            f"{source}: {name} has amounts down to {low:.4g} {tg.units} (negative: not amounts per interval); "
+            f"give amounts >= 0, or {contract.truth_name(tg.name)}"
+        )
+        raise BadInputError(msg)
+    change = np.diff(t, axis=0)  # (time - 1, ...)
+    rises, falls = int((change > _NOISE).sum()), int((change < -_NOISE).sum())
+    if rises + falls >= 20 and falls < _RUNNING * (rises + falls):
+        msg = (
+            f"{source}: {name} rises at {rises} and falls at {falls} of its changes between consecutive valid "
+            f"times: a running accumulation (since a forecast's start), not amounts per interval; give the "
+            f"amount of each interval (the differences of consecutive accumulations), or {contract.truth_name(tg.name)}"
+        )
+        raise BadInputError(msg)
+
+
+def _unique_times(ds: xr.Dataset, source: str) -> None:
+    """Each init or valid time of the truth once (a duplicate is ambiguous, and breaks the selection by time)."""
+    for dim in (schema.VALID_TIME, schema.INIT_TIME):
+        if dim in ds.dims:
+            index = pd.Index(ds[dim].values)
+            if index.has_duplicates:
+                twice = index[index.duplicated()]
+                msg = (
+                    f"{source}: {dim} {pd.Timestamp(twice[0]):%Y-%m-%d %H:%M} appears more than once in the truth "
+                    f"({len(twice)} duplicates); keep one of each (e.g. xarray's ds.drop_duplicates({dim!r}))"
+                )
+                raise BadInputError(msg)
 
 
 def _accumulation_period(times: pd.DatetimeIndex, name: str, source: str, tg: schema.Target) -> pd.Timedelta:
@@ -218,6 +263,7 @@ def normalise_truth(ds: xr.Dataset, *, source: str = "truth") -> xr.Dataset:
     names.update({k: v for k, v in DIM_ALIASES.items() if k in ds.dims or k in ds.coords})
     ds = ds.rename({k: v for k, v in names.items() if k in ds.variables or k in ds.dims})
     ds = fix_step(fix_level(ds), source)
+    _unique_times(ds, source)
     ds = fix_lonlat(ds, source, any_grid=True)  # regridded to the store's grid when read
     out: dict[str, xr.DataArray] = {}
     inputs: dict[str, tuple[str, xr.DataArray]] = {}  # u10, v10, tp -> (the file's name, field)

@@ -35,8 +35,18 @@ def _open_one(path: str) -> xr.Dataset:
             return open_zarr(path, chunks=None)  # lazily indexed: a date reads only its chunks
         return xr.open_dataset(path, engine="netcdf4", chunks={})
     except (OSError, ValueError, KeyError, TypeError) as err:
-        msg = f"{path}: cannot open ({err}); is it a netCDF file or zarr store?"
+        fix = "it is a GRIB file: rename it to *.grib" if is_grib_inside(path) else "is it a netCDF file or zarr store?"
+        msg = f"{path}: cannot open ({err}); {fix}"
         raise BadInputError(msg) from err
+
+
+def is_grib_inside(path: str) -> bool:
+    """Whether ``path`` is a file whose first bytes are GRIB's, whatever its name says."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GRIB"
+    except OSError:
+        return False
 
 
 def open_raw(path: str | Path) -> xr.Dataset:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import schema
+from postcast.datasets import plausibility, schema
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.sources import conventions, derived, regrid
 from postcast.datasets.sources.base import Plan, regridded
@@ -50,6 +50,8 @@ class TruthSource:
         out = out.load(scheduler="synchronous").astype(np.float32, copy=False)
         out = out.drop_vars([c for c in out.coords if c not in out.dims])
         out = self._on_grid(out, plan)
+        if not self.oracle:
+            check_plausible(out, f"{self.paths[0]} (truth for {init_time:%Y-%m-%d})")
         dims = (schema.INIT_TIME, schema.STEP, schema.LAT, schema.LON)
         return out.transpose(*dims)
 
@@ -82,6 +84,17 @@ class TruthSource:
             have = {pd.Timestamp(t) for t in ds[schema.VALID_TIME].values}
             lacking = [t for t in plan.init_times if t + target not in have]
         return {v: [f"{t:%Y-%m-%d}" for t in lacking] for v in self.variables()}
+
+
+def check_plausible(ds: xr.Dataset, source: str) -> None:
+    """The truth passes the checks a forecast's fields pass (:mod:`postcast.datasets.plausibility`): each
+    target's median within its band and its values within their possible range, whatever the units
+    attribute said (t2m in degC labelled K, a wind of 3e4 m/s, 2400 mm of rain in a day)."""
+    for name in [n for n in map(str, ds.data_vars) if n.startswith("truth_") and n[6:] in schema.TARGETS]:
+        bad = plausibility.target_problem(schema.target(name[6:]), np.asarray(ds[name].values))
+        if bad:
+            msg = f"{source}: truth {bad}"
+            raise BadInputError(msg)
 
 
 def _select_existing(ds: xr.Dataset, wanted: dict[str, Any]) -> xr.Dataset:
