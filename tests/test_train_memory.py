@@ -52,7 +52,7 @@ def _held(run: Callable[[], Any]) -> tuple[Any, int]:
         tracemalloc.stop()
 
 
-def _epochs(data: StoreDataset, n: int = 3) -> StoreDataset:
+def _epochs(data: StoreDataset, n: int = 2) -> StoreDataset:
     for _ in range(n):
         for _batch in torch.utils.data.DataLoader(data, batch_size=2):
             pass
