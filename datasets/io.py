@@ -345,8 +345,9 @@ def write_into(ds: xr.Dataset, path: str | os.PathLike[str], *, group: str | Non
             zarr.core.sync.sync(_write_arrays(str(path), group or "", values))  # on zarr's own event loop
         else:  # values CF encoding may change (times, integers): through xarray
             ds.drop_vars(list(ds.coords)).to_zarr(path, group=group, mode="r+", zarr_format=3, consolidated=False)
-    target = zarr.open_group(str(path), mode="r+", zarr_format=3, path=group or "")
-    target.attrs.update(dict(ds.attrs))
+    if ds.attrs:  # only then: tasks writing other arrays of the group at once never rewrite its metadata
+        target = zarr.open_group(str(path), mode="r+", zarr_format=3, path=group or "")
+        target.attrs.update(dict(ds.attrs))
 
 
 async def _write_arrays(path: str, group: str, values: Mapping[str, np.ndarray]) -> None:

@@ -332,8 +332,9 @@ def _valid(n: np.ndarray, x: np.ndarray) -> np.ndarray:
     return x if const is not None and const > 0 else np.where(n > 0, x, np.nan)
 
 
-def _field_partials(da: xr.DataArray) -> Any:
-    """A delayed Partial for one field, reading each block once."""
+def field_partials(da: xr.DataArray) -> Any:
+    """A delayed Partial for one field, reading each block once: a pairwise tree of merges over the blocks in
+    order (a fixed tree: the same bits on any scheduler), run where the blocks are."""
     data = da.data if isinstance(da.data, dask.array.Array) else dask.array.from_array(da.values, chunks=-1)
     data = data.rechunk({i: -1 for i in range(data.ndim) if i != 0})
     axes = field_axes(tuple(map(str, da.dims)))
@@ -341,12 +342,13 @@ def _field_partials(da: xr.DataArray) -> Any:
     return _tree(blocks)
 
 
-def _to_variables(name: str, da: xr.DataArray, p: Partial) -> dict[str, xr.Variable]:
-    gdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)]
+def field_variables(name: str, dims: tuple[str, ...], p: Partial) -> dict[str, xr.Variable]:
+    """The statistics variables of field ``name`` (dimensions ``dims``) from its merged partial ``p``."""
+    gdims = [d for d in dims if d not in (schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)]
     mean, std = _finish(p["n"], p["mean"], p["m2"])
     lo, hi = (np.where(p["n"] > 0, p[k], np.nan).astype(np.float64) for k in ("min", "max"))  # per slice: small
     out = {f"{name}_{k}": xr.Variable(gdims, v) for k, v in (("mean", mean), ("std", std), ("min", lo), ("max", hi))}
-    pdims = [d for d in da.dims if d not in (schema.INIT_TIME, schema.MEMBER)]
+    pdims = [d for d in dims if d not in (schema.INIT_TIME, schema.MEMBER)]
     pmean, pstd = _finish(p["pn"], p["pmean"], p["pm2"])
     pmin, pmax = _valid(p["pn"], p["pmin"]), _valid(p["pn"], p["pmax"])  # never-valid points stay NaN
     for k, v in (("mean", pmean), ("std", pstd), ("min", pmin), ("max", pmax)):
@@ -396,35 +398,43 @@ def from_partials(ds: xr.Dataset, parts: FieldPartials, train_times: np.ndarray,
         if name not in parts:
             msg = f"no partial statistics for field {name!r}: the partials cover {sorted(parts)}"
             raise ValueError(msg)
-        out.update(_to_variables(name, ds[name], parts[name]))
+        out.update(field_variables(name, tuple(map(str, ds[name].dims)), parts[name]))
         dims |= {str(d) for d in ds[name].dims}
     coords = {d: ds[d].variable for d in sorted(dims - {schema.INIT_TIME, schema.MEMBER}) if d in ds.coords}
     stats = xr.Dataset(out, coords=coords)  # variables and index coordinates only: no alignment per field
-    times = np.asarray(train_times, dtype="datetime64[ns]")
-    stats.attrs.update(
-        {
-            "statistics_split": "train",
-            "statistics_years": list(splits.train),
-            "statistics_start": str(np.datetime_as_string(times.min(), unit="D")),
-            "statistics_end": str(np.datetime_as_string(times.max(), unit="D")),
-            "statistics_n_init_times": len(times),
-        }
-    )
+    stats.attrs.update(attributes(train_times, splits))
     return stats
+
+
+def attributes(train_times: np.ndarray, splits: schema.Splits) -> dict[str, Any]:
+    """The statistics group's attributes: the period its figures cover (a model proves it never saw test years)."""
+    times = np.asarray(train_times, dtype="datetime64[ns]")
+    return {
+        "statistics_split": "train",
+        "statistics_years": list(splits.train),
+        "statistics_start": str(np.datetime_as_string(times.min(), unit="D")),
+        "statistics_end": str(np.datetime_as_string(times.max(), unit="D")),
+        "statistics_n_init_times": len(times),
+    }
+
+
+def training_dates(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
+    """The init dates of ``ds`` in the training years (a ConfigError naming the years when there is none)."""
+    mask = splits.mask(ds[schema.INIT_TIME].values, "train")
+    if not mask.any():
+        years = sorted(set(ds[schema.INIT_TIME].dt.year.values.tolist()))
+        msg = f"no init time falls in the training years {splits.train}; the store holds years {years}"
+        raise ConfigError(msg)
+    return ds.isel({schema.INIT_TIME: np.flatnonzero(mask)})
 
 
 def compute_statistics(ds: xr.Dataset, splits: schema.Splits) -> xr.Dataset:
     """Per-variable/level and per-grid-point statistics over the training split, in one pass over the
     data on the active dask scheduler (ingest does without it: each task hands in the partials of the
     dates it writes; this is the reference and the tool for stores and datasets in hand)."""
-    mask = splits.mask(ds[schema.INIT_TIME].values, "train")
-    if not mask.any():
-        years = sorted(set(ds[schema.INIT_TIME].dt.year.values.tolist()))
-        msg = f"no init time falls in the training years {splits.train}; the store holds years {years}"
-        raise ConfigError(msg)
-    train = ds.isel({schema.INIT_TIME: np.flatnonzero(mask)})
+    train = training_dates(ds, splits)
     names = statistic_fields(ds)
-    merged = dask.compute(*[_field_partials(train[n]) for n in names])  # on the active scheduler
+    merged = dask.compute(*[field_partials(train[n]) for n in names])  # on the active scheduler
     return from_partials(train, dict(zip(names, merged, strict=True)), train[schema.INIT_TIME].values, splits)
 
 

@@ -27,6 +27,7 @@ from postcast.datasets.ingest.cluster import dask_client
 from postcast.datasets.ingest.run import IngestConfig
 
 DASK = shutil.which("dask", path=Path(sys.executable).parent)
+START_CEILING_S = 300  # for the scheduler file and the workers: a generous ceiling on a loaded machine
 
 
 class Cluster:
@@ -52,7 +53,7 @@ class Cluster:
         self._start(
             "scheduler", "--scheduler-file", str(self.file), "--host", "127.0.0.1", "--port", "0", "--no-dashboard"
         )
-        _wait(lambda: self.file.exists() and bool(self.file.read_text().strip()), 300, "the scheduler file")
+        _wait(lambda: self.file.exists() and bool(self.file.read_text().strip()), START_CEILING_S, "the scheduler file")
         for _ in range(n_workers):
             self.workers.append(
                 self._start(
@@ -73,7 +74,7 @@ class Cluster:
         from dask.distributed import Client
 
         with Client(scheduler_file=str(self.file), timeout=30) as client:
-            client.wait_for_workers(n_workers, timeout=60)
+            client.wait_for_workers(n_workers, timeout=START_CEILING_S)
         return self
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:

@@ -1,6 +1,9 @@
-"""The training statistics of a one-pass ingest: the running merge of the date tasks' partial statistics
-on the workers, its checkpoints to ``OUT.partial/stats/merged.npz``, what a resumed run takes from an
-interrupted one, and the statistics group written from the merge (docs/ingest.md, *Resume*)."""
+"""The training statistics of an ingest, reduced on the workers. One pass: the running merge of the date tasks'
+partial statistics, its checkpoints to ``OUT.partial/stats/merged.npz``, what a resumed run takes from an
+interrupted one, and the statistics group written from the merge (docs/ingest.md, *Resume*). Two passes:
+a tree reduction per field over the written store whose last task writes the field's statistics
+(:func:`statistics_on_workers`). Either way the partials stay on the workers: the ingest process holds
+none of them, whatever the dates and the width."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
+import xarray as xr
 
 from postcast.datasets import contract, io, schema, sources, statistics
 from postcast.datasets.ingest import partials
@@ -118,3 +123,32 @@ def write_statistics(
     keep_freed_memory()
     stats = statistics.from_partials(io.open_zarr(store_path), parts or {}, train_times, splits)
     io.write_into(stats, store_path, group=contract.STATISTICS_GROUP)
+
+
+def statistics_on_workers(store_path: Path, read_chunks: dict[str, int], splits: schema.Splits) -> None:
+    """The two-pass statistics group of the store at ``store_path``, on the active dask scheduler: per field a
+    pairwise tree of merges over the blocks of its training dates (:func:`statistics.field_partials`, read in
+    ``read_chunks``) ending in a task that writes the field's statistics into the group's arrays (created here
+    first, metadata only). Only None comes back to this process; the figures are
+    :func:`statistics.compute_statistics`' over the same chunks, bit for bit."""
+    ds = io.open_zarr(store_path, chunks=read_chunks)
+    train = statistics.training_dates(ds, splits)
+    statistics_template(store_path)
+    dask.compute(
+        *[
+            dask.delayed(write_field, pure=False)(
+                statistics.field_partials(train[n]), n, tuple(map(str, train[n].dims)), str(store_path)
+            )
+            for n in statistics.statistic_fields(ds)
+        ]
+    )
+    attrs = statistics.attributes(train[schema.INIT_TIME].values, splits)
+    io.write_into(xr.Dataset(attrs=attrs), store_path, group=contract.STATISTICS_GROUP)
+
+
+def write_field(parts: statistics.Partial, name: str, dims: tuple[str, ...], store_path: str) -> None:
+    """Write field ``name``'s statistics from its merged partial into the group's arrays (a task on the worker
+    holding ``parts``; the group's attributes are written once, by the caller)."""
+    io.write_into(
+        xr.Dataset(statistics.field_variables(name, dims, parts)), store_path, group=contract.STATISTICS_GROUP
+    )

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from postcast.datasets import contract, integrity, io, schema, sources, statistics
+from postcast.datasets import contract, integrity, io, schema, sources
 from postcast.datasets.core import config
 from postcast.datasets.core.errors import ConfigError, MissingInputError
 from postcast.datasets.core.version import __version__
@@ -381,10 +381,7 @@ def _statistics(run: IngestRun, merged: Any) -> None:
     them (they never travel), or by one dask reduction over the written store in bounded memory."""
     train = sorted(run.train)
     if train and not run.one_pass:
-        ds = io.open_zarr(run.store, chunks=ingest_budget.statistics_read_chunks(run.plan))
-        io.write_zarr(
-            statistics.compute_statistics(ds, run.cfg.splits), run.store, group=contract.STATISTICS_GROUP, mode="w"
-        )
+        ingest_merge.statistics_on_workers(run.store, ingest_budget.statistics_read_chunks(run.plan), run.cfg.splits)
     elif train:
         run.client.submit(
             ingest_merge.write_statistics,

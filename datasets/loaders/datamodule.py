@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,14 +48,16 @@ class DataConfig:
     sample: SampleSpec = field(default_factory=SampleSpec)
     batch_size: int = 1  # init dates per batch
     num_workers: int = 0
-    cache: bool = False  # keep decoded samples in memory (small stores: every epoch after the first is free)
+    # keep decoded samples in memory, within cache_bytes (the first ones read stay: a split read in order
+    # every epoch hits on those, however large the store; see ByteBudget)
+    cache: bool = False
     # training loader: "clairvoyant" replays the seeded shuffle, caches samples in RAM (then disk) under
     # the byte budgets and prefetches with threads (datasets/loaders/prefetch); "plain" is a DataLoader over
     # the store; "fixed" serves the first batch every step (is training loader-bound?); "auto" is
     # clairvoyant when num_workers == 0 (its threads replace worker processes, and the cache lives in
     # this process), else plain. Validation and test always use the plain loader (read in order).
     loader: str = "auto"
-    cache_bytes: int = 2 * 2**30  # RAM tier budget of the clairvoyant loader (bytes)
+    cache_bytes: int = 2 * 2**30  # all sample caches of a process together: clairvoyant RAM tier + cache (bytes)
     disk_cache_dir: str | None = None  # local-disk tier of the clairvoyant loader (e.g. node-local SSD)
     disk_cache_bytes: int = 0  # its budget (bytes; needs disk_cache_dir)
     prefetch_threads: int = 2  # clairvoyant loader's reader threads (decoding holds the GIL: ~free cores)
@@ -80,6 +83,36 @@ class DataConfig:
         if self.disk_cache_dir is None and self.disk_cache_bytes:
             msg = f"disk_cache_bytes={self.disk_cache_bytes} needs disk_cache_dir (a local directory)"
             raise ConfigError(msg)
+
+
+class ByteBudget:
+    """The bytes the sample caches of one process may hold together (``DataConfig.cache_bytes``): the
+    clairvoyant loader's RAM tier takes its share when it is planned and gives it back when it closes;
+    a cached split takes one sample's bytes as it keeps it, and keeps nothing more once the budget is
+    spent. A DataLoader worker process gets its own copy (each worker holds at most the budget)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.used = total, 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, int]:
+        return {"total": self.total, "used": self.used}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__(state["total"])  # type: ignore[misc]
+        self.used = state["used"]
+
+    def take(self, nbytes: int, unit: int | None = None) -> int:
+        """Take ``nbytes`` (all or nothing), or with ``unit`` as many whole units of it as are left; the bytes taken."""
+        with self._lock:
+            left = self.total - self.used
+            got = min(nbytes, left // unit * unit) if unit else (nbytes if nbytes <= left else 0)
+            self.used += got
+            return got
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
 
 
 def _worker_line(text: str) -> str:
@@ -137,11 +170,21 @@ def check_variables(store: xr.Dataset, spec: SampleSpec, store_path: str) -> Non
 class StoreDataset(Dataset[dict[str, torch.Tensor]]):
     """Samples of one split of a store (see :mod:`postcast.datasets.sample` for fields and shapes)."""
 
-    def __init__(self, cfg: DataConfig, split: str, *, source: Any = None, store: xr.Dataset | None = None):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        *,
+        source: Any = None,
+        store: xr.Dataset | None = None,
+        budget: ByteBudget | None = None,
+    ):
         """``source``: a zarr store (object) holding the same data as ``cfg.store`` to read samples
         through, e.g. a wrapper that counts reads or adds latency; default: ``cfg.store`` itself.
         ``store``: ``cfg.store`` already opened (:func:`postcast.datasets.contract.open_store`) by the caller,
-        who reads it too (evaluate); default: opened here (once per process)."""
+        who reads it too (evaluate); default: opened here (once per process). ``budget``: the bytes the
+        sample cache (``cfg.cache``) may take, shared with the process's other caches; default: its own
+        ``cfg.cache_bytes``."""
         self.cfg, self.split, self.spec = cfg, split, cfg.sample
         self._source = io.open_zarr(source) if source is not None else None
         self._source_store = source
@@ -157,7 +200,8 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         check_variables(ds, self.spec, cfg.store)
         reads.check_chunks(cfg.store, self.spec.store_variables(oracle=oracle), self.indices.tolist())
         self.sampler = Sampler(self.spec, ds[schema.LAT].values, ds[schema.LON].values, oracle=oracle)
-        self._cache: dict[int, dict[str, torch.Tensor]] = {}
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}  # the first samples read, within the budget
+        self.budget = budget if budget is not None else ByteBudget(cfg.cache_bytes)
 
     def _opened(self) -> xr.Dataset:
         """The store: the caller's, else opened once per process (:func:`_open`)."""
@@ -172,11 +216,14 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         try:
-            if self.cfg.cache:
-                if i not in self._cache:
-                    self._cache[i] = self._read(i)
+            if not self.cfg.cache:
+                return self._read(i)
+            if i in self._cache:
                 return self._cache[i]
-            return self._read(i)
+            sample = self._read(i)
+            if self.budget.take(prefetch.sample_nbytes(sample)):
+                self._cache[i] = sample
+            return sample
         except (BadInputError, MissingInputError) as err:
             raise _across_workers(err) from None
 
@@ -205,6 +252,8 @@ class StoreDataModule(L.LightningDataModule):
         super().__init__()
         self.cfg = cfg
         self.clairvoyant: prefetch.ClairvoyantDataset | None = None  # the training loader's, when used
+        self.budget = ByteBudget(cfg.cache_bytes)  # every sample cache of this process, together
+        self._tier_bytes = 0  # what the clairvoyant RAM tier took of it
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -244,7 +293,7 @@ class StoreDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:
         return DataLoader(
-            StoreDataset(self.cfg, split),
+            StoreDataset(self.cfg, split, budget=self.budget),
             batch_size=self.cfg.batch_size,
             shuffle=shuffle,
             num_workers=self.cfg.num_workers,
@@ -280,14 +329,15 @@ class StoreDataModule(L.LightningDataModule):
         base = StoreDataset(dataclasses.replace(self.cfg, cache=False), "train")
         spec = prefetch.StreamSpec(len(base), seed=prefetch.lightning_seed(), rank=rank, world=world)
         disk_dir = f"{self.cfg.disk_cache_dir}/rank{rank}" if self.cfg.disk_cache_dir else None
-        if self.clairvoyant is not None:
-            self.clairvoyant.close()
+        self._close_clairvoyant()
+        sample_bytes = base.sample_nbytes()
+        self._tier_bytes = self.budget.take(len(base) * sample_bytes, unit=sample_bytes)
         loader = prefetch.clairvoyant_loader(
             base,
             spec,
             batch_size=self.cfg.batch_size,
-            sample_bytes=base.sample_nbytes(),
-            ram_bytes=self.cfg.cache_bytes,
+            sample_bytes=sample_bytes,
+            ram_bytes=self._tier_bytes,
             disk_bytes=self.cfg.disk_cache_bytes,
             disk_dir=disk_dir,
             epochs=min(max(stop - start, 1), PLAN_EPOCHS_MAX),
@@ -298,9 +348,16 @@ class StoreDataModule(L.LightningDataModule):
         self.clairvoyant = loader.dataset
         return loader
 
-    def teardown(self, stage: str) -> None:
+    def _close_clairvoyant(self) -> None:
+        """Stop the clairvoyant loader's threads and give its RAM tier back to the budget."""
         if self.clairvoyant is not None:
             self.clairvoyant.close()
+            self.clairvoyant = None
+        self.budget.give(self._tier_bytes)
+        self._tier_bytes = 0
+
+    def teardown(self, stage: str) -> None:
+        self._close_clairvoyant()
 
     def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         return self._loader("val", False)

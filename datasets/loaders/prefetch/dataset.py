@@ -104,6 +104,8 @@ class ClairvoyantDataset(Dataset[Sample]):
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout=10)
+        for tier in self.tiers:
+            tier.release()
 
     def begin_epoch(self, epoch: int, indices: Sequence[int]) -> None:
         """The consumer starts ``epoch`` and will access ``indices`` in order."""

@@ -49,6 +49,11 @@ class _Tier:
             else:
                 arr[slot] = t.numpy()
 
+    def release(self) -> None:
+        """Drop the slots (the memory goes back when no served sample still views them)."""
+        with self._lock:
+            self._arrays = {}
+
     def get(self, slot: int) -> Sample:
         out: Sample = {}
         for k, arr in self._arrays.items():

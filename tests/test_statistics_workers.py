@@ -1,0 +1,56 @@
+"""Issue 37 item 4: the two-pass training statistics are reduced on the workers (a pairwise tree of merges
+per field, whose last task writes the field's statistics), so the ingest process never holds the fields'
+partials; the figures are those of `compute_statistics` over the same chunks, bit for bit.
+
+The ingest process's memory is measured with tracemalloc (numpy arrays and the bytes dask receives are
+Python allocations); the store is 2.5 deg so that the partials (tens of MB) dwarf everything else the
+process allocates."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from postcast.datasets import contract, io, schema, sources, statistics
+from postcast.datasets.ingest import budget as ingest_budget
+from postcast.datasets.ingest import run as ingest
+from postcast.datasets.ingest.run import IngestConfig
+from postcast.datasets.synth import synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two training dates (2012) on a 2.5 deg grid, one level: raw synthetic zarr."""
+    out = tmp_path_factory.mktemp("wide") / "raw"
+    synthfiles.write_synthetic(
+        SynthConfig(seed=11, resolution=2.5, years=(2012, 2012), dates_per_year=2, levels=(850,)), out, progress=False
+    )
+    return out
+
+
+@pytest.mark.slow
+def test_two_pass_statistics_stay_on_the_workers_and_equal_compute_statistics(wide, tmp_path):
+    cfg = IngestConfig(
+        source=str(wide), out=str(tmp_path / "s.zarr"), workers=1, processes=True, progress=False, statistics="two-pass"
+    )
+    plan = sources.discover(cfg.source, truth=cfg.truth).forecast.plan(cfg.expectation)
+    partials = ingest_budget.partial_bytes(plan)  # the merged partials of every field
+    assert partials > 20e6
+    tracemalloc.start()
+    try:
+        ingest.ingest(cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # gathered here, the merged partials alone would be `partials` (the rest of the process: ~14 MB here)
+    assert peak < partials / 2, (peak, partials)
+    got = contract.open_statistics(cfg.out)
+    ds = io.open_zarr(cfg.out, chunks=ingest_budget.statistics_read_chunks(plan))
+    want = statistics.compute_statistics(ds, schema.Splits())
+    assert got is not None and set(got.data_vars) == set(want.data_vars) and got.attrs == want.attrs
+    for name in want.data_vars:
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=str(name))
