@@ -12,7 +12,10 @@ per-date scores averaged over the seeds, paired Diebold-Mariano test (HAC varian
 Finished runs are recorded in OUT/runs.json and skipped on a rerun (a killed benchmark resumes).
 Last line: RESULT gap_closed_z500=<x> gap_closed_t850=<x> gap_closed_t2m=<x> gap_closed_ws10=<x>
 gap_closed_tp24=<x> (the best model's fraction of the raw-to-oracle CRPS gap closed, mean over seeds)
-censored_beats_gaussian_tp24=<yes|no>
+censored_beats_gaussian_tp24=<yes|no> emos_minus_reference_crps=<x> emos_fit_speedup=<x>: the local EMOS of
+the first seed beside a scipy per-point fit of the same model on the same data (benchmarks/emos_reference.py,
+on --reference-points sampled points): the largest test-CRPS difference postcast minus scipy over the targets,
+and the smallest ratio of scipy's fit time (extrapolated to every point) to postcast's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 from common import ROOT, TARGETS_RUN, TARGETS_STORE, require_store
+from emos_reference import compare, print_reference
 
 from postcast.datasets import io
 from postcast.models import registry
@@ -202,6 +206,20 @@ def print_comparison(tp24: dict[str, dict[str, float]]) -> None:
         )
 
 
+def emos_references(
+    done: dict[str, Any], pairs: list[tuple[str, str]], a: argparse.Namespace, suffix: str
+) -> dict[str, dict[str, Any]]:
+    """Each target's local EMOS (first seed) beside scipy's per-point fit (benchmarks/emos_reference.py)."""
+    out = {}
+    for model, target in pairs:
+        if model == "emos":
+            row = done[f"{model}_{target}_s{a.seeds[0]}{suffix}"]
+            out[target] = compare(row["checkpoint"], a.store, a.reference_points or None, seed=a.seeds[0])
+            out[target]["train_s"] = row["train_s"]
+            print(f"scipy reference for emos_{target}: {out[target]['scipy_fit_s_measured']:.0f} s", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--store", default=str(TARGETS_STORE))
@@ -211,6 +229,7 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, help="override every preset's max_epochs")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/skill"))
+    p.add_argument("--reference-points", type=int, default=200, help="points of the scipy EMOS reference (0: all)")
     a = p.parse_args()
     a.store = require_store(a.store, TARGETS_STORE, TARGETS_RUN)
     logging.basicConfig(level=logging.WARNING)
@@ -250,6 +269,11 @@ def main() -> None:
     if tp24 is not None:
         print_comparison(tp24)
     res, beat = summary(agg, tp24)
+    reference = emos_references(done, pairs, a, suffix)
+    if reference:
+        print_reference(reference)
+        res["emos_minus_reference_crps"] = max(r["test_crps_difference"] for r in reference.values())
+        res["emos_fit_speedup"] = min(r["speedup"] for r in reference.values())
     print(f"learned forecasts beating their target's baseline: {beat}")
     train_s = {k: r["train_s"] for k, r in done.items()}
     io.write_json(
@@ -260,11 +284,12 @@ def main() -> None:
             "all_beat_baseline": beat,
             "tp24_censored_vs_gaussian": tp24,
             "train_seconds": train_s,
+            "emos_reference": reference,
             "seeds": a.seeds,
             "epochs": a.epochs,
         },
     )
-    print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
+    print("RESULT " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
 
 
 if __name__ == "__main__":

@@ -23,23 +23,28 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import logging
 import pickle
 import re
 from typing import Any
 
 import lightning as L
 import torch
+from torch.utils.data import DataLoader
 
 from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
+from postcast.datasets.loaders.datamodule import StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models import distributions, postprocessors, registry
+from postcast.models import distributions, emos_fit, postprocessors, registry
 from postcast.models.distributions import Distribution
 from postcast.models.losses import crps_gaussian
 from postcast.models.smoe import SMoEHead
 
+SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
 CHECKPOINT_FORMAT_VERSION = 3  # 3: a content checksum in checkpoint["postcast"]["checksum"]
 Batch = dict[str, torch.Tensor]
+log = logging.getLogger(__name__)
 
 
 class PostProcessor(L.LightningModule):
@@ -55,8 +60,11 @@ class PostProcessor(L.LightningModule):
             sample spec as a mapping, the grid (H, W), the area (south, north, west, east) of a
             regional store or None for a global one, the ensemble size); set them only when building
             a model by hand.
-        lr, weight_decay: AdamW; the learning rate follows a cosine schedule over ``max_epochs``
-            when ``cosine`` is true.
+        lr, weight_decay: AdamW. ``schedule``: ``plateau`` (default) halves the learning rate when the
+            validation CRPS has not improved for ``lr_patience`` epochs (``max_epochs`` is a ceiling, early
+            stopping ends the run: ``postcast.pipeline.train``); ``cosine`` anneals it over ``max_epochs``;
+            ``none`` keeps it constant. A local EMOS with ``net.solver: newton`` is fitted to its CRPS
+            optimum before the first epoch (:mod:`postcast.models.emos_fit`) and takes no optimiser steps.
         distribution: the predictive family (``postcast.models.distributions.names()``: gaussian,
             truncnormal, clogistic, csg, bernstein); the loss is its CRPS (docs/distributions.md).
     """
@@ -70,13 +78,17 @@ class PostProcessor(L.LightningModule):
         n_members: int = 10,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
-        cosine: bool = True,
+        schedule: str = "plateau",
+        lr_patience: int = 2,
         grid_area: tuple[float, float, float, float] | None = None,
         distribution: str | None = None,
     ):
         super().__init__()
         spec = SampleSpec.from_dict(sample or {})
         distribution = distribution or spec.resolved_target.family  # None: the target's (datasets/schema.py)
+        if schedule not in SCHEDULES:
+            msg = f"model.schedule {schedule!r}: choose one of {list(SCHEDULES)}"
+            raise ConfigError(msg)
         if distribution not in distributions.names():
             msg = f"model.distribution {distribution!r}: choose one of {distributions.names()}"
             raise ConfigError(msg)
@@ -107,6 +119,7 @@ class PostProcessor(L.LightningModule):
         # default exceedance thresholds of forecasts (target units): quantiles of the training truth, set
         # at fit start and carried in the checkpoint's metadata
         self.thresholds: list[float] = []
+        self.fit_report: dict[str, Any] | None = None  # how the full-batch EMOS fit ended (in the checkpoint)
 
     def set_normalisation(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         """Record the statistics the inputs are normalised with (they travel in the checkpoint)."""
@@ -121,6 +134,33 @@ class PostProcessor(L.LightningModule):
             self.set_normalisation(torch.from_numpy(mean), torch.from_numpy(std))
         if dm is not None and hasattr(dm, "climate_thresholds"):
             self.thresholds = list(dm.climate_thresholds())
+
+    def on_train_start(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if isinstance(self.net, postprocessors.LocalEMOS) and self.net.solver == "newton" and dm is not None:
+            self.fit_report = self._fit_emos(StoreDataset(dm.cfg, "train"))
+
+    def emos_points(self, data: StoreDataset) -> emos_fit.PointData:
+        """Every sample of ``data`` as a local EMOS reads it, points first (:class:`emos_fit.PointData`)."""
+        assert isinstance(self.net, postprocessors.LocalEMOS)
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("xm", "xs", "m", "s", "y")}
+        with torch.no_grad():
+            for batch in DataLoader(data, batch_size=32):
+                x = self.normalise({k: v.to(self.device) for k, v in batch.items()})["x"]  # (B, C, H, W)
+                parts["xm"].append(x[:, self.net.mean_channel])
+                parts["xs"].append(x[:, self.net.std_channel])
+                for k in ("m", "s", "y"):
+                    parts[k].append(batch[k].to(self.device))
+        fields = {k: torch.cat(v) for k, v in parts.items()}  # each (N, H, W)
+        return emos_fit.PointData.from_fields(**fields, min_std=emos_fit.FitSettings.min_std)
+
+    def _fit_emos(self, data: StoreDataset) -> dict[str, Any]:
+        """The local EMOS fitted to its training-CRPS optimum on every sample of ``data`` at once."""
+        assert isinstance(self.net, postprocessors.LocalEMOS)
+        theta, report = emos_fit.fit(self.emos_points(data), self.hparams["distribution"])
+        self.net.set_theta(theta.float())
+        log.info("local EMOS fitted: %s", report)
+        return report.to_dict()
 
     def normalise(self, batch: Batch) -> Batch:
         """The network's view of a physical batch: ``x`` (B, C, H, W) = normalised fields (NaN, e.g.
@@ -178,8 +218,10 @@ class PostProcessor(L.LightningModule):
             return None
         return distributions.get(family)(**{p: batch[f"oracle_{p}"] for p in names})
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         loss = self._step(batch, "train")
+        if self.fit_report is not None:
+            return None  # fitted to its optimum at train start: no optimiser step
         layer = self.smoe_layer
         if layer is not None and layer.cfg.rc_loss:
             rc = layer.rc_loss(loss)  # the gate learns from this only
@@ -199,10 +241,18 @@ class PostProcessor(L.LightningModule):
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, torch.Tensor]:
         return self.predictive(batch).params  # gaussian: {"mu", "sigma"}
 
+    def on_train_epoch_end(self) -> None:
+        if self.fit_report is not None:
+            self.trainer.should_stop = True  # the optimum is reached: one epoch validates and saves it
+
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
         epochs = self.trainer.max_epochs if self._trainer is not None else None
-        if not self.hparams["cosine"] or not epochs or epochs < 0:
+        schedule = self.hparams["schedule"]
+        if schedule == "plateau":
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=self.hparams["lr_patience"])
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_crps"}}
+        if schedule == "none" or not epochs or epochs < 0:
             return opt
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)}
 
@@ -213,6 +263,7 @@ class PostProcessor(L.LightningModule):
             "family": self.hparams["family"],
             "sample": self.spec.to_dict(),
             "thresholds": self.thresholds,
+            **({"fit": self.fit_report} if self.fit_report is not None else {}),
         }
         checkpoint["postcast"] = {**meta, "checksum": content_checksum(checkpoint, meta)}
 

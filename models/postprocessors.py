@@ -55,11 +55,15 @@ class PointwiseMLP(nn.Module):
 class LocalEMOS(nn.Module):
     """EMOS with its own coefficients at every grid point: a = a0 + a1 * x_target_mean,
     b = b0 + b1 * x_target_std (x: the normalised ensemble mean/std channels of the target); a family
-    with more than two head outputs gets one more constant per point for each."""
+    with more than two head outputs gets one more constant per point for each. ``solver``: ``newton``
+    fits every point to its training-CRPS optimum before the first epoch (:mod:`postcast.models.emos_fit`);
+    ``gradient`` leaves the coefficients to the epochs' optimiser."""
 
-    def __init__(self, grid: tuple[int, int], mean_channel: int, std_channel: int, outputs: int = 2):
+    def __init__(
+        self, grid: tuple[int, int], mean_channel: int, std_channel: int, outputs: int = 2, solver: str = "newton"
+    ):
         super().__init__()
-        self.mean_channel, self.std_channel = mean_channel, std_channel
+        self.mean_channel, self.std_channel, self.solver = mean_channel, std_channel, solver
         self.coef = nn.Parameter(torch.zeros(4, *grid))  # (a0, a1, b0, b1) per point
         self.extra = nn.Parameter(torch.zeros(outputs - 2, *grid)) if outputs > 2 else None  # (K - 2, H, W)
 
@@ -68,6 +72,18 @@ class LocalEMOS(nn.Module):
         a = self.coef[0] + self.coef[1] * x[:, self.mean_channel]
         b = self.coef[2] + self.coef[3] * x[:, self.std_channel]
         return (a, b, *constant_outputs(self.extra, a))
+
+    def theta(self) -> torch.Tensor:
+        """The coefficients per point, (P, 4 + K - 2) with P = H * W (row-major points)."""
+        parts = [self.coef] if self.extra is None else [self.coef, self.extra]
+        return torch.cat(parts).detach().flatten(1).T
+
+    def set_theta(self, theta: torch.Tensor) -> None:
+        """Coefficients from a per-point fit, theta (P, 4 + K - 2) with P = H * W (row-major points)."""
+        with torch.no_grad():
+            self.coef.copy_(theta[:, :4].T.reshape(self.coef.shape))
+            if self.extra is not None:
+                self.extra.copy_(theta[:, 4:].T.reshape(self.extra.shape))
 
 
 def require_members(batch: Batch, model: str) -> torch.Tensor:
@@ -112,14 +128,24 @@ def crps_loss(model: nn.Module, batch: Batch, distribution: str = "gaussian") ->
     return CRPSLoss()(predict(model, batch, distribution), batch["y"])
 
 
+SOLVERS = ("newton", "gradient")
+
+
 # --- architectures ------------------------------------------------------------------------------
 @architecture("emos")
 @dataclass(frozen=True)
 class LocalEMOSArchitecture:
     """Local EMOS: 4 coefficients per grid point on the target's normalised ensemble mean and std."""
 
+    solver: str = "newton"  # newton: full-batch fit to the CRPS optimum at fit start; gradient: the epochs' optimiser
+
+    def __post_init__(self) -> None:
+        if self.solver not in SOLVERS:
+            msg = f"model.net.solver {self.solver!r}: choose one of {list(SOLVERS)}"
+            raise ConfigError(msg)
+
     def build(self, io: NetIO) -> nn.Module:
-        return LocalEMOS(io.grid, *io.target_channels, io.outputs)
+        return LocalEMOS(io.grid, *io.target_channels, io.outputs, self.solver)
 
 
 @architecture("emos_global", needs_members=True)

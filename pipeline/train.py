@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -34,6 +34,7 @@ from postcast.datasets.core.errors import TERMINATED
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor, read_checkpoint
+from postcast.pipeline import stopping
 
 LIGHTNING_CKPT_KEYWORDS = ("last", "best", "hpc")  # --ckpt_path values Lightning resolves itself
 
@@ -63,6 +64,9 @@ class PostcastCLI(LightningCLI):
                 "latest.enable_version_counter": False,
             }
         )
+        # ... early stopping on the validation CRPS (max_epochs is a ceiling; pipeline/stopping.py)
+        parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        parser.set_defaults(stopping.early_stopping_defaults())
         parser.link_arguments(
             "data", "model.sample", compute_fn=lambda dm: dm.cfg.sample.to_dict(), apply_on="instantiate"
         )
@@ -85,6 +89,7 @@ class PostcastCLI(LightningCLI):
         hence the same checkpoint directory, so ModelCheckpoint restores its best score and best_k_models
         from the checkpoint (it only does when the directory is unchanged) and model selection spans
         the whole run, not the last attempt."""
+        self.trainer.callbacks.append(stopping.StopSummary())  # LOGDIR/summary.json: when and why it stopped
         version = resumed_version(self.config[self.subcommand].get("ckpt_path"), self.trainer.logger)
         logger = self.trainer.logger
         if version is not None and isinstance(logger, TensorBoardLogger | CSVLogger):

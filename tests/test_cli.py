@@ -152,7 +152,8 @@ def test_paths_live_in_one_file_and_presets_stack():
         "net": {"base_filters": 32},
         "lr": 0.002,
         "weight_decay": 0.0,
-        "cosine": True,
+        "schedule": "plateau",
+        "lr_patience": 2,
         "distribution": None,
     }  # None: the target's family (gaussian)
     data = data_config(cfg)

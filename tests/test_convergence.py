@@ -1,0 +1,112 @@
+"""Every preset trains to convergence (postcast.pipeline.stopping): the local EMOS preset's checkpoint is at
+the training-CRPS optimum scipy finds point by point; early stopping on the validation CRPS ends a run that
+stopped improving; LOGDIR/summary.json and the log say when and why training stopped, with a warning when the
+best epoch is the last."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import optimize
+from test_emos_optimum import OPTIMUM_TOL, crps_normal_numpy
+
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
+from postcast.datasets.sample import SampleSpec
+from postcast.models.module import load_checkpoint
+from postcast.pipeline import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fit_preset(store: Path, root: Path, preset: str, *extra: str) -> tuple[Path, dict]:
+    """Train ``preset`` on ``store`` through ``postcast train fit``; its best checkpoint and summary.json."""
+    cli = train.run(
+        [
+            "fit",
+            "-c",
+            str(ROOT / preset),
+            "--data.cfg.store",
+            str(store),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_model_summary",
+            "false",
+            *extra,
+        ]
+    )
+    cb = cli.trainer.checkpoint_callback
+    assert cb is not None
+    summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
+    return Path(cb.best_model_path), summary
+
+
+def training_points(ckpt: Path, store: Path) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+    """The checkpoint's coefficients (4, P) and each point's training data (P, N): the normalised ensemble
+    mean and std the model reads, the raw ensemble's m and s, the truth y."""
+    model, meta = load_checkpoint(str(ckpt))
+    data = StoreDataset(DataConfig(store=str(store), sample=SampleSpec.from_dict(meta["sample"])), "train")
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("xm", "xs", "m", "s", "y")}
+    with torch.no_grad():
+        for i in range(len(data)):
+            batch = {k: v[None] for k, v in data[i].items()}
+            x = model.normalise(batch)["x"][0]  # (C, H, W)
+            cols["xm"].append(x[model.net.mean_channel].double().flatten().numpy())
+            cols["xs"].append(x[model.net.std_channel].double().flatten().numpy())
+            for k in ("m", "s", "y"):
+                cols[k].append(batch[k][0].double().flatten().numpy())
+    coef = model.net.coef.detach().double().flatten(1)  # (4, P)
+    return coef, {k: np.stack(v, axis=1) for k, v in cols.items()}  # each (P, N)
+
+
+@pytest.mark.slow
+def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path):
+    """configs/train/emos_t2m.yaml's checkpoint: at each sampled point, its training CRPS (Gaussian CRPS
+    written out in numpy) is within 1e-5 of scipy's minimum of the same objective, or lower. The 20-epoch
+    AdamW fit this preset ran before missed it by ~1e-3 (ISSUE 39)."""
+    ckpt, summary = fit_preset(derived_store, tmp_path / "runs", "configs/train/emos_t2m.yaml")
+    coef, d = training_points(ckpt, derived_store)
+    s = np.maximum(d["s"], 1e-6)
+    ok = np.isfinite(d["y"])
+    rng = np.random.default_rng(0)
+    for p in rng.choice(coef.shape[1], size=8, replace=False):
+        k = ok[p]
+
+        def f(theta: np.ndarray, p: int = p, k: np.ndarray = k) -> float:
+            mu = d["m"][p, k] + s[p, k] * (theta[0] + theta[1] * d["xm"][p, k])
+            sigma = s[p, k] * np.exp(theta[2] + theta[3] * d["xs"][p, k])
+            return float(crps_normal_numpy(mu, sigma, d["y"][p, k]).mean())
+
+        ours = f(coef[:, p].numpy())
+        best = np.inf
+        for x0 in (np.zeros(4), coef[:, p].numpy()):
+            nm = optimize.minimize(
+                f, x0, method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-13, "maxiter": 40000}
+            )
+            best = min(best, nm.fun, optimize.minimize(f, nm.x, method="BFGS", options={"gtol": 1e-10}).fun)
+        assert ours <= best + OPTIMUM_TOL, (int(p), ours, best)  # float32 coefficients: ~1e-9 above in practice
+    assert summary["reason"] == "converged" and summary["fit"]["converged_points"] > 0
+
+
+def test_summary_says_why_training_stopped(store, tmp_path):
+    """A 2-epoch run ends at max_epochs and warns that its best epoch is its last; an early-stopping run
+    (patience 0 and a min_delta no epoch can beat) ends after its second validation; the EMOS preset ends
+    converged after one epoch, the fit's criterion in summary.json and in its checkpoint."""
+    preset = "configs/train/tiny_emos_t2m.yaml"
+    gradient = ("--model.net", "{solver: gradient}", "--model.lr", "0.05")
+    _, capped = fit_preset(store, tmp_path / "a", preset, *gradient, "--trainer.max_epochs", "2")
+    assert capped["reason"] == "max_epochs" and capped["epochs_run"] == 2 and len(capped["val_crps"]) == 2
+    if capped["best_epoch"] == 1:
+        assert capped["warnings"] and "may not have converged" in capped["warnings"][0]
+    stop = ("--early_stopping.patience", "0", "--early_stopping.min_delta", "1000", "--trainer.max_epochs", "5")
+    _, early = fit_preset(store, tmp_path / "b", preset, *gradient, *stop)
+    assert early["reason"] == "early_stopping" and early["epochs_run"] == 2 and early["patience"] == 0
+    ckpt, fitted = fit_preset(store, tmp_path / "c", preset, "--model.net", "{solver: newton}")
+    assert fitted["reason"] == "converged" and fitted["epochs_run"] == 1 and fitted["warnings"] == []
+    _, meta = load_checkpoint(str(ckpt))
+    assert meta["fit"] == fitted["fit"] and fitted["fit"]["crps_fit"] < fitted["fit"]["crps_raw"]
+    assert fitted["fit"]["points"] == 684 and fitted["fit"]["converged_points"] > 600  # 6 training dates: a few
+    # points have their optimum at infinity (sigma -> 0 through 4 coefficients), reported as not converged
