@@ -164,7 +164,10 @@ Level = Annotated[
 ]
 Threshold = Annotated[
     float | None,
-    Query(description="show=probability: the threshold (target units), e.g. 273.15 for t2m", allow_inf_nan=False),
+    Query(
+        description="show=probability: the threshold (target units), e.g. 273.15 for t2m; default the file's first",
+        allow_inf_nan=False,
+    ),
 ]
 
 
@@ -281,8 +284,6 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
     ) -> PNGResponse:
         """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given):
         ``show`` the mean, the spread, the quantile at ``level`` or the probability of exceeding ``threshold``."""
-        if show == "probability" and threshold is None:
-            raise HTTPException(422, "show=probability needs threshold= (target units), e.g. threshold=273.15")
         target = target or catalog.latest_target(model)
         png, headers = render_map(catalog, target, model, parse_time(time), Shown(show, level, threshold))
         return PNGResponse(png, headers=headers)

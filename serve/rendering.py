@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
-from fastapi import Response
+from fastapi import HTTPException, Response
 
 from postcast.pipeline import maps
 from postcast.pipeline.archive import Field, Product
@@ -50,6 +50,10 @@ def render_map(
     """The PNG of the best forecast for (target, model, valid) showing ``shown``, and the headers that say
     where its axes are; rendered once per file and parameters."""
     entry, s = catalog.resolve(target, model, valid)
+    if shown.what == "probability" and shown.threshold is None:  # the file's first threshold
+        if not s.field.thresholds.size:
+            raise HTTPException(422, f"this {target} forecast has no thresholds: give threshold= ({s.field.units})")
+        shown = shown._replace(threshold=float(s.field.thresholds[0]))
     key = (entry.path, entry.signature, target, valid, shown)
     png = catalog.maps.get(key)
     if png is None:

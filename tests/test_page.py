@@ -54,12 +54,13 @@ def test_map_png_draws_each_quantity(client):
         west, east, south, north = (float(v) for v in r.headers["X-Map-Extent"].split(","))
         assert west < -170 and east > 170 and south >= -90 and north <= 90
     assert len(set(pngs.values())) == 4
+    first = client.get("/map.png", params={"target": "tp24", "model": "emos_csg", "show": "probability"})
+    assert first.content == pngs["probability"]  # without threshold=: the file's first (1 mm)
 
 
 @pytest.mark.parametrize(
     ("params", "says"),
     [
-        ({"show": "probability"}, "threshold"),
         ({"show": "median"}, "show"),
         ({"show": "quantile", "level": 1.2}, "level"),
     ],
