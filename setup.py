@@ -24,5 +24,9 @@ def _packages(layer: str) -> list[str]:
 setup(
     packages=["postcast", *(name for layer in LAYERS for name in _packages(layer))],
     package_dir={"postcast": ROOT, **{f"postcast.{layer}": layer for layer in LAYERS}},
-    package_data={"postcast": ["py.typed"]},
+    package_data={
+        "postcast": ["py.typed"],
+        "postcast.serve": ["static/*"],  # the forecast page's HTML, script and style
+        "postcast.pipeline": ["geo/*.npz"],  # the coastline (pipeline/maps.py)
+    },
 )

@@ -56,11 +56,12 @@ EPILOG = (
 quickstart (synthetic ENS-10, coarse grid), all stages at once:
   postcast run configs/quickstart.yaml
 or step by step:
-  postcast synth --out data/synth
-  postcast ingest data/synth --out data/store.zarr
-  postcast inspect data/store.zarr
-  postcast train fit -c configs/train/unet_t850.yaml
-  postcast evaluate data/store.zarr --checkpoints runs/unet_t850/lightning_logs/version_0/checkpoints/best*.ckpt
+  postcast synth --out runs/quickstart/synth
+  postcast ingest runs/quickstart/synth --out runs/quickstart/store.zarr
+  postcast inspect runs/quickstart/store.zarr
+  postcast train fit -c configs/train/unet_t850.yaml   (reads the store configs/paths.yaml names)
+  postcast evaluate runs/quickstart/store.zarr \\
+      --checkpoints runs/unet_t850/lightning_logs/version_0/checkpoints/best*.ckpt
 
 exit codes:
 """
@@ -76,7 +77,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         shown = action.option_strings and not action.required and "default" not in text
-        if shown and action.default not in (None, False, [], (), argparse.SUPPRESS):
+        switch = isinstance(action, argparse._StoreConstAction)  # store_true/false: the flag says what it does
+        if shown and not switch and action.default not in (None, False, [], (), argparse.SUPPRESS):
             text += " (default: %(default)s)"
         return text
 

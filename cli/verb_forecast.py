@@ -17,8 +17,10 @@ def add_parser(sub: Subparsers) -> None:
         description="Read the raw ensemble (GRIB, netCDF or zarr) for one init time or a range, apply a trained "
         "post-processor and write, per init time, OUT/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.nc "
         "with mean, std, quantiles and exceedance probabilities (CF-1.8 metadata, provenance). "
-        "product is 'postprocessed', or 'fallback_raw' (the raw-ensemble Gaussian, flagged) when the "
-        "model's inputs are missing. Existing outputs are kept: reruns are idempotent.",
+        "product is 'postprocessed', or 'fallback_raw' (flagged) when the "
+        "model's inputs are missing: the raw members' own law in the target's family (Gaussian for z500, "
+        "t850 and t2m, truncated normal for ws10, censored shifted gamma for tp24). Existing outputs are kept: "
+        "reruns are idempotent.",
         epilog="examples:\n  postcast forecast --checkpoint runs/unet_t850/.../best.ckpt --input /data/ens/20170102 "
         "--init-time 2017-01-02 --out /data/forecasts\n"
         "  postcast forecast --checkpoint C --input data/synth --init-time 2017-01-01 --end 2017-12-31 "

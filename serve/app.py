@@ -12,8 +12,14 @@ Endpoints (OpenAPI document at ``/openapi.json``, docs at ``/docs``):
 * ``GET /forecast/point``: mean, std, quantiles and exceedance probabilities at the nearest grid
   point for a target, model and valid time (the latest init time that covers it);
 * ``GET /forecast/bbox``: mean and std on the grid points inside a latitude/longitude box;
-* ``GET /map.png`` and ``GET /``: a map of a forecast (rendered once per file and parameters) and an
-  HTML page with the latest one.
+* ``GET /map.png``: a map of a forecast (mean, spread, a quantile or an exceedance probability, with
+  coastlines; rendered once per file and parameters);
+* ``GET /`` and ``GET /forecast/law``: the forecaster's page and the law of a forecast (``page``);
+* ``GET /docs``, ``GET /redoc``: the API pages, offline (``openapi``).
+
+Every answer names its law: the point and box answers carry ``law`` (the predictive family, its
+definition, units, where the thresholds come from, a note when the family can give values the target
+cannot take); ``/forecasts`` gives each target's score units.
 
 ``model=`` picks a model; without it the target's models are tried best first: the lowest CRPS in
 evaluate's ``metrics.json`` (``archive.SCORE_FILES``), then the unscored ones by name. The OpenAPI
@@ -45,16 +51,19 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
+from postcast.datasets import schema
 from postcast.datasets.core.version import __version__
 from postcast.pipeline import archive
 from postcast.serve.auth import Gate, bearer_ok
 from postcast.serve.catalog import Catalog
 from postcast.serve.grid import as_asked, box_columns
+from postcast.serve.law import QUANTITIES, describe
 from postcast.serve.metrics import Stats
-from postcast.serve.openapi import document
-from postcast.serve.rendering import PNGResponse, index_page, render_map
+from postcast.serve.openapi import document, offline_docs
+from postcast.serve.page import page_routes
+from postcast.serve.rendering import PNGResponse, Shown, render_map
 from postcast.serve.schemas import (
     BoxAnswer,
     Health,
@@ -87,6 +96,8 @@ def create_app(
         title="postcast",
         version=__version__,
         description="Calibrated ensemble forecasts written by `postcast forecast`.",
+        docs_url=None,  # offline_docs serves them with local assets
+        redoc_url=None,
     )
     catalog = Catalog(forecasts, watch_s)
     stats = Stats()
@@ -103,6 +114,8 @@ def create_app(
         app, catalog, stats, token, guarded=token is not None, metrics_guarded=token is not None and not public_metrics
     )
     _forecast_routes(app, catalog, guarded=token is not None)
+    page_routes(app, catalog, guarded=token is not None)
+    offline_docs(app)
     for r in app.routes:
         params = getattr(getattr(r, "dependant", None), "query_params", None)
         routes[getattr(r, "path", "")] = frozenset(p.alias for p in params) if params is not None else None
@@ -144,10 +157,21 @@ def _info_routes(
     async def metrics() -> str:
         return stats.prometheus(catalog)
 
-    @app.get("/", response_class=HTMLResponse, responses=error_answers(401, 422, guarded=guarded, json_media=True))
-    def index() -> str:
-        catalog.watch()
-        return index_page(catalog, token)
+
+SCORE_SAYS = f"crps: {archive.SCORE}, the global area-weighted CRPS, in the target's units (lower is better)"
+Show = Annotated[
+    str, Query(description=f"what to draw: {', '.join(QUANTITIES)}", pattern="^(" + "|".join(QUANTITIES) + ")$")
+]
+Level = Annotated[
+    float | None, Query(gt=0.0, lt=1.0, description="show=quantile: its probability level (default 0.5), e.g. 0.9")
+]
+Threshold = Annotated[
+    float | None,
+    Query(
+        description="show=probability: the threshold (target units), e.g. 273.15 for t2m; default the file's first",
+        allow_inf_nan=False,
+    ),
+]
 
 
 def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
@@ -160,7 +184,10 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
             catalog.watch()
         return _json(
             {
-                "targets": [tm.listing(t) for t, tm in catalog.models.items()],
+                "targets": [
+                    {**tm.listing(t), "units": schema.target(t).units, "score": SCORE_SAYS}
+                    for t, tm in catalog.models.items()
+                ],
                 "forecasts": [
                     {
                         "target": e.target,
@@ -203,6 +230,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
             "std": sd,
             "quantiles": dict(zip(s.quantile_keys, f.quantiles[:, i, j].tolist(), strict=True)),
             "exceedance": dict(zip(s.threshold_keys, f.exceedance[:, i, j].tolist(), strict=True)),
+            "law": describe(target, f),
         }
         if threshold is not None:
             out["exceedance"][f"{threshold:g}"] = archive.exceedance_at(f, i, j, threshold)  # the file's family
@@ -234,6 +262,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
                 "longitude": shown.tolist(),
                 "mean": f.mean[np.ix_(rows, cols)].tolist(),
                 "std": f.std[np.ix_(rows, cols)].tolist(),
+                "law": describe(target, f),
             }
         )
 
@@ -241,14 +270,26 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
         "/map.png",
         response_class=PNGResponse,
         responses={
-            200: {"content": {"image/png": {}}, "description": "a PNG map of the forecast mean"},
+            200: {
+                "content": {"image/png": {}},
+                "description": "a PNG map of the forecast's mean, spread, a quantile or an exceedance probability",
+            },
             **error_answers(401, 404, 422, guarded=guarded, json_media=True),
         },
     )
-    def map_png(target: Target | None = None, time: Time = None, model: Model = None) -> PNGResponse:
-        """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given)."""
+    def map_png(
+        target: Target | None = None,
+        time: Time = None,
+        model: Model = None,
+        show: Show = "mean",
+        level: Level = None,
+        threshold: Threshold = None,
+    ) -> PNGResponse:
+        """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given):
+        ``show`` the mean, the spread, the quantile at ``level`` or the probability of exceeding ``threshold``."""
         target = target or catalog.latest_target(model)
-        return PNGResponse(render_map(catalog, target, model, parse_time(time)))
+        png, headers = render_map(catalog, target, model, parse_time(time), Shown(show, level, threshold))
+        return PNGResponse(png, headers=headers)
 
 
 def app_from_env() -> FastAPI:

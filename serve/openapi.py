@@ -1,13 +1,17 @@
 """The service's OpenAPI document as served: the archive's models as the enum of every ``model``
-parameter (built again when they change) and the bearer scheme on the guarded operations."""
+parameter (built again when they change) and the bearer scheme on the guarded operations; and its
+pages (``/docs``, ``/redoc``) offline, their assets served by postcast."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
 from postcast.serve.catalog import Catalog
+
+DOCS_ASSETS = "/docs/assets"  # where the Swagger UI and ReDoc assets are served
 
 
 def document(app: FastAPI, catalog: Catalog, guarded: set[str]) -> None:
@@ -45,3 +49,45 @@ def _annotate(spec: dict[str, Any], models: tuple[str, ...], guarded: set[str]) 
             "scheme": "bearer",
         }
     return spec
+
+
+def offline_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served by postcast from the
+    package fastapi-offline (``/docs/assets``): nothing is loaded from a CDN, and Swagger UI's online
+    validator is off. The pages take no query parameters of their own (the gate does not check them)."""
+    import fastapi_offline
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.staticfiles import StaticFiles
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse
+
+    assets = Path(fastapi_offline.__file__).with_name("static")
+    app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
+    redirect = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+
+    async def swagger(request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - API",
+            oauth2_redirect_url=redirect,
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    async def oauth2_redirect(request: Request) -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    async def redoc(request: Request) -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - API",
+            redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
+
+    app.add_route("/docs", swagger, include_in_schema=False)
+    app.add_route(redirect, oauth2_redirect, include_in_schema=False)
+    app.add_route("/redoc", redoc, include_in_schema=False)

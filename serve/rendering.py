@@ -1,17 +1,30 @@
-"""What the service draws: the PNG map of a forecast's mean (rendered once per file and parameters,
-one render at a time) and the HTML page with the latest forecasts."""
+"""What the service draws: the PNG map of a forecast (mean, spread, a quantile or the probability of
+exceeding a threshold, by the file's own family; coastlines, latitude/longitude axes, a colour scale
+that fits the quantity, the family and units in the title), rendered once per file and parameters, one
+render at a time.
+
+The map's axes sit at a fixed place in the picture (:data:`AXES`, fractions of its width and height from
+its top left corner), so a page can turn a click into a latitude and longitude: the answer's headers
+``X-Map-Axes`` (left, top, right, bottom fractions) and ``X-Map-Extent`` (west, east, south, north
+degrees) say where."""
 
 from __future__ import annotations
 
-import html
 import io as pyio
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
-from fastapi import Response
+from fastapi import HTTPException, Response
 
+from postcast.pipeline import maps
 from postcast.pipeline.archive import Field, Product
+from postcast.serve import law
 from postcast.serve.catalog import Catalog
+
+FIGSIZE, DPI = (10.0, 5.0), 80  # 800 x 400 pixels
+AXES = (0.08, 0.14, 0.84, 0.88)  # left, top, right, bottom of the map, fractions from the top left
+COLORBAR = (0.87, 0.14, 0.885, 0.88)
 
 
 class PNGResponse(Response):
@@ -20,63 +33,98 @@ class PNGResponse(Response):
     media_type = "image/png"
 
 
-def render_map(catalog: Catalog, target: str, model: str | None, valid: pd.Timestamp | None) -> bytes:
-    """The PNG of the best forecast for (target, model, valid), rendered once per file and parameters."""
+class Shown(NamedTuple):
+    """What a map shows: the quantity (:data:`postcast.serve.law.QUANTITIES`) and its level or threshold."""
+
+    what: str = "mean"
+    level: float | None = None
+    threshold: float | None = None
+
+
+MEAN = Shown()
+
+
+def render_map(
+    catalog: Catalog, target: str, model: str | None, valid: pd.Timestamp | None, shown: Shown = MEAN
+) -> tuple[bytes, dict[str, str]]:
+    """The PNG of the best forecast for (target, model, valid) showing ``shown``, and the headers that say
+    where its axes are; rendered once per file and parameters."""
     entry, s = catalog.resolve(target, model, valid)
-    key = (entry.path, entry.signature, target, valid)
+    if shown.what == "probability" and shown.threshold is None:  # the file's first threshold
+        if not s.field.thresholds.size:
+            raise HTTPException(422, f"this {target} forecast has no thresholds: give threshold= ({s.field.units})")
+        shown = shown._replace(threshold=float(s.field.thresholds[0]))
+    key = (entry.path, entry.signature, target, valid, shown)
     png = catalog.maps.get(key)
     if png is None:
         with catalog.maps.render_lock:
             png = catalog.maps.get(key)
             if png is None:
-                png = _render(entry, s.field)
+                png = _render(entry, s.field, shown)
                 catalog.maps.renders += 1
                 catalog.maps.put(key, png)
-    return bytes(png)
+    return bytes(png), _headers(s.field)
 
 
-def _render(entry: Product, f: Field) -> bytes:
-    """The PNG of the mean of ``f`` on longitudes -180..180, titled with what ``entry`` is."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _west_first(f: Field, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Longitudes -180..180 and ``values`` (lat, lon) in that order."""
+    east = f.lon >= 180.0
+    return np.concatenate([f.lon[east] - 360.0, f.lon[~east]]), np.concatenate([values[:, east], values[:, ~east]], 1)
 
-    fig = Figure(figsize=(8, 4))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    lon = np.concatenate([f.lon[f.lon >= 180.0] - 360.0, f.lon[f.lon < 180.0]])  # -180..180 for the picture
-    mean = np.concatenate([f.mean[:, f.lon >= 180.0], f.mean[:, f.lon < 180.0]], axis=1)  # (lat, lon)
-    im = ax.imshow(
-        mean,
-        origin="lower" if f.lat[0] < f.lat[-1] else "upper",
-        cmap="RdYlBu_r",
-        aspect="auto",
-        extent=(float(lon.min()), float(lon.max()), float(f.lat.min()), float(f.lat.max())),
-    )
-    fig.colorbar(im, ax=ax, label=f"{entry.target} mean ({f.units})")
-    ax.set_title(
-        f"{entry.target} valid {entry.valid:%Y-%m-%d %H} UTC (init {entry.init:%Y-%m-%d %H}, "
-        f"{entry.product}, {entry.model})"
-    )
+
+def _extent(lon: np.ndarray, lat: np.ndarray) -> tuple[float, float, float, float]:
+    """(west, east, south, north) of the grid's cells (half a step beyond the outer points, within +-90)."""
+    dx = float(np.min(np.diff(lon))) if lon.size > 1 else 1.0
+    dy = float(np.min(np.abs(np.diff(lat)))) if lat.size > 1 else 1.0
+    south, north = max(-90.0, float(lat.min()) - dy / 2), min(90.0, float(lat.max()) + dy / 2)
+    return float(lon.min()) - dx / 2, float(lon.max()) + dx / 2, south, north
+
+
+def _headers(f: Field) -> dict[str, str]:
+    lon, _ = _west_first(f, f.mean)
+    return {
+        "X-Map-Axes": ",".join(f"{v:g}" for v in AXES),
+        "X-Map-Extent": ",".join(f"{v:g}" for v in _extent(lon, f.lat)),
+    }
+
+
+def _render(entry: Product, f: Field, shown: Shown) -> bytes:
     buf = pyio.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    figure(entry, f, shown).savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 
-def index_page(catalog: Catalog, token: str | None) -> str:
-    """The HTML page: the map of the latest forecast (a note instead when the map needs ``token``) and
-    the last 20 forecasts listed."""
-    rows = "".join(
-        f"<tr><td>{e.target}</td><td>{e.init:%Y-%m-%d %H}</td><td>{e.valid:%Y-%m-%d %H}</td>"
-        f"<td>{html.escape(e.product)}</td><td>{html.escape(e.model)}</td></tr>"
-        for e in catalog.entries[-20:]
+def figure(entry: Product, f: Field, shown: Shown) -> Any:
+    """The matplotlib figure of ``shown`` of ``f`` on longitudes -180..180, titled with what ``entry`` is."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    values = law.quantity(f, shown.what, shown.level, shown.threshold)  # (lat, lon)
+    lon, values = _west_first(f, values)
+    scale = maps.scale_for(entry.target, shown.what, values)
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    left, top, right, bottom = AXES
+    ax = fig.add_axes((left, 1 - bottom, right - left, bottom - top))
+    west, east, south, north = _extent(lon, f.lat)
+    im = ax.imshow(
+        values,
+        origin="lower" if f.lat[0] < f.lat[-1] else "upper",
+        cmap=scale.cmap,
+        vmin=scale.vmin,
+        vmax=scale.vmax,
+        aspect="auto",
+        extent=(west, east, south, north),
+        interpolation="nearest",
     )
-    img = (
-        '<img src="/map.png" alt="latest forecast">'
-        if token is None
-        else ("<p>(the map needs the bearer token: GET /map.png)</p>")
+    maps.draw_coastlines(ax, np.array([west, east]), np.array([south, north]))
+    c0, ct, c1, cb = COLORBAR
+    fig.colorbar(im, cax=fig.add_axes((c0, 1 - cb, c1 - c0, cb - ct)), label=law.title_of(*shown, f.units))
+    lead_h = int((entry.valid - entry.init) / pd.Timedelta(hours=1))
+    ax.set_title(
+        f"{entry.target}: {law.title_of(*shown, f.units)}, {f.family} law\n"
+        f"valid {entry.valid:%Y-%m-%d %H} UTC (init {entry.init:%Y-%m-%d %H} +{lead_h} h, "
+        f"{entry.model}, {entry.product}); coastlines: {maps.COASTLINE_SOURCE}",
+        fontsize=9,
     )
-    return (
-        f"<!doctype html><html><head><title>postcast</title></head><body><h1>postcast forecasts</h1>"
-        f"{img}<table border=1><tr><th>target</th><th>init</th><th>valid</th><th>product</th><th>model</th>"
-        f"</tr>{rows}</table><p><a href='/docs'>API docs</a></p></body></html>"
-    )
+    return fig

@@ -22,6 +22,35 @@ class Problem(BaseModel):
     detail: str
 
 
+class ThresholdSource(BaseModel):
+    source: str  # "target" (its own), "training_climate" (its 10/50/90 % quantiles) or "given" (--thresholds)
+    says: str
+
+
+class LawInfo(BaseModel):
+    """The predictive law that answers (postcast.serve.law)."""
+
+    family: str
+    definition: str
+    units: str
+    thresholds: ThresholdSource
+    note: str | None  # e.g. a Gaussian for rain: its quantiles can be negative
+
+
+class LawAnswer(BaseModel):
+    """The law of one forecast (``/forecast/law``)."""
+
+    target: str
+    model: str
+    product: str
+    init_time: str
+    valid_time: str
+    lead_h: int
+    law: LawInfo
+    quantile_levels: list[float]
+    thresholds: list[float]
+
+
 class PointAnswer(BaseModel):
     target: str
     units: str
@@ -35,6 +64,7 @@ class PointAnswer(BaseModel):
     std: float
     quantiles: dict[str, float]
     exceedance: dict[str, float]
+    law: LawInfo
 
 
 class BoxAnswer(BaseModel):
@@ -48,6 +78,7 @@ class BoxAnswer(BaseModel):
     longitude: list[float]
     mean: list[list[float]]
     std: list[list[float]]
+    law: LawInfo
 
 
 class Health(BaseModel):
@@ -82,6 +113,8 @@ class TargetListed(BaseModel):
     default_model: str
     chosen_by: str
     models: list[ModelListed]  # best first
+    units: str  # of the scores (the target's)
+    score: str  # what the score is
 
 
 class Listing(BaseModel):

@@ -4,7 +4,7 @@
 objects: no server, no training process, no dask cluster) that need none of the session's data
 (``SESSION_DATA``: the synthetic inputs, the ingested store and what is trained on it, which cost a
 minute to build); together they take under 2 minutes on an idle 2-core machine (measured and quoted in
-the README). A test that carries ``slow``, ``distributed`` or ``gpu`` stays out of the unit tier. The
+the README). A test that carries ``slow``, ``distributed``, ``gpu`` or ``browser`` stays out of the unit tier. The
 default tier (``pytest``) runs everything but those three markers, the unit tests included.
 """
 
@@ -31,7 +31,7 @@ UNIT_FILES = frozenset(
         "test_verification.py",
     }
 )
-OPT_IN = ("slow", "distributed", "gpu")
+OPT_IN = ("slow", "distributed", "gpu", "browser")
 SESSION_DATA = frozenset({"synth_zarr", "synth_grib", "synth_netcdf", "store", "derived_store", "t2m_ckpt", "artefact"})
 
 
