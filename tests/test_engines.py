@@ -62,48 +62,17 @@ def _free_port() -> int:
 def _torchrun(nnodes: int, node_rank: int, port: int, root: Path, store: Path, batch: int) -> subprocess.Popen[str]:
     """One torchrun "node": a postcast training of the tiny MLP (2 epochs), DDP on gloo."""
     assert TORCHRUN is not None, "no `torchrun` beside this Python: run scripts/setup.sh"
-    args = [
-        TORCHRUN,
-        "--nnodes",
-        str(nnodes),
-        "--nproc-per-node",
-        "1",
-        "--node-rank",
-        str(node_rank),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "--rdzv-conf",
-        f"is_host={int(node_rank == 0)}",
-        "--max-restarts",
-        "0",
-        "-m",
-        "postcast",
-        "--no-progress",
-        "train",
-        "fit",
-        "-c",
-        str(ROOT / "configs/train/mlp_t850.yaml"),
-        "--data.cfg.store",
-        str(store),
-        "--data.cfg.batch_size",
-        str(batch),
-        "--trainer.max_epochs",
-        "2",
-        "--trainer.num_nodes",
-        str(nnodes),
-        "--trainer.devices",
-        "1",
-        "--trainer.strategy",
-        "ddp",
-        "--trainer.default_root_dir",
-        str(root),
-        "--trainer.enable_progress_bar",
-        "false",
-        "--seed_everything",
-        "7",
-    ]
+    launch = (
+        f"--nnodes {nnodes} --nproc-per-node 1 --node-rank {node_rank} --rdzv-backend c10d "
+        f"--rdzv-endpoint 127.0.0.1:{port} --rdzv-conf is_host={int(node_rank == 0)} --max-restarts 0"
+    )
+    fit = (
+        f"-m postcast --no-progress train fit -c {ROOT / 'configs/train/mlp_t850.yaml'} --data.cfg.store {store} "
+        f"--data.cfg.batch_size {batch} --trainer.max_epochs 2 --trainer.num_nodes {nnodes} --trainer.devices 1 "
+        f"--trainer.strategy ddp --trainer.default_root_dir {root} --trainer.enable_progress_bar false "
+        "--seed_everything 7"
+    )
+    args = [TORCHRUN, *launch.split(), *fit.split()]  # the test's paths hold no spaces
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "GLOO_SOCKET_IFNAME": "lo"}
     log = root / f"node{node_rank}.log"
     root.mkdir(parents=True, exist_ok=True)
