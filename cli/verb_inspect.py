@@ -46,14 +46,16 @@ def _check_readable(path: str) -> None:
     from postcast.datasets import contract, sources
 
     p = Path(path)
+    if contract.partial_path(p).exists():
+        return  # an interrupted ingest: its summary
     if not p.exists():
         msg = f"{p}: no such file or directory"
         raise MissingInputError(msg)
     if not (p.is_file() or p.is_dir()):
         msg = f"{p}: neither a file nor a folder (a pipe or a device); give a store, a GRIB or a netCDF file"
         raise BadInputError(msg)
-    if contract.VERSION_ATTR in (contract.attributes(p) or {}) or contract.partial_path(p).exists():
-        return  # a store, complete or not, or an interrupted ingest
+    if contract.VERSION_ATTR in (contract.attributes(p) or {}):
+        return  # a store, complete or not
     kind, found = sources.find_sources(p)
     if p.is_file() and kind is None:
         with p.open("rb") as f:
