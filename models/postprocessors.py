@@ -75,7 +75,7 @@ class LocalEMOS(nn.Module):
 
     def theta(self) -> torch.Tensor:
         """The coefficients per point, (P, 4 + K - 2) with P = H * W (row-major points)."""
-        parts = [self.coef] if self.extra is None else [self.coef, self.extra]
+        parts: list[torch.Tensor] = [self.coef] if self.extra is None else [self.coef, self.extra]
         return torch.cat(parts).detach().flatten(1).T
 
     def set_theta(self, theta: torch.Tensor) -> None:

@@ -23,13 +23,17 @@ from postcast.datasets import io
 
 log = logging.getLogger(__name__)
 MONITOR = "val_crps"
+UNSETTLED = "the EMOS fit reached its iteration ceiling with points short of the convergence criterion (see fit)"
 STILL_IMPROVING = "the best val_crps is the last epoch's: the model may not have converged; raise trainer.max_epochs"
 
 
 def stop_reason(trainer: L.Trainer, model: Any) -> str:
-    """Why the run ended: converged (the EMOS's full-batch fit), early_stopping, max_epochs or interrupted."""
-    if getattr(model, "fit_report", None) is not None:
-        return "converged"
+    """Why the run ended: converged (the EMOS's full-batch fit, every point), fit_max_iter (the fit's iteration
+    ceiling, some points short of the criterion), early_stopping, max_epochs or interrupted."""
+    fit = getattr(model, "fit_report", None)
+    if fit is not None:
+        settled = fit["converged_points"] + fit["stalled_points"]
+        return "converged" if settled == fit["points"] else "fit_max_iter"
     stopper = trainer.early_stopping_callback
     if stopper is not None and stopper.stopped_epoch > 0:
         return "early_stopping"
@@ -55,7 +59,10 @@ class StopSummary(Callback):
         best = min(range(len(finite)), key=finite.__getitem__) if finite else None
         reason = stop_reason(trainer, pl_module)
         stopper = trainer.early_stopping_callback
-        warnings = [STILL_IMPROVING] if reason != "converged" and best is not None and best == len(finite) - 1 else []
+        fitted = getattr(pl_module, "fit_report", None) is not None
+        warnings = [STILL_IMPROVING] if not fitted and best is not None and best == len(finite) - 1 else []
+        if reason == "fit_max_iter":
+            warnings.append(UNSETTLED)
         return {
             "reason": reason,
             "epochs_run": len(self.history),

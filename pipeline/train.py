@@ -89,7 +89,7 @@ class PostcastCLI(LightningCLI):
         hence the same checkpoint directory, so ModelCheckpoint restores its best score and best_k_models
         from the checkpoint (it only does when the directory is unchanged) and model selection spans
         the whole run, not the last attempt."""
-        self.trainer.callbacks.append(stopping.StopSummary())  # LOGDIR/summary.json: when and why it stopped
+        self.trainer.callbacks.append(stopping.StopSummary())  # type: ignore[attr-defined]  # LOGDIR/summary.json
         version = resumed_version(self.config[self.subcommand].get("ckpt_path"), self.trainer.logger)
         logger = self.trainer.logger
         if version is not None and isinstance(logger, TensorBoardLogger | CSVLogger):

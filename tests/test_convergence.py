@@ -88,7 +88,9 @@ def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path)
             )
             best = min(best, nm.fun, optimize.minimize(f, nm.x, method="BFGS", options={"gtol": 1e-10}).fun)
         assert ours <= best + OPTIMUM_TOL, (int(p), ours, best)  # float32 coefficients: ~1e-9 above in practice
-    assert summary["reason"] == "converged" and summary["fit"]["converged_points"] > 0
+    fit = summary["fit"]
+    settled = fit["converged_points"] + fit["stalled_points"] == fit["points"]
+    assert summary["reason"] == ("converged" if settled else "fit_max_iter") and fit["converged_points"] > 0
 
 
 def test_summary_says_why_training_stopped(store, tmp_path):
@@ -105,7 +107,8 @@ def test_summary_says_why_training_stopped(store, tmp_path):
     _, early = fit_preset(store, tmp_path / "b", preset, *gradient, *stop)
     assert early["reason"] == "early_stopping" and early["epochs_run"] == 2 and early["patience"] == 0
     ckpt, fitted = fit_preset(store, tmp_path / "c", preset, "--model.net", "{solver: newton}")
-    assert fitted["reason"] == "converged" and fitted["epochs_run"] == 1 and fitted["warnings"] == []
+    assert fitted["reason"] == "fit_max_iter" and fitted["epochs_run"] == 1  # some points' optimum is at infinity:
+    assert fitted["warnings"] and "iteration ceiling" in fitted["warnings"][0]  # said, not called converged
     _, meta = load_checkpoint(str(ckpt))
     assert meta["fit"] == fitted["fit"] and fitted["fit"]["crps_fit"] < fitted["fit"]["crps_raw"]
     assert fitted["fit"]["points"] == 684 and fitted["fit"]["converged_points"] > 600  # 6 training dates: a few
