@@ -75,13 +75,15 @@ class Family:
     def valid(self, p: Params) -> np.ndarray:
         """Where the parameters are a law of this family (bool, shape S): finite and inside its domain (a
         positive scale, ...); anything read from a file is checked with it before it is used."""
-        finite = [np.isfinite(p[q.name]).all(axis=0) if q.vector else np.isfinite(p[q.name]) for q in self.parameters]
+        ok = np.ones(np.shape(p[self.parameters[0].name])[1 if self.parameters[0].vector else 0 :], dtype=bool)
+        for q in self.parameters:
+            ok &= np.isfinite(p[q.name]).all(axis=0) if q.vector else np.isfinite(p[q.name])
         with np.errstate(invalid="ignore"):
-            return np.logical_and.reduce([*finite, self._domain(p)])
+            return ok & self._domain(p)
 
-    def _domain(self, p: Params) -> np.ndarray | bool:
+    def _domain(self, p: Params) -> np.ndarray:
         """Where finite parameters are inside the family's domain."""
-        return True
+        return np.asarray(True)
 
     def cdf(self, p: Params, x: ArrayLike) -> np.ndarray:
         """P(Y <= x)."""
@@ -330,7 +332,7 @@ class Bernstein(Family):
     )
 
     def _domain(self, p: Params) -> np.ndarray:
-        return (np.diff(p["coef"], axis=0) >= 0).all(axis=0)  # a_0 <= ... <= a_d
+        return np.asarray((np.diff(p["coef"], axis=0) >= 0).all(axis=0))  # a_0 <= ... <= a_d
 
     def moments(self, p: Params) -> tuple[np.ndarray, np.ndarray]:
         """E Y = mean_j a_j (each B_j,d integrates to 1 / (d + 1)); with a centred, var = a^T G a,

@@ -26,14 +26,15 @@ from postcast.datasets.sources.base import (
 from postcast.datasets.sources.kinds import kind_of
 
 
-def _open_one(path: str) -> xr.Dataset:
-    """One netCDF file or zarr store, lazily (dask chunks for netCDF, lazily indexed zarr)."""
+def _open_one(path: str, dask: bool = True) -> xr.Dataset:
+    """One netCDF file or zarr store, lazily (dask chunks for netCDF unless ``dask`` is False: lazily
+    indexed then, as zarr always is)."""
     try:
         if kind_of(path) == "zarr":
             from postcast.datasets.io import open_zarr
 
             return open_zarr(path, chunks=None)  # lazily indexed: a date reads only its chunks
-        return xr.open_dataset(path, engine="netcdf4", chunks={})
+        return xr.open_dataset(path, engine="netcdf4", chunks={} if dask else None)
     except (OSError, ValueError, KeyError, TypeError) as err:
         fix = "it is a GRIB file: rename it to *.grib" if is_grib_inside(path) else "is it a netCDF file or zarr store?"
         msg = f"{path}: cannot open ({err}); {fix}"
@@ -50,8 +51,9 @@ def is_grib_inside(path: str) -> bool:
 
 
 def open_raw(path: str | Path) -> xr.Dataset:
-    """One netCDF file or zarr store as it is (lazily, conventions not normalised): for ``inspect FILE``."""
-    return _open_one(str(path))
+    """One netCDF file or zarr store as it is (lazily indexed, no dask graph per variable: a file of 20 000
+    variables opens in seconds; conventions not normalised): for ``inspect FILE``."""
+    return _open_one(str(path), dask=False)
 
 
 def combine(parts: list[xr.Dataset], label: str, names: list[str]) -> xr.Dataset:
