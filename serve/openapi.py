@@ -56,10 +56,10 @@ def offline_docs(app: FastAPI) -> None:
     package fastapi-offline (``/docs/assets``): nothing is loaded from a CDN, and Swagger UI's online
     validator is off. The pages take no query parameters of their own (the gate does not check them)."""
     import fastapi_offline
+    from fastapi import Request
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.responses import HTMLResponse
     from fastapi.staticfiles import StaticFiles
-    from starlette.requests import Request
-    from starlette.responses import HTMLResponse
 
     assets = Path(fastapi_offline.__file__).with_name("static")
     app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
