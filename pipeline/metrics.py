@@ -330,8 +330,10 @@ def spread_skill_ratio(ens_std: np.ndarray, ens_mean: np.ndarray, truth: np.ndar
     return float(spread / rmse)
 
 
-def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 0) -> np.ndarray:
-    """Counts of the rank of y among the M members (M + 1 bins); ties broken at random."""
+def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 0, skip: int = 0) -> np.ndarray:
+    """Counts of the rank of y among the M members (M + 1 bins); ties broken at random, one draw per finite
+    outcome from the generator seeded ``seed`` after its first ``skip`` draws (a chunk of cases after
+    ``skip`` finite ones draws what the whole sample would: the counts of the chunks add up)."""
     xm = np.moveaxis(np.asarray(x), axis, -1).reshape(-1, np.shape(x)[axis])
     yv = np.asarray(y).reshape(-1)
     ok = np.isfinite(yv)
@@ -339,6 +341,7 @@ def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 
     below = (xm < yv[:, None]).sum(-1)
     ties = (xm == yv[:, None]).sum(-1)
     rng = np.random.default_rng(seed)
+    rng.bit_generator.advance(skip)  # one 64-bit draw per uniform
     rank = below + np.floor(rng.random(yv.size) * (ties + 1)).astype(int)
     return np.bincount(rank, minlength=xm.shape[-1] + 1)
 
