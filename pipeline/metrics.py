@@ -330,6 +330,13 @@ def spread_skill_ratio(ens_std: np.ndarray, ens_mean: np.ndarray, truth: np.ndar
     return float(spread / rmse)
 
 
+def generator_after(seed: int, skip: int = 0) -> np.random.Generator:
+    """``np.random.default_rng(seed)`` after ``skip`` draws of a float64 uniform (one 64-bit output each)."""
+    bits = np.random.PCG64(seed)  # default_rng's
+    bits.advance(skip)
+    return np.random.Generator(bits)
+
+
 def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 0, skip: int = 0) -> np.ndarray:
     """Counts of the rank of y among the M members (M + 1 bins); ties broken at random, one draw per finite
     outcome from the generator seeded ``seed`` after its first ``skip`` draws (a chunk of cases after
@@ -340,8 +347,7 @@ def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 
     xm, yv = xm[ok], yv[ok]
     below = (xm < yv[:, None]).sum(-1)
     ties = (xm == yv[:, None]).sum(-1)
-    rng = np.random.default_rng(seed)
-    rng.bit_generator.advance(skip)  # one 64-bit draw per uniform
+    rng = generator_after(seed, skip)
     rank = below + np.floor(rng.random(yv.size) * (ties + 1)).astype(int)
     return np.bincount(rank, minlength=xm.shape[-1] + 1)
 

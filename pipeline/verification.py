@@ -355,14 +355,14 @@ def decomposition_sums(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> np.nda
     for region in REGIONS:
         idx = np.flatnonzero(region.mask(lat, lon).reshape(-1))  # (P,)
         w = region.weights(lat, lon, "area").reshape(-1)[idx]
-        total = 0.0
+        sums = []
         for t in range(chunk.truth.shape[0]):
             xs = ensemble(t).reshape(-1, lat.size * lon.size)  # (N, lat * lon)
             y = chunk.truth[t].reshape(-1)
             for s in range(0, idx.size, DECOMPOSITION_BLOCK):
                 block = idx[s : s + DECOMPOSITION_BLOCK]
-                total = total + hersbach_sums(xs[:, block].T, y[block], w[s : s + DECOMPOSITION_BLOCK])
-        out.append(total)
+                sums.append(hersbach_sums(xs[:, block].T, y[block], w[s : s + DECOMPOSITION_BLOCK]))
+        out.append(np.sum(sums, axis=0))
     return np.stack(out)
 
 
@@ -431,9 +431,7 @@ def pit(chunk: Chunk, seed: int = 0, skip: int = 0) -> np.ndarray:
     draws of the generator seeded ``seed`` after its first ``skip``: a chunk of dates starting at date d
     of a split skips d * lat * lon); randomised rank / M for an ensemble is the rank histogram."""
     if chunk.dist is not None:
-        rng = np.random.default_rng(seed)
-        rng.bit_generator.advance(skip)  # one 64-bit draw per uniform
-        u = rng.uniform(size=chunk.truth.shape)
+        u = metrics.generator_after(seed, skip).uniform(size=chunk.truth.shape)
         low, high = chunk.dist.cdf_left(chunk.truth), chunk.dist.cdf(chunk.truth)
         return np.asarray(low + u * (high - low))
     assert chunk.mu is not None and chunk.sigma is not None
