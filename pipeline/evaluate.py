@@ -314,9 +314,9 @@ def score_target(
         raise MissingInputError(msg)
     for h in leads:
         job = lead_job(store, store_path, target, split, h, [e for e in entries if e.lead == h])
-        log.info(
-            "scoring %s +%d h on %d dates: %s", target.name, h, job.n_dates, ", ".join(n for n, _ in job.checkpoints)
-        )
+        oracle = [ORACLE] if any(n in store for n in contract.oracle_parameters(target).values()) else []
+        names = [RAW, *oracle, *(n for n, _ in job.checkpoints)]
+        log.info("scoring %s +%d h: %s (%d dates)", target.name, h, ", ".join(names), job.n_dates)
         per_lead.append(stream_lead(store, job, bootstrap, client).expand_dims(lead=[h]))
     out = xr.concat(per_lead, dim="lead", join="outer", data_vars="all", coords="different", compat="equals")
     out.attrs.update(target=target.name, units=target.units, split=split)

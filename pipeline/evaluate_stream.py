@@ -32,7 +32,6 @@ from postcast.pipeline import metrics, verification
 from postcast.pipeline.chunk import ENSEMBLE, Chunk
 from postcast.pipeline.verification import (
     DECOMPOSITION,
-    METRICS,
     PIT_BINS,
     PREDICTIVE,
     PROB_BINS,
@@ -217,9 +216,9 @@ def _coords(
 ) -> dict[str, object]:
     return {
         "forecast": names,
-        "metric": [m.name for m in METRICS],
-        "metric_label": ("metric", [m.label for m in METRICS]),
-        "metric_description": ("metric", [m.description for m in METRICS]),
+        "metric": [m.name for m in verification.METRICS],  # the registry as it is now (a metric may be added)
+        "metric_label": ("metric", [m.label for m in verification.METRICS]),
+        "metric_description": ("metric", [m.description for m in verification.METRICS]),
         "region": [r.name for r in REGIONS],
         "weighting": list(WEIGHTINGS),
         "init_time": init_time,
