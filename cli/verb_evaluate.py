@@ -32,6 +32,26 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="default test")
     p.add_argument("--out", default="reports/eval", help="output directory (default reports/eval)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    add_cluster_arguments(p, "score the dates", "a small store")
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser, work: str, small: str) -> None:
+    """--scheduler, --workers and --threads: where ``work`` runs (a dask cluster given as for ingest, a
+    LocalCluster, or this process for ``small`` inputs)."""
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS|FILE",
+        help=f"{work} on an existing dask.distributed scheduler: its address (tcp://HOST:PORT) or the scheduler "
+        "file that `dask scheduler --scheduler-file FILE`, dask-jobqueue or dask-mpi write (as for ingest; one "
+        "that does not answer within 10 s exits 66)",
+    )
+    p.add_argument("--workers", type=int, help=f"local dask workers (0: in this process; default 2, or 0 for {small})")
+    p.add_argument(
+        "--threads",
+        dest="processes",
+        action="store_false",
+        help="run the local dask workers as threads in this process",
+    )
 
 
 def run(a: argparse.Namespace) -> int:
@@ -49,6 +69,9 @@ def run(a: argparse.Namespace) -> int:
         split=a.split,
         out=a.out,
         bootstrap=a.bootstrap,
+        scheduler=a.scheduler,
+        workers=a.workers,
+        processes=a.processes,
     )
     if a.targets:
         _check_checkpoint_targets(a.checkpoints, a.targets)

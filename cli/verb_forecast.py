@@ -8,6 +8,7 @@ from pathlib import Path
 
 from postcast.common import Subparsers, float_tuple, str_tuple
 from postcast.datasets.core.errors import MissingInputError
+from postcast.verb_evaluate import add_cluster_arguments
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -53,6 +54,7 @@ def add_parser(sub: Subparsers) -> None:
         help="the model's name in the output paths (default: its model family, e.g. unet); "
         "give each model its own so their products never share a file",
     )
+    add_cluster_arguments(p, "forecast the init times", "at most 8 init times")
     p.set_defaults(input_path="input")
 
 
@@ -76,6 +78,9 @@ def run(a: argparse.Namespace) -> int:
         name=a.name,
         regrid_method=a.regrid_method,
         on_input_grid=a.on_input_grid,
+        scheduler=a.scheduler,
+        workers=a.workers,
+        processes=a.processes,
     )
     res = forecast(cfg)
     print(f"written {len(res.written)} ({len(res.fallback)} fallback), kept {len(res.skipped)} existing")

@@ -5,7 +5,9 @@ split, the truth, the raw members and the Gaussian forecasts of every entry (dim
 longitude``); a checkpoint of another predictive family (``model.distribution``) joins as a
 :class:`FamilyForecast` beside it; :func:`score_lead` turns them into a results Dataset (metrics and regions of
 :mod:`postcast.pipeline.verification`, significance of :mod:`postcast.pipeline.significance`),
-:func:`score_target` stacks every lead with truth, :func:`summary` is its JSON summary. Drivers:
+:func:`score_target` scores every lead with truth a chunk of dates at a time (:mod:`postcast.pipeline.evaluate_dates`,
+here or on a dask cluster; the sums of :mod:`postcast.pipeline.evaluate_stream`: memory that does not grow with
+the dates) and stacks the leads, :func:`summary` is its JSON summary. Drivers:
 :func:`evaluate` (checkpoints + store -> ``results.nc``, ``metrics.json`` and the report, see
 :mod:`postcast.pipeline.report`) and ``postcast evaluate``.
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,25 +37,27 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import contract, io, reads, schema
-from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError, PostcastError
-from postcast.models import distributions
-from postcast.pipeline import metrics, significance, verification
+from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
+from postcast.datasets.loaders.datamodule import DataConfig
+from postcast.datasets.sample import SampleSpec
+from postcast.models.module import load_checkpoint
+from postcast.pipeline import significance, verification
 from postcast.pipeline.chunk import ENSEMBLE as ENSEMBLE_KIND
-from postcast.pipeline.chunk import GAUSSIAN, Chunk
-from postcast.pipeline.gather import (
-    ENSEMBLE,
-    ORACLE,
-    RAW,
-    FamilyForecast,
-    add_forecast,
-    baseline,
-    check_shape,
-    oracle_forecast,
-    predict_opened,
-    step_field,
-    target_members,
-    verification_dataset,
+from postcast.pipeline.chunk import GAUSSIAN
+from postcast.pipeline.evaluate_dates import (
+    LeadJob,
+    chunk_named,
+    chunks_of,
+    client_for,
+    climate_thresholds,
+    efi_fields,
+    parts,
+    rank_skips,
 )
+from postcast.pipeline.evaluate_stream import Accumulator, part_of
+from postcast.pipeline.gather import ENSEMBLE, ORACLE, RAW, FamilyForecast, baseline, check_fits, oracle_forecast
+
+__all__ = ["climate_thresholds", "efi_fields"]  # re-exported: where evaluation's callers find them
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,9 @@ class EvalConfig:
     out: str = "reports/eval"
     bootstrap: int = 1000
     names: dict[str, str] = field(default_factory=dict)  # checkpoint path -> display name
+    scheduler: str | None = None  # dask scheduler address or file (None: a LocalCluster, or this process)
+    workers: int | None = None  # LocalCluster workers (0: this process; None: 2, or 0 for a small store)
+    processes: bool = True  # the LocalCluster's workers as processes (False: threads of this process)
 
     def __post_init__(self) -> None:
         if self.split not in contract.SPLITS:
@@ -82,50 +89,12 @@ class EvalConfig:
             raise ConfigError(msg)
         for t in self.targets or ():
             schema.target(t)  # ConfigError naming the targets
+        if self.workers is not None and self.workers < 0:
+            msg = f"--workers {self.workers}: give 0 (score in this process) or a positive number"
+            raise ConfigError(msg)
 
 
 # --- scoring: one lead -> a results Dataset (postcast.pipeline.verification) -------------------
-def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
-    """EFI (init_time, lat, lon) of the raw ensemble against the model climate of each date."""
-    times = store[schema.INIT_TIME].values
-    mds = sorted(set(zip(pd.DatetimeIndex(times).month, pd.DatetimeIndex(times).day, strict=True)))
-    out = np.empty(ver["truth"].shape)
-    target = schema.target(ver.attrs["target"])
-    for i, t in enumerate(ver[schema.INIT_TIME].values):
-        window = np.flatnonzero(metrics.climate_window(times, t, month_days=mds))
-        clim = target_members(store.isel({schema.INIT_TIME: window}), target, ver.attrs["step_h"]).values.astype(
-            np.float64
-        )  # (n, M, lat, lon): the window's dates only
-        q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0)
-        out[i] = metrics.efi(q, ver["members"].values[i])
-    return out
-
-
-def climate_thresholds(store: xr.Dataset, target: schema.Target, step_h: int) -> dict[str, np.ndarray]:
-    """Events of the tail scores and reliability diagrams, each a threshold (lat, lon): below the 10 % and above
-    the 90 % quantile of the training-split truth at each grid point (none when the training split has no
-    truth), and above the target's own thresholds (tp24: 1 and 10 mm; ws10: 10 and 20 m/s) everywhere."""
-    tg = target
-    shape = (store.sizes[schema.LAT], store.sizes[schema.LON])
-    fixed = {e: np.full(shape, t) for e, t in zip(verification.THRESHOLD_EVENTS, tg.thresholds, strict=False)}
-    rows = contract.split_rows(store, "train", target=tg, step_h=step_h)
-    if not rows.size:
-        return fixed
-    truth = step_field(store, contract.truth_name(tg.name), step_h, tg.level)
-    y = truth.isel({schema.INIT_TIME: rows}).values.astype(np.float64)  # (n, lat, lon)
-    return dict(zip(verification.QUANTILE_EVENTS, np.nanquantile(y, [0.1, 0.9], axis=0), strict=True)) | fixed
-
-
-def _chunks(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast]) -> tuple[list[str], list[Chunk]]:
-    y = ver["truth"].values  # (T, lat, lon)
-    names = [str(f) for f in ver["forecast"].values]
-    chunks = [
-        Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values) for f in names
-    ]
-    chunks += [Chunk(y, efi, dist=d) for d in families.values()]
-    return [*names, *families, ENSEMBLE], [*chunks, Chunk(y, efi, members=ver["members"].values)]
-
-
 def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
     """Paired per-date CRPS differences of every forecast against the baseline (:func:`baseline`; the
     variable names say ``raw``), per region and weighting: mean, stationary-bootstrap 95 % interval,
@@ -154,16 +123,15 @@ def score_lead(
     bootstrap: int = 1000,
     families: dict[str, FamilyForecast] | None = None,
 ) -> xr.Dataset:
-    """Every forecast of ``ver``, then the ``families`` (name -> a checkpoint's non-Gaussian forecast on
-    ``ver``'s dates), and the raw members as ``raw_ensemble``, on one lead: scores per metric, region and
-    weighting, per-date scores, significance against the target's :func:`baseline`, the CRPS decomposition, CRPS
-    maps, reliability, PIT and rank histograms."""
-    names, chunks = _chunks(ver, efi, oracle_forecast(ver) | (families or {}))
+    """Every forecast of ``ver`` (all its dates in memory), then the ``families`` (name -> a checkpoint's
+    non-Gaussian forecast on ``ver``'s dates), and the raw members as ``raw_ensemble``, on one lead: scores per
+    metric, region and weighting, per-date scores, significance against the target's :func:`baseline`, the CRPS
+    decomposition, CRPS maps, reliability, PIT and rank histograms. :func:`score_target` streams the same."""
+    names, chunks = chunks_of(ver, efi, oracle_forecast(ver) | (families or {}))
     lat, lon = ver[schema.LAT].values, ver[schema.LON].values
-    res = verification.as_dataset(names, chunks, lat, lon, ver[schema.INIT_TIME].values, thresholds)
-    members = ver["members"].values
-    rank = metrics.rank_histogram(members, ver["truth"].values, axis=1)
-    res = res.assign(rank_histogram=(("rank",), rank), mean_abs_efi=((), float(np.abs(efi).mean())))
+    acc = Accumulator()
+    acc.add(part_of(names, chunks, lat, lon, thresholds=thresholds))
+    res = acc.finish(lat, lon, ver[schema.INIT_TIME].values, list(thresholds or {}))
     res.attrs["baseline"] = baseline(schema.target(ver.attrs["target"]))
     return _significance(res, bootstrap)
 
@@ -264,7 +232,31 @@ def _checkpoint_name(path: str, names: dict[str, str], taken: set[str]) -> str:
     return unique
 
 
-Prediction = tuple[str, int, np.ndarray, distributions.Distribution]  # name, lead (h), init times, forecast
+@dataclass(frozen=True)
+class Entry:
+    """A checkpoint as evaluation scores it: display name, path, lead (h) and predictive family."""
+
+    name: str
+    path: str
+    lead: int
+    family: str
+
+
+def checkpoint_entries(
+    cfg: EvalConfig, store: xr.Dataset, progress: Callable[[Iterable[Any]], Iterable[Any]] = iter
+) -> dict[schema.Target, list[Entry]]:
+    """Each checkpoint's target and entry, after checking that it fits the store (nothing predicted yet:
+    each chunk of dates is predicted where it is scored)."""
+    entries: dict[schema.Target, list[Entry]] = {}
+    taken: dict[str, set[str]] = {}  # display names are unique per target
+    for path in progress(cfg.checkpoints):
+        model, meta = load_checkpoint(path)
+        spec = DataConfig(store=cfg.store, sample=SampleSpec.from_dict(meta["sample"])).sample
+        check_fits(path, dict(model.hparams), spec, store)
+        target = spec.resolved_target
+        name = _checkpoint_name(path, cfg.names, taken.setdefault(target.name, set()))
+        entries.setdefault(target, []).append(Entry(name, path, spec.step_h, str(model.hparams["distribution"])))
+    return entries
 
 
 def leads_with_truth(store: xr.Dataset, target: schema.Target, split: str) -> list[int]:
@@ -279,41 +271,68 @@ def leads_with_truth(store: xr.Dataset, target: schema.Target, split: str) -> li
     ]
 
 
+def lead_job(
+    store: xr.Dataset, store_path: str, target: schema.Target, split: str, h: int, entries: list[Entry]
+) -> LeadJob:
+    """The job of one lead, after checking that each checkpoint at it predicts the lead's verification dates."""
+    rows = contract.split_rows(store, split, target=target, step_h=h)
+    for e in entries:
+        spec = SampleSpec.from_dict(load_checkpoint(e.path)[1]["sample"])
+        if not np.array_equal(contract.split_rows(store, split, target=spec.resolved_target, step_h=h), rows):
+            msg = f"{e.name}: predicted init times differ from the verification dates of {target.name} at +{h} h"
+            raise BadInputError(msg)
+    job = LeadJob(
+        store_path,
+        target.name,
+        split,
+        h,
+        int(rows.size),
+        tuple(target_arrays(store, target, store_path)),
+        tuple((e.name, e.path) for e in entries),
+        climate_thresholds(store, target, h),
+    )
+    return replace(job, rank_skips=rank_skips(store, job))
+
+
 def score_target(
-    store: xr.Dataset, target: schema.Target, split: str, preds: list[Prediction], bootstrap: int
+    store: xr.Dataset,
+    target: schema.Target,
+    split: str,
+    entries: list[Entry],
+    bootstrap: int,
+    *,
+    store_path: str,
+    client: Any | None = None,
 ) -> xr.Dataset:
-    """Results of ``target`` at every lead with truth (dim ``lead``, hours); models at their own lead."""
+    """Results of ``target`` at every lead with truth (dim ``lead``, hours); models at their own lead. Each
+    lead's dates are scored a chunk at a time (:mod:`postcast.pipeline.evaluate_dates`), on ``client``'s
+    cluster when given, and accumulated (:mod:`postcast.pipeline.evaluate_stream`)."""
     per_lead = []
     leads = leads_with_truth(store, target, split)
     if not leads:
         msg = f"no lead of {target.name} has truth in split {split!r}"
         raise MissingInputError(msg)
     for h in leads:
-        ver = verification_dataset(store, target, split, step_h=h)
-        families: dict[str, FamilyForecast] = {}
-        for name, lead, times, dist in preds:
-            if lead != h:
-                continue
-            if not np.array_equal(times, ver[schema.INIT_TIME].values):
-                msg = f"{name}: predicted init times differ from the verification dates of {target.name} at +{h} h"
-                raise BadInputError(msg)
-            if isinstance(dist, distributions.Gaussian):  # the closed forms of every release so far
-                ver = add_forecast(ver, name, dist.mu.numpy(), dist.sigma.numpy())
-            else:
-                families[name] = FamilyForecast(dist)
-                check_shape(ver, name, families[name].shape)
-        log.info("scoring %s +%d h: %s", target.name, h, ", ".join([*map(str, ver["forecast"].values), *families]))
-        res = score_lead(
-            ver,
-            efi_fields(store, ver),
-            thresholds=climate_thresholds(store, target, h),
-            bootstrap=bootstrap,
-            families=families,
-        )
-        per_lead.append(res.expand_dims(lead=[h]))
+        job = lead_job(store, store_path, target, split, h, [e for e in entries if e.lead == h])
+        oracle = [ORACLE] if any(n in store for n in contract.oracle_parameters(target).values()) else []
+        names = [RAW, *oracle, *(n for n, _ in job.checkpoints)]
+        log.info("scoring %s +%d h: %s (%d dates)", target.name, h, ", ".join(names), job.n_dates)
+        per_lead.append(stream_lead(store, job, bootstrap, client).expand_dims(lead=[h]))
     out = xr.concat(per_lead, dim="lead", join="outer", data_vars="all", coords="different", compat="equals")
     out.attrs.update(target=target.name, units=target.units, split=split)
     return out
+
+
+def stream_lead(store: xr.Dataset, job: LeadJob, bootstrap: int, client: Any | None) -> xr.Dataset:
+    """One lead's results from its parts in date order, with the significance tests of its per-date scores."""
+    acc = Accumulator()
+    for part in parts(job, client):
+        acc.add(part)
+    rows = contract.split_rows(store, job.split, target=schema.target(job.target), step_h=job.step_h)
+    lat, lon = store[schema.LAT].values, store[schema.LON].values
+    res = acc.finish(lat, lon, store[schema.INIT_TIME].values[rows], list(job.thresholds))
+    res.attrs["baseline"] = baseline(schema.target(job.target))
+    return _significance(res, bootstrap)
 
 
 def results_dataset(per_target: dict[str, xr.Dataset]) -> xr.Dataset:
@@ -338,12 +357,12 @@ def results_dataset(per_target: dict[str, xr.Dataset]) -> xr.Dataset:
     return out
 
 
-def headline_lead(res: xr.Dataset, preds: list[Prediction]) -> int:
+def headline_lead(res: xr.Dataset, entries: list[Entry]) -> int:
     """The lead the summary and scorecard show: the models' lead, else the target lead (48 h)."""
     leads = [int(x) for x in res["lead"].values]
-    for _, lead, *_ in preds:
-        if lead in leads:
-            return lead
+    for e in entries:
+        if e.lead in leads:
+            return e.lead
     return schema.TARGET_STEP_H if schema.TARGET_STEP_H in leads else leads[-1]
 
 
@@ -395,19 +414,19 @@ def target_arrays(store: xr.Dataset, target: schema.Target, store_path: str) -> 
     return names + [n for n in contract.oracle_parameters(tg).values() if n in store]
 
 
+SMALL_STORE_VALUES = 20_000_000  # member values (dates x members x points) scored in this process by default
+
+
 @contextlib.contextmanager
-def chunk_named(store_path: str, names: list[str]) -> Iterator[None]:
-    """A read inside xarray that fails (which names neither variable nor chunk) becomes the BadInputError
-    naming the first chunk of ``names`` that does not decode; any other failure passes unchanged."""
-    try:
-        yield
-    except PostcastError:
-        raise
-    except Exception as err:
-        bad = reads.first_undecodable(store_path, names)
-        if bad is None:
-            raise
-        raise bad from err
+def cluster_for(cfg: EvalConfig, store: xr.Dataset) -> Iterator[Any | None]:
+    """The dask client the dates are scored on: the scheduler given, else a LocalCluster of ``workers``
+    (default 2, or none for a store of at most SMALL_STORE_VALUES member values); None: this process."""
+    values = (
+        store.sizes[schema.INIT_TIME] * store.sizes[schema.MEMBER] * store.sizes[schema.LAT] * store.sizes[schema.LON]
+    )
+    workers = cfg.workers if cfg.workers is not None else (0 if values <= SMALL_STORE_VALUES else 2)
+    with client_for(cfg.scheduler, workers, cfg.processes) as client:
+        yield client
 
 
 def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> dict[str, Any]:
@@ -416,36 +435,34 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
     from postcast.pipeline import report
 
     store = contract.open_store(cfg.store)  # the one open of this evaluation: read below and by every checkpoint
-    preds: dict[schema.Target, list[Prediction]] = {}
-    taken: dict[str, set[str]] = {}  # display names are unique per target
-    for path in progress(cfg.checkpoints):
-        target, lead, times, dist = predict_opened(path, cfg.store, store, cfg.split)
-        name = _checkpoint_name(path, cfg.names, taken.setdefault(target.name, set()))
-        preds.setdefault(target, []).append((name, lead, times, dist))
+    entries = checkpoint_entries(cfg, store, progress)
     targets = (
         [schema.target(t) for t in cfg.targets]
         if cfg.targets
-        else list(preds) or [t for t in schema.TARGETS.values() if contract.truth_name(t.name) in store]
+        else list(entries) or [t for t in schema.TARGETS.values() if contract.truth_name(t.name) in store]
     )  # with truth
     per_target: dict[str, xr.Dataset] = {}
-    for tg in targets:
-        names = target_arrays(store, tg, cfg.store)
-        reads.check_chunks(cfg.store, names, range(store.sizes[schema.INIT_TIME]))
-        with chunk_named(cfg.store, names):
-            per_target[tg.name] = score_target(store, tg, cfg.split, preds.get(tg, []), cfg.bootstrap)
+    with cluster_for(cfg, store) as client:
+        for tg in targets:
+            names = target_arrays(store, tg, cfg.store)
+            reads.check_chunks(cfg.store, names, range(store.sizes[schema.INIT_TIME]))
+            with chunk_named(cfg.store, names):
+                per_target[tg.name] = score_target(
+                    store, tg, cfg.split, entries.get(tg, []), cfg.bootstrap, store_path=cfg.store, client=client
+                )
     results: dict[str, Any] = {
         "store": cfg.store,
         "split": cfg.split,
         "results": "results.nc",
         "targets": {
-            tg.name: _target_summary(per_target[tg.name], headline_lead(per_target[tg.name], preds.get(tg, [])), tg)
+            tg.name: _target_summary(per_target[tg.name], headline_lead(per_target[tg.name], entries.get(tg, [])), tg)
             for tg in targets
         },
     }
-    for tg, entries in preds.items():  # each checkpoint's family beside its scores
-        for name, _, _, dist in entries:
-            if tg.name in results["targets"] and name in results["targets"][tg.name]["forecasts"]:
-                results["targets"][tg.name]["forecasts"][name]["global"]["distribution"] = dist.name
+    for tg, es in entries.items():  # each checkpoint's family beside its scores
+        for e in es:
+            if tg.name in results["targets"] and e.name in results["targets"][tg.name]["forecasts"]:
+                results["targets"][tg.name]["forecasts"][e.name]["global"]["distribution"] = e.family
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ds = results_dataset(per_target)

@@ -28,11 +28,15 @@ drivers here: :func:`forecast` and the CLI.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -59,6 +63,7 @@ from postcast.pipeline.archive import (
     products,
     write_product,
 )
+from postcast.pipeline.evaluate_dates import client_for, in_order
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -78,6 +83,9 @@ class ForecastConfig:
     name: str | None = None  # the model's name in the output paths (None: the checkpoint's model family)
     regrid_method: str = "bilinear"  # inputs on another grid than the checkpoint's: bilinear | nearest | conservative
     on_input_grid: bool = False  # write on the input's regular grid (cut to a regional checkpoint's area)
+    scheduler: str | None = None  # dask scheduler address or file (None: a LocalCluster, or this process)
+    workers: int | None = None  # LocalCluster workers (0: this process; None: 2, or 0 for a few init times)
+    processes: bool = True  # the LocalCluster's workers as processes (False: threads of this process)
 
     def __post_init__(self) -> None:
         name = self.name
@@ -100,6 +108,9 @@ class ForecastConfig:
         unknown = set(self.formats) - {"netcdf", "zarr"}
         if unknown or not self.formats:
             msg = f"formats {list(self.formats)}: use netcdf and/or zarr"
+            raise ConfigError(msg)
+        if self.workers is not None and self.workers < 0:
+            msg = f"--workers {self.workers}: give 0 (forecast in this process) or a positive number"
             raise ConfigError(msg)
 
     @property
@@ -260,8 +271,8 @@ class _Run:
     thresholds: tuple[float, ...]  # --thresholds, else the checkpoint's climatological defaults
 
 
-def forecast(cfg: ForecastConfig) -> ForecastResult:
-    """Write the calibrated forecast for every init time of the window (see the module docstring)."""
+def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
+    """What every init time shares (the checkpoint, the input's plan) and the init times of the window."""
     start, end = cfg.window
     model, meta = load_checkpoint(cfg.checkpoint)
     spec = SampleSpec.from_dict(meta["sample"])
@@ -292,10 +303,49 @@ def forecast(cfg: ForecastConfig) -> ForecastResult:
         reason,
         cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds),
     )
+    return run, inits
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_run(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
+    """:func:`_prepare` once per worker process and forecast call (its config)."""
+    return _prepare(cfg)
+
+
+def _forecast_date(cfg: ForecastConfig, k: int) -> ForecastResult:
+    """The task of one init time on a worker: the ``k``-th of the window."""
+    run, inits = _worker_run(cfg)
     result = ForecastResult()
-    for init in inits:
-        _one(run, init, result)
+    _one(run, inits[k], result)
     return result
+
+
+def forecast(cfg: ForecastConfig) -> ForecastResult:
+    """Write the calibrated forecast for every init time of the window (see the module docstring): here, or
+    one task per init time on a dask cluster (:func:`cluster_for`), the results gathered in date order."""
+    run, inits = _prepare(cfg)
+    result = ForecastResult()
+    with cluster_for(cfg, len(inits)) as client:
+        if client is None:
+            for init in inits:
+                _one(run, init, result)
+            return result
+        for part in in_order(client, _forecast_date, cfg, len(inits)):
+            for name in ("written", "skipped", "fallback"):
+                getattr(result, name).extend(getattr(part, name))
+    return result
+
+
+SMALL_RANGE_DATES = 8  # init times forecast in this process by default
+
+
+@contextlib.contextmanager
+def cluster_for(cfg: ForecastConfig, n_dates: int) -> Iterator[Any | None]:
+    """The dask client the init times run on: the scheduler given, else a LocalCluster of ``workers``
+    (default 2, or none for at most SMALL_RANGE_DATES init times); None: this process."""
+    workers = cfg.workers if cfg.workers is not None else (0 if n_dates <= SMALL_RANGE_DATES else 2)
+    with client_for(cfg.scheduler, workers, cfg.processes) as client:
+        yield client
 
 
 def _current(path: Path, run: _Run) -> bool:

@@ -54,16 +54,22 @@ def baseline(target: schema.Target) -> str:
 
 
 def verification_dataset(
-    store: xr.Dataset, target: schema.Target, split: str, step_h: int = schema.TARGET_STEP_H
+    store: xr.Dataset,
+    target: schema.Target,
+    split: str,
+    step_h: int = schema.TARGET_STEP_H,
+    dates: slice = slice(None),
 ) -> xr.Dataset:
     """Truth, raw members, the raw ensemble's Gaussian (its members' mean and population std) and a
-    Gaussian oracle's of ``target`` on one split; another family's oracle parameters as ``oracle_<param>``."""
+    Gaussian oracle's of ``target`` on one split (``dates``: those positions of its dates only, read alone);
+    another family's oracle parameters as ``oracle_<param>``."""
     tg = target
     truth = step_field(store, contract.truth_name(tg.name), step_h, tg.level)
     rows = contract.split_rows(store, split, target=tg, step_h=step_h)
     if not rows.size:
         msg = f"no init date with truth for {tg.name} at +{step_h} h in split {split!r}"
         raise MissingInputError(msg)
+    rows = rows[dates]
     sub = store.isel({schema.INIT_TIME: rows})
     members = target_members(sub, target, step_h)
     if tg.derived:
@@ -182,23 +188,28 @@ class FamilyForecast:
 
 @torch.no_grad()
 def predict_opened(
-    path: str, store_path: str, store: xr.Dataset, split: str, batch_size: int = 4
+    path: str, store_path: str, store: xr.Dataset, split: str, batch_size: int = 4, dates: slice = slice(None)
 ) -> tuple[schema.Target, int, np.ndarray, distributions.Distribution]:
     """(target, lead in hours, init_times, predictive distribution (T, lat, lon) in float64) of a
     checkpoint on one split of the store at ``store_path`` (``store``: it opened), any family: samples as its
-    sample spec declares, in physical units (the model normalises them with the statistics it carries)."""
+    sample spec declares, in physical units (the model normalises them with the statistics it carries).
+    ``dates``: those positions of the split's samples only (batches of ``batch_size`` from the first)."""
     model, meta = load_checkpoint(path)
     cfg = DataConfig(store=store_path, sample=SampleSpec.from_dict(meta["sample"]))  # the target resolved here
     check_fits(path, dict(model.hparams), cfg.sample, store)
     data = StoreDataset(cfg, split, store=store)
+    positions = range(len(data))[dates]
+    if not positions:
+        msg = f"{path}: no sample of split {split!r} at positions {dates.start}..{dates.stop}"
+        raise MissingInputError(msg)
     parts = []
-    for start in range(0, len(data), batch_size):
-        items = [data[i] for i in range(start, min(start + batch_size, len(data)))]
+    for start in range(0, len(positions), batch_size):
+        items = [data[i] for i in positions[start : start + batch_size]]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
         parts.append(model.predictive(batch))  # parameters (B, lat, lon)
     family = type(parts[0])
     dist = family(**{k: torch.cat([p.params[k] for p in parts]).double() for k in parts[0].params})
-    times = store[schema.INIT_TIME].values[data.indices]
+    times = store[schema.INIT_TIME].values[np.asarray(data.indices)[positions.start : positions.stop]]
     return cfg.sample.resolved_target, cfg.sample.step_h, times, dist
 
 

@@ -330,15 +330,24 @@ def spread_skill_ratio(ens_std: np.ndarray, ens_mean: np.ndarray, truth: np.ndar
     return float(spread / rmse)
 
 
-def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 0) -> np.ndarray:
-    """Counts of the rank of y among the M members (M + 1 bins); ties broken at random."""
+def generator_after(seed: int, skip: int = 0) -> np.random.Generator:
+    """``np.random.default_rng(seed)`` after ``skip`` draws of a float64 uniform (one 64-bit output each)."""
+    bits = np.random.PCG64(seed)  # default_rng's
+    bits.advance(skip)
+    return np.random.Generator(bits)
+
+
+def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 0, skip: int = 0) -> np.ndarray:
+    """Counts of the rank of y among the M members (M + 1 bins); ties broken at random, one draw per finite
+    outcome from the generator seeded ``seed`` after its first ``skip`` draws (a chunk of cases after
+    ``skip`` finite ones draws what the whole sample would: the counts of the chunks add up)."""
     xm = np.moveaxis(np.asarray(x), axis, -1).reshape(-1, np.shape(x)[axis])
     yv = np.asarray(y).reshape(-1)
     ok = np.isfinite(yv)
     xm, yv = xm[ok], yv[ok]
     below = (xm < yv[:, None]).sum(-1)
     ties = (xm == yv[:, None]).sum(-1)
-    rng = np.random.default_rng(seed)
+    rng = generator_after(seed, skip)
     rank = below + np.floor(rng.random(yv.size) * (ties + 1)).astype(int)
     return np.bincount(rank, minlength=xm.shape[-1] + 1)
 

@@ -23,10 +23,9 @@ rank histograms. Formulas: docs/verification.md. numpy/scipy/xarray only (no tor
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
-import xarray as xr
 
 from postcast.datasets import laws
 from postcast.datasets.core.geo import latitude_weights
@@ -208,88 +207,42 @@ def aggregate(stat: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.asarray(np.tensordot(stat, weights, axes=([1, 2], [0, 1])) / weights.sum())
 
 
-def score_chunk(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every metric on every region and weighting: (metric, region, weighting) over all dates, and
-    per date (metric, region, weighting, T). NaN where a metric does not apply."""
-    t = chunk.truth.shape[0]
-    total = np.full((len(METRICS), len(REGIONS), len(WEIGHTINGS)), np.nan)
-    per_date = np.full((*total.shape, t), np.nan)
+Means = dict[int, Stats]  # metric index -> statistic -> per-date region means (region, weighting, T)
+
+
+def chunk_means(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> Means:
+    """The per-date region means (region, weighting, T) of every statistic of every metric that applies
+    to the chunk's kind: what :func:`finalize_means` makes the scores from, concatenated over dates."""
+    out: Means = {}
+    weights = [[r.weights(lat, lon, w) for w in WEIGHTINGS] for r in REGIONS]  # (lat, lon) each
     for i, metric in enumerate(METRICS):
         if chunk.kind not in metric.kinds:
             continue
         stats = metric.statistics(chunk)
-        for j, region in enumerate(REGIONS):
-            for k, weighting in enumerate(WEIGHTINGS):
-                w = region.weights(lat, lon, weighting)
-                means = {name: aggregate(s, w) for name, s in stats.items()}  # each (T,)
-                with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 (a perfect forecast): NaN
-                    per_date[i, j, k] = metric.finalize(means)
-                    total[i, j, k] = metric.finalize({n: m.mean(keepdims=True) for n, m in means.items()})[0]
+        out[i] = {name: np.stack([[aggregate(s, w) for w in ws] for ws in weights]) for name, s in stats.items()}
+    return out
+
+
+def finalize_means(means: Means) -> tuple[np.ndarray, np.ndarray]:
+    """Scores from the per-date means (:func:`chunk_means`) of all dates: (metric, region, weighting) over
+    all dates and per date (metric, region, weighting, T). NaN where a metric does not apply."""
+    t = next(iter(next(iter(means.values())).values())).shape[-1]
+    total = np.full((len(METRICS), len(REGIONS), len(WEIGHTINGS)), np.nan)
+    per_date = np.full((*total.shape, t), np.nan)
+    for i, stats in means.items():
+        finalize = METRICS[i].finalize
+        for j, k in np.ndindex(len(REGIONS), len(WEIGHTINGS)):
+            m = {name: s[j, k] for name, s in stats.items()}  # each (T,)
+            with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 (a perfect forecast): NaN
+                per_date[i, j, k] = finalize(m)
+                total[i, j, k] = finalize({n: v.mean(keepdims=True) for n, v in m.items()})[0]
     return total, per_date
 
 
-def as_dataset(
-    names: list[str],
-    chunks: list[Chunk],
-    lat: np.ndarray,
-    lon: np.ndarray,
-    init_time: np.ndarray,
-    thresholds: dict[str, np.ndarray] | None = None,
-) -> xr.Dataset:
-    """Scores, per-date scores, decomposition, CRPS maps, reliability and PIT of several forecasts
-    on one lead, as a Dataset with dims forecast, metric, region, weighting, init_time, ..."""
-    totals, dated, decomp, maps, rel, pits = [], [], [], [], [], []
-    thresholds = thresholds or {}
-    glob = REGIONS[0].weights(lat, lon, "area")
-    for c in (replace(c, thresholds=thresholds) if thresholds else c for c in chunks):
-        total, per_date = score_chunk(c, lat, lon)
-        totals.append(total)
-        dated.append(per_date)
-        decomp.append(np.stack([decomposition(c, r, lat, lon) for r in REGIONS], axis=-1))  # (comp, region)
-        maps.append(c.crps.mean(axis=0))
-        rel.append(
-            np.stack(
-                [
-                    reliability(
-                        exceedance(c, q, name.startswith("above")),
-                        (c.truth > q) if name.startswith("above") else (c.truth < q),
-                        glob,
-                    )
-                    for name, q in thresholds.items()
-                ]
-            )
-            if thresholds
-            else np.zeros((0, 3, PROB_BINS))
-        )
-        h = np.histogram(pit(c), bins=PIT_BINS, range=(0.0, 1.0))[0] if c.kind in PREDICTIVE else np.full(PIT_BINS, 0)
-        pits.append(h)
-    dims = ("forecast", "metric", "region", "weighting")
-    return xr.Dataset(
-        {
-            "score": (dims, np.stack(totals)),
-            "score_per_date": ((*dims, "init_time"), np.stack(dated)),
-            "decomposition": (("forecast", "component", "region"), np.stack(decomp)),
-            "crps_map": (("forecast", "latitude", "longitude"), np.stack(maps)),
-            "reliability": (("forecast", "event", "quantity", "prob_bin"), np.stack(rel)),
-            "pit_histogram": (("forecast", "pit_bin"), np.stack(pits).astype(np.int64)),
-        },
-        coords={
-            "forecast": names,
-            "metric": [m.name for m in METRICS],
-            "metric_label": ("metric", [m.label for m in METRICS]),
-            "metric_description": ("metric", [m.description for m in METRICS]),
-            "region": [r.name for r in REGIONS],
-            "weighting": list(WEIGHTINGS),
-            "init_time": init_time,
-            "component": list(DECOMPOSITION),
-            "latitude": lat,
-            "longitude": lon,
-            "event": list(thresholds),
-            "quantity": ["forecast_probability", "observed_frequency", "count"],
-            "prob_bin": (np.arange(PROB_BINS) + 0.5) / PROB_BINS,
-            "pit_bin": (np.arange(PIT_BINS) + 0.5) / PIT_BINS,
-        },
-    )
+def score_chunk(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every metric on every region and weighting: (metric, region, weighting) over all dates, and
+    per date (metric, region, weighting, T). NaN where a metric does not apply."""
+    return finalize_means(chunk_means(chunk, lat, lon))
 
 
 # --- diagnostics ------------------------------------------------------------------------------
@@ -299,16 +252,12 @@ def quantile_members(mu: np.ndarray, sigma: np.ndarray, n: int = QUANTILE_MEMBER
     return laws.get(laws.Gaussian.name).quantile({"mu": mu[:, None], "sigma": sigma[:, None]}, tau)
 
 
-def hersbach(sorted_x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
-    """CRPS = reliability - resolution + uncertainty (Hersbach 2000) of the standard ensemble CRPS.
-
-    ``sorted_x`` (K, N) sorted members of K cases, ``y`` (K,), ``w`` (K,) case weights. From the
-    bin widths alpha_i (part of bin i below the outcome) and beta_i (above) averaged over cases:
-    g_i = alpha_i + beta_i, o_i = beta_i / g_i (outliers: o_0 = freq(y < x_1), 1 - o_N =
-    freq(y > x_N)); reliability = sum g_i (o_i - p_i)^2, CRPS_pot = sum g_i o_i (1 - o_i), p_i = i/N;
-    uncertainty = the CRPS of the outcomes' (weighted) climatology; resolution = unc - CRPS_pot."""
+def hersbach_sums(sorted_x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The additive part of the Hersbach (2000) decomposition over K cases, (2 (N + 1) + 3,): the weighted
+    sums of the bin widths alpha_i (part of bin i below the outcome) and beta_i (above), of 1{y < x_1} and
+    1{y > x_N}, and of the weights. ``sorted_x`` (K, N) sorted members, ``y`` (K,), ``w`` (K,) case weights.
+    Sums of disjoint sets of cases add up (:func:`hersbach_terms` makes the components)."""
     k, n = sorted_x.shape
-    w = w / w.sum()
     lo, hi = sorted_x[:, :-1], sorted_x[:, 1:]  # (K, N-1)
     alpha = np.zeros((k, n + 1))
     beta = np.zeros((k, n + 1))
@@ -316,45 +265,124 @@ def hersbach(sorted_x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, fl
     beta[:, 1:n] = np.clip(hi - y[:, None], 0.0, hi - lo)
     beta[:, 0] = np.maximum(sorted_x[:, 0] - y, 0.0)
     alpha[:, n] = np.maximum(y - sorted_x[:, -1], 0.0)
-    a, b = w @ alpha, w @ beta  # (N+1,)
+    outliers = [w @ (y < sorted_x[:, 0]), w @ (y > sorted_x[:, -1]), w.sum()]
+    return np.concatenate([w @ alpha, w @ beta, outliers])
+
+
+def hersbach_terms(sums: np.ndarray, uncertainty: float) -> dict[str, float]:
+    """CRPS = reliability - resolution + uncertainty from :func:`hersbach_sums` of all cases and the
+    CRPS of the outcomes' weighted climatology: with a, b the bin widths averaged over cases,
+    g_i = a_i + b_i, o_i = b_i / g_i (outliers: o_0 = freq(y < x_1), 1 - o_N = freq(y > x_N));
+    reliability = sum g_i (o_i - p_i)^2, CRPS_pot = sum g_i o_i (1 - o_i), p_i = i/N; resolution =
+    uncertainty - CRPS_pot."""
+    n = (sums.size - 3) // 2 - 1
+    total = sums[-1]
+    a, b = sums[: n + 1] / total, sums[n + 1 : 2 * n + 2] / total  # (N+1,)
     p = np.arange(n + 1) / n
     crps = float((a * p**2 + b * (1 - p) ** 2).sum())
     g = a + b
     with np.errstate(invalid="ignore", divide="ignore"):
         o = np.where(g > 0, b / g, 0.0)
-    o[0] = w @ (y < sorted_x[:, 0])
-    o[n] = 1.0 - w @ (y > sorted_x[:, -1])
+    o[0] = sums[-3] / total
+    o[n] = 1.0 - sums[-2] / total
     g[0] = b[0] / o[0] if o[0] > 0 else 0.0
     g[n] = a[n] / (1 - o[n]) if o[n] < 1 else 0.0
     reli = float((g * (o - p) ** 2).sum())
     pot = float((g * o * (1 - o)).sum())
-    unc = climatological_crps(y, w)
+    unc = uncertainty
     return {"crps": crps, "reliability": reli, "resolution": unc - pot, "uncertainty": unc, "crps_potential": pot}
 
 
+def hersbach(sorted_x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
+    """CRPS = reliability - resolution + uncertainty (Hersbach 2000) of the standard ensemble CRPS of
+    K cases: ``sorted_x`` (K, N) sorted members, ``y`` (K,), ``w`` (K,) case weights; uncertainty =
+    the CRPS of the outcomes' (weighted) climatology."""
+    return hersbach_terms(hersbach_sums(sorted_x, y, w), climatological_crps(y, w))
+
+
+ValueWeights = tuple[np.ndarray, np.ndarray]  # distinct values, sorted; the total weight of each
+
+
+def value_weights(y: np.ndarray, w: np.ndarray) -> ValueWeights:
+    """The weighted sample of ``y`` as its distinct values (sorted) and the summed weight of each: what
+    the climatological CRPS needs, mergeable (:func:`merge_value_weights`), and no larger than the
+    number of distinct values (a float32 truth has a bounded number in its range)."""
+    values, inverse = np.unique(y, return_inverse=True)
+    return values, np.bincount(inverse.reshape(-1), w.reshape(-1), values.size)
+
+
+def merge_value_weights(a: ValueWeights, b: ValueWeights) -> ValueWeights:
+    return value_weights(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+
+
 def climatological_crps(y: np.ndarray, w: np.ndarray) -> float:
-    """Mean CRPS of the weighted sample climatology of y: 1/2 sum_kl w_k w_l |y_k - y_l| (w sums
-    to 1), from sorted y: sum_k w_k y_(k) (C_{k-1} - (1 - C_k)), C the cumulative weights."""
-    order = np.argsort(y)
-    ys, ws = y[order], w[order] / w.sum()
+    """Mean CRPS of the weighted sample climatology of y (:func:`sample_crps`)."""
+    return sample_crps(value_weights(y, w))
+
+
+def sample_crps(sample: ValueWeights) -> float:
+    """Mean CRPS of a weighted sample's climatology: 1/2 sum_kl w_k w_l |y_k - y_l| (w sums to 1), from
+    sorted y: sum_k w_k y_(k) (C_{k-1} - (1 - C_k)), C the cumulative weights (tied values merged: the
+    sum is the same)."""
+    ys, w = sample
+    ws = w / w.sum()
     c = np.cumsum(ws)
     return float((ws * ys * (c - ws - (1.0 - c))).sum())
+
+
+DECOMPOSITION_BLOCK = 1 << 15  # cases per block of the decomposition sums: (block, N + 1) float64 temporaries
+
+
+def sorted_ensembles(chunk: Chunk) -> Callable[[int], np.ndarray]:
+    """date t -> the sorted ensemble (N, lat, lon) the decomposition scores on that date: the members, or a
+    Gaussian's or another family's QUANTILE_MEMBERS quantile ensemble (levels (i - 1/2)/N)."""
+    if chunk.members is not None:
+        return lambda t: chunk.sorted_members[t]
+    if chunk.dist is not None:
+        levels = (np.arange(QUANTILE_MEMBERS) + 0.5) / QUANTILE_MEMBERS
+        xs = np.stack([chunk.quantile(tau) for tau in levels], axis=1)  # (T, N, lat, lon)
+        return lambda t: xs[t]
+    assert chunk.mu is not None and chunk.sigma is not None
+    mu, sigma = chunk.mu, chunk.sigma
+    return lambda t: quantile_members(mu[t : t + 1], sigma[t : t + 1])[0]
+
+
+def decomposition_sums(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """:func:`hersbach_sums` of every region (region, 2 (N + 1) + 3), area weighted, over the chunk's dates
+    and points, a date and a block of points at a time."""
+    ensemble = sorted_ensembles(chunk)
+    out = []
+    for region in REGIONS:
+        idx = np.flatnonzero(region.mask(lat, lon).reshape(-1))  # (P,)
+        w = region.weights(lat, lon, "area").reshape(-1)[idx]
+        sums = []
+        for t in range(chunk.truth.shape[0]):
+            xs = ensemble(t).reshape(-1, lat.size * lon.size)  # (N, lat * lon)
+            y = chunk.truth[t].reshape(-1)
+            for s in range(0, idx.size, DECOMPOSITION_BLOCK):
+                block = idx[s : s + DECOMPOSITION_BLOCK]
+                sums.append(hersbach_sums(xs[:, block].T, y[block], w[s : s + DECOMPOSITION_BLOCK]))
+        out.append(np.sum(sums, axis=0))
+    return np.stack(out)
+
+
+def region_samples(truth: np.ndarray, lat: np.ndarray, lon: np.ndarray) -> list[ValueWeights]:
+    """The area-weighted sample of the outcomes (T, lat, lon) in each region (:func:`value_weights`)."""
+    out = []
+    for region in REGIONS:
+        mask = region.mask(lat, lon)
+        w = np.broadcast_to(region.weights(lat, lon, "area")[mask], (truth.shape[0], int(mask.sum())))
+        out.append(value_weights(truth[:, mask], w))
+    return out
 
 
 def decomposition(chunk: Chunk, region: Region, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
     """Hersbach components (DECOMPOSITION order) over all dates and points of ``region``, area
     weighted; a Gaussian or another family as its QUANTILE_MEMBERS quantile ensemble."""
-    if chunk.members is not None:
-        xs = chunk.sorted_members  # (T, M, lat, lon)
-    elif chunk.dist is not None:
-        xs = np.stack([chunk.quantile(tau) for tau in (np.arange(QUANTILE_MEMBERS) + 0.5) / QUANTILE_MEMBERS], axis=1)
-    else:
-        assert chunk.mu is not None and chunk.sigma is not None
-        xs = quantile_members(chunk.mu, chunk.sigma)
-    mask = region.mask(lat, lon)
-    w = np.broadcast_to(region.weights(lat, lon, "area")[mask], (xs.shape[0], int(mask.sum()))).reshape(-1)
-    x = np.moveaxis(xs[..., mask], 1, -1).reshape(-1, xs.shape[1])  # (T * P, M)
-    parts = hersbach(x, chunk.truth[:, mask].reshape(-1), w)
+    j = REGIONS.index(region)
+    parts = hersbach_terms(
+        decomposition_sums(chunk, lat, lon)[j], sample_crps(region_samples(chunk.truth, lat, lon)[j])
+    )
     return np.array([parts[c] for c in DECOMPOSITION])
 
 
@@ -370,23 +398,40 @@ def exceedance(chunk: Chunk, threshold: np.ndarray, above: bool) -> np.ndarray:
     return np.asarray(1.0 - p_below if above else p_below)
 
 
+def reliability_sums(prob: np.ndarray, event: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per probability bin (4, PROB_BINS): the summed weights, the weighted sums of the forecast probabilities
+    and of the outcomes, and the count of cases; additive over cases (:func:`reliability_rows`)."""
+    b = np.minimum((prob * PROB_BINS).astype(int), PROB_BINS - 1).reshape(-1)
+    ww = np.broadcast_to(w, prob.shape).reshape(-1)
+    return np.stack(
+        [
+            np.bincount(b, ww, PROB_BINS),
+            np.bincount(b, ww * prob.reshape(-1), PROB_BINS),
+            np.bincount(b, ww * event.reshape(-1), PROB_BINS),
+            np.bincount(b, minlength=PROB_BINS).astype(float),
+        ]
+    )
+
+
+def reliability_rows(sums: np.ndarray) -> np.ndarray:
+    """Reliability diagram rows (3, PROB_BINS) from :func:`reliability_sums`: weighted mean forecast
+    probability, weighted observed frequency and the count of cases per bin (NaN for empty bins)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.stack([sums[1] / sums[0], sums[2] / sums[0], sums[3]])
+
+
 def reliability(prob: np.ndarray, event: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Reliability diagram rows (3, PROB_BINS): weighted mean forecast probability, weighted
     observed frequency and the count of cases per probability bin (NaN for empty bins)."""
-    b = np.minimum((prob * PROB_BINS).astype(int), PROB_BINS - 1).reshape(-1)
-    ww = np.broadcast_to(w, prob.shape).reshape(-1)
-    wsum = np.bincount(b, ww, PROB_BINS)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = np.bincount(b, ww * prob.reshape(-1), PROB_BINS) / wsum
-        o = np.bincount(b, ww * event.reshape(-1), PROB_BINS) / wsum
-    return np.stack([p, o, np.bincount(b, minlength=PROB_BINS).astype(float)])
+    return reliability_rows(reliability_sums(prob, event, w))
 
 
-def pit(chunk: Chunk, seed: int = 0) -> np.ndarray:
-    """PIT values (T, lat, lon) of a distribution (at a point mass a uniform draw in [F(y-), F(y)]);
-    randomised rank / M for an ensemble is the rank histogram."""
+def pit(chunk: Chunk, seed: int = 0, skip: int = 0) -> np.ndarray:
+    """PIT values (T, lat, lon) of a distribution (at a point mass a uniform draw in [F(y-), F(y)], the
+    draws of the generator seeded ``seed`` after its first ``skip``: a chunk of dates starting at date d
+    of a split skips d * lat * lon); randomised rank / M for an ensemble is the rank histogram."""
     if chunk.dist is not None:
-        u = np.random.default_rng(seed).uniform(size=chunk.truth.shape)
+        u = metrics.generator_after(seed, skip).uniform(size=chunk.truth.shape)
         low, high = chunk.dist.cdf_left(chunk.truth), chunk.dist.cdf(chunk.truth)
         return np.asarray(low + u * (high - low))
     assert chunk.mu is not None and chunk.sigma is not None

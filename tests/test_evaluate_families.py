@@ -16,7 +16,7 @@ from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions as D
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import chunk, evaluate, gather, verification
+from postcast.pipeline import chunk, evaluate, evaluate_stream, gather, verification
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("truncnormal", "csg")
@@ -97,7 +97,7 @@ def test_every_family_goes_through_the_registry(family, chunk_case):
     lat, lon = np.linspace(-60.0, 60.0, y.shape[1]), np.linspace(0.0, 270.0, y.shape[2])
     c = chunk.Chunk(y, np.zeros_like(y), dist=ff)
     events = {"above_q90": t, "below_q10": t}
-    res = verification.as_dataset([family], [c], lat, lon, np.arange(y.shape[0]), events)
+    res = evaluate_stream.as_dataset([family], [c], lat, lon, np.arange(y.shape[0]), events)
     applies = [m.name for m in verification.METRICS if chunk.DISTRIBUTION in m.kinds and m.event in ("", *events)]
     assert np.isfinite(res["score"].sel(metric=applies).values).all() and int(res["pit_histogram"].sum()) == y.size
 

@@ -1,0 +1,230 @@
+"""Evaluation's work on chunks of init dates, in this process or on a dask cluster.
+
+* :func:`efi_fields`: the EFI of each date against its model climate, a band of latitudes at a time (the
+  climate window's members of one band at most :data:`TILE_BYTES`);
+* :func:`climate_thresholds`: the training truth's 10 / 90 % quantiles per point, a band at a time;
+* :class:`LeadJob` and :func:`score_dates`: one target's lead, and the :class:`~postcast.pipeline.evaluate_stream.Part`
+  of :data:`DATES_PER_TASK` of its dates (truth, members and each checkpoint's prediction of those dates only);
+* :func:`parts`: the parts of a lead in date order, from a dask client (:func:`in_order`: a bounded number of
+  tasks in flight, so the driver holds a few parts at a time; ``postcast forecast`` uses it too) or here.
+
+Memory: a task holds its dates' arrays (members, forecasts, a Gaussian's 50 quantile members of one date),
+the driver one lead's accumulator; neither grows with the number of dates beyond T numbers per score.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from postcast.datasets import contract, reads, schema
+from postcast.datasets.core.errors import BadInputError, PostcastError
+from postcast.datasets.ingest import cluster
+from postcast.models import distributions
+from postcast.pipeline import metrics, verification
+from postcast.pipeline.chunk import Chunk
+from postcast.pipeline.evaluate_stream import Part, part_of
+from postcast.pipeline.gather import (
+    ENSEMBLE,
+    FamilyForecast,
+    add_forecast,
+    check_shape,
+    oracle_forecast,
+    predict_opened,
+    step_field,
+    target_members,
+    verification_dataset,
+)
+
+DATES_PER_TASK = 4  # a checkpoint's prediction batch: a task predicts the same batches as one pass would
+TILE_BYTES = 512 << 20  # float64 bytes of one latitude band of an EFI climate window or of the training truth
+T = TypeVar("T")
+TASKS_AHEAD_PER_WORKER = 2  # tasks in flight per worker: parts wait in the driver for the ones before them
+
+
+def _bands(n_lat: int, row_bytes: int) -> list[slice]:
+    """Latitude bands of at most TILE_BYTES (``row_bytes`` per latitude row), at least one row each."""
+    rows = max(1, TILE_BYTES // max(1, row_bytes))
+    return [slice(i, min(i + rows, n_lat)) for i in range(0, n_lat, rows)]
+
+
+def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
+    """EFI (init_time, lat, lon) of the raw ensemble against the model climate of each date (the members of
+    the init dates in its ENS-10 climate window, :func:`postcast.pipeline.metrics.climate_window`); the
+    quantiles are per point, so a band of latitudes at a time gives the same values."""
+    times = store[schema.INIT_TIME].values
+    mds = sorted(set(zip(pd.DatetimeIndex(times).month, pd.DatetimeIndex(times).day, strict=True)))
+    out = np.empty(ver["truth"].shape)
+    target = schema.target(ver.attrs["target"])
+    for i, t in enumerate(ver[schema.INIT_TIME].values):
+        window = np.flatnonzero(metrics.climate_window(times, t, month_days=mds))
+        members = ver["members"].values[i]  # (M, lat, lon)
+        row = window.size * store.sizes[schema.MEMBER] * store.sizes[schema.LON] * 8
+        for band in _bands(store.sizes[schema.LAT], row):
+            sub = store.isel({schema.INIT_TIME: window, schema.LAT: band})
+            clim = target_members(sub, target, ver.attrs["step_h"]).values.astype(np.float64)  # (n, M, band, lon)
+            q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0)
+            out[i, band] = metrics.efi(q, members[:, band])
+    return out
+
+
+def climate_thresholds(store: xr.Dataset, target: schema.Target, step_h: int) -> dict[str, np.ndarray]:
+    """Events of the tail scores and reliability diagrams, each a threshold (lat, lon): below the 10 % and above
+    the 90 % quantile of the training-split truth at each grid point (none when the training split has no
+    truth), and above the target's own thresholds (tp24: 1 and 10 mm; ws10: 10 and 20 m/s) everywhere."""
+    tg = target
+    shape = (store.sizes[schema.LAT], store.sizes[schema.LON])
+    fixed = {e: np.full(shape, t) for e, t in zip(verification.THRESHOLD_EVENTS, tg.thresholds, strict=False)}
+    rows = contract.split_rows(store, "train", target=tg, step_h=step_h)
+    if not rows.size:
+        return fixed
+    truth = step_field(store, contract.truth_name(tg.name), step_h, tg.level).isel({schema.INIT_TIME: rows})
+    q = np.empty((2, *shape))
+    for band in _bands(shape[0], rows.size * shape[1] * 8):
+        y = truth.isel({schema.LAT: band}).values.astype(np.float64)  # (n, band, lon)
+        q[:, band] = np.nanquantile(y, [0.1, 0.9], axis=0)
+    return dict(zip(verification.QUANTILE_EVENTS, q, strict=True)) | fixed
+
+
+def chunks_of(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast]) -> tuple[list[str], list[Chunk]]:
+    """The names and chunks of every Gaussian of ``ver``, the ``families`` and the raw members (last)."""
+    y = ver["truth"].values  # (T, lat, lon)
+    names = [str(f) for f in ver["forecast"].values]
+    chunks = [
+        Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values) for f in names
+    ]
+    chunks += [Chunk(y, efi, dist=d) for d in families.values()]
+    return [*names, *families, ENSEMBLE], [*chunks, Chunk(y, efi, members=ver["members"].values)]
+
+
+@dataclass(frozen=True)
+class LeadJob:
+    """What every chunk of dates of one target's lead shares (sent once to each worker)."""
+
+    store: str
+    target: str
+    split: str
+    step_h: int
+    n_dates: int
+    arrays: tuple[str, ...]  # the store arrays read (a chunk that does not decode is named among them)
+    checkpoints: tuple[tuple[str, str], ...] = ()  # (display name, path) of the checkpoints at this lead
+    thresholds: dict[str, np.ndarray] = field(default_factory=dict)
+    rank_skips: tuple[int, ...] = ()  # per task: the finite outcomes of the dates before it
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)  # the evaluation's: its store opened once
+
+    @property
+    def n_tasks(self) -> int:
+        return -(-self.n_dates // DATES_PER_TASK)
+
+
+_OPENED: dict[str, xr.Dataset] = {}  # the store of the evaluation running in this process, by its token
+
+
+def share_store(token: str, store: xr.Dataset) -> None:
+    """Let this process's tasks of the evaluation ``token`` read ``store`` (the driver's, already open)."""
+    _OPENED.clear()
+    _OPENED[token] = store
+
+
+def _opened(job: LeadJob) -> xr.Dataset:
+    if job.token not in _OPENED:
+        share_store(job.token, contract.open_store(job.store))
+    return _OPENED[job.token]
+
+
+@contextlib.contextmanager
+def chunk_named(store_path: str, names: list[str]) -> Iterator[None]:
+    """A read inside xarray that fails (which names neither variable nor chunk) becomes the BadInputError
+    naming the first chunk of ``names`` that does not decode; any other failure passes unchanged."""
+    try:
+        yield
+    except PostcastError:
+        raise
+    except Exception as err:
+        bad = reads.first_undecodable(store_path, names)
+        if bad is None:
+            raise
+        raise bad from err
+
+
+def score_dates(job: LeadJob, k: int) -> Part:
+    """The part of the lead's ``k``-th chunk of DATES_PER_TASK dates: the raw Gaussian, the oracle, each
+    checkpoint and the raw members on those dates."""
+    start = k * DATES_PER_TASK
+    dates = slice(start, min(start + DATES_PER_TASK, job.n_dates))
+    store = _opened(job)
+    with chunk_named(job.store, list(job.arrays)):
+        ver = verification_dataset(store, schema.target(job.target), job.split, step_h=job.step_h, dates=dates)
+        families: dict[str, FamilyForecast] = {}
+        for name, path in job.checkpoints:
+            _, _, times, dist = predict_opened(path, job.store, store, job.split, DATES_PER_TASK, dates)
+            if not np.array_equal(times, ver[schema.INIT_TIME].values):
+                msg = f"{name}: predicted init times differ from the verification dates of {job.target}"
+                raise BadInputError(msg)
+            if isinstance(dist, distributions.Gaussian):  # the closed forms of every release so far
+                ver = add_forecast(ver, name, dist.mu.numpy(), dist.sigma.numpy())
+            else:
+                families[name] = FamilyForecast(dist)
+                check_shape(ver, name, families[name].shape)
+        names, chunks = chunks_of(ver, efi_fields(store, ver), oracle_forecast(ver) | families)
+        lat, lon = ver[schema.LAT].values, ver[schema.LON].values
+        skip = job.rank_skips[k] if job.rank_skips else 0
+        return part_of(names, chunks, lat, lon, start=start, thresholds=job.thresholds, rank_skip=skip)
+
+
+def rank_skips(store: xr.Dataset, job: LeadJob) -> tuple[int, ...]:
+    """Per task: the finite outcomes of the lead's dates before it (where its rank tie-breaks go on)."""
+    tg = schema.target(job.target)
+    rows = contract.split_rows(store, job.split, target=tg, step_h=job.step_h)
+    truth = step_field(store, contract.truth_name(tg.name), job.step_h, tg.level)
+    counts = [
+        int(np.isfinite(truth.isel({schema.INIT_TIME: rows[s : s + DATES_PER_TASK]}).values).sum())
+        for s in range(0, rows.size, DATES_PER_TASK)
+    ]
+    return tuple(int(c) for c in np.cumsum([0, *counts[:-1]]))
+
+
+def in_order(client: Any, fn: Callable[..., T], shared: Any, n: int) -> Iterator[T]:
+    """``fn(shared, k)`` for k = 0 .. n - 1 on the cluster, yielded in order, with at most
+    TASKS_AHEAD_PER_WORKER tasks per worker in flight (``shared`` is sent to each worker once), so that the
+    driver holds a few results at a time however many there are."""
+    shared = client.scatter(shared, broadcast=True)
+    ahead = TASKS_AHEAD_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
+    pending = deque(client.submit(fn, shared, k, pure=False) for k in range(min(ahead, n)))
+    submitted = len(pending)
+    while pending:
+        future = pending.popleft()
+        result = future.result()
+        future.release()
+        if submitted < n:
+            pending.append(client.submit(fn, shared, submitted, pure=False))
+            submitted += 1
+        yield result
+
+
+@contextlib.contextmanager
+def client_for(scheduler: str | None, workers: int, processes: bool = True) -> Iterator[Any | None]:
+    """A dask client of the scheduler given (an address or a scheduler file, as ingest takes them), else of a
+    LocalCluster of ``workers`` (checked against this machine), else (no scheduler, 0 workers) None: work here."""
+    if scheduler is None and workers == 0:
+        yield None
+        return
+    if scheduler is None:
+        cluster.check_local_workers(workers)
+    with cluster.dask_client(scheduler, workers, processes) as client:
+        yield client
+
+
+def parts(job: LeadJob, client: Any | None) -> Iterator[Part]:
+    """The lead's parts in date order: computed here (``client`` None), or on the cluster (:func:`in_order`)."""
+    if client is None:
+        return (score_dates(job, k) for k in range(job.n_tasks))
+    return in_order(client, score_dates, job, job.n_tasks)

@@ -1,0 +1,145 @@
+"""Streaming evaluate (issue 37, item 1): the numbers of the in-memory evaluate, memory that does not grow with
+the number of dates, the dates on a dask cluster.
+
+The reference results (tests/reference_results/*.nc) are the ``results.nc`` that the in-memory evaluate of
+commit 5f9bbe9 wrote for the session stores of conftest.py: ``store`` (TINY, split test) and ``derived_store``
+(t2m, ws10, tp24, split val), both with ``bootstrap=20`` (regenerate them with that commit's code only)."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from postcast.datasets import contract, schema
+from postcast.datasets.core.errors import ConfigError
+from postcast.pipeline import evaluate, metrics, verification
+from postcast.pipeline.evaluate import EvalConfig
+
+REFERENCE = Path(__file__).parent / "reference_results"
+REGROUPED = ("decomposition", "reliability", "mean_abs_efi")  # sums over cases in another grouping: not bitwise
+
+
+def assert_same_results(new: xr.Dataset, ref: xr.Dataset) -> None:
+    """Every variable of ``ref`` in ``new``: bit for bit, or to 1e-12 relative for the regrouped sums."""
+    assert set(new.data_vars) == set(ref.data_vars)
+    for name in ref.data_vars:
+        if name in REGROUPED:
+            np.testing.assert_allclose(
+                new[name].values, ref[name].transpose(*new[name].dims).values, rtol=1e-12, atol=0, err_msg=name
+            )
+        else:
+            np.testing.assert_array_equal(new[name].values, ref[name].transpose(*new[name].dims).values, err_msg=name)
+
+
+def _lead(path: Path, target: str, split: str, client: object = None) -> xr.Dataset:
+    """The streamed results of ``target`` at +48 h (a chunk of 4 dates at a time)."""
+    store = contract.open_store(path)
+    job = evaluate.lead_job(store, str(path), schema.target(target), split, 48, [])
+    assert job.n_tasks > 1
+    return evaluate.stream_lead(store, job, 20, client)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "reference", "target", "split"),
+    [("store", "tiny", "t850", "test"), ("derived_store", "derived", "tp24", "val")],
+)
+def test_streamed_scores_equal_the_in_memory_evaluate(request, fixture, reference, target, split):
+    """One lead, a chunk of 4 dates at a time (the test split: 2 chunks, val: 3), against the results of the
+    in-memory evaluate: per-date scores, scores, CRPS maps, PIT and rank histograms (tp24: random tie-breaks at
+    dry points and point-mass PIT draws) and significance bit for bit; the decomposition and reliability bins
+    to 1e-12."""
+    res = _lead(request.getfixturevalue(fixture), target, split)
+    ref = xr.open_dataset(REFERENCE / f"{reference}.nc").sel(target=target, lead=48)
+    ref = ref.sel(forecast=res["forecast"].values, event=res["event"].values)
+    ref = ref.dropna(schema.INIT_TIME, how="all", subset=["score_per_date"])
+    assert_same_results(res, ref.drop_vars([c for c in ref.coords if c not in res.coords]))
+
+
+def test_dates_on_a_dask_cluster_give_the_same_bits(derived_store):
+    """The dates of a lead on a 2-worker LocalCluster (threads) and in this process: identical results."""
+    from postcast.datasets.ingest import cluster
+
+    with cluster.dask_client(None, 2, processes=False) as client:
+        on_cluster = _lead(derived_store, "t2m", "val", client)
+    xr.testing.assert_identical(on_cluster, _lead(derived_store, "t2m", "val"))
+
+
+def test_a_negative_worker_count_is_refused():
+    with pytest.raises(ConfigError, match="--workers -1"):
+        EvalConfig("s.zarr", workers=-1)
+
+
+def test_chunked_hersbach_sums_and_climatology_match_the_whole_sample():
+    """The decomposition from sums over blocks of cases and a merged value sample equals the one of all cases
+    at once; the climatological CRPS equals 1/2 sum_kl w_k w_l |y_k - y_l| computed pairwise."""
+    g = np.random.default_rng(1)
+    x, y, w = np.sort(g.normal(size=(300, 7)), axis=1), g.normal(size=300), g.uniform(0.5, 1.5, 300)
+    y[::10] = np.round(y[::10])  # ties in the sample
+    whole = verification.hersbach(x, y, w)
+    sums = sum(verification.hersbach_sums(x[s : s + 64], y[s : s + 64], w[s : s + 64]) for s in range(0, 300, 64))
+    sample = verification.value_weights(y[:100], w[:100])
+    sample = verification.merge_value_weights(sample, verification.value_weights(y[100:], w[100:]))
+    parts = verification.hersbach_terms(sums, verification.sample_crps(sample))
+    assert parts == pytest.approx(whole, rel=1e-12)
+    wn = w / w.sum()
+    pairwise = 0.5 * (wn[:, None] * wn[None, :] * np.abs(y[:, None] - y[None, :])).sum()
+    assert verification.sample_crps(sample) == pytest.approx(pairwise, rel=1e-12)
+
+
+def test_skipped_draws_continue_the_generator():
+    """A chunk's random draws after ``skip`` are those the whole sample would draw there (rank tie-breaks)."""
+    g = np.random.default_rng(2)
+    x, y = np.round(g.normal(size=(50, 5)), 0), np.round(g.normal(size=50), 0)  # many ties
+    whole = metrics.rank_histogram(x, y)
+    halves = metrics.rank_histogram(x[:20], y[:20]) + metrics.rank_histogram(x[20:], y[20:], skip=20)
+    np.testing.assert_array_equal(halves, whole)
+
+
+def _peak_mb(store: Path, split: str, out: Path, traced: bool = True) -> float:
+    if traced:
+        tracemalloc.start()
+    try:
+        evaluate.evaluate(EvalConfig(str(store), targets=("t2m",), split=split, out=str(out), bootstrap=20))
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.slow
+def test_evaluate_peak_memory_does_not_grow_with_the_dates(derived_store, tmp_path):
+    """Peak traced memory of evaluate on 12 (val) and 24 (train) dates of the same store, after a first run
+    (imports, caches): within 10 % (the in-memory evaluate held every date's members, forecasts and quantile
+    members at once)."""
+    _peak_mb(derived_store, "val", tmp_path / "warm", traced=False)
+    val, train = _peak_mb(derived_store, "val", tmp_path / "v"), _peak_mb(derived_store, "train", tmp_path / "t")
+    assert train <= 1.1 * val, f"peak {val:.1f} MB on 12 dates, {train:.1f} MB on 24"
+
+
+def test_forecast_dates_on_a_dask_cluster_write_the_same_products(t2m_ckpt, synth_zarr, tmp_path):
+    """A range of init times, one task per date on a 2-worker LocalCluster (threads) and in this process: the
+    same files with the same values."""
+    from postcast.pipeline.forecast import ForecastConfig, forecast
+
+    files = {}
+    for workers in (0, 2):
+        out = tmp_path / f"w{workers}"
+        cfg = ForecastConfig(
+            str(t2m_ckpt), str(synth_zarr), str(out), "2017-01-01", end="2017-12-31", workers=workers, processes=False
+        )
+        res = forecast(cfg)
+        assert len(res.written) >= 3 and not res.fallback
+        files[workers] = sorted(Path(p).relative_to(out) for p in res.written)
+    assert files[0] == files[2]
+    for rel in files[0]:
+        xr.testing.assert_equal(xr.open_dataset(tmp_path / "w0" / rel), xr.open_dataset(tmp_path / "w2" / rel))
+
+
+def test_a_scheduler_file_that_is_not_there_exits_66(cli, store, tmp_path):
+    missing = tmp_path / "sched.json"
+    proc = cli("evaluate", str(store), "--targets", "t850", "--scheduler", str(missing), "--out", str(tmp_path / "e"))
+    assert proc.returncode == 66 and f"scheduler file {missing} not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
