@@ -277,6 +277,7 @@ class _AsyncioLeftovers(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    level = logging.getLogger().level  # restored on return: a caller's logging (a test, an embedding) is its own
     handler = _log_handler(args.log_level)
     try:
         return int(args.verb.run(args))
@@ -298,3 +299,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     finally:
         logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(level)

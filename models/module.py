@@ -137,8 +137,16 @@ class PostProcessor(L.LightningModule):
 
     def on_train_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
-        if isinstance(self.net, postprocessors.LocalEMOS) and self.net.solver == "newton" and dm is not None:
+        if isinstance(self.net, postprocessors.LocalEMOS) and self._newton() and dm is not None:
             self.fit_report = self._fit_emos(StoreDataset(dm.cfg, "train"))
+
+    def _newton(self) -> bool:
+        """Whether the local EMOS is fitted to its optimum (``solver: newton``, or ``auto`` for a family in
+        :data:`postprocessors.NEWTON_BY_DEFAULT`) rather than by the epochs' optimiser."""
+        solver = getattr(self.net, "solver", "gradient")
+        return solver == "newton" or (
+            solver == "auto" and self.hparams["distribution"] in postprocessors.NEWTON_BY_DEFAULT
+        )
 
     def emos_points(self, data: StoreDataset) -> emos_fit.PointData:
         """Every sample of ``data`` as a local EMOS reads it, points first (:class:`emos_fit.PointData`)."""

@@ -312,6 +312,8 @@ def score_target(
     if not leads:
         msg = f"no lead of {target.name} has truth in split {split!r}"
         raise MissingInputError(msg)
+    for e in entries:  # a model's lead the store lacks: ConfigError naming the leads it holds
+        contract.step_position(store.get_index(schema.STEP), e.lead)
     for h in leads:
         job = lead_job(store, store_path, target, split, h, [e for e in entries if e.lead == h])
         oracle = [ORACLE] if any(n in store for n in contract.oracle_parameters(target).values()) else []

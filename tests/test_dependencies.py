@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "scripts" / "lock-py311-linux.txt"
 SCANNED = ("cli", "datasets", "models", "compression", "pipeline", "serve", "tests", "benchmarks")
-FIRST_PARTY = {"postcast", "common"}  # the package, benchmarks/common.py (+ the modules in tests/: its pythonpath)
+FIRST_PARTY = {"postcast"}  # the package (+ the modules in tests/ and benchmarks/, found beside their users)
 
 
 def declared(pyproject: Path) -> set[str]:
@@ -41,7 +41,8 @@ def declared(pyproject: Path) -> set[str]:
 def imported_modules(root: Path) -> dict[str, str]:
     """Top-level third-party module -> the first file importing it, over the scanned folders."""
     found: dict[str, str] = {}
-    ours = FIRST_PARTY | {p.stem for p in (root / "tests").glob("*.py")}  # battery.py, conftest.py, test_x.py
+    # battery.py, conftest.py, test_x.py; benchmarks/common.py, emos_reference.py: scripts' sibling modules
+    ours = FIRST_PARTY | {p.stem for folder in ("tests", "benchmarks") for p in (root / folder).glob("*.py")}
     for folder in SCANNED:
         for path in sorted((root / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):

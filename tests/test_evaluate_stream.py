@@ -23,11 +23,11 @@ REFERENCE = Path(__file__).parent / "reference_results"
 REGROUPED = ("decomposition", "reliability", "mean_abs_efi")  # sums over cases in another grouping: not bitwise
 
 
-def assert_same_results(new: xr.Dataset, ref: xr.Dataset) -> None:
-    """Every variable of ``ref`` in ``new``: bit for bit, or to 1e-12 relative for the regrouped sums."""
+def assert_same_results(new: xr.Dataset, ref: xr.Dataset, regrouped: tuple[str, ...] = REGROUPED) -> None:
+    """Every variable of ``ref`` in ``new``: bit for bit, or to 1e-12 relative for those in ``regrouped``."""
     assert set(new.data_vars) == set(ref.data_vars)
     for name in ref.data_vars:
-        if name in REGROUPED:
+        if name in regrouped:
             np.testing.assert_allclose(
                 new[name].values, ref[name].transpose(*new[name].dims).values, rtol=1e-12, atol=0, err_msg=name
             )
@@ -56,7 +56,11 @@ def test_streamed_scores_equal_the_in_memory_evaluate(request, fixture, referenc
     ref = xr.open_dataset(REFERENCE / f"{reference}.nc").sel(target=target, lead=48)
     ref = ref.sel(forecast=res["forecast"].values, event=res["event"].values)
     ref = ref.dropna(schema.INIT_TIME, how="all", subset=["score_per_date"])
-    assert_same_results(res, ref.drop_vars([c for c in ref.coords if c not in res.coords]))
+    # the csg CRPS (tp24's family) was rewritten after the reference without cancellation (issue 38 item 3): its
+    # scores agree to 1e-12 (1 ulp seen), not bit for bit
+    scores = ("score", "score_per_date", "crps_map", "crps_minus_raw", "crps_minus_raw_low", "crps_minus_raw_high")
+    loose = (*REGROUPED, *scores, "dm_p_value") if target == "tp24" else REGROUPED
+    assert_same_results(res, ref.drop_vars([c for c in ref.coords if c not in res.coords]), loose)
 
 
 def test_dates_on_a_dask_cluster_give_the_same_bits(derived_store):

@@ -69,7 +69,9 @@ def _values(pid: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarra
     noise = rng.normal(0.0, 3.0 if base > 100 else 0.01, GRID.shape)
     if pid in (164, 186, 187, 188, 31):  # fractions
         return np.clip(0.5 + noise, 0.0, 1.0).ravel()
-    if pid in (228, 143, 141):  # depths, accumulations: non-negative
+    if pid in (228, 143):  # accumulations from the forecast's start: one pattern growing with the step
+        return (np.abs(np.random.default_rng(pid).normal(0.0, 0.01, GRID.shape)) * scale).ravel()
+    if pid == 141:  # a depth: non-negative
         return (np.abs(noise) * scale).ravel()
     return (base + noise * (100 if pid in (151, 134) else 1)).ravel()
 

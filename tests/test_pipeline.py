@@ -65,7 +65,7 @@ def test_run_skips_finished_stages_and_forces_one(cli, tmp_path):
     assert set(fields) == set(art.header["variables"]) and all(0 < f["wrmse_over_std"] <= 0.1 for f in fields.values())
     files = [p for p in work.rglob("*") if p.is_file()]
     assert first["disk_files"] == len(files) - 1  # all but summary.json itself, written after the count
-    assert first["disk_bytes"] == sum(p.stat().st_size for p in files if p.name != "summary.json")
+    assert first["disk_bytes"] == sum(p.stat().st_size for p in files if p != work / "summary.json")
     assert f"work directory {work}:" in out.stdout
     cli("run", str(cfg), check=True)
     assert set(statuses(work).values()) == {"skipped"}
