@@ -30,16 +30,39 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from postcast.datasets import schema
 from postcast.pipeline.archive import (
     DEFAULT_QUANTILES,
     EXTENSIONS,
     POSTPROCESSED,
+    Law,
     product_path,
     products,
     write_product,
 )
+
+
+def postprocessed(
+    mean: np.ndarray, std: np.ndarray, target: str, init: pd.Timestamp, grid: schema.Grid,
+    thresholds: Sequence[float], law: Law | None = None,
+) -> xr.Dataset:  # fmt: skip
+    """A post-processed product of ``target`` at the target lead on ``grid``, with the default quantiles, as
+    ``postcast forecast`` writes it (``law``: the family's own; None for a Gaussian)."""
+    return products(
+        mean,
+        std,
+        target=schema.target(target),
+        init=init,
+        step_h=schema.TARGET_STEP_H,
+        lat=grid.latitudes(),
+        lon=grid.longitudes(),
+        quantiles=DEFAULT_QUANTILES,
+        thresholds=tuple(thresholds),
+        attrs={"product": POSTPROCESSED},
+        law=law,
+    )
 
 
 def write_forecasts(
@@ -54,25 +77,14 @@ def write_forecasts(
     """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does
     (through the archive's contract, ``pipeline/archive.py``), in each of ``formats``."""
     grid = schema.Grid(resolution)
-    lat, lon = grid.latitudes(), grid.longitudes()
+    lat = grid.latitudes()
     rng = np.random.default_rng(seed)
     paths = []
     for k in range(n):
         init = pd.Timestamp("2017-01-02") + pd.Timedelta(days=k)
         mu = 280.0 - 30.0 * np.abs(np.sin(np.deg2rad(lat)))[:, None] + rng.normal(0, 1, grid.shape)
         sigma = 1.0 + rng.random(grid.shape)
-        ds = products(
-            mu,
-            sigma,
-            target=schema.target(target),
-            init=init,
-            step_h=schema.TARGET_STEP_H,
-            lat=lat,
-            lon=lon,
-            quantiles=DEFAULT_QUANTILES,
-            thresholds=(273.15,),
-            attrs={"product": POSTPROCESSED},
-        )
+        ds = postprocessed(mu, sigma, target, init, grid, (273.15,))
         for fmt in formats:
             path = product_path(out, POSTPROCESSED, model, target, init, EXTENSIONS[fmt])
             write_product(ds, path)

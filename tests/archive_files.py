@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets import laws, schema
-from postcast.pipeline.archive import DEFAULT_QUANTILES, POSTPROCESSED, Law, product_path, products, write_product
+from postcast.pipeline.archive import DEFAULT_QUANTILES, POSTPROCESSED, Law, product_path, write_product
+from postcast.serve.testing import postprocessed
 
 CLIMATE_T2M = (258.0, 284.5, 302.3)  # training-climate 10/50/90 % quantiles, as a checkpoint carries them
 INITS = (pd.Timestamp("2017-01-02"), pd.Timestamp("2017-01-03"))
@@ -50,19 +51,7 @@ def write_archive(root: Path, resolution: float = 5.0) -> Path:
             p = params_of(family, target, lat, lon, seed=10 * k + j)
             law = Law.of(family, p, DEFAULT_QUANTILES, thresholds)
             mean, std = laws.get(family).moments(p)
-            ds = products(
-                mean,
-                std,
-                target=schema.target(target),
-                init=init,
-                step_h=schema.TARGET_STEP_H,
-                lat=lat,
-                lon=lon,
-                quantiles=DEFAULT_QUANTILES,
-                thresholds=thresholds,
-                attrs={"product": POSTPROCESSED},
-                law=None if family == "gaussian" else law,
-            )
+            ds = postprocessed(mean, std, target, init, grid, thresholds, None if family == "gaussian" else law)
             write_product(ds, product_path(root, POSTPROCESSED, model, target, init, "nc"))
         if crps is not None:
             forecasts = scores.setdefault(target, {"forecasts": {}})["forecasts"]

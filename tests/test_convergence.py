@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fitting import quiet_fit
 from scipy import optimize
 from test_emos_optimum import OPTIMUM_TOL, crps_normal_numpy
 
@@ -27,14 +28,7 @@ def fit_preset(store: Path, root: Path, preset: str, *extra: str) -> tuple[Path,
             "fit",
             "-c",
             str(ROOT / preset),
-            "--data.cfg.store",
-            str(store),
-            "--trainer.default_root_dir",
-            str(root),
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.enable_model_summary",
-            "false",
+            *quiet_fit(store, root),
             *extra,
         ]
     )

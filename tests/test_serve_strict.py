@@ -20,11 +20,10 @@ from postcast.pipeline.archive import (
     POSTPROCESSED,
     Law,
     product_path,
-    products,
     write_product,
 )
 from postcast.serve.app import create_app
-from postcast.serve.testing import write_forecasts
+from postcast.serve.testing import postprocessed, write_forecasts
 
 INIT = pd.Timestamp("2017-01-02")
 
@@ -45,19 +44,7 @@ def _client(root: Path) -> TestClient:
 def _write_law(root: Path, target: str, law: Law, model: str = "emos", thresholds=(1.0,)) -> None:
     grid = schema.Grid(5.0)
     mean = np.full(grid.shape, 1.0)
-    ds = products(
-        mean,
-        mean,
-        target=schema.target(target),
-        init=INIT,
-        step_h=schema.TARGET_STEP_H,
-        lat=grid.latitudes(),
-        lon=grid.longitudes(),
-        quantiles=DEFAULT_QUANTILES,
-        thresholds=thresholds,
-        attrs={"product": POSTPROCESSED},
-        law=law,
-    )
+    ds = postprocessed(mean, mean, target, INIT, grid, thresholds, law)
     write_product(ds, product_path(root, POSTPROCESSED, model, target, INIT, EXTENSIONS["netcdf"]))
 
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import xarray as xr
 from battery import assert_ok, in_process
+from forecast_only import forecast_only
 
 from postcast.datasets import contract, plausibility, schema
-from postcast.datasets.synth import synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
 
 RAW = SynthConfig(seed=7, resolution=10.0, years=(2016, 2017), dates_per_year=2, levels=(850,), targets=("t2m", "tp24"))
@@ -23,13 +23,7 @@ LON = np.arange(0.0, 360.0, 10.0)
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """A forecast-only source (4 dates, 10 deg), its init times and the synthetic forecast zarr."""
-    root = tmp_path_factory.mktemp("truth_plausibility")
-    synthfiles.write_synthetic(RAW, root / "raw", progress=False)
-    src = root / "fc"
-    src.mkdir()
-    (src / "forecast.zarr").symlink_to(root / "raw" / "forecast.zarr")
-    inits = pd.DatetimeIndex(xr.open_zarr(root / "raw" / "forecast.zarr", consolidated=False)["time"].values)
-    return src, inits, root / "raw" / "forecast.zarr"
+    return forecast_only(RAW, tmp_path_factory.mktemp("truth_plausibility"))
 
 
 def _truth(path, inits, **fields: tuple[np.ndarray | float, str]) -> None:

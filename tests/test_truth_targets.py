@@ -13,9 +13,9 @@ import pytest
 import scoringrules as sr
 import xarray as xr
 from battery import assert_ok, in_process
+from forecast_only import forecast_only
 
 from postcast.datasets import contract, schema
-from postcast.datasets.synth import synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
 
 RAW = SynthConfig(
@@ -28,12 +28,7 @@ LON = np.arange(0.0, 360.0, 10.0)  # 36
 @pytest.fixture(scope="module")
 def forecasts(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """A forecast-only source (4 dates of 2016-2017, 10 deg) and its init times."""
-    root = tmp_path_factory.mktemp("truth_targets")
-    synthfiles.write_synthetic(RAW, root / "raw", progress=False)
-    src = root / "fc"
-    src.mkdir()
-    (src / "forecast.zarr").symlink_to(root / "raw" / "forecast.zarr")
-    inits = pd.DatetimeIndex(xr.open_zarr(root / "raw" / "forecast.zarr", consolidated=False)["time"].values)
+    src, inits, _ = forecast_only(RAW, tmp_path_factory.mktemp("truth_targets"))
     return src, inits
 
 
