@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -147,8 +148,22 @@ def remove(path: Path) -> None:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """``obj`` as standard JSON, atomically: NaN and infinities (which JSON lacks) as null, numpy scalars as
+    numbers, anything else unknown as its string."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(json.dumps(_json_ready(obj), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def _json_ready(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_ready(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

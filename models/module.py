@@ -24,6 +24,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import pickle
 import re
 from typing import Any
@@ -354,6 +355,9 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     only, so a crafted file cannot run code; Lightning's own checkpoints hold nothing else), of the
     current format, its content checksum matching. The one gate for every use of a checkpoint:
     forecasting and evaluation (:func:`load_checkpoint`) and ``postcast train ... --ckpt_path``."""
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        msg = f"{path}: an empty file, not a checkpoint (an interrupted copy?); use one saved by `postcast train`"
+        raise BadInputError(msg)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as err:
@@ -370,6 +374,12 @@ def read_checkpoint(path: str) -> dict[str, Any]:
         msg = f"{path}: not a postcast checkpoint (no 'postcast' metadata); train it with `postcast train fit`"
         raise BadInputError(msg)
     version = meta.get("format_version")
+    if not isinstance(version, int | None) or isinstance(version, bool):
+        msg = (
+            f"{path}: checkpoint format {version!r} (a {type(version).__name__}, not a format number): not a "
+            "checkpoint saved by `postcast train`; retrain it with `postcast train fit`"
+        )
+        raise BadInputError(msg)
     if version != CHECKPOINT_FORMAT_VERSION:
         fix = (
             "upgrade postcast"

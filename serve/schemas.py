@@ -140,8 +140,8 @@ Model = Annotated[
         "model, then the next one that has a forecast for that time"
     ),
 ]
-Lat = Annotated[float, Query(ge=-90.0, le=90.0, description="degrees north")]
-Lon = Annotated[float, Query(ge=-180.0, le=360.0, description="degrees east (-180..360)")]
+Lat = Annotated[float, Query(ge=-90.0, le=90.0, allow_inf_nan=False, description="degrees north")]
+Lon = Annotated[float, Query(ge=-180.0, le=360.0, allow_inf_nan=False, description="degrees east (-180..360)")]
 Time = Annotated[
     str | None,
     Query(

@@ -176,3 +176,24 @@ def test_loader_sizes_are_checked_as_options(options):
     (exit 70) now that only the project's errors are the user's: the option is refused as one (exit 2)."""
     with pytest.raises(ConfigError, match="batch_size"):
         DataConfig(store="unused.zarr", **options)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ({"postcast": {"format_version": "3"}}, r"checkpoint format '3' \(a str, not a format number\)"),
+        (None, r"an empty file, not a checkpoint"),
+    ],
+)
+def test_a_string_format_or_an_empty_file_is_named_as_such(tmp_path, content, expected):
+    """Before: "checkpoint format 3, this postcast reads format 3" for the string "3", and "not a readable
+    checkpoint ()" for an empty file (issue 38 item 10)."""
+    from postcast.models.module import read_checkpoint
+
+    path = tmp_path / "x.ckpt"
+    if content is None:
+        path.write_bytes(b"")
+    else:
+        torch.save(content, path)
+    with pytest.raises(BadInputError, match=expected):
+        read_checkpoint(str(path))

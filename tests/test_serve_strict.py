@@ -178,3 +178,11 @@ def test_a_threshold_below_the_targets_range_is_refused(grid_client):
     assert r.status_code == 422 and "-1" in strict(r)["detail"], r.text
     ok = grid_client.get("/forecast/point", params={"target": "tp24", "lat": 0, "lon": 0, "threshold": 0})
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("where", ["lat", "lon"])
+def test_a_nan_coordinate_is_refused_as_not_finite(grid_client, where):
+    """lat=nan was refused as "should be <= 90" (issue 38 item 10): a NaN is not out of range, it is no number."""
+    params = {"target": "t2m", "lat": 10, "lon": 10, where: "nan"}
+    r = grid_client.get("/forecast/point", params=params)
+    assert r.status_code == 422 and "finite" in strict(r)["detail"] and "<=" not in strict(r)["detail"], r.text
