@@ -50,7 +50,8 @@ def open_source(path: str | os.PathLike[str]) -> xr.Dataset:
         raise FileNotFoundError(msg)
     if p.is_dir() or p.suffix == ".zarr":
         return io.open_zarr(p)
-    raw = xr.open_dataset(p)
+    with io.NETCDF_LOCK:  # any engine xarray picks for the file (netCDF4 needs the lock; cfgrib takes it)
+        raw = xr.open_dataset(p)
     try:  # forecasts in any layout (cfgrib, CDS, WeatherBench 2) -> postcast's names, dims and units
         return conventions.normalise(raw, source=str(p))
     except MissingInputError:  # no ENS-10 variable: fields under their own names

@@ -1,4 +1,5 @@
-"""The one place postcast writes: atomic files and directories, zarr templates and region writes.
+"""The one place postcast writes: atomic files and directories, zarr templates and region writes; and
+the lock every netCDF open and write holds (HDF5 is not thread-safe).
 
 Rules every writer follows:
 
@@ -18,6 +19,7 @@ import math
 import os
 import re
 import shutil
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 import zarr
+from xarray.backends.netCDF4_ import NETCDF4_PYTHON_LOCK
 from zarr.codecs import BloscCodec
 
 from postcast.datasets import schema
@@ -171,6 +174,28 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text)
 
 
+# The HDF5 library inside the netCDF4 wheel is not thread-safe, and xarray locks only its own array reads,
+# not the metadata it reads while opening a file: two threads opening netCDF files at once crash the
+# process (SIGSEGV/SIGBUS in libhdf5; the service reads products from its thread pool and its event loop).
+# Every netCDF open and write in postcast holds this lock (tests/test_netcdf_threads.py).
+NETCDF_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def open_netcdf(path: str | os.PathLike[str], **kw: Any) -> Iterator[xr.Dataset]:
+    """An eager netCDF read: ``path`` open (netcdf4 engine) for the ``with`` block, which loads what it
+    needs; nothing else touches HDF5 meanwhile (xarray's own lock for lazy dask reads is held too)."""
+    with NETCDF_LOCK, NETCDF4_PYTHON_LOCK, xr.open_dataset(path, engine="netcdf4", lock=False, **kw) as ds:
+        yield ds
+
+
+def open_netcdf_lazy(path: str | os.PathLike[str], **kw: Any) -> xr.Dataset:
+    """A lazy (dask-chunked or lazily indexed) netCDF dataset: opened under :data:`NETCDF_LOCK`; its array
+    reads later take xarray's own lock."""
+    with NETCDF_LOCK:
+        return xr.open_dataset(path, engine="netcdf4", **kw)
+
+
 def write_netcdf(ds: xr.Dataset, path: str | os.PathLike[str], *, compress: bool = True) -> None:
     """Write ``ds`` as netCDF4 atomically (zlib level 4 on float variables when ``compress``)."""
     encoding = {}
@@ -180,7 +205,7 @@ def write_netcdf(ds: xr.Dataset, path: str | os.PathLike[str], *, compress: bool
             for name, v in ds.data_vars.items()
             if np.issubdtype(v.dtype, np.floating)
         }
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, NETCDF_LOCK:
         try:
             ds.to_netcdf(tmp, engine="netcdf4", format="NETCDF4", encoding=encoding)
         except RuntimeError as err:  # netCDF4 reports a full disk or file size limit as "NetCDF: HDF error"

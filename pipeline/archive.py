@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,12 +330,22 @@ def scan(root: str | Path) -> tuple[list[Product], list[Skipped]]:
     return found, skipped
 
 
+@contextmanager
+def _open_product(path: Path) -> Iterator[xr.Dataset]:
+    """A product file open for a ``with`` block: netCDF under the HDF5 lock (``io.open_netcdf``), zarr as is."""
+    if path.suffix == ".nc":
+        with io.open_netcdf(path) as ds:
+            yield ds
+    else:
+        with xr.open_dataset(path, engine="zarr", consolidated=False) as ds:
+            yield ds
+
+
 def product_identity(path: Path) -> dict[str, Any]:
     """What made a product file (netCDF or zarr): the checkpoint's SHA-256, the input, the quantile
     levels and the thresholds; {} when it cannot be read."""
-    kw: dict[str, Any] = {"engine": "netcdf4"} if path.suffix == ".nc" else {"engine": "zarr", "consolidated": False}
     try:
-        with xr.open_dataset(path, **kw) as ds:
+        with _open_product(path) as ds:
             return {
                 "checkpoint_sha256": ds.attrs.get("checkpoint_sha256"),
                 "inputs": ds.attrs.get("inputs"),
@@ -352,11 +364,8 @@ def read_field(p: Product) -> Field:
         raise ProductGone(msg)
     t = p.target
     try:
-        kw: dict[str, Any] = (
-            {"engine": "netcdf4"} if p.path.suffix == ".nc" else {"engine": "zarr", "consolidated": False}
-        )
-        with xr.open_dataset(p.path, **kw) as ds:
-            ds = ds.isel(forecast_reference_time=0).load()
+        with _open_product(p.path) as opened:
+            ds = opened.isel(forecast_reference_time=0).load()
         family = str(ds.attrs.get("predictive_distribution", GAUSSIAN))  # files before families: Gaussian
         named = str(ds.attrs.get("predictive_parameters", f"mu: {t}_mean sigma: {t}_std")).split()
         read = Field(

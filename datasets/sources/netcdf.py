@@ -34,7 +34,9 @@ def _open_one(path: str, dask: bool = True) -> xr.Dataset:
             from postcast.datasets.io import open_zarr
 
             return open_zarr(path, chunks=None)  # lazily indexed: a date reads only its chunks
-        return xr.open_dataset(path, engine="netcdf4", chunks={} if dask else None)
+        from postcast.datasets.io import open_netcdf_lazy
+
+        return open_netcdf_lazy(path, chunks={} if dask else None)
     except (OSError, ValueError, KeyError, TypeError) as err:
         fix = "it is a GRIB file: rename it to *.grib" if is_grib_inside(path) else "is it a netCDF file or zarr store?"
         msg = f"{path}: cannot open ({err}); {fix}"

@@ -112,14 +112,14 @@ _TRUTH_CHUNKS = {"time": 24, "valid_time": 24}
 
 @functools.lru_cache(maxsize=8)
 def _open_truth(paths: tuple[str, ...], oracle: bool) -> xr.Dataset:
-    from postcast.datasets.io import open_zarr
+    from postcast.datasets.io import open_netcdf_lazy, open_zarr
 
     try:
         if kind_of(paths[0]) == "zarr":
             raw = open_zarr(paths[0], chunks=None)
         else:
             raw = xr.merge(
-                [xr.open_dataset(p, engine="netcdf4", chunks=_TRUTH_CHUNKS) for p in paths],
+                [open_netcdf_lazy(p, chunks=_TRUTH_CHUNKS) for p in paths],
                 compat="override",
                 join="outer",
             )
