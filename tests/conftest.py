@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
+import shutil
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 # Triton kernels run on the CPU through the interpreter; the variable is read when a kernel is
@@ -130,6 +133,24 @@ def assert_internal_error(proc, log_dir):
     assert "Traceback (most recent call last)" in text and "planted bug" in text and "planted_bug" in text
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]) -> Path:
+    """``build(folder)``'s result, built once per test run: here without pytest-xdist; under it by the
+    first worker that asks, in a folder every worker of the run shares (the parent of the workers' own
+    temporary roots), while the others wait on a file lock and then take the same result. The session's
+    data is read-only to the tests, so the workers share it instead of building it once each."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / f"session-{name}"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies
+        made = shared / ".built"
+        if not made.exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a build another worker started and did not finish
+            shared.mkdir()
+            made.write_text(str(build(shared).relative_to(shared)))
+        return shared / made.read_text()
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg() -> SynthConfig:
     return TINY
@@ -137,52 +158,54 @@ def tiny_cfg() -> SynthConfig:
 
 @pytest.fixture(scope="session")
 def synth_zarr(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("synth") / "zarr"
-    synthfiles.write_synthetic(TINY, out, progress=False)
-    return out
+    def build(root: Path) -> Path:
+        synthfiles.write_synthetic(TINY, root / "zarr", progress=False)
+        return root / "zarr"
+
+    return built_once(tmp_path_factory, "synth_zarr", build)
 
 
 @pytest.fixture(scope="session")
 def synth_grib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("synth") / "grib"
-    synthfiles.write_synthetic(
-        SynthConfig(**{**TINY.to_dict(), "format": "grib", "years": tuple(TINY.years), "levels": tuple(TINY.levels)}),
-        out,
-        progress=False,
-    )
-    return out
+    return built_once(tmp_path_factory, "synth_grib", lambda root: _tiny_as(root, "grib"))
 
 
 @pytest.fixture(scope="session")
 def synth_netcdf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """TINY as ENS-10 netCDF files (one pair per month-day, each holding six years of dates)."""
-    out = tmp_path_factory.mktemp("synth") / "netcdf"
-    synthfiles.write_synthetic(
-        SynthConfig(**{**TINY.to_dict(), "format": "netcdf", "years": tuple(TINY.years), "levels": tuple(TINY.levels)}),
-        out,
-        progress=False,
-    )
-    return out
+    return built_once(tmp_path_factory, "synth_netcdf", lambda root: _tiny_as(root, "netcdf"))
+
+
+def _tiny_as(root: Path, fmt: str) -> Path:
+    """TINY written in ``fmt`` (grib or netcdf) under ``root/fmt``."""
+    cfg = SynthConfig(**{**TINY.to_dict(), "format": fmt, "years": tuple(TINY.years), "levels": tuple(TINY.levels)})
+    synthfiles.write_synthetic(cfg, root / fmt, progress=False)
+    return root / fmt
 
 
 @pytest.fixture(scope="session")
 def store(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("store") / "store.zarr"
-    ingest(IngestConfig(source=str(synth_zarr), out=str(out), processes=False, progress=False))
-    return out
+    def build(root: Path) -> Path:
+        ingest(IngestConfig(source=str(synth_zarr), out=str(root / "store.zarr"), processes=False, progress=False))
+        return root / "store.zarr"
+
+    return built_once(tmp_path_factory, "store", build)
 
 
 @pytest.fixture(scope="session")
 def derived_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 10 deg store of 2010-2015 (24 training dates 2010-2013, 12 validation dates 2014-2015; no test split)
     with the truths of t2m, ws10 and tp24 (synthetic targets opt in)."""
-    root = tmp_path_factory.mktemp("derived")
     cfg = SynthConfig(
         seed=7, resolution=10.0, years=(2010, 2015), dates_per_year=6, levels=(850,), targets=("t2m", "ws10", "tp24")
     )
-    synthfiles.write_synthetic(cfg, root / "raw", progress=False)
-    ingest(IngestConfig(source=str(root / "raw"), out=str(root / "store.zarr"), processes=False, progress=False))
-    return root / "store.zarr"
+
+    def build(root: Path) -> Path:
+        synthfiles.write_synthetic(cfg, root / "raw", progress=False)
+        ingest(IngestConfig(source=str(root / "raw"), out=str(root / "store.zarr"), processes=False, progress=False))
+        return root / "store.zarr"
+
+    return built_once(tmp_path_factory, "derived_store", build)
 
 
 @pytest.fixture(scope="session")
@@ -196,48 +219,36 @@ def t2m_ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny local-EMOS T2m checkpoint (1 epoch) on the session store, shared by the battery files."""
     from postcast.pipeline import train
 
-    root = tmp_path_factory.mktemp("t2m_ckpt") / "runs"
-    cli = train.run(
-        [
-            "fit",
-            "-c",
-            str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
-            "--data.cfg.store",
-            str(store),
-            "--trainer.default_root_dir",
-            str(root),
-            "--trainer.max_epochs",
-            "1",
-            "--trainer.enable_model_summary",
-            "false",
-        ]
-    )
-    assert cli.trainer.checkpoint_callback is not None
-    return Path(cli.trainer.checkpoint_callback.best_model_path)
+    def build(root: Path) -> Path:
+        cli = train.run(
+            [
+                "fit",
+                "-c",
+                str(ROOT / "configs/train/tiny_emos_t2m.yaml"),
+                "--data.cfg.store",
+                str(store),
+                "--trainer.default_root_dir",
+                str(root / "runs"),
+                "--trainer.max_epochs",
+                "1",
+                "--trainer.enable_model_summary",
+                "false",
+            ]
+        )
+        assert cli.trainer.checkpoint_callback is not None
+        return Path(cli.trainer.checkpoint_callback.best_model_path)
+
+    return built_once(tmp_path_factory, "t2m_ckpt", build)
 
 
 @pytest.fixture(scope="session")
 def artefact(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small neural-field artefact of the store's T850 truth, shared by the battery files."""
-    out = tmp_path_factory.mktemp("artefact") / "t850.pcnf"
-    assert (
-        main(
-            [
-                "--no-progress",
-                "compress",
-                str(store),
-                "--var",
-                "truth_t850",
-                "--width",
-                "8",
-                "--depth",
-                "1",
-                "--steps",
-                "5",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    return out
+
+    def build(root: Path) -> Path:
+        out = root / "t850.pcnf"
+        args = ["compress", str(store), "--var", "truth_t850", "--width", "8", "--depth", "1", "--steps", "5"]
+        assert main(["--no-progress", *args, "--out", str(out)]) == 0
+        return out
+
+    return built_once(tmp_path_factory, "artefact", build)

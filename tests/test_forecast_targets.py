@@ -35,9 +35,13 @@ GAUSSIAN_NAME = "emos_gaussian"  # the tp24 model predicting a Gaussian, beside 
 
 
 @pytest.fixture(scope="module")
-def world(derived_store):
-    """The raw synthetic files (``raw``: the forecast's input) and their store (``store.zarr``)."""
-    return derived_store.parent
+def world(derived_store, tmp_path_factory):
+    """The raw synthetic files (``raw``: the forecast's input) and their store (``store.zarr``), linked
+    into a folder of this module's own (the session's data is shared by every test: written nowhere)."""
+    root = tmp_path_factory.mktemp("world")
+    for name in ("raw", "store.zarr"):
+        (root / name).symlink_to(derived_store.parent / name)
+    return root
 
 
 @pytest.fixture(scope="module")
