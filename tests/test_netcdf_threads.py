@@ -25,7 +25,7 @@ STRESS = textwrap.dedent(
     assert len(products) == 4, products
 
     def reader(k: int) -> None:
-        for n in range(150):
+        for n in range(40):
             p = products[(k + n) % 4]
             archive.read_field(p)
             archive.product_identity(p.path)
