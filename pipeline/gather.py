@@ -27,6 +27,7 @@ from postcast.models.module import load_checkpoint
 log = logging.getLogger(__name__)
 
 RAW, ORACLE, ENSEMBLE = "raw", "oracle", "raw_ensemble"
+SIGMA_FLOOR = 1e-6  # (target units) the least Gaussian spread scored: N(mu, 1e-6^2)'s CRPS is |y - mu| to 1e-6
 
 
 def step_field(ds: xr.Dataset, name: str, step_h: int, level: int | None) -> xr.DataArray:
@@ -101,7 +102,7 @@ def verification_dataset(
         .compute()
     )
     out = out.transpose("forecast", schema.INIT_TIME, schema.MEMBER, schema.LAT, schema.LON)
-    out["sigma"] = out["sigma"].clip(min=1e-6)
+    out["sigma"] = out["sigma"].clip(min=SIGMA_FLOOR)
     out.attrs.update(target=tg.name, step_h=step_h, split=split, units=tg.units)
     return out
 
@@ -123,8 +124,10 @@ def check_shape(ver: xr.Dataset, name: str, shape: tuple[int, ...]) -> None:
 
 
 def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) -> xr.Dataset:
-    """Append one Gaussian forecast (init_time, lat, lon) to a verification dataset."""
+    """Append one Gaussian forecast (init_time, lat, lon) to a verification dataset, its sigma floored
+    like the raw ensemble's (a model's sigma = s exp(b) underflows to 0 in float32 for b < -104)."""
     check_shape(ver, name, mu.shape)
+    sigma = np.maximum(sigma, SIGMA_FLOOR)
     new = xr.Dataset({"mu": (ver["truth"].dims, mu), "sigma": (ver["truth"].dims, sigma)}).expand_dims(forecast=[name])
     merged = xr.concat([ver[["mu", "sigma"]], new.assign_coords(ver["truth"].coords)], dim="forecast")
     merged = merged.transpose("forecast", *ver["truth"].dims)

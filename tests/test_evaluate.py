@@ -175,3 +175,26 @@ def test_a_bug_inside_evaluate_is_an_internal_error_with_a_log(
         "20",
     )
     assert_internal_error(proc)
+
+
+def test_a_model_whose_sigma_underflows_to_zero_is_scored(cli, t2m_ckpt, store, tmp_path):
+    """A local EMOS whose b0 is -200 at a quarter of the points predicts sigma = s exp(b) = 0 there (float32
+    underflow; seen after a few epochs on 2 dates). evaluate floors it as it floors the raw ensemble's
+    spread (the CRPS of N(mu, 1e-6^2) is |y - mu| to 1e-6) instead of ending with exit 70."""
+    from postcast.models.module import content_checksum
+
+    ckpt = torch.load(t2m_ckpt, map_location="cpu", weights_only=True)
+    (key,) = (k for k in ckpt["state_dict"] if k.endswith("coef"))
+    coef = ckpt["state_dict"][key].clone()  # (a0, a1, b0, b1) per point
+    coef[2, ::2, ::2], coef[3, ::2, ::2] = -200.0, 0.0
+    ckpt["state_dict"][key] = coef
+    ckpt["postcast"]["checksum"] = content_checksum(ckpt, ckpt["postcast"])
+    degenerate = tmp_path / "sigma0.ckpt"
+    torch.save(ckpt, degenerate)
+    assert float(torch.exp(torch.tensor(-200.0))) == 0.0  # the model does predict sigma = 0 there
+    out = tmp_path / "eval"
+    proc = cli("evaluate", str(store), "--checkpoints", str(degenerate), "--out", str(out), "--bootstrap", "10")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    t2m = json.loads((out / "metrics.json").read_text())["targets"]["t2m"]["forecasts"]
+    (name,) = (f for f in t2m if f not in ("raw", "oracle"))
+    assert np.isfinite(t2m[name]["global"]["crps"]) and t2m[name]["global"]["crps"] > 0
