@@ -389,7 +389,18 @@ def read_checkpoint(path: str) -> dict[str, Any]:
         msg = f"{path}: checkpoint format {version}, this postcast reads format {CHECKPOINT_FORMAT_VERSION}: {fix}"
         raise BadInputError(msg)
     verify_checksum(ckpt, path)
+    _check_sample_agrees(ckpt, path)
     return ckpt
+
+
+def _check_sample_agrees(ckpt: dict[str, Any], path: str) -> None:
+    """The sample the metadata describes (target, lead, inputs) is the one the model was built for."""
+    said, built = ckpt["postcast"].get("sample"), (ckpt.get("hyper_parameters") or {}).get("sample")
+    if isinstance(said, dict) and isinstance(built, dict) and said != built:
+        differ = sorted(k for k in said.keys() | built.keys() if said.get(k) != built.get(k))
+        shown = ", ".join(f"{k}: {said.get(k)!r} in its metadata, {built.get(k)!r} in its model" for k in differ)
+        msg = f"{path}: the checkpoint contradicts itself ({shown}); use the checkpoint `postcast train` saved"
+        raise BadInputError(msg)
 
 
 def load_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:

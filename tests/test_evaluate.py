@@ -198,3 +198,33 @@ def test_a_model_whose_sigma_underflows_to_zero_is_scored(cli, t2m_ckpt, store, 
     t2m = json.loads((out / "metrics.json").read_text())["targets"]["t2m"]["forecasts"]
     (name,) = (f for f in t2m if f not in ("raw", "oracle"))
     assert np.isfinite(t2m[name]["global"]["crps"]) and t2m[name]["global"]["crps"] > 0
+
+
+def test_a_checkpoint_whose_target_disagrees_with_its_weights_is_bad_data(cli, t2m_ckpt, store, synth_zarr, tmp_path):
+    """Metadata re-signed to say t850 over a t2m model's weights: evaluate and forecast answer 65 naming both
+    targets (they ended with exit 70 on a tensor size mismatch)."""
+    from postcast.models.module import content_checksum
+
+    ckpt = torch.load(t2m_ckpt, map_location="cpu", weights_only=True)
+    ckpt["postcast"]["sample"]["target"] = "t850"
+    ckpt["postcast"]["checksum"] = content_checksum(ckpt, ckpt["postcast"])
+    mixed = tmp_path / "mixed.ckpt"
+    torch.save(ckpt, mixed)
+    runs = [
+        cli("evaluate", str(store), "--checkpoints", str(mixed), "--out", str(tmp_path / "e")),
+        cli(
+            "forecast",
+            "--checkpoint",
+            str(mixed),
+            "--input",
+            str(synth_zarr),
+            "--init-time",
+            "2017-02-01",
+            "--out",
+            str(tmp_path / "f"),
+        ),
+    ]
+    for proc in runs:
+        assert proc.returncode == 65, proc.stderr[-2000:]
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("postcast:")]
+        assert "t850" in line and "t2m" in line and str(mixed) in line
