@@ -87,9 +87,20 @@ class SampleSpec:
                 else []
             ),
             *([f"step_h {self.step_h}: a lead time in hours must be >= 0"] if self.step_h < 0 else []),
+            *self._window_problem(),
         ]
         if problems:
             raise ConfigError("; ".join(problems))
+
+    def _window_problem(self) -> list[str]:
+        """An accumulated target needs its whole window before the lead (tp24: 24 h)."""
+        derive = schema.TARGETS[self.target].derive if self.target in schema.TARGETS else None
+        if derive is None or self.step_h < 0 or self.step_h >= derive.window_h:
+            return []
+        return [
+            f"step_h {self.step_h}: {self.target} accumulates over the {derive.window_h} h before the lead, "
+            f"which +{self.step_h} h does not have; give --data.cfg.sample.step_h {derive.window_h} or more"
+        ]
 
     @cached_property
     def resolved_target(self) -> schema.Target:

@@ -364,3 +364,12 @@ def test_validation_logs_the_oracle_of_a_non_gaussian_target(derived_store, tmp_
         for n in ("oracle_shape_tp24", "oracle_scale_tp24", "oracle_shift_tp24", "truth_tp24")
     )
     assert logged == pytest.approx(sr.crps_csg0(y, k, scale=theta, shift=delta).mean(), rel=1e-4)
+
+
+@pytest.mark.parametrize("step_h", [0, 12])
+def test_an_accumulated_target_before_its_window_is_refused_when_the_spec_is_made(step_h):
+    """tp24 at +0 h (or +12 h) has no 24 h of accumulation before it: the spec says so, naming the least
+    lead, before training looked for truth and answered "no init date with truth in split 'val'"."""
+    with pytest.raises(ConfigError, match=rf"step_h {step_h}: tp24 .*24 h.*step_h 24 or more"):
+        SampleSpec(target="tp24", variables=("tp",), step_h=step_h)
+    assert SampleSpec(target="tp24", variables=("tp",), step_h=24).step_h == 24
