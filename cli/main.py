@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import postcast
 from postcast import (
@@ -83,8 +84,17 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage error is one line, the problem and where the help is (argparse prints its
+    whole usage block above the error). The verbs' parsers are of this class too (``add_subparsers``
+    makes its parsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="postcast",
         description="Post-processing of ensemble weather forecasts (ENS-10).",
         epilog=EPILOG,
@@ -133,8 +143,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.command == "train":
         args.lightning_args = words[words.index("train") + 1 :]
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _verb_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _verb_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of the verb ``command`` (its errors name the verb and point at its help)."""
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return verbs.choices[command]
 
 
 # --- errors -> exit codes ------------------------------------------------------------------------

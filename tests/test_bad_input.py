@@ -155,6 +155,24 @@ def test_bad_cli_usage(cli, tmp_path):
     assert proc.returncode == 2 and "needs SOURCE and --out" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["forecast", "--checkpoint", "x.ckpt"], "the following arguments are required"),
+        (["evaluate", "s.zarr", "--bootstrap", "many"], "invalid int value: 'many'"),
+        (["serve", "out", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["config", "validate"], "the following arguments are required"),
+    ],
+)
+def test_a_usage_error_is_one_line_that_points_at_help(cli, argv, said):
+    """argparse printed its whole usage block (7-9 lines) above the error; one line now: the problem and
+    where the help is, exit 2."""
+    proc = cli(*argv)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert said in line and line.startswith(f"postcast {argv[0]}") and line.endswith("--help)"), line
+
+
 def test_a_reader_that_stops_reading_gets_no_traceback(store):
     """`postcast inspect STORE | head -1`: the pipe closes before postcast writes; no traceback, exit 0."""
     import subprocess
