@@ -291,11 +291,25 @@ class _AsyncioLeftovers(logging.Filter):
         return not leftover or logging.getLogger().level <= logging.DEBUG
 
 
+def _check_out(out: object) -> None:
+    """An ``--out`` below a regular file is refused before the verb starts (its writer would meet a
+    NotADirectoryError deep inside a library): exit 74, naming the file."""
+    if not out:
+        return
+    for above in Path(str(out)).parents:  # the nearest first: the first that exists decides
+        if above.exists():
+            if not above.is_dir():
+                msg = f"--out {out}: {above} is a file, not a folder; give an --out inside a folder"
+                raise OutputError(msg)
+            return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     level = logging.getLogger().level  # restored on return: a caller's logging (a test, an embedding) is its own
     handler = _log_handler(args.log_level)
     try:
+        _check_out(getattr(args, "out", None))
         return int(args.verb.run(args))
     except KeyboardInterrupt:
         print("postcast: interrupted", file=sys.stderr)

@@ -16,11 +16,13 @@ run at once, whatever the loader is waiting for (exit 143, 128 + SIGTERM); SIGIN
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -244,6 +246,21 @@ def _log_late_error(kind: type[BaseException], err: BaseException, tb: Any) -> N
     logging.getLogger(__name__).debug("after SIGTERM: %s: %s", kind.__name__, err, exc_info=(kind, err, tb))
 
 
+def _quiet_worker_handshakes(hook: Any, kind: type[BaseException], err: BaseException, tb: Any) -> None:
+    """During a run, multiprocessing's resource sharer reports a loader worker that went away in the middle
+    of a handshake through ``sys.excepthook``: a signal stopping the run does that, sometimes before the
+    SIGTERM handler has run (Lightning's runs first), and a worker dying on its own is reported by the
+    loader. Logged at DEBUG; anything else goes to ``hook``."""
+    frames = traceback.extract_tb(tb)
+    if isinstance(err, OSError | EOFError) and any(f.filename.endswith(_RESOURCE_SHARER) for f in frames):
+        _log_late_error(kind, err, tb)
+    else:
+        hook(kind, err, tb)
+
+
+_RESOURCE_SHARER = os.path.join("multiprocessing", "resource_sharer.py")
+
+
 @contextlib.contextmanager
 def _signals_end_the_run() -> Iterator[None]:
     """SIGTERM raises :class:`Terminated` (Lightning's own handler only sets a flag checked between
@@ -251,6 +268,8 @@ def _signals_end_the_run() -> Iterator[None]:
     KeyboardInterrupt (SIGINT) into ``sys.exit(1)``: it leaves as KeyboardInterrupt (the CLI's exit 130)."""
     main_thread = threading.current_thread() is threading.main_thread()  # (only it may set handlers)
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    hook = sys.excepthook
+    sys.excepthook = quiet = functools.partial(_quiet_worker_handshakes, hook)
     try:
         yield
     except Terminated:
@@ -261,6 +280,8 @@ def _signals_end_the_run() -> Iterator[None]:
             raise KeyboardInterrupt from None
         raise
     finally:
+        if sys.excepthook is quiet:  # after SIGTERM it stays _log_late_error: the workers go down after the run
+            sys.excepthook = hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -173,6 +173,24 @@ def test_a_usage_error_is_one_line_that_points_at_help(cli, argv, said):
     assert said in line and line.startswith(f"postcast {argv[0]}") and line.endswith("--help)"), line
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["synth", "--resolution", "10"],
+        ["evaluate", "store.zarr"],
+        ["forecast", "--checkpoint", "c.ckpt", "--input", "in", "--init-time", "2017-01-01"],
+        ["ingest", "src"],
+    ],
+)
+def test_an_out_below_a_regular_file_is_an_output_error(cli, tmp_path, argv):
+    """``--out FILE/sub`` (FILE a regular file) ended with exit 70 on a NotADirectoryError from the writer."""
+    (tmp_path / "afile").write_text("not a folder")
+    proc = cli(*argv, "--out", str(tmp_path / "afile" / "sub"))
+    assert proc.returncode == 74, proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("postcast:")]
+    assert f"{tmp_path / 'afile'} is a file, not a folder" in line
+
+
 def test_a_reader_that_stops_reading_gets_no_traceback(store):
     """`postcast inspect STORE | head -1`: the pipe closes before postcast writes; no traceback, exit 0."""
     import subprocess
