@@ -299,7 +299,7 @@ def _check_out(out: object) -> None:
     for above in Path(str(out)).parents:  # the nearest first: the first that exists decides
         if above.exists():
             if not above.is_dir():
-                msg = f"--out {out}: {above} is a file, not a folder; give an --out inside a folder"
+                msg = f"--out {out}: {above} is a file, not a folder; choose a writable folder"
                 raise OutputError(msg)
             return
 
