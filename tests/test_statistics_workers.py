@@ -54,3 +54,58 @@ def test_two_pass_statistics_stay_on_the_workers_and_equal_compute_statistics(wi
     assert got is not None and set(got.data_vars) == set(want.data_vars) and got.attrs == want.attrs
     for name in want.data_vars:
         np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=str(name))
+
+
+def test_the_running_merge_folds_the_dates_in_date_order_whatever_finishes_first(store, tmp_path):
+    """Issue 38 item 4: two ingests of one source gave statistics 1 ulp apart (the dates were merged as they
+    finished; float64 merges are not associative). Here the date tasks finish in reverse order (each waits for
+    a dask Event the test sets last-first); the running merge equals the fold in date order bit for bit, and
+    the fold in finishing order (what ingest did before) does not."""
+    from dask.distributed import Client, Event, LocalCluster
+    from dask.distributed import as_completed as completing
+
+    from postcast.datasets.ingest import merge
+
+    n = 6
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=n, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        futures = [client.submit(_partials_after_event, str(store), i, f"date-{i}", pure=False) for i in range(n)]
+        finishing = completing(futures)
+        for i in reversed(range(n)):
+            Event(f"date-{i}", client=client).set()
+            futures[i].result()  # finished before the next (earlier) date is let go
+        done = list(finishing)
+        assert [f.key for f in done] == [f.key for f in reversed(futures)]
+        merger = merge.Merger(client, tmp_path, [], every=10**6)
+        for fut in merge.in_order(done, [f.key for f in futures]):
+            merger.add(fut, [fut.key])
+        merged = merger.acc.result()
+        parts = [f.result() for f in futures]
+    in_date_order = _fold(parts)
+    assert _same_bits(merged, in_date_order)
+    assert not _same_bits(_fold(parts[::-1]), in_date_order)  # the order matters: this test can fail
+
+
+def _partials_after_event(store: str, index: int, event: str) -> statistics.FieldPartials:
+    from dask.distributed import Event
+
+    from postcast.datasets.ingest import merge
+
+    Event(event).wait()
+    return merge.stored_partials(store, index)
+
+
+def _fold(parts: list[statistics.FieldPartials]) -> statistics.FieldPartials:
+    acc = None
+    for p in parts:
+        acc = statistics.combine_fields(acc, p)
+    assert acc is not None
+    return acc
+
+
+def _same_bits(a: statistics.FieldPartials, b: statistics.FieldPartials) -> bool:
+    return a.keys() == b.keys() and all(
+        a[f].keys() == b[f].keys() and all(np.array_equal(a[f][k], b[f][k]) for k in a[f]) for f in a
+    )

@@ -7,6 +7,7 @@ none of them, whatever the dates and the width."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,21 @@ class Merger:
                 priority=MERGE_PRIORITY,
             )
             self.unsaved = 0
+
+
+def in_order(done: Iterable[Any], keys: list[str]) -> Iterator[Any]:
+    """The futures of ``done`` (given as they finish) in the order of ``keys`` (the order of the dates): the
+    merge folds the dates in one fixed order, so two ingests of one source write the same bits (float64 merges
+    are not associative). A finished future waits here, its partials on its worker, only while an earlier
+    date is still running."""
+    order = iter(keys)
+    wanted = next(order, None)
+    waiting: dict[str, Any] = {}
+    for fut in done:
+        waiting[fut.key] = fut
+        while wanted in waiting:
+            yield waiting.pop(wanted)
+            wanted = next(order, None)
 
 
 def checkpoint_partials(

@@ -33,6 +33,7 @@ import json
 import logging
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -365,11 +366,17 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, submitted: tuple[lis
     }
     n = len(plan.init_times)
     meter = ingest_progress.Progress(n, n - len(resume.todo), ingest_budget.date_bytes(plan))
-    with ThreadPoolExecutor(1) as pool:  # the template beside the loop that submits merges as dates finish
-        side = pool.submit(ingest_merge.statistics_template, run.store) if run.train and run.one_pass else None
+    order = [f.key for f in futures]
+
+    def finished() -> Iterator[Any]:
         for fut, _n in ingest_progress.as_completed(futures, [len(b) for b in work], meter, bar=run.cfg.progress):
             if fut.status != "finished":
-                fut.result()  # raises the task's error here
+                fut.result()  # raises the task's error here, as soon as it fails
+            yield fut
+
+    with ThreadPoolExecutor(1) as pool:  # the template beside the loop that submits merges as dates finish
+        side = pool.submit(ingest_merge.statistics_template, run.store) if run.train and run.one_pass else None
+        for fut in ingest_merge.in_order(finished(), order):
             merger.add(fut, stamps.pop(fut.key))
         if side is not None:
             side.result()
