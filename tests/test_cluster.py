@@ -231,3 +231,21 @@ def test_a_killed_worker_and_a_rerun_give_the_store_of_one_go(cluster, synth_zar
     assert contract.is_complete(out) and not contract.partial_path(out).exists()
     assert res.skipped or res.n_written < 18
     _assert_same_store(out, store)
+
+
+def test_an_interrupted_ingest_says_one_line_and_nothing_of_its_workers(synth_grib, tmp_path):
+    """Issue 38 item 8: Ctrl-C reaches the whole process group, the local worker processes included; they
+    printed heartbeat tracebacks and the nanny "still alive after 4.0 seconds, killing" warnings. Now the
+    workers leave Ctrl-C to the driver, which shuts the cluster down: exit 130 and one line."""
+    cmd = [sys.executable, "-m", "postcast", "ingest", str(synth_grib), "--out", str(tmp_path / "s.zarr")]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:  # the workers are up once the GRIB files are being indexed on them
+        lines.append(line)
+        if "indexing" in line:
+            break
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: to every process of the group
+    lines += proc.stderr.readlines()
+    assert proc.wait(timeout=START_CEILING_S) == 130, "".join(lines)
+    assert [ln for ln in lines if " INFO " not in ln] == ["postcast: interrupted\n"], "".join(lines)

@@ -307,6 +307,15 @@ def test_parameter_beyond_the_schema_on_request(cli, files, tmp_path):
     np.testing.assert_array_equal(ds["d2m"].sel(step=pd.Timedelta(hours=12)).values[0, 0], want)
 
 
+def test_a_parameter_without_step_0_is_missing_with_the_steps_to_pass(cli, files, tmp_path):
+    """Issue 38 item 10: a 6 h maximum has no step 0 (nor does a centre's tp at times); the missing fields
+    are listed and the line names the steps every field has (it offered no fix)."""
+    proc = _ingest(cli, files["control25"], tmp_path / "s.zarr", "--variables", "2t,mx2t6")
+    assert proc.returncode == 66
+    assert "mx2t6 member 0 step 0 h" in _error(proc)
+    assert _error(proc).endswith("pass --steps 6,12 to ingest the steps every field has")
+
+
 def test_a_name_the_file_lacks_is_missing_naming_what_it_holds(cli, files, tmp_path):
     proc = _ingest(cli, files["control25"], tmp_path / "s.zarr", "--variables", "2t,nope")
     assert proc.returncode == 66

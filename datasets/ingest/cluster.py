@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import re
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,8 +59,11 @@ def dask_client(
     scheduler that does not answer within ``connect_timeout`` seconds, is a MissingInputError (66)."""
     from dask.distributed import Client, LocalCluster
 
-    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
+    for name in ("distributed", "distributed.scheduler", "distributed.core"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # "Worker process still alive after 4.0 seconds, killing": a worker in the middle of a task when the
+    # cluster closes (an interrupt, a failed date) is ended as it should be
+    logging.getLogger("distributed.nanny").setLevel(max(logging.ERROR, logging.getLogger().level))
     if scheduler:
         address = scheduler if is_address(scheduler) else scheduler_file_address(scheduler)
         try:
@@ -75,21 +80,36 @@ def dask_client(
         finally:
             client.close()
         return
-    with (
-        LocalCluster(
+    with _children_ignore_interrupts():
+        cluster = LocalCluster(
             n_workers=workers,
             threads_per_worker=1,
             processes=processes,
             dashboard_address=":0",  # its HTTP server on a free port (None still tried 8787, warning when taken)
             memory_limit=0,
             silence_logs=logging.ERROR,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+        )
+    with cluster, Client(cluster) as client:
         quiet_task_failures()  # this process (thread workers): a failed task is reported once, by the driver
         if processes:  # and our own worker processes
             client.run(quiet_task_failures)
         yield client
+
+
+@contextmanager
+def _children_ignore_interrupts() -> Iterator[None]:
+    """Processes started inside inherit an ignored SIGINT: Ctrl-C, which a terminal sends to the whole process
+    group, reaches the driver alone, which closes the cluster and reports one line (interrupted themselves,
+    the workers printed heartbeat tracebacks and were killed after 4 s). A Ctrl-C while the local workers
+    start is dropped with theirs. Only the main thread sets signal handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def is_address(scheduler: str) -> bool:
@@ -123,12 +143,14 @@ def scheduler_file_address(path: str) -> str:
 
 class _NoTaskFailureReports(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Compute Failed")
+        return not str(record.msg).startswith(("Compute Failed", "Failed to communicate with scheduler"))
 
 
 def quiet_task_failures() -> None:
-    """Drop distributed's multi-line "Compute Failed ... Traceback" report in a worker process: the
-    driver re-raises the task's error and reports it as one line."""
+    """Drop two multi-line reports of distributed's in a worker process: "Compute Failed ... Traceback" (the
+    driver re-raises the task's error and reports it as one line) and "Failed to communicate with scheduler
+    during heartbeat ... Traceback" (a scheduler slow to answer on a loaded machine, or closed by the driver
+    at an interrupt: the worker retries, and a scheduler lost for good ends the ingest in the driver)."""
     worker_log = logging.getLogger("distributed.worker")
     if not any(isinstance(f, _NoTaskFailureReports) for f in worker_log.filters):
         worker_log.addFilter(_NoTaskFailureReports())

@@ -190,12 +190,12 @@ class Plan:
         }
 
 
-def raise_missing(missing: list[str], source: str, what: str = "forecast fields") -> None:
+def raise_missing(missing: list[str], source: str, what: str = "forecast fields", fix: str | None = None) -> None:
     if not missing:
         return
     shown = "; ".join(missing[:MAX_REPORTED])
     more = f" ... and {len(missing) - MAX_REPORTED} more" if len(missing) > MAX_REPORTED else ""
-    msg = f"{source}: {len(missing)} {what} missing: {shown}{more}"
+    msg = f"{source}: {len(missing)} {what} missing: {shown}{more}{f'; {fix}' if fix else ''}"
     raise MissingInputError(msg, missing=missing)
 
 

@@ -107,14 +107,18 @@ class GribSource(ForecastSource):
                 else Path(file_of.get((t, v), str(src))).name
             )
 
-        missing = [
-            f"{t:%Y-%m-%d} {v}{'' if lv == 0 else f' {lv} hPa'} member {m} step {s} h ({where(t, v, lv)})"
+        lost = [
+            (t, v, lv, m, s)
             for t in plan.init_times
             for v, lv in self._fields(plan)
             for m, s in itertools.product(plan.members, plan.steps_h)
             if (t, v, lv, m, s) not in present
         ]
-        raise_missing(missing, str(self.path))
+        missing = [
+            f"{t:%Y-%m-%d} {v}{'' if lv == 0 else f' {lv} hPa'} member {m} step {s} h ({where(t, v, lv)})"
+            for t, v, lv, m, s in lost
+        ]
+        raise_missing(missing, str(self.path), fix=_steps_fix(plan.steps_h, {s for *_, s in lost}))
         return plan
 
     def _ens10_named(self) -> bool:
@@ -299,6 +303,15 @@ def _check_time_processing(index: pd.DataFrame, variables: tuple[str, ...], sour
             "beyond the schema, e.g. mx2t6, are taken with --variables, labelled with their cell_methods)"
         )
         raise BadInputError(msg)
+
+
+def _steps_fix(steps: tuple[int, ...], lacking: set[int]) -> str | None:
+    """The fix when only some steps lack fields (e.g. an accumulation or a step-0 field a centre does not
+    send): ingest the steps every field has, naming them; None when every step lacks some."""
+    whole = [s for s in steps if s not in lacking]
+    if not lacking or not whole:
+        return None
+    return f"pass --steps {','.join(map(str, whole))} to ingest the steps every field has"
 
 
 def _check_same_steps(index: pd.DataFrame, source: str) -> None:
