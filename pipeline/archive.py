@@ -67,6 +67,9 @@ def write_product(ds: xr.Dataset, path: Path) -> None:
 
 # --- the product's content ------------------------------------------------------------------------
 GAUSSIAN = laws.Gaussian.name
+# where a file's exceedance thresholds came from (its attribute threshold_source): the target's own
+# (datasets/schema.py), the training climate's quantiles the checkpoint carries, or `forecast --thresholds`
+THRESHOLD_SOURCES = (OWN, CLIMATE, GIVEN) = ("target", "training_climate", "given")
 # A file carries the parameters of its predictive family (datasets/laws.py: names, long names, units) as
 # variables <target>_<parameter>, shape (lat, lon) (Bernstein's coefficients (coefficient, lat, lon)); a
 # Gaussian file's parameters are its mean and std.
@@ -281,6 +284,7 @@ class Field:
     units: str
     family: str = GAUSSIAN
     params: dict[str, np.ndarray] = field(default_factory=dict)
+    threshold_source: str | None = None  # one of THRESHOLD_SOURCES; None: a file from before it was recorded
 
 
 def signature(path: Path) -> Signature:
@@ -380,6 +384,7 @@ def read_field(p: Product) -> Field:
             units=str(ds[f"{t}_mean"].attrs.get("units", "")),
             family=family,
             params={k.rstrip(":"): ds[v].values for k, v in zip(named[::2], named[1::2], strict=True)},
+            threshold_source=ds.attrs.get("threshold_source"),
         )
     except FileNotFoundError as err:
         msg = f"{p.path}: removed while being read"
@@ -401,6 +406,9 @@ def _check(p: Product, f: Field) -> None:
             f"{p.path}: predictive family {f.family!r} with parameters {sorted(f.params)}; this postcast reads "
             f"{', '.join(f'{k} ({sorted(laws.get(k).names)})' for k in laws.names())}"
         )
+        raise UnreadableProduct(msg)
+    if f.threshold_source not in (*THRESHOLD_SOURCES, None):
+        msg = f"{p.path}: threshold_source {f.threshold_source!r}; this postcast writes one of {THRESHOLD_SOURCES}"
         raise UnreadableProduct(msg)
     # a censored law may put all its mass at 0 (std 0); a Gaussian's std is its sigma (> 0)
     spread = f.std > 0 if f.family == GAUSSIAN else f.std >= 0

@@ -52,10 +52,13 @@ from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor, load_checkpoint
 from postcast.pipeline.archive import (
+    CLIMATE,
     DEFAULT_QUANTILES,
     EXTENSIONS,
     FALLBACK,
     GAUSSIAN,
+    GIVEN,
+    OWN,
     POSTPROCESSED,
     Law,
     product_identity,
@@ -269,6 +272,7 @@ class _Run:
     ckpt_hash: str
     reason: str  # why the model cannot run ("" when it can)
     thresholds: tuple[float, ...]  # --thresholds, else the checkpoint's climatological defaults
+    threshold_source: str  # where they come from (archive.THRESHOLD_SOURCES)
 
 
 def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
@@ -302,6 +306,7 @@ def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
         io.sha256_file(cfg.checkpoint),
         reason,
         cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds),
+        GIVEN if cfg.thresholds else OWN if tg.thresholds else CLIMATE,
     )
     return run, inits
 
@@ -428,6 +433,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         "inputs": str(cfg.input),
         "comment": reason or "post-processed with the checkpoint's model",
         "n_members": len(run.plan.members),
+        "threshold_source": run.threshold_source,
         **run.plan.regridding,
     }
     lat, lon = run.sampler.lat, run.sampler.lon

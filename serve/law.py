@@ -12,10 +12,9 @@ import numpy as np
 
 from postcast.datasets import laws, schema
 from postcast.datasets.contract import CLIMATE_QUANTILES
-from postcast.pipeline.archive import Field
+from postcast.pipeline.archive import CLIMATE, GIVEN, OWN, Field
 
 QUANTITIES = ("mean", "spread", "quantile", "probability")
-OWN, CLIMATE, GIVEN = "target", "training_climate", "given"
 
 
 def non_negative(target: schema.Target) -> bool:
@@ -24,17 +23,24 @@ def non_negative(target: schema.Target) -> bool:
     return d is not None and (d.clip_min is not None or d.kind is schema.DeriveKind.HYPOT)
 
 
-def threshold_source(target: schema.Target, thresholds: np.ndarray) -> dict[str, str]:
-    """Where a file's thresholds come from: the target's own (datasets/schema.py), else the training
-    climate's 10/50/90 % quantiles (the checkpoint's default when the target has none), else values
+def threshold_source(target: schema.Target, f: Field) -> dict[str, str]:
+    """Where a file's thresholds come from, as the file records it (``forecast`` writes the attribute
+    threshold_source); for a file from before that, inferred: the target's own (datasets/schema.py), else the
+    training climate's 10/50/90 % quantiles (the checkpoint's default when the target has none), else values
     given to ``postcast forecast --thresholds``."""
-    values = tuple(float(t) for t in thresholds)
-    if target.thresholds and np.allclose(values, target.thresholds):
-        return {"source": OWN, "says": f"the target's own thresholds ({target.units})"}
-    if not target.thresholds and len(values) == len(CLIMATE_QUANTILES):
-        pct = "/".join(f"{100 * q:g}" for q in CLIMATE_QUANTILES)
-        return {"source": CLIMATE, "says": f"the training climate's {pct} % quantiles of {target.name}"}
-    return {"source": GIVEN, "says": "thresholds given to postcast forecast --thresholds"}
+    values = tuple(float(t) for t in f.thresholds)
+    source = f.threshold_source
+    if source is None and target.thresholds and np.allclose(values, target.thresholds):
+        source = OWN
+    elif source is None:
+        source = CLIMATE if not target.thresholds and len(values) == len(CLIMATE_QUANTILES) else GIVEN
+    pct = "/".join(f"{100 * q:g}" for q in CLIMATE_QUANTILES)
+    says = {
+        OWN: f"the target's own thresholds ({target.units})",
+        CLIMATE: f"the training climate's {pct} % quantiles of {target.name}",
+        GIVEN: "thresholds given to postcast forecast --thresholds",
+    }
+    return {"source": source, "says": says[source]}
 
 
 def describe(target_name: str, f: Field) -> dict[str, Any]:
@@ -46,7 +52,7 @@ def describe(target_name: str, f: Field) -> dict[str, Any]:
         "family": f.family,
         "definition": (type(family).__doc__ or f.family).strip().splitlines()[0].rstrip("."),
         "units": f.units,
-        "thresholds": threshold_source(target, f.thresholds),
+        "thresholds": threshold_source(target, f),
         "note": None,
     }
     if non_negative(target) and family.lower is None and f.quantiles.size:

@@ -493,3 +493,23 @@ def test_on_input_grid_with_a_regional_checkpoint_is_cut_to_its_area(regional_ck
     found, skipped = archive.scan(tmp_path / "o")
     assert not skipped and len(found) == 1
     archive.read_field(found[0])  # the service's reader: raises UnreadableProduct on NaN
+
+
+def test_thresholds_given_to_forecast_are_served_as_given(cli, checkpoint, synth_zarr, tmp_path):
+    """Issue 40 item 3: the service guessed where a file's thresholds came from; three values given to
+    `forecast --thresholds` for T850 (no thresholds of its own) were called the training climate's 10/50/90 %
+    quantiles. The file now records it (attribute threshold_source) and the answer says it."""
+    from fastapi.testclient import TestClient
+
+    from postcast.serve.app import create_app
+
+    runs = {"given": ["--thresholds", "270,275,280"], "training_climate": []}
+    for source, extra in runs.items():
+        out = tmp_path / source
+        cli("forecast", "--checkpoint", str(checkpoint), "--input", str(synth_zarr), "--init-time", "2017-01-01",
+            "--end", "2017-12-31", "--out", str(out), *extra, check=True)  # fmt: skip
+        product = next((out / "postprocessed/mlp/t850").glob("*.nc"))
+        assert xr.open_dataset(product).attrs["threshold_source"] == source
+        with TestClient(create_app(out, watch_s=None)) as client:
+            law = client.get("/forecast/point", params={"target": "t850", "lat": 45, "lon": 10}).json()["law"]
+        assert law["thresholds"]["source"] == source, law
