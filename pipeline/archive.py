@@ -136,9 +136,11 @@ def products(
     thresholds: tuple[float, ...],
     attrs: dict[str, Any],
     law: Law | None = None,
+    members: np.ndarray | None = None,
 ) -> xr.Dataset:
-    """The CF dataset of one forecast: mean and std ``mu``, ``sigma`` ((lat, lon), target units) and
-    ``law`` (None: the Gaussian N(mu, sigma^2))."""
+    """The CF dataset of one forecast: mean and std ``mu``, ``sigma`` ((lat, lon), target units), ``law``
+    (None: the Gaussian N(mu, sigma^2)) and the raw ensemble's ``members`` of the target ((M, lat, lon),
+    target units; None: not stored), shown beside the law."""
     tg, t_name = target, target.name
     law = law or Law.of(GAUSSIAN, {"mu": mu, "sigma": sigma}, quantiles, thresholds)
     q = np.asarray(quantiles, dtype=np.float64)
@@ -212,6 +214,8 @@ def products(
             **attrs,
         },
     )
+    if members is not None:
+        ds = _with_members(ds, members, t_name, tg.units)
     if tg.level is not None:
         ds = ds.assign_coords(
             pressure=((), np.float64(tg.level), {"standard_name": "air_pressure", "units": "hPa", "positive": "down"})
@@ -228,6 +232,21 @@ def products(
             units="hours since 1970-01-01 00:00:00", calendar="proleptic_gregorian", dtype="float64"
         )
     return ds
+
+
+def _with_members(ds: xr.Dataset, members: np.ndarray, t_name: str, units: str) -> xr.Dataset:
+    """``ds`` with the raw members (M, lat, lon) as ``<target>_raw_member`` on a CF ``realization`` axis."""
+    raw = (
+        ("realization", "forecast_reference_time", schema.LAT, schema.LON),
+        members[:, None].astype(np.float32),
+        {"long_name": f"{t_name} of each raw ensemble member (before post-processing)", "units": units},
+    )
+    realization = (
+        "realization",
+        np.arange(members.shape[0], dtype=np.int32),
+        {"standard_name": "realization", "units": "1"},
+    )
+    return ds.assign({f"{t_name}_raw_member": raw}).assign_coords(realization=realization)
 
 
 # --- reading ------------------------------------------------------------------------------------------
@@ -285,6 +304,7 @@ class Field:
     family: str = GAUSSIAN
     params: dict[str, np.ndarray] = field(default_factory=dict)
     threshold_source: str | None = None  # one of THRESHOLD_SOURCES; None: a file from before it was recorded
+    members: np.ndarray | None = None  # (M, lat, lon) the raw ensemble's members; None: not in the file
 
 
 def signature(path: Path) -> Signature:
@@ -385,6 +405,7 @@ def read_field(p: Product) -> Field:
             family=family,
             params={k.rstrip(":"): ds[v].values for k, v in zip(named[::2], named[1::2], strict=True)},
             threshold_source=ds.attrs.get("threshold_source"),
+            members=ds[f"{t}_raw_member"].values if f"{t}_raw_member" in ds else None,
         )
     except FileNotFoundError as err:
         msg = f"{p.path}: removed while being read"
@@ -406,6 +427,9 @@ def _check(p: Product, f: Field) -> None:
             f"{p.path}: predictive family {f.family!r} with parameters {sorted(f.params)}; this postcast reads "
             f"{', '.join(f'{k} ({sorted(laws.get(k).names)})' for k in laws.names())}"
         )
+        raise UnreadableProduct(msg)
+    if f.members is not None and (f.members.ndim != 3 or f.members.shape[1:] != shape):
+        msg = f"{p.path}: raw members of shape {f.members.shape} do not match the grid {shape}"
         raise UnreadableProduct(msg)
     if f.threshold_source not in (*THRESHOLD_SOURCES, None):
         msg = f"{p.path}: threshold_source {f.threshold_source!r}; this postcast writes one of {THRESHOLD_SOURCES}"

@@ -395,6 +395,15 @@ def fallback_law(target: schema.Target, raw: dict[str, np.ndarray]) -> tuple[str
     return family, {k: v.numpy() for k, v in dist.params.items()}  # (H, W) each
 
 
+def target_members(sampler: Sampler, day: xr.Dataset) -> np.ndarray | None:
+    """The raw ensemble's members of the target (M, H, W) float64 in its units: a derived target's as derived
+    from its fields (ws10, tp24), a variable target's as read; None when the input holds no such field."""
+    spec, tg = sampler.spec, sampler.spec.resolved_target
+    if tg.derived:
+        return sampler.derived_members(day)
+    return spec.select(day[tg.variable]).astype(np.float64) if tg.variable in day else None
+
+
 def _regrid(values: np.ndarray, src: regrid.SourceGrid, back: schema.Grid, method: str) -> np.ndarray:
     """A parameter map (lat, lon) or (K, lat, lon) on ``back``: each (lat, lon) slice regridded. The
     methods average with non-negative weights, so positive scales and increasing coefficients stay so."""
@@ -437,11 +446,12 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         **run.plan.regridding,
     }
     lat, lon = run.sampler.lat, run.sampler.lon
+    members = target_members(run.sampler, day)  # (M, H, W) target units, shown beside the law
     if cfg.on_input_grid and run.plan.source_grid is not None:  # back from the checkpoint's grid
         back = _output_grid(run.plan, run.model)
-        params = {
-            k: _regrid(v, regrid.SourceGrid.regular(lat, lon), back, cfg.regrid_method) for k, v in params.items()
-        }
+        src = regrid.SourceGrid.regular(lat, lon)
+        params = {k: _regrid(v, src, back, cfg.regrid_method) for k, v in params.items()}
+        members = None if members is None else _regrid(members, src, back, cfg.regrid_method)
         lat, lon = back.latitudes(), back.longitudes()
         attrs["output_grid"] = "input"
     mean, std = laws.get(family).moments(params)
@@ -457,6 +467,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         thresholds=run.thresholds,
         attrs=attrs,
         law=None if family == GAUSSIAN else Law.of(family, params, cfg.quantiles, run.thresholds),
+        members=members,
     )
     for path in paths[product]:
         write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import pandas as pd
 from fastapi import HTTPException, Query
 from pandas.errors import OutOfBoundsDatetime
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from postcast.datasets import laws, schema
 
@@ -65,6 +65,10 @@ class PointAnswer(BaseModel):
     quantiles: dict[str, float]
     exceedance: dict[str, float]
     law: LawInfo
+    members: list[float] | None = Field(
+        None, description="the raw ensemble's members at the point (target units), before post-processing; "
+        "null for a file that does not store them"
+    )  # fmt: skip
 
 
 class BoxAnswer(BaseModel):

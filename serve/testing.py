@@ -46,10 +46,11 @@ from postcast.pipeline.archive import (
 
 def postprocessed(
     mean: np.ndarray, std: np.ndarray, target: str, init: pd.Timestamp, grid: schema.Grid,
-    thresholds: Sequence[float], law: Law | None = None,
+    thresholds: Sequence[float], law: Law | None = None, members: np.ndarray | None = None,
 ) -> xr.Dataset:  # fmt: skip
     """A post-processed product of ``target`` at the target lead on ``grid``, with the default quantiles, as
-    ``postcast forecast`` writes it (``law``: the family's own; None for a Gaussian)."""
+    ``postcast forecast`` writes it (``law``: the family's own; None for a Gaussian; ``members``: the raw
+    ones, (M, lat, lon), or None)."""
     return products(
         mean,
         std,
@@ -62,6 +63,7 @@ def postprocessed(
         thresholds=tuple(thresholds),
         attrs={"product": POSTPROCESSED},
         law=law,
+        members=members,
     )
 
 

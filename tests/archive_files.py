@@ -26,6 +26,13 @@ MODELS = {
 }
 
 
+def raw_members(mean: np.ndarray, std: np.ndarray, target: str, seed: int, n: int = 10) -> np.ndarray:
+    """``n`` raw members (n, lat, lon) about the forecast's mean, under-dispersed as raw ensembles are; never
+    below 0 for the amounts and speeds."""
+    draws = mean + 0.6 * std * np.random.default_rng(seed).standard_normal((n, *mean.shape))
+    return np.maximum(draws, 0.0) if target in ("tp24", "ws10") else draws
+
+
 def params_of(family: str, target: str, lat: np.ndarray, lon: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """Smooth parameters of ``family`` on the grid (lat, lon), plausible for ``target``."""
     rng = np.random.default_rng(seed)
@@ -51,7 +58,10 @@ def write_archive(root: Path, resolution: float = 5.0) -> Path:
             p = params_of(family, target, lat, lon, seed=10 * k + j)
             law = Law.of(family, p, DEFAULT_QUANTILES, thresholds)
             mean, std = laws.get(family).moments(p)
-            ds = postprocessed(mean, std, target, init, grid, thresholds, None if family == "gaussian" else law)
+            members = raw_members(mean, std, target, seed=10 * k + j)
+            ds = postprocessed(
+                mean, std, target, init, grid, thresholds, None if family == "gaussian" else law, members
+            )
             write_product(ds, product_path(root, POSTPROCESSED, model, target, init, "nc"))
         if crps is not None:
             forecasts = scores.setdefault(target, {"forecasts": {}})["forecasts"]

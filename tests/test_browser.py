@@ -171,6 +171,8 @@ def test_a_click_shows_the_points_distribution(server, browser):
     text = page.inner_text("#point")
     assert "csg law" in text and "gamma" in text.lower() and "> 10" in text
     assert page.locator("#quantiles tr").count() == 8  # a header and the 7 levels
+    assert "the 10 raw members" in text  # beside the law: their empirical CDF, 10 steps (20 points)
+    assert len(page.get_attribute("#members", "points").split()) == 20
     _shot(page, "point.png", full_page=True)
     assert browser.errors == [] and browser.foreign({urlparse(server).netloc}) == []
 

@@ -61,7 +61,14 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     files = sorted((out / "postprocessed/mlp/t850").glob("*.nc"))
     assert len(files) == 6 and "written 12 (0 fallback)" in proc.stdout
     ds = xr.open_mfdataset(files)
-    assert ds.sizes == {"forecast_reference_time": 6, "latitude": 19, "longitude": 36, "quantile": 7, "threshold": 2}
+    assert ds.sizes == {
+        "forecast_reference_time": 6,
+        "latitude": 19,
+        "longitude": 36,
+        "quantile": 7,
+        "threshold": 2,
+        "realization": 10,
+    }
     assert ds.attrs["Conventions"] == "CF-1.8" and ds.attrs["product"] == "postprocessed"
     assert len(ds.attrs["checkpoint_sha256"]) == 64 and ds["t850_mean"].attrs["units"] == "K"
     assert ((ds["time"] - ds["forecast_reference_time"]).values == np.timedelta64(48, "h")).all()
@@ -69,6 +76,10 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     assert (np.diff(q, axis=0) > 0).all()  # quantiles increase with the level
     p = ds["t850_exceedance_probability"].values
     assert ((p >= 0) & (p <= 1)).all() and (p[1] <= p[0]).all()
+    raw = xr.open_zarr(synth_zarr / "forecast.zarr", consolidated=False)["t"].sel(isobaricInhPa=850, step="48h")
+    raw = raw.sel(time=ds["forecast_reference_time"].values, latitude=ds["latitude"], longitude=ds["longitude"])
+    members = raw.transpose("number", "time", "latitude", "longitude").values  # read with xarray alone
+    np.testing.assert_allclose(ds["t850_raw_member"].values, members, rtol=1e-6)  # the input's, beside the law
     # the same model through the evaluation path on the store gives the same mean and std
     _, times, mu, sigma = gather.predict_checkpoint(str(checkpoint), str(store), "test")
     np.testing.assert_allclose(ds["t850_mean"].sel(forecast_reference_time=times).values, mu, rtol=1e-5, atol=1e-4)

@@ -161,6 +161,16 @@ def test_every_answer_names_its_law(client, archive):
     assert units == {"t2m": "K", "ws10": "m s**-1", "tp24": "mm"} and all("CRPS" in t["score"] for t in listing)
 
 
+def test_a_point_answer_carries_the_raw_members_beside_the_law(client, archive):
+    """Issue 40 item 1: the raw members at the point (what the law is to be compared with), as the file
+    stores them (read back with xarray); JSON without NaN."""
+    a = client.get("/forecast/point", params={"target": "tp24", "model": "emos_csg", "lat": 10.0, "lon": 20.0}).json()
+    _, one = _params(archive, "tp24", "emos_csg")
+    want = one["tp24_raw_member"].sel(latitude=10.0, longitude=20.0).values
+    assert a["members"] == pytest.approx(want.tolist()) and len(a["members"]) == 10
+    assert one["realization"].attrs["standard_name"] == "realization"
+
+
 def test_the_law_of_a_forecast_and_the_default_model(client):
     r = client.get("/forecast/law", params={"target": "t2m"}).json()
     assert r["model"] == "unet"  # the lowest CRPS in metrics.json (0.95 < 1.10)

@@ -114,9 +114,18 @@ function where(ev) {
   };
 }
 
-function cdfSvg(levels, values, thresholds, units) {
+function membersSvg(members, x, y) {
+  // the raw members' empirical CDF (a step each) and a rug of ticks on the axis
+  if (!members.length) return "";
+  const m = [...members].sort((a, b) => a - b), n = m.length;
+  const steps = m.map((v, k) => `${x(v).toFixed(1)},${y(k / n).toFixed(1)} ${x(v).toFixed(1)},${y((k + 1) / n).toFixed(1)}`);
+  const rug = m.map((v) => `<line x1="${x(v)}" x2="${x(v)}" y1="${y(0)}" y2="${y(0) - 8}"/>`).join("");
+  return `<polyline id="members" points="${steps.join(" ")}" fill="none" stroke="#e67e22" stroke-width="1.5"/><g stroke="#e67e22">${rug}</g>`;
+}
+
+function cdfSvg(levels, values, thresholds, units, members) {
   const W = 420, H = 240, L = 50, R = 10, T = 10, B = 40;
-  const xs = values.concat(thresholds), lo = Math.min(...xs), hi = Math.max(...xs), pad = (hi - lo) * 0.05 || 1;
+  const xs = values.concat(thresholds, members), lo = Math.min(...xs), hi = Math.max(...xs), pad = (hi - lo) * 0.05 || 1;
   const x = (v) => L + ((v - lo + pad) / (hi - lo + 2 * pad)) * (W - L - R);
   const y = (p) => T + (1 - p) * (H - T - B);
   const pts = values.map((v, k) => `${x(v).toFixed(1)},${y(levels[k]).toFixed(1)}`).join(" ");
@@ -125,7 +134,7 @@ function cdfSvg(levels, values, thresholds, units) {
   const ticks = [0, 0.25, 0.5, 0.75, 1].map((p) => `<text x="${L - 6}" y="${y(p) + 4}" text-anchor="end">${p}</text>`).join("");
   return (
     `<svg id="cdf" width="${W}" height="${H}" font-size="11"><rect x="${L}" y="${T}" width="${W - L - R}" height="${H - T - B}" fill="none" stroke="#999"/>` +
-    `${thr}<polyline points="${pts}" fill="none" stroke="#1f77b4" stroke-width="2"/><g fill="#1f77b4">${dots}</g>${ticks}` +
+    `${thr}${membersSvg(members, x, y)}<polyline points="${pts}" fill="none" stroke="#1f77b4" stroke-width="2"/><g fill="#1f77b4">${dots}</g>${ticks}` +
     `<text x="${L}" y="${H - 22}">${fmt(lo)}</text><text x="${W - R}" y="${H - 22}" text-anchor="end">${fmt(hi)}</text>` +
     `<text x="${(L + W) / 2}" y="${H - 6}" text-anchor="middle">value (${units}); dashed: thresholds</text>` +
     `<text x="12" y="${(T + H - B) / 2}" transform="rotate(-90 12 ${(T + H - B) / 2})" text-anchor="middle">P(Y &#8804; value)</text></svg>`
@@ -138,11 +147,15 @@ function showPoint(a) {
   const qRows = levels.map((q, k) => `<tr><td>${+(100 * q).toFixed(3)} %</td><td>${fmt(values[k])}</td></tr>`).join("");
   const eRows = Object.entries(a.exceedance).map(([t, p]) => `<tr><td>&gt; ${t}</td><td>${(100 * p).toFixed(1)} %</td></tr>`).join("");
   const note = a.law.note ? `<p class="note">Note: ${a.law.note}.</p>` : "";
+  const members = a.members || [];
+  const raw = members.length
+    ? ` Orange: the ${members.length} raw members (before post-processing), their empirical CDF and a tick each.`
+    : " (This file does not store the raw members.)";
   $("point").innerHTML =
     `<h2>${a.target} at ${a.latitude.toFixed(2)}&deg;N, ${a.longitude.toFixed(2)}&deg;E: ${a.law.family} law (${a.law.definition})</h2>` +
     `<p>${a.model} (${a.product}), valid ${hour(a.valid_time)}; mean ${fmt(a.mean)} ${a.units}, std ${fmt(a.std)} ${a.units}. ` +
-    `Predictive CDF from the law's quantiles; thresholds: ${a.law.thresholds.says}.</p>${note}` +
-    cdfSvg(levels, values, thresholds, a.units) +
+    `Blue: the predictive CDF from the law's quantiles; thresholds: ${a.law.thresholds.says}.${raw}</p>${note}` +
+    cdfSvg(levels, values, thresholds, a.units, members) +
     `<table id="quantiles"><tr><th>level</th><th>quantile (${a.units})</th></tr>${qRows}</table>` +
     `<table id="exceedance"><tr><th>threshold (${a.units})</th><th>P(exceed)</th></tr>${eRows}</table>`;
 }
