@@ -9,7 +9,8 @@ per-date scores averaged over the seeds, paired Diebold-Mariano test (HAC varian
     python benchmarks/skill.py                       # emos mlp unet on 5 targets, seeds 0 1 2, runs/targets/store.zarr
     python benchmarks/skill.py --models unet smoe --targets t850 --seeds 0
 
-Finished runs are recorded in OUT/runs.json and skipped on a rerun (a killed benchmark resumes).
+Finished runs are recorded in OUT/runs.json and skipped on a rerun (a killed benchmark resumes) while their
+preset and the store are unchanged (a changed preset retrains).
 Last line: RESULT gap_closed_z500=<x> gap_closed_t850=<x> gap_closed_t2m=<x> gap_closed_ws10=<x>
 gap_closed_tp24=<x> (the best model's fraction of the raw-to-oracle CRPS gap closed, mean over seeds)
 censored_beats_gaussian_tp24=<yes|no> emos_minus_reference_crps=<x> emos_fit_speedup=<x>: the local EMOS of
@@ -21,6 +22,7 @@ and the smallest ratio of scipy's fit time (extrapolated to every point) to post
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import time
@@ -45,8 +47,17 @@ GAUSSIAN_TP24 = "emos_gaussian"  # tp24's Gaussian comparison (configs/train/emo
 CENSORED_TP24 = "emos"
 
 
+def inputs_of(model: str, target: str, store: str) -> str:
+    """SHA-256 of what a finished run depends on besides its key: the preset's text and the store's root
+    metadata (its chunk checksums): a run recorded under other inputs is retrained, not reused."""
+    h = hashlib.sha256((ROOT / f"configs/train/{model}_{target}.yaml").read_bytes())
+    h.update((Path(store) / "zarr.json").read_bytes())
+    return h.hexdigest()
+
+
 def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs: int | None) -> dict[str, Any]:
     root = out / "runs" / f"{model}_{target}_s{seed}"
+    inputs = inputs_of(model, target, store)
     args = [
         "fit",
         "-c",
@@ -74,6 +85,7 @@ def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs:
         "checkpoint": cb.best_model_path,  # type: ignore[union-attr]
         "val_crps": float(cb.best_model_score),
         "train_s": time.perf_counter() - t0,
+        "inputs": inputs,
     }  # type: ignore[union-attr, arg-type]
 
 
@@ -242,7 +254,11 @@ def main() -> None:
     for seed in a.seeds:
         for model, target in pairs:
             key = f"{model}_{target}_s{seed}{suffix}"
-            if key in done and Path(done[key]["checkpoint"]).exists():
+            if (
+                key in done
+                and Path(done[key]["checkpoint"]).exists()
+                and done[key].get("inputs") == inputs_of(model, target, a.store)
+            ):
                 continue
             done[key] = train_one(model, target, seed, a.store, a.out, a.epochs)
             io.write_json(done_path, done)
