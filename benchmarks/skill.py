@@ -226,7 +226,9 @@ def emos_references(
     for model, target in pairs:
         if model == "emos":
             row = done[f"{model}_{target}_s{a.seeds[0]}{suffix}"]
-            out[target] = compare(row["checkpoint"], a.store, a.reference_points or None, seed=a.seeds[0])
+            out[target] = compare(
+                row["checkpoint"], a.store, a.reference_points or None, seed=a.seeds[0], train_s=row["train_s"]
+            )
             out[target]["train_s"] = row["train_s"]
             print(f"scipy reference for emos_{target}: {out[target]['scipy_fit_s_measured']:.0f} s", flush=True)
     return out
