@@ -65,9 +65,10 @@ def _kill_after(store: Path, root: Path, epochs: int, at_epoch: int, extra: tupl
         "false",
         *resume,
     ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"}
-    )
+    # torch's threads as in this process, where the uninterrupted and the resumed runs go (another test may
+    # have set 1): a sum split over another count of threads rounds differently
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 600  # against a hang only
     try:
         while _last_epoch(last) < at_epoch:
