@@ -187,6 +187,7 @@ INGEST_TASKS = {
 }
 
 
+@pytest.mark.system
 def test_distributed_two_worker_local_cluster(synth_grib, tmp_path):
     """The default path (a LocalCluster of 2 worker processes) and an external scheduler address. The
     cluster runs postcast's tasks only: a date task reads its forecast, truth and oracle itself (before,
@@ -217,6 +218,7 @@ def test_distributed_two_worker_local_cluster(synth_grib, tmp_path):
     assert np.isfinite(ds["t"].values).all() and np.isfinite(truth.values).all()
 
 
+@pytest.mark.system
 def test_kill_and_resume(synth_zarr, tmp_path, store, cli, monkeypatch):
     """Kill `postcast ingest` mid-run: OUT never looks complete; a rerun resumes, writes only the unfinished
     dates, reads back only the training dates finished after the last checkpoint of merged partials, and ends

@@ -1,11 +1,18 @@
-"""The test tiers beyond the markers written on tests: the ``unit`` tier for the edit-test loop.
+"""The test tiers beyond the markers written on tests: the ``unit`` tier for the edit-test loop and the
+``system`` tier of whole-process runs.
 
 ``pytest -m unit`` runs the tests of the files listed here (in-process tests of functions and small
 objects: no server, no training process, no dask cluster) that need none of the session's data
 (``SESSION_DATA``: the synthetic inputs, the ingested store and what is trained on it, which cost a
 minute to build); together they take under 2 minutes on an idle 2-core machine (measured and quoted in
 the README). A test that carries ``slow``, ``distributed``, ``gpu`` or ``browser`` stays out of the unit tier. The
-default tier (``pytest``) runs everything but those three markers, the unit tests included.
+default tier (``pytest``) runs everything but those markers and ``system``, the unit tests included.
+
+``pytest -m system`` runs the tests of ``SYSTEM_FILES`` (and the tests marked ``system`` where they are
+written): real processes killed, interrupted, starved of disk or fed the bad-input battery, the pipeline
+rerun, the wheel installed into a new environment, the GPU script's dry run. They take about 9
+CPU-minutes, so they run as their own tier, after the default tier in ``.ci/run``, which keeps the
+default tier within 10 minutes on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -31,6 +38,23 @@ UNIT_FILES = frozenset(
         "test_verification.py",
     }
 )
+SYSTEM_FILES = frozenset(
+    {
+        "test_bad_input.py",
+        "test_battery.py",
+        "test_battery_ops.py",
+        "test_battery_training.py",
+        "test_cluster.py",
+        "test_exit_codes_more.py",
+        "test_gpu_script.py",
+        "test_loader_faults.py",
+        "test_netcdf_threads.py",
+        "test_packaging.py",
+        "test_pipeline.py",
+        "test_resume.py",
+        "test_serve_hardening.py",
+    }
+)
 OPT_IN = ("slow", "distributed", "gpu", "browser")
 SESSION_DATA = frozenset({"synth_zarr", "synth_grib", "synth_netcdf", "store", "derived_store", "t2m_ckpt", "artefact"})
 
@@ -38,7 +62,10 @@ SESSION_DATA = frozenset({"synth_zarr", "synth_grib", "synth_netcdf", "store", "
 @pytest.hookimpl(tryfirst=True)  # before -m selects: the marker must be on the items by then
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if Path(str(item.fspath)).name not in UNIT_FILES or any(item.get_closest_marker(m) for m in OPT_IN):
+        name = Path(str(item.fspath)).name
+        if any(item.get_closest_marker(m) for m in OPT_IN):
             continue
-        if not SESSION_DATA.intersection(getattr(item, "fixturenames", ())):
+        if name in SYSTEM_FILES:
+            item.add_marker(pytest.mark.system)
+        elif name in UNIT_FILES and not SESSION_DATA.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.unit)
