@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from postcast.common import Subparsers, int_tuple, log, year_range
+from postcast.common import Subparsers, int_tuple, log, str_tuple, year_range
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -26,6 +26,9 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--years", type=year_range, help="reforecast years START:END (default 1998:2017)")
     p.add_argument("--dates-per-year", type=int, help="init month-days per year, 1..105 (default 8)")
     p.add_argument("--levels", type=int_tuple, help="pressure levels in hPa, e.g. 500,850 (default)")
+    p.add_argument(
+        "--variables", type=str_tuple, help="forecast variables to write, e.g. t,z (canonical names; default all 18)"
+    )
     p.add_argument("--format", choices=["zarr", "grib", "netcdf"], help="on-disk form (default zarr)")
 
 
@@ -41,6 +44,7 @@ def run(a: argparse.Namespace) -> int:
         "dates_per_year": a.dates_per_year,
         "levels": a.levels,
         "format": a.format,
+        "variables": a.variables,
     }
     cfg = (
         config.load(a.config, "synth", **over)

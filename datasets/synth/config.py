@@ -27,10 +27,16 @@ class SynthConfig:
     format: str = "zarr"  # zarr | grib | netcdf (raw on-disk form written by `postcast synth`)
     chunk_dates: int = 1  # init dates per chunk of the lazy dask arrays
     targets: tuple[str, ...] = schema.ENS10_TARGETS  # whose truth and oracle are drawn (opt in: ws10, tp24)
+    variables: tuple[str, ...] = ()  # forecast variables written (canonical names); () = all 18
 
     def __post_init__(self) -> None:
         Grid(self.resolution)  # validates
         object.__setattr__(self, "targets", tuple(self.targets))  # a list from YAML or to_dict
+        object.__setattr__(self, "variables", tuple(self.variables))
+        odd = [v for v in self.variables if v not in schema.VARIABLES]
+        if odd:
+            msg = f"variables {odd}: choose from {list(schema.VARIABLES)}, or leave out for all of them"
+            raise ConfigError(msg)
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets:
             msg = f"targets {unknown or '[]'}: choose from {list(TARGETS)}"
@@ -77,4 +83,5 @@ class SynthConfig:
         d["years"] = list(self.years)
         d["levels"] = list(self.levels)
         d["targets"] = list(self.targets)
+        d["variables"] = list(self.variables)
         return d

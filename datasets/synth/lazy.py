@@ -82,8 +82,9 @@ def _coords(cfg: SynthConfig, with_members: bool = True, levels: bool = True) ->
 
 
 def forecast_dataset(cfg: SynthConfig, variables: list[str] | None = None) -> xr.Dataset:
-    """Lazy synthetic ENS-10 forecasts in canonical conventions (nothing computed until asked)."""
-    names = variables or list(schema.VARIABLES)
+    """Lazy synthetic ENS-10 forecasts in canonical conventions (nothing computed until asked): ``variables``,
+    else the config's, else all of them."""
+    names = variables or list(cfg.variables) or list(schema.VARIABLES)
     data_vars = {}
     for name in names:
         var = schema.VARIABLES[name]

@@ -89,7 +89,7 @@ def _write_file_set(cfg: SynthConfig, fc: xr.Dataset, out: Path, progress: bool)
     for month, day in cfg.month_days:
         times = [t for t in cfg.init_times if (t.month, t.day) == (month, day)]
         sub = fc.sel({schema.INIT_TIME: times})
-        for kind in ("pl", "sfc"):
+        for kind in _kinds(fc):
             name = grib.file_name(kind, month, day) + (".nc" if cfg.format == "netcdf" else "")
             names.append(name)
             if (out / name).exists():
@@ -100,6 +100,12 @@ def _write_file_set(cfg: SynthConfig, fc: xr.Dataset, out: Path, progress: bool)
         with progress_bar(progress):
             dask.compute(*tasks, scheduler="processes", num_workers=None)
     return names
+
+
+def _kinds(fc: xr.Dataset) -> list[str]:
+    """The file kinds (``pl``, ``sfc``) that have variables in ``fc``."""
+    types = {schema.VARIABLES[str(n)].level_type for n in fc.data_vars}
+    return [k for k, t in (("pl", schema.LevelType.PRESSURE), ("sfc", schema.LevelType.SURFACE)) if t in types]
 
 
 def _write_one(sub: xr.Dataset, path: Path, kind: str, fmt: str) -> None:
