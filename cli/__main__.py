@@ -1,5 +1,3 @@
-import sys
+from postcast.main import run
 
-from postcast.main import main
-
-sys.exit(main())
+run()

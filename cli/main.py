@@ -304,6 +304,17 @@ def _check_out(out: object) -> None:
             return
 
 
+def run() -> NoReturn:
+    """The process's entry point (the ``postcast`` script, ``python -m postcast``): :func:`main`, then exit.
+    Libraries' asyncio tasks still pending at interpreter shutdown (zarr's reads in a loader's threads that a
+    signal cut off) are destroyed after postcast's one line; asyncio's reports of them ("Task was destroyed
+    but it is pending!", a traceback of "exception was never retrieved") are not the user's business, so
+    asyncio's logger is silenced once the verb has ended."""
+    code = main()
+    logging.getLogger("asyncio").disabled = True
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     level = logging.getLogger().level  # restored on return: a caller's logging (a test, an embedding) is its own

@@ -139,3 +139,32 @@ def test_a_worker_gone_mid_handshake_is_not_a_traceback_during_training(capsys):
         sys.excepthook(*raised("raise ValueError('a real bug')", "elsewhere.py"))
         assert "a real bug" in capsys.readouterr().err
     assert sys.excepthook is sys.__excepthook__
+
+
+LEFTOVER_TASK = """
+import asyncio, sys
+from postcast import main
+
+async def forever():
+    await asyncio.Event().wait()
+
+# a library's task still pending when the interpreter shuts down (zarr's read of a loader that a signal
+# stopped): asyncio reports it as the task is destroyed, after postcast's one line
+loop = asyncio.new_event_loop()
+task = loop.create_task(forever())
+loop.run_until_complete(asyncio.sleep(0))
+sys.argv = ["postcast", "inspect", sys.argv[1]]
+main.run()
+"""
+
+
+def test_asyncio_reports_at_interpreter_shutdown_stay_off_stderr(tmp_path):
+    """A SIGINT during training (the auto loader reading zarr chunks in threads) printed "postcast:
+    interrupted", then asyncio's "exception was never retrieved" traceback and "Task was destroyed but it is
+    pending!" for zarr reads cut off at interpreter shutdown (the system tier under load, 2026-11-26). The
+    process's entry point silences asyncio's reports once the verb has ended."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LEFTOVER_TASK, str(tmp_path / "absent.zarr")], capture_output=True, text=True
+    )
+    assert proc.returncode == 66, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("postcast: "), proc.stderr
