@@ -202,7 +202,7 @@ def main() -> None:
             _table(sizes[-1])
     small, large = sizes
     result = summarise(small, large)
-    print("\nprojected to ENS-10 (2,100 dates, 210 test dates), this stage set (one field, T850 EMOS):")
+    print("\nprojected to ENS-10 (2,100 dates, 210 test dates), this stage set (one field, T850):")
     for key, value in result.items():
         print(f"  {key} = {value}")
     machine = {"cpus": psutil.cpu_count(), "ram_GB": round(psutil.virtual_memory().total / GB, 1)}
