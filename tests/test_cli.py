@@ -229,6 +229,7 @@ def test_run_help_describes_every_stage(cli):
         assert stage in out.split("positional arguments")[0], stage
 
 
+@pytest.mark.system  # a training process on a pseudo-terminal: the system tier
 def test_progress_bars_only_on_a_terminal(synth_zarr, tmp_path):
     """In a log file (stderr not a terminal) the ingest's bar ran into its log lines; now there is none,
     and the log lines report progress."""

@@ -2,8 +2,8 @@
 
 The algorithm checks run the plugins' rank programs (``postcast.models.plugins.testing``) once per
 world size, with a FileStore per launch and a timeout on every collective; each test asserts one
-property of the collected results. Full ``postcast train fit`` runs on 2 processes are opt-in
-(``-m distributed``).
+property of the collected results. They spawn processes, so they are in the ``system`` tier. Full
+``postcast train fit`` runs on 2 processes are opt-in (``-m distributed``).
 """
 
 import json
@@ -33,12 +33,14 @@ def four():
 # ---- gradient compression -------------------------------------------------------------------------
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 @pytest.mark.parametrize("world", [2, 4])
 def test_topk_and_oktopk_at_full_density_equal_the_dense_allreduce(world, two, four):
     for r in two if world == 2 else four:
         assert r["sparse"]["topk_k_eq_n"] and r["sparse"]["oktopk_density1"]
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 @pytest.mark.parametrize("world", [2, 4])
 def test_error_feedback_conserves_the_gradient_sum(world, two, four):
     for r in two if world == 2 else four:
@@ -46,6 +48,7 @@ def test_error_feedback_conserves_the_gradient_sum(world, two, four):
         assert r["sparse"]["oktopk_conservation_err"] < 1e-4
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 @pytest.mark.parametrize("world", [2, 4])
 def test_oktopk_kept_entries_stay_in_band_and_match_what_ranks_sent(world, two, four):
     for r in two if world == 2 else four:
@@ -54,6 +57,7 @@ def test_oktopk_kept_entries_stay_in_band_and_match_what_ranks_sent(world, two, 
         assert r["sparse"]["oktopk_invariant"]  # sum over ranks of (acc - residual) == kept sums
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 def test_lightning_registers_the_hook_on_cpu(two):
     """Guards against Lightning's silent CPU skip: the hook runs once per step (one bucket)."""
     for r in two:
@@ -61,6 +65,7 @@ def test_lightning_registers_the_hook_on_cpu(two):
         assert dense["steps"] == 12 and dense["hook_calls"] == 12 and dense["replicas_equal"]
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 def test_powersgd_under_lightning_stays_near_dense_ddp(two):
     for r in two:
         dense, psgd = r["lightning"]["allreduce"], r["lightning"]["powersgd"]
@@ -72,6 +77,7 @@ def test_powersgd_under_lightning_stays_near_dense_ddp(two):
 # ---- Lion Cub ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 def test_lion_cub_votes_are_the_sign_of_the_summed_signs(two):
     for r in two:
         assert r["lion"]["vote8"] and r["lion"]["vote1"] and r["lion"]["lion_replicas_equal"]
@@ -113,6 +119,7 @@ def test_sign_packing_round_trips():
 # ---- eager-SGD ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 def test_eager_sgd_fast_rank_is_not_blocked_by_the_delayed_rank(two):
     fast = two[0]["eager"]
     delay = 0.05
@@ -121,6 +128,7 @@ def test_eager_sgd_fast_rank_is_not_blocked_by_the_delayed_rank(two):
     assert any(len(c) < 2 for c in fast["solo"]["contributors"])  # rounds ran without the slow rank
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 def test_eager_sgd_staleness_is_bounded_and_nothing_is_lost(two):
     for r in two:
         assert r["eager"]["bounded"]["max_staleness"] < 3  # a synchronous round every 3
@@ -130,6 +138,7 @@ def test_eager_sgd_staleness_is_bounded_and_nothing_is_lost(two):
     assert slow["bounded"]["max_staleness"] >= 1  # late gradients did arrive late, within the bound
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 def test_eager_sgd_majority_rounds_include_their_initiator(two):
     log = two[0]["eager"]["majority"]
     assert log["initiators"] == two[1]["eager"]["majority"]["initiators"]  # no communication needed
@@ -152,6 +161,7 @@ def test_wagma_butterfly_groups():
         wagma.butterfly_groups(6, 2)
 
 
+@pytest.mark.system  # spawns gloo process groups (2 and 4 ranks): the system tier
 def test_wagma_reaches_consensus_with_four_ranks(four):
     for r in four:
         assert r["wagma"]["kinds"] == ["group", "group", "global"]
