@@ -20,11 +20,12 @@ is fitted as a + b x dates through the two sizes (test dates for evaluate and fo
 the others) and evaluated there; the largest projected tree and process give ``ens10_peak_rss_GB``.
 ``ens10_evaluate_core_hours`` is evaluate's CPU time per test date (the slope between the sizes)
 times 210. Both project *this* stage set (one field); docs/scale.md says what the full width adds.
-``ens10_peak_rss_GB`` leaves out the EMOS fit, which holds every training sample by design (its growth
-is printed as ``emos_rss_growth``).
+``ens10_peak_rss_GB`` includes the EMOS fit (fitted a latitude band of points at a time, its memory does
+not grow with the training dates).
 
     python benchmarks/scale.py              # N=16: about 30 min on 2 cores, 6 GB of disk
     python benchmarks/scale.py --dates 4    # N=4: a quick look (partial batches and tasks: not flat)
+    python benchmarks/scale.py --stages emos --out benchmarks/results/scale_emos.json   # synth, ingest, emos
 
 Prints a table, writes JSON (``--out``) and ends with
 ``RESULT ingest_rss_growth=.. train_rss_growth=.. evaluate_rss_growth=.. forecast_rss_growth=..
@@ -56,6 +57,7 @@ YEARS = (2014, 2017)
 SPLITS = ("--train-years", "2014:2015", "--val-years", "2016:2016", "--test-years", "2017:2017")
 ENS10_DATES = {"synth": 2100, "ingest": 2100, "train": 2100, "emos": 2100, "evaluate": 210, "forecast": 210}
 GB = 2**30
+STAGES = ("train", "emos", "evaluate", "forecast")  # after synth and ingest, which every run needs
 
 
 @dataclass
@@ -117,8 +119,8 @@ def _best_checkpoint(root: Path) -> Path:
     return found[-1]
 
 
-def one_size(work: Path, per_year: int, workers: int) -> list[Stage]:
-    """Every stage at ``per_year`` dates a year over YEARS, in ``work``."""
+def one_size(work: Path, per_year: int, workers: int, stages: tuple[str, ...] = STAGES) -> list[Stage]:
+    """Synth, ingest and ``stages`` at ``per_year`` dates a year over YEARS, in ``work``."""
     raw, store = work / "raw", work / "store.zarr"
     synth_cfg = work / "synth.yaml"
     synth_cfg.write_text(
@@ -131,6 +133,8 @@ def one_size(work: Path, per_year: int, workers: int) -> list[Stage]:
     ingest = ["ingest", str(raw), "--out", str(store), *SPLITS, "--workers", str(workers)]
     rows.append(run_stage("ingest", total, ingest, work / "ingest.log"))
     for stage, preset in (("train", MLP), ("emos", EMOS)):
+        if stage not in stages and not (stage == "train" and {"evaluate", "forecast"} & set(stages)):
+            continue
         train = [
             *("train", "fit", "-c", str(preset), "--data.cfg.store", str(store)),
             *("--data.cfg.sample.variables", "[t]", "--trainer.max_epochs", "1"),
@@ -138,6 +142,8 @@ def one_size(work: Path, per_year: int, workers: int) -> list[Stage]:
             *("--trainer.default_root_dir", str(work / stage)),
         ]
         rows.append(run_stage(stage, total, train, work / f"{stage}.log"))
+    if not {"evaluate", "forecast"} & set(stages):
+        return rows
     ckpt = str(_best_checkpoint(work / "train"))
     evaluate = ["evaluate", str(store), "--checkpoints", ckpt, "--out", str(work / "eval"), "--bootstrap", "200"]
     rows.append(run_stage("evaluate", test, [*evaluate, "--workers", str(workers)], work / "evaluate.log"))
@@ -163,13 +169,16 @@ def summarise(small: list[Stage], large: list[Stage]) -> dict[str, float]:
     growth = {f"{s}_rss_growth": round(b.tree_peak_GB / a.tree_peak_GB, 3) for s, (a, b) in pairs.items()}
     tree = {s: _project(a, b, "tree_peak_GB") for s, (a, b) in pairs.items()}
     proc = {s: _project(a, b, "process_peak_GB") for s, (a, b) in pairs.items()}
-    ea, eb = pairs["evaluate"]
-    per_test_date = max((eb.cpu_s - ea.cpu_s) / (eb.dates - ea.dates), 0.0)
+    hours = {}
+    if "evaluate" in pairs:
+        ea, eb = pairs["evaluate"]
+        per_test_date = max((eb.cpu_s - ea.cpu_s) / (eb.dates - ea.dates), 0.0)
+        hours["ens10_evaluate_core_hours"] = round((eb.cpu_s + per_test_date * (210 - eb.dates)) / 3600, 2)
     return {
         **{k: v for k, v in growth.items() if not k.startswith("synth")},
-        "ens10_peak_rss_GB": round(max(tree[s] for s in tree if s not in ("synth", "emos")), 2),
-        "ens10_peak_process_rss_GB": round(max(proc[s] for s in proc if s not in ("synth", "emos")), 2),
-        "ens10_evaluate_core_hours": round((eb.cpu_s + per_test_date * (210 - eb.dates)) / 3600, 2),
+        "ens10_peak_rss_GB": round(max(tree[s] for s in tree if s != "synth"), 2),
+        "ens10_peak_process_rss_GB": round(max(proc[s] for s in proc if s != "synth"), 2),
+        **hours,
         **{f"ens10_{s}_tree_GB": round(v, 2) for s, v in tree.items()},
         **{f"ens10_{s}_process_GB": round(v, 2) for s, v in proc.items()},
     }
@@ -190,7 +199,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="dask worker processes of ingest, evaluate, forecast")
     ap.add_argument("--work", help="working folder (default: a temporary one, removed at the end)")
     ap.add_argument("--out", default="benchmarks/results/scale.json", help="JSON results path")
+    stages_help = f"comma-separated, among {','.join(STAGES)} (synth and ingest always run)"
+    ap.add_argument("--stages", default=",".join(STAGES), help=stages_help)
     args = ap.parse_args()
+    stages = tuple(args.stages.split(","))
+    if set(stages) - set(STAGES):
+        ap.error(f"--stages {args.stages}: choose among {','.join(STAGES)}")
     if args.dates < 4 or args.dates % 4:
         ap.error(f"--dates {args.dates}: give a multiple of 4 (one date a year per 4, over {YEARS[0]}-{YEARS[1]})")
     with contextlib.ExitStack() as stack:
@@ -198,7 +212,7 @@ def main() -> None:
         sizes = []
         for per_year in (args.dates // 4, args.dates):
             (work / f"n{per_year}").mkdir(parents=True, exist_ok=True)
-            sizes.append(one_size(work / f"n{per_year}", per_year, args.workers))
+            sizes.append(one_size(work / f"n{per_year}", per_year, args.workers, stages))
             _table(sizes[-1])
     small, large = sizes
     result = summarise(small, large)
@@ -210,6 +224,7 @@ def main() -> None:
         "machine": {**machine, "python": platform.python_version()},
         "dates": args.dates,
         "workers": args.workers,
+        "stages": ["synth", "ingest", *stages],
         "rows": [asdict(r) for r in small + large],
         "result": result,
     }
@@ -217,6 +232,7 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(payload, indent=1))
     growth = ("ingest", "train", "evaluate", "forecast", "emos")  # the issue's four, then the EMOS fit
     keys = [f"{s}_rss_growth" for s in growth] + ["ens10_peak_rss_GB", "ens10_evaluate_core_hours"]
+    keys = [k for k in keys if k in result]  # a run of some stages reports theirs
     print("RESULT " + " ".join(f"{k}={result[k]}" for k in keys))
 
 

@@ -28,6 +28,8 @@ import os
 import pickle
 import random
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -47,6 +49,7 @@ from postcast.models.smoe import SMoEHead
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
 CHECKPOINT_FORMAT_VERSION = 3  # 3: a content checksum in checkpoint["postcast"]["checksum"]
 Batch = dict[str, torch.Tensor]
+ONE_BAND = 1 << 30  # latitude rows per band that put every row of any grid in one band
 log = logging.getLogger(__name__)
 
 
@@ -151,24 +154,40 @@ class PostProcessor(L.LightningModule):
             solver == "auto" and self.hparams["distribution"] in postprocessors.NEWTON_BY_DEFAULT
         )
 
-    def emos_points(self, data: StoreDataset) -> emos_fit.PointData:
-        """Every sample of ``data`` as a local EMOS reads it, points first (:class:`emos_fit.PointData`)."""
+    def emos_scratch(self, data: StoreDataset, folder: Path, rows: int | None = None) -> emos_fit.BandScratch:
+        """Every sample of ``data`` as a local EMOS reads it, written under ``folder`` by latitude band
+        (:class:`emos_fit.BandScratch`): ``rows`` per band, or as many as one band's fit may hold in memory."""
         assert isinstance(self.net, postprocessors.LocalEMOS)
-        parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("xm", "xs", "m", "s", "y")}
+        scratch: emos_fit.BandScratch | None = None
         with torch.no_grad():
             for batch in DataLoader(data, batch_size=32):
                 x = self.normalise({k: v.to(self.device) for k, v in batch.items()})["x"]  # (B, C, H, W)
-                parts["xm"].append(x[:, self.net.mean_channel])
-                parts["xs"].append(x[:, self.net.std_channel])
-                for k in ("m", "s", "y"):
-                    parts[k].append(batch[k].to(self.device))
-        fields = {k: torch.cat(v) for k, v in parts.items()}  # each (N, H, W)
-        return emos_fit.PointData.from_fields(**fields, min_std=emos_fit.FitSettings.min_std)
+                fields = {"xm": x[:, self.net.mean_channel], "xs": x[:, self.net.std_channel]}
+                fields |= {k: batch[k] for k in ("m", "s", "y")}  # each (B, H, W)
+                if scratch is None:
+                    _, h, w = fields["y"].shape
+                    rows = rows or emos_fit.band_rows(self.hparams["distribution"], len(data), h, w)
+                    scratch = emos_fit.BandScratch(folder, h, rows)
+                scratch.add(fields)
+        if scratch is None:
+            msg = "the training split has no samples to fit the local EMOS to: widen data.cfg.splits.train"
+            raise BadInputError(msg)
+        return scratch
+
+    def emos_points(self, data: StoreDataset) -> emos_fit.PointData:
+        """Every sample of ``data`` at every point at once (:class:`emos_fit.PointData`; a small grid's)."""
+        with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
+            scratch = self.emos_scratch(data, Path(tmp), rows=ONE_BAND)
+            return next(scratch.bands(emos_fit.FitSettings.min_std, self.device))
 
     def _fit_emos(self, data: StoreDataset) -> dict[str, Any]:
-        """The local EMOS fitted to its training-CRPS optimum on every sample of ``data`` at once."""
+        """The local EMOS fitted to its training-CRPS optimum, a latitude band of points at a time (each band's
+        samples of every date read back from a scratch folder under TMPDIR), so that the memory it holds does
+        not grow with the training dates."""
         assert isinstance(self.net, postprocessors.LocalEMOS)
-        theta, report = emos_fit.fit(self.emos_points(data), self.hparams["distribution"])
+        with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
+            bands = self.emos_scratch(data, Path(tmp)).bands(emos_fit.FitSettings.min_std, self.device)
+            theta, report = emos_fit.fit_bands(bands, self.hparams["distribution"])
         self.net.set_theta(theta.float())
         log.info("local EMOS fitted: %s", report)
         return report.to_dict()

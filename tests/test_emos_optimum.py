@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy import optimize, stats
 
+from postcast.models import emos_fit
 from postcast.models.emos_fit import FitSettings, PointData, crps_per_point, fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,3 +133,35 @@ def test_missing_truth_is_ignored():
     theta_both, _ = fit(both, "gaussian")
     theta_alone, _ = fit(alone, "gaussian")
     assert torch.allclose(theta_both, theta_alone, atol=1e-6)
+
+
+def _fields(d: PointData, height: int) -> dict[str, torch.Tensor]:
+    """The (N, H, W) float32 fields of ``d``'s points laid out row by row on a height x width grid."""
+    n = d.y.shape[1]
+    return {k: getattr(d, k).T.reshape(n, height, -1).float() for k in emos_fit.FIELDS}
+
+
+def test_a_fit_by_latitude_bands_equals_the_fit_of_every_point_at_once(tmp_path, monkeypatch):
+    """The local EMOS's training samples go to disk by latitude band and are fitted a band at a time, so the
+    fit holds one band's samples of every date: the coefficients equal one fit over every point, and no
+    band holds more than FIT_BYTES' worth of (point, date) samples."""
+    d = synthetic("gaussian", points=12, dates=40, seed=3)
+    fields = _fields(d, height=4)  # a 4 x 3 grid
+    whole = PointData.from_fields(**fields, min_std=1e-6)
+    theta_all, report_all = fit(whole, "gaussian")
+    per_sample = emos_fit.BYTES_PER_SAMPLE["gaussian"]
+    monkeypatch.setattr(emos_fit, "FIT_BYTES", per_sample * 40 * 3)  # one row of 3 points
+    rows = emos_fit.band_rows("gaussian", n_dates=40, height=4, width=3)
+    assert rows == 1
+    scratch = emos_fit.BandScratch(tmp_path, height=4, rows=rows)
+    for start in range(0, 40, 16):  # batches of dates, as the training loader gives them
+        scratch.add({k: v[start : start + 16] for k, v in fields.items()})
+    bands = list(scratch.bands(min_std=1e-6))
+    assert [b.y.shape for b in bands] == [(3, 40)] * 4
+    assert all(b.y.numel() * per_sample <= emos_fit.FIT_BYTES for b in bands)
+    theta_bands, report = emos_fit.fit_bands(bands, "gaussian")
+    assert torch.allclose(theta_bands, theta_all, rtol=0, atol=1e-12), (theta_bands - theta_all).abs().max()
+    assert report.points == report_all.points == 12
+    assert report.converged_points + report.stalled_points == 12
+    assert report.crps_fit == pytest.approx(report_all.crps_fit, rel=1e-12)
+    assert report.iterations == report_all.iterations
