@@ -1,6 +1,7 @@
 """The grids of GRIB messages: which grid an index's messages share (:func:`grid_of`: regular lat/lon in
-any scanning order, regular Gaussian, reduced Gaussian / lat-lon as points; other grid types refused in one
-line naming them) and a message's values in the grid's order (:func:`in_grid_order`)."""
+any scanning order, regular Gaussian, reduced Gaussian / lat-lon as points, Lambert conformal, polar
+stereographic and rotated lat/lon as projected points; other grid types refused in one line naming them)
+and a message's values in the grid's order (:func:`in_grid_order`)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ def scan_flags(h: int) -> int:
     )
 
 
-REGRIDDED_ELSEWHERE = {
+PROJECTED = {  # regional grids on a map projection: read as points, regridded (nearest) inside their domain
     "lambert": "Lambert conformal",
     "polar_stereographic": "polar stereographic",
     "rotated_ll": "rotated latitude/longitude",
-    "sh": "spherical harmonics",
 }
+REGRIDDED_ELSEWHERE = {"sh": "spherical harmonics"}
 
 
 def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> regrid.SourceGrid:
@@ -54,10 +55,14 @@ def grid_of(index: pd.DataFrame, path: str | os.PathLike[str]) -> regrid.SourceG
         return _gaussian(index, path, shapes.iloc[0])
     if gtype in ("reduced_gg", "reduced_ll"):
         return regrid.SourceGrid.points(*_point_coords(_first_message(index, path)))
+    if gtype in PROJECTED:
+        lat, lon, _ = _point_coords(_first_message(index, path))
+        return regrid.SourceGrid.projected(lat, lon, f"{gtype} ({PROJECTED[gtype]}) {ni}x{nj}")
     what = f" ({REGRIDDED_ELSEWHERE[gtype]})" if gtype in REGRIDDED_ELSEWHERE else ""
     msg = (
-        f"{path}: gridType {gtype}{what} is not read by postcast (it reads regular_ll, regular_gg, reduced_gg and "
-        "reduced_ll): regrid the file to a regular latitude/longitude grid first, e.g. cdo remapbil,r360x181"
+        f"{path}: gridType {gtype}{what} is not read by postcast (it reads regular_ll, regular_gg, reduced_gg, "
+        f"reduced_ll, {', '.join(PROJECTED)}): regrid the file to a regular latitude/longitude grid first, "
+        "e.g. cdo remapbil,r360x181"
     )
     raise BadInputError(msg)
 

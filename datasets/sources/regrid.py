@@ -10,7 +10,11 @@ resolution, extent, latitude order, 0..360 or -180..180, crossing the date line)
 * reduced Gaussian (rows of equally spaced points, ECMWF classic or octahedral): ``bilinear`` =
   ``interp`` along each row in longitude (periodic), then between rows in latitude, which is the
   bilinear rule on a reduced grid; target rows poleward of the outermost Gaussian row take that row;
-* any point cloud: ``nearest`` with pyresample's KD-tree (``kd_tree.resample_nearest``).
+* any point cloud: ``nearest`` with pyresample's KD-tree (``kd_tree.resample_nearest``);
+* a projected regional grid (Lambert conformal, polar stereographic, rotated lat/lon: a point cloud with
+  eccodes' per-point latitudes and longitudes, :meth:`SourceGrid.projected`): ``nearest``, onto the
+  largest regular latitude/longitude grid that lies inside the projected domain (every stored value is
+  the value of the source point nearest to it).
 
 ``conservative`` (onto a coarser grid): area-weighted means of the source points in each target
 cell (xarray ``groupby`` for regular sources; ``np.bincount`` over point areas for reduced Gaussian
@@ -43,6 +47,7 @@ class SourceGrid:
     lon: np.ndarray
     name: str = ""
     rows: dict[str, Any] = field(default_factory=dict)
+    spacing: float = 0.0  # a projected regional grid's median distance between neighbours (radians); 0: global
 
     @classmethod
     def regular(cls, lat: np.ndarray, lon: np.ndarray) -> SourceGrid:
@@ -61,6 +66,23 @@ class SourceGrid:
         label = name or (f"reduced_gg {len(rows['lat'])} rows ({lat.size} points)" if rows else f"points ({lat.size})")
         return cls("points", lat, lon, label, rows)
 
+    @classmethod
+    def projected(cls, lat: np.ndarray, lon: np.ndarray, name: str) -> SourceGrid:
+        """A regional grid on a map projection, as its points' latitudes and longitudes (storage order)."""
+        lat, lon = np.asarray(lat, np.float64).ravel(), np.mod(np.asarray(lon, np.float64).ravel(), 360.0)
+        distance, _ = _tree(lat, lon).query(_unit(lat, lon), k=2)
+        return cls("points", lat, lon, name, spacing=float(np.median(distance[:, 1])))
+
+    @property
+    def regional(self) -> bool:
+        return self.spacing > 0.0
+
+    def inside(self, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+        """Whether each point (lat, lon) lies inside a projected source's domain: its nearest source point is
+        within 3/4 of the source's spacing (a cell's centre is within 0.71 of it; outside, it soon is not)."""
+        distance, _ = _tree(self.lat, self.lon).query(_unit(lat, lon))
+        return np.asarray(distance <= 0.75 * self.spacing)
+
     @property
     def shape(self) -> tuple[int, ...]:
         return (self.lat.size, self.lon.size) if self.kind == "regular" else (self.lat.size,)
@@ -78,7 +100,7 @@ class SourceGrid:
     @property
     def is_global(self) -> bool:
         """Whether the source covers the globe (a point cloud is taken as a global reduced grid)."""
-        return self.kind != "regular" or (
+        return (self.kind != "regular" and not self.regional) or (
             _periodic(self.lon)
             and self.lat.min() <= -90 + _step(self.lat) + 1e-6
             and self.lat.max() >= 90 - _step(self.lat) - 1e-6
@@ -88,12 +110,28 @@ class SourceGrid:
         """Whether every point of ``grid`` lies inside this source (regridding leaves no NaN edge)."""
         if self.is_global:
             return True
+        if self.regional:
+            tlat, tlon = np.meshgrid(grid.latitudes(), grid.longitudes(), indexing="ij")
+            return bool(self.inside(tlat.ravel(), tlon.ravel()).all())
         lat, tol = grid.latitudes(), 1e-6
         if self.kind != "regular" or lat.min() < self.lat.min() - tol or lat.max() > self.lat.max() + tol:
             return self.kind != "regular"
         west = float(self.lon[0])
         span = np.mod(self.lon - west, 360.0).max()
         return bool((np.mod(grid.longitudes() - west + tol, 360.0) - tol <= span + tol).all())
+
+
+def _unit(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """Points on the unit sphere (n, 3): chord distances between them are angles (radians) to 1e-4 relative
+    at the spacing of a weather model's grid."""
+    la, lo = np.radians(np.ravel(lat)), np.radians(np.ravel(lon))
+    return np.stack([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)], axis=-1)
+
+
+def _tree(lat: np.ndarray, lon: np.ndarray) -> Any:
+    from scipy.spatial import cKDTree
+
+    return cKDTree(_unit(lat, lon))
 
 
 def _step(axis: np.ndarray) -> float:
@@ -247,6 +285,7 @@ def _nearest_points(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> n
     tlon, tlat = np.meshgrid(grid.longitudes(), grid.latitudes())
     target = geometry.GridDefinition(lons=np.where(tlon > 180.0, tlon - 360.0, tlon), lats=tlat)
     radius = 4.0 * np.radians(max(grid.resolution, 180.0 / max(len(src.rows.get("lat", [])), 1))) * EARTH_RADIUS_M
+    radius = 0.75 * src.spacing * EARTH_RADIUS_M if src.regional else radius  # NaN outside a projected domain
     flat = values.reshape(-1, values.shape[-1])  # (fields, n)
     out = kd_tree.resample_nearest(
         source, np.moveaxis(flat, 0, -1), target, radius_of_influence=radius, fill_value=None
@@ -284,6 +323,8 @@ def default_grid(src: SourceGrid) -> schema.Grid:
     such resolution (global for point clouds, over the source's area for regional sources)."""
     if src.kind == "regular" and src.lat.size > 1:
         res = _step(src.lat)
+    elif src.regional:
+        res = float(np.degrees(src.spacing))
     else:
         n_rows = len(src.rows.get("lat", [])) or int(np.sqrt(src.lat.size / 2))
         res = 180.0 / max(n_rows, 1)
@@ -297,6 +338,8 @@ def grid_at(src: SourceGrid, resolution: float) -> schema.Grid:
     largest regional grid of that resolution inside the source's area."""
     if src.is_global:
         return schema.Grid(resolution)
+    if src.regional:
+        return _inside_projected(src, resolution)
     r = resolution
     lon_u = np.mod(src.lon - src.lon[0], 360.0) + np.mod(src.lon[0], 360.0)  # increasing from the first
     south, north = np.ceil(src.lat.min() / r - 1e-6) * r, np.floor(src.lat.max() / r + 1e-6) * r
@@ -307,6 +350,44 @@ def grid_at(src: SourceGrid, resolution: float) -> schema.Grid:
     except ValueError as err:
         msg = f"{src.name}: no {r:g} deg grid fits inside this source ({err})"
         raise ConfigError(msg) from err
+
+
+def _inside_projected(src: SourceGrid, r: float) -> schema.Grid:
+    """The largest regular grid of resolution ``r`` whose every point lies inside a projected domain: the
+    largest rectangle of inside points of the ``r`` grid over the domain's latitude/longitude box."""
+    centre = np.degrees(np.angle(np.exp(1j * np.radians(src.lon)).mean()))  # the circular mean longitude
+    lon_u = centre + np.mod(src.lon - centre + 180.0, 360.0) - 180.0  # unwrapped around it
+    lat = np.arange(np.ceil(src.lat.min() / r - 1e-6), np.floor(src.lat.max() / r + 1e-6) + 1) * r
+    lon = np.arange(np.ceil(lon_u.min() / r - 1e-6), np.floor(lon_u.max() / r + 1e-6) + 1) * r
+    tlat, tlon = np.meshgrid(lat, lon, indexing="ij")
+    rows, cols = _largest_rectangle(src.inside(tlat.ravel(), tlon.ravel()).reshape(tlat.shape))
+    if rows.stop - rows.start < 2 or cols.stop - cols.start < 2:
+        msg = f"{src.name}: no {r:g} deg grid of 2 x 2 points fits inside this source; choose a finer --grid"
+        raise ConfigError(msg)
+    west = float(lon[cols.start])
+    shift = np.floor(west / 360.0) * 360.0  # west into 0..360
+    area = (float(lat[rows.start]), float(lat[rows.stop - 1]), west - shift, float(lon[cols.stop - 1]) - shift)
+    return schema.Grid(r, area)
+
+
+def _largest_rectangle(mask: np.ndarray) -> tuple[slice, slice]:
+    """The rows and columns of the largest all-True rectangle of a 2-D mask (by points; the histogram
+    method: for each row, the largest rectangle under the heights of True runs ending there)."""
+    best, found = 0, (slice(0, 0), slice(0, 0))
+    heights = np.zeros(mask.shape[1] + 1, dtype=int)  # a 0 sentinel closes every bar at the end
+    for i, row in enumerate(mask):
+        heights[:-1] = np.where(row, heights[:-1] + 1, 0)
+        stack: list[int] = []
+        for j, h in enumerate(heights):
+            start = j
+            while stack and heights[stack[-1]] >= h:
+                top = stack.pop()
+                start = stack[-1] + 1 if stack else 0
+                if heights[top] * (j - start) > best:
+                    best = int(heights[top] * (j - start))
+                    found = (slice(i - heights[top] + 1, i + 1), slice(start, j))
+            stack.append(j)
+    return found
 
 
 def coverage(src: SourceGrid) -> str:
