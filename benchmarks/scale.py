@@ -69,6 +69,8 @@ class Stage:
     tree_peak_GB: float
     process_peak_GB: float
     processes: int  # the most processes seen at once in the tree
+    driver_peak_GB: float = 0.0  # the postcast process itself
+    worker_peak_GB: float = 0.0  # the largest of its descendants (dask workers, loader workers)
 
 
 def _sample(pid: int, peak: dict[str, float], halt: threading.Event) -> None:
@@ -81,6 +83,8 @@ def _sample(pid: int, peak: dict[str, float], halt: threading.Event) -> None:
             for p in procs:
                 with contextlib.suppress(psutil.Error):
                     rss.append(p.memory_info().rss)
+                    key = "driver" if p.pid == pid else "worker"
+                    peak[key] = max(peak.get(key, 0), rss[-1])
             peak["tree"] = max(peak.get("tree", 0), sum(rss))
             peak["process"] = max(peak.get("process", 0), max(rss, default=0))
             peak["processes"] = max(peak.get("processes", 0), len(rss))
@@ -108,7 +112,8 @@ def run_stage(name: str, dates: int, args: list[str], log: Path) -> Stage:
     if rc != 0:
         raise SystemExit(f"{name} ({dates} dates) failed with exit {rc}: {' '.join(cmd)}\n{log.read_text()[-3000:]}")
     return Stage(
-        name, dates, round(wall, 1), round(cpu, 1), peak["tree"] / GB, peak["process"] / GB, int(peak["processes"])
+        *(name, dates, round(wall, 1), round(cpu, 1), peak["tree"] / GB, peak["process"] / GB, int(peak["processes"])),
+        *(peak.get("driver", 0) / GB, peak.get("worker", 0) / GB),
     )
 
 
@@ -167,6 +172,13 @@ def _project(a: Stage, b: Stage, key: str) -> float:
 def summarise(small: list[Stage], large: list[Stage]) -> dict[str, float]:
     pairs = {a.stage: (a, b) for a, b in zip(small, large, strict=True)}
     growth = {f"{s}_rss_growth": round(b.tree_peak_GB / a.tree_peak_GB, 3) for s, (a, b) in pairs.items()}
+    for role in ("driver", "worker"):  # per process: the postcast process, its largest descendant
+        key = f"{role}_peak_GB"
+        growth |= {
+            f"{s}_{role}_rss_growth": round(getattr(b, key) / getattr(a, key), 3)
+            for s, (a, b) in pairs.items()
+            if getattr(a, key) > 0
+        }
     tree = {s: _project(a, b, "tree_peak_GB") for s, (a, b) in pairs.items()}
     proc = {s: _project(a, b, "process_peak_GB") for s, (a, b) in pairs.items()}
     hours = {}
@@ -185,11 +197,12 @@ def summarise(small: list[Stage], large: list[Stage]) -> dict[str, float]:
 
 
 def _table(rows: list[Stage]) -> None:
-    print(f"{'stage':<9} {'dates':>5} {'wall_s':>7} {'cpu_s':>7} {'tree_GB':>8} {'process_GB':>10} {'procs':>5}")
+    head = f"{'stage':<9} {'dates':>5} {'wall_s':>7} {'cpu_s':>7} {'tree_GB':>8} {'process_GB':>10} {'procs':>5}"
+    print(f"{head} {'driver_GB':>9} {'worker_GB':>9}")
     for r in rows:
         print(
             f"{r.stage:<9} {r.dates:>5} {r.wall_s:>7.1f} {r.cpu_s:>7.1f} {r.tree_peak_GB:>8.2f} "
-            f"{r.process_peak_GB:>10.2f} {r.processes:>5}"
+            f"{r.process_peak_GB:>10.2f} {r.processes:>5} {r.driver_peak_GB:>9.2f} {r.worker_peak_GB:>9.2f}"
         )
 
 

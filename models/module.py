@@ -49,6 +49,7 @@ from postcast.models.smoe import SMoEHead
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
 CHECKPOINT_FORMAT_VERSION = 3  # 3: a content checksum in checkpoint["postcast"]["checksum"]
 Batch = dict[str, torch.Tensor]
+SCRATCH_BATCH = 4  # samples read at once for the EMOS scratch: a 0.5 deg sample's inputs are about 10 MB
 ONE_BAND = 1 << 30  # latitude rows per band that put every row of any grid in one band
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class PostProcessor(L.LightningModule):
         assert isinstance(self.net, postprocessors.LocalEMOS)
         scratch: emos_fit.BandScratch | None = None
         with torch.no_grad():
-            for batch in DataLoader(data, batch_size=32):
+            for batch in DataLoader(data, batch_size=SCRATCH_BATCH):
                 x = self.normalise({k: v.to(self.device) for k, v in batch.items()})["x"]  # (B, C, H, W)
                 fields = {"xm": x[:, self.net.mean_channel], "xs": x[:, self.net.std_channel]}
                 fields |= {k: batch[k] for k in ("m", "s", "y")}  # each (B, H, W)
