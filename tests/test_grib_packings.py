@@ -52,16 +52,21 @@ def _regular(scan: dict[str, int]) -> dict[str, object]:
     }
 
 
-def _eccodes_field(path: Path) -> np.ndarray:
-    """eccodes' double-precision values of the first message, placed by its geoiterator's latitudes and
-    longitudes on the grid (latitude ascending, longitude 0..355), as float32 like the store."""
+def _decoded(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """eccodes' double-precision values of the first message and its geoiterator's latitudes and longitudes."""
     with open(path, "rb") as f:
         h = eccodes.codes_grib_new_from_file(f)
     try:
         values = eccodes.codes_get_values(h)
-        lat, lon = eccodes.codes_get_array(h, "latitudes"), eccodes.codes_get_array(h, "longitudes")
+        return values, eccodes.codes_get_array(h, "latitudes"), eccodes.codes_get_array(h, "longitudes")
     finally:
         eccodes.codes_release(h)
+
+
+def _eccodes_field(path: Path) -> np.ndarray:
+    """eccodes' double-precision values of the first message, placed by its geoiterator's latitudes and
+    longitudes on the grid (latitude ascending, longitude 0..355), as float32 like the store."""
+    values, lat, lon = _decoded(path)
     out = np.full((NJ, NI), np.nan)
     out[np.rint((lat + 90.0) / RES).astype(int), np.rint(np.mod(lon, 360.0) / RES).astype(int) % NI] = values
     return out.astype(np.float32)
@@ -152,14 +157,8 @@ def test_projected_grids_are_ingested_as_their_nearest_points(cli, capfd, tmp_pa
     circles here, on eccodes' own per-point latitudes and longitudes), no NaN, no point outside."""
     src = tmp_path / "f.grib2"
     n = 1200
-    _message(src, {**{k: v for k, v in PROJECTED[grid].items()}}, values=280.0 + 0.01 * np.arange(n))
-    with open(src, "rb") as f:
-        h = eccodes.codes_grib_new_from_file(f)
-    try:
-        want = eccodes.codes_get_values(h)
-        lat, lon = eccodes.codes_get_array(h, "latitudes"), eccodes.codes_get_array(h, "longitudes")
-    finally:
-        eccodes.codes_release(h)
+    _message(src, PROJECTED[grid], values=280.0 + 0.01 * np.arange(n))
+    want, lat, lon = _decoded(src)
     proc = _ingest(cli, capfd, src, tmp_path / "s.zarr", "--variables", "2t")
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = contract.open_store(tmp_path / "s.zarr")
