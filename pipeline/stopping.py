@@ -78,6 +78,7 @@ class StopSummary(Callback):
         }
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        folder = Path(trainer.log_dir or trainer.default_root_dir)  # under DDP a broadcast: every rank asks
         if not trainer.is_global_zero:
             return
         out = self.summary(trainer, pl_module)
@@ -90,7 +91,7 @@ class StopSummary(Callback):
         )
         for warning in out["warnings"]:
             log.warning("%s", warning)
-        io.write_json(Path(trainer.log_dir or trainer.default_root_dir) / "summary.json", out)
+        io.write_json(folder / "summary.json", out)
 
 
 def early_stopping_defaults() -> dict[str, Any]:

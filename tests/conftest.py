@@ -214,6 +214,14 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def process():
+    """``process("train", ...)`` runs ``python -m postcast`` as a real process (:func:`run_process`): for
+    DDP on several processes, whose launcher starts the other ranks by re-running the command line (in this
+    process that is pytest's)."""
+    return run_process
+
+
 @pytest.fixture(scope="session")
 def t2m_ckpt(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny local-EMOS T2m checkpoint (1 epoch) on the session store, shared by the battery files."""

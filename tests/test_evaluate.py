@@ -15,7 +15,8 @@ from postcast.pipeline import evaluate, gather, metrics
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fit(cli, store, root: Path, preset: str, *extra: str):
+def fit(run, store, root: Path, preset: str, *extra: str):
+    """Train ``preset`` with ``run`` (the ``cli`` fixture, in this process; ``process`` for DDP)."""
     args = [
         "train",
         "fit",
@@ -33,7 +34,7 @@ def fit(cli, store, root: Path, preset: str, *extra: str):
         "2",
         *extra,
     ]
-    cli(*args, check=True)
+    run(*args, check=True, timeout=900)
     return sorted(root.rglob("best*.ckpt"))[-1]
 
 
@@ -81,8 +82,8 @@ def test_resume_continues_from_the_last_checkpoint(cli, store, tmp_path):
 
 
 @pytest.mark.distributed
-def test_ddp_on_two_cpu_processes(cli, store, tmp_path):
-    ckpt = fit(cli, store, tmp_path, "mlp_t850", "--trainer.devices", "2", "--trainer.strategy", "ddp")
+def test_ddp_on_two_cpu_processes(process, store, tmp_path):
+    ckpt = fit(process, store, tmp_path, "mlp_t850", "--trainer.devices", "2", "--trainer.strategy", "ddp")
     model, _ = load_checkpoint(str(ckpt))
     assert model.hparams["family"] == "mlp"
 
