@@ -130,7 +130,7 @@ def test_topk_route_gradcheck(gen):
     assert torch.autograd.gradcheck(lambda a, b: kernels.topk_route(a, b, 2, weighted=True), (v, w))
 
 
-@pytest.mark.parametrize(("n", "d", "f", "h"), [(100, 4, 16, 32), (37, 5, 12, 20), (1, 3, 32, 64)])
+@pytest.mark.parametrize(("n", "d", "f", "h"), [(100, 4, 16, 32), (37, 5, 12, 20), (1, 3, 32, 64), (70, 3, 150, 200)])
 def test_fourier_layer(n, d, f, h, gen):
     x = torch.rand(n, d, generator=gen, dtype=F64) * 2 - 1
     bmat = torch.randn(d, f, generator=gen, dtype=F64)
