@@ -51,6 +51,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 MLP = ROOT / "configs" / "train" / "mlp_t850.yaml"  # batch_size 4
+# the ENS-10 baseline MLP (the preset's defaults before 2026-11-27), so that the figures compare with earlier runs
+BASELINE_MLP = ("--model.net", "{hidden: 128, layers: 1, embedding: 0}")
 EMOS = ROOT / "configs" / "train" / "emos_t850.yaml"
 CACHE_BYTES = 64 * 2**20
 YEARS = (2014, 2017)
@@ -145,6 +147,7 @@ def one_size(work: Path, per_year: int, workers: int, stages: tuple[str, ...] = 
             *("--data.cfg.sample.variables", "[t]", "--trainer.max_epochs", "1"),
             *("--data.cfg.cache_bytes", str(CACHE_BYTES), "--trainer.enable_progress_bar", "false"),
             *("--trainer.default_root_dir", str(work / stage)),
+            *(BASELINE_MLP if preset == MLP else ()),
         ]
         rows.append(run_stage(stage, total, train, work / f"{stage}.log"))
     if not {"evaluate", "forecast"} & set(stages):

@@ -11,7 +11,8 @@ dates beyond the per-date series that the significance tests need (T numbers per
   values are those of the in-memory computation;
 * CRPS maps: the pointwise CRPS summed date by date, in date order (the same additions as a mean over dates);
 * the Hersbach decomposition: per region the additive sums of :func:`~postcast.pipeline.verification.hersbach_sums`
-  and the outcomes' weighted sample as distinct values and weights (its climatological CRPS, the uncertainty);
+  and the outcomes' weighted sample as distinct values and weights (its climatological CRPS, the uncertainty),
+  written to sorted runs under TMPDIR beyond a fixed size and merged at the end (:mod:`postcast.pipeline.outcomes`);
 * reliability bins (weights, weighted probabilities and outcomes, counts), PIT and rank histograms (counts; the
   random tie-breaks and point-mass draws are the generator's draws at the chunk's offset, so the counts are
   those of one pass over the split), the mean |EFI| (sum and count).
@@ -30,6 +31,7 @@ import xarray as xr
 
 from postcast.pipeline import metrics, verification
 from postcast.pipeline.chunk import ENSEMBLE, Chunk
+from postcast.pipeline.outcomes import OutcomeSample
 from postcast.pipeline.verification import (
     DECOMPOSITION,
     PIT_BINS,
@@ -129,7 +131,7 @@ class Accumulator:
     decomposition: list[np.ndarray] = field(default_factory=list)
     reliability: list[np.ndarray] = field(default_factory=list)
     pit: np.ndarray | None = None
-    samples: list[ValueWeights] = field(default_factory=list)
+    samples: list[OutcomeSample] = field(default_factory=list)  # per region (spilled to TMPDIR when large)
     rank: np.ndarray | None = None
     efi_abs: tuple[float, int] = (0.0, 0)
 
@@ -152,7 +154,10 @@ class Accumulator:
         self.crps_sum = [np.array(c[0], dtype=np.float64) for c in part.crps]
         self.decomposition = [d.copy() for d in part.decomposition]
         self.reliability = [r.copy() for r in part.reliability]
-        self.pit, self.samples, self.rank, self.efi_abs = part.pit.copy(), list(part.samples), part.rank, part.efi_abs
+        self.pit, self.rank, self.efi_abs = part.pit.copy(), part.rank, part.efi_abs
+        self.samples = [OutcomeSample() for _ in part.samples]
+        for sample, values in zip(self.samples, part.samples, strict=True):
+            sample.add(values)
 
     def _merge(self, part: Part) -> None:
         assert self.pit is not None
@@ -161,7 +166,8 @@ class Accumulator:
             self.decomposition[f] += part.decomposition[f]
             self.reliability[f] += part.reliability[f]
         self.pit += part.pit
-        self.samples = [verification.merge_value_weights(a, b) for a, b in zip(self.samples, part.samples, strict=True)]
+        for sample, values in zip(self.samples, part.samples, strict=True):
+            sample.add(values)
         if part.rank is not None:
             self.rank = part.rank if self.rank is None else self.rank + part.rank
         self.efi_abs = (self.efi_abs[0] + part.efi_abs[0], self.efi_abs[1] + part.efi_abs[1])
@@ -178,7 +184,7 @@ class Accumulator:
         the members' rank histogram and the mean |EFI|."""
         assert self.pit is not None
         scores = [self._scores(f) for f in range(len(self.names))]
-        unc = [verification.sample_crps(s) for s in self.samples]
+        unc = [s.crps() for s in self.samples]
         decomp = [
             np.stack(
                 [[verification.hersbach_terms(d[j], unc[j])[c] for c in DECOMPOSITION] for j in range(len(REGIONS))],

@@ -16,7 +16,7 @@ import xarray as xr
 
 from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import ConfigError
-from postcast.pipeline import evaluate, metrics, verification
+from postcast.pipeline import evaluate, metrics, outcomes, verification
 from postcast.pipeline.evaluate import EvalConfig
 
 REFERENCE = Path(__file__).parent / "reference_results"
@@ -72,6 +72,19 @@ def test_dates_on_a_dask_cluster_give_the_same_bits(derived_store):
     xr.testing.assert_identical(on_cluster, _lead(derived_store, "t2m", "val"))
 
 
+def test_outcomes_spilled_to_runs_give_the_same_results(store, monkeypatch):
+    """With at most 300 outcomes held per region (the tiny store's test split has about 1,300 per region), the
+    uncertainty term comes from runs merged at the end: every result equal (the decomposition to 1e-12)."""
+    monkeypatch.setattr(outcomes, "SPILL_VALUES", 300)
+    runs = []
+    spill = outcomes.OutcomeSample._spill
+    monkeypatch.setattr(outcomes.OutcomeSample, "_spill", lambda self: runs.append(spill(self)))
+    spilled = _lead(store, "t850", "test")
+    monkeypatch.undo()
+    assert len(runs) >= 8  # at least two runs in each of the 4 regions
+    assert_same_results(spilled, _lead(store, "t850", "test"))
+
+
 def test_a_negative_worker_count_is_refused():
     with pytest.raises(ConfigError, match="--workers -1"):
         EvalConfig("s.zarr", workers=-1)
@@ -92,6 +105,27 @@ def test_chunked_hersbach_sums_and_climatology_match_the_whole_sample():
     wn = w / w.sum()
     pairwise = 0.5 * (wn[:, None] * wn[None, :] * np.abs(y[:, None] - y[None, :])).sum()
     assert verification.sample_crps(sample) == pytest.approx(pairwise, rel=1e-12)
+
+
+def test_the_outcome_sample_holds_a_bounded_number_of_values_and_scores_the_whole():
+    """Parts of an outcome sample (ties within and across parts, weights) added to an OutcomeSample that may hold
+    at most 500 values: it never holds more than 500 plus a part, writes sorted runs, and its climatological CRPS
+    equals sample_crps of every part merged in memory to 1e-12 (the merged sample held every outcome of the split:
+    about 4 MB per 0.5 deg test date and region, the growth of evaluate's process in benchmarks/scale.py)."""
+    g = np.random.default_rng(3)
+    whole: verification.ValueWeights = (np.empty(0), np.empty(0))
+    sample = outcomes.OutcomeSample(spill_values=500)
+    for _ in range(40):
+        y, w = np.round(g.normal(280.0, 10.0, 120), 2), g.uniform(0.2, 1.0, 120)  # ties: 0.01 K steps
+        part = verification.value_weights(y, w)
+        whole = verification.merge_value_weights(whole, part)
+        sample.add(part)
+        assert sample.held[0].size <= 500 + 120
+    assert len(sample.runs) >= 5 and whole[0].size > 1000
+    assert sample.crps() == pytest.approx(verification.sample_crps(whole), rel=1e-12, abs=0)
+    small = outcomes.OutcomeSample()
+    small.add(whole)  # under the cap: no run, the in-memory value
+    assert small.crps() == verification.sample_crps(whole) and not small.runs
 
 
 def test_skipped_draws_continue_the_generator():

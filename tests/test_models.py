@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from postcast.datasets.core.errors import ConfigError
 from postcast.models import convnets, registry, smoe, transformer
 from postcast.models.losses import crps_gaussian
 from postcast.models.module import PostProcessor
@@ -268,3 +269,45 @@ def test_a_bit_flipped_or_truncated_checkpoint_is_refused(tmp_path):
     truncated.write_bytes(good.read_bytes()[: len(data) // 2])
     with pytest.raises(ValueError, match="not a readable checkpoint"):
         load_checkpoint(str(truncated))
+
+
+def _fit_mlp(embedding: int, train: dict[str, torch.Tensor], steps: int = 300) -> PostProcessor:
+    torch.manual_seed(0)
+    model = PostProcessor("mlp", net={"hidden": 32, "embedding": embedding}, sample=SPEC, grid=(H, W), n_members=M)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        mu, sigma = model(train)
+        crps_gaussian(mu, sigma, train["y"]).mean().backward()
+        opt.step()
+    return model
+
+
+def test_the_mlp_learns_each_points_own_bias_through_its_embedding():
+    """A truth offset by a bias of its own at every point, independent from point to point, so that no
+    smooth function of the inputs explains it: the MLP with 4 learned numbers per point comes within 10 % of
+    the oracle's CRPS on 64 new dates (1.06x); without them it stays 50 % or more above (1.77x) (ISSUE 39: the
+    MLP presets closed 53-70 % of the raw-to-oracle gap where the synthetic world's bias varies with the place)."""
+    bias = 1.5 * torch.randn(H, W, generator=torch.Generator().manual_seed(7))  # (H, W), in units of s
+
+    def world(seed: int) -> dict[str, torch.Tensor]:
+        b = batch(64, seed)
+        noise = torch.randn(b["m"].shape, generator=torch.Generator().manual_seed(seed + 100))
+        return {**b, "y": b["m"] + b["s"] * (bias + noise)}  # truth ~ N(m + s bias, s^2)
+
+    test = world(2)
+    oracle = float(crps_gaussian(test["m"] + test["s"] * bias, test["s"], test["y"]).mean())
+
+    def score(model: PostProcessor) -> float:
+        with torch.no_grad():
+            mu, sigma = model(test)
+        return float(crps_gaussian(mu, sigma, test["y"]).mean())
+
+    assert score(_fit_mlp(4, world(1))) < 1.1 * oracle
+    assert score(_fit_mlp(0, world(1))) > 1.5 * oracle
+
+
+@pytest.mark.parametrize("options", [{"layers": 0}, {"hidden": 0}, {"embedding": -1}])
+def test_mlp_options_out_of_range_are_refused_naming_them(options):
+    with pytest.raises(ConfigError, match=f"model.net \\(mlp\\) .*{next(iter(options))}"):
+        registry.make("mlp", options)
