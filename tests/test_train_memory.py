@@ -125,3 +125,24 @@ def test_training_with_a_cache_far_smaller_than_the_store_gives_the_unlimited_lo
     assert limited - uncached <= 2.5 * one, (limited, uncached, one)
     assert capped.train == free.train == none.train and capped.val == free.val == none.val
     assert len(capped.train) == 6 and len(capped.val) == 2
+
+
+def test_the_clairvoyant_staging_window_is_within_cache_bytes(cfg):
+    """The training loader's read-ahead (samples staged for the next batches, which the RAM tier does not
+    keep) takes its bytes from the same budget as the caches: with cache_bytes of 3 samples, staging window
+    plus RAM tier hold at most 3, and no more are ever staged (it staged 16 whatever the cap: about 0.2 GB
+    of 0.5 deg samples beyond cache_bytes, part of the training growth in benchmarks/scale.py)."""
+    one = StoreDataset(dataclasses.replace(cfg, cache=False), "val").sample_nbytes()
+    dm = StoreDataModule(dataclasses.replace(cfg, cache_bytes=3 * one, prefetch_threads=2, batch_size=2))
+    loader = dm.train_dataloader()
+    data = dm.clairvoyant
+    assert data is not None and len(data) >= 6
+    staged = []
+    for _ in range(2):
+        for _batch in loader:
+            with data._cv:
+                staged.append(sum(e.sample is not None for e in data._staged.values()))
+    assert data.lookahead + data.plan.capacity[0] <= 3, (data.lookahead, data.plan.capacity)
+    assert max(staged) <= data.lookahead
+    dm.teardown("fit")
+    assert dm.budget.used == 0  # all of it given back

@@ -37,6 +37,7 @@ from postcast.datasets.sample import Sample, Sampler, SampleSpec
 
 LOADERS = ("auto", "plain", "clairvoyant", "fixed")
 PLAN_EPOCHS_MAX = 100  # the clairvoyant plan looks at most this many epochs ahead
+STAGING_SAMPLES = 16  # the clairvoyant read-ahead window (samples), within cache_bytes
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class DataConfig:
     # clairvoyant when num_workers == 0 (its threads replace worker processes, and the cache lives in
     # this process), else plain. Validation and test always use the plain loader (read in order).
     loader: str = "auto"
-    cache_bytes: int = 2 * 2**30  # all sample caches of a process together: clairvoyant RAM tier + cache (bytes)
+    cache_bytes: int = 2 * 2**30  # every sample cache of a process: clairvoyant read-ahead + RAM tier + cache (bytes)
     disk_cache_dir: str | None = None  # local-disk tier of the clairvoyant loader (e.g. node-local SSD)
     disk_cache_bytes: int = 0  # its budget (bytes; needs disk_cache_dir)
     prefetch_threads: int = 2  # clairvoyant loader's reader threads (decoding holds the GIL: ~free cores)
@@ -254,6 +255,7 @@ class StoreDataModule(L.LightningDataModule):
         self.clairvoyant: prefetch.ClairvoyantDataset | None = None  # the training loader's, when used
         self.budget = ByteBudget(cfg.cache_bytes)  # every sample cache of this process, together
         self._tier_bytes = 0  # what the clairvoyant RAM tier took of it
+        self._staging_bytes = 0  # what its read-ahead window took
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -331,6 +333,9 @@ class StoreDataModule(L.LightningDataModule):
         disk_dir = f"{self.cfg.disk_cache_dir}/rank{rank}" if self.cfg.disk_cache_dir else None
         self._close_clairvoyant()
         sample_bytes = base.sample_nbytes()
+        # the read-ahead window first (it keeps the prefetch threads ahead of the consumer), then the RAM tier:
+        # both from the process's budget, so training holds cache_bytes of samples plus the batch in use
+        self._staging_bytes = self.budget.take(STAGING_SAMPLES * sample_bytes, unit=sample_bytes)
         self._tier_bytes = self.budget.take(len(base) * sample_bytes, unit=sample_bytes)
         loader = prefetch.clairvoyant_loader(
             base,
@@ -343,6 +348,7 @@ class StoreDataModule(L.LightningDataModule):
             epochs=min(max(stop - start, 1), PLAN_EPOCHS_MAX),
             start_epoch=start,
             threads=self.cfg.prefetch_threads,
+            lookahead=self._staging_bytes // sample_bytes,
         )
         assert isinstance(loader.dataset, prefetch.ClairvoyantDataset)  # what clairvoyant_loader builds
         self.clairvoyant = loader.dataset
@@ -353,8 +359,8 @@ class StoreDataModule(L.LightningDataModule):
         if self.clairvoyant is not None:
             self.clairvoyant.close()
             self.clairvoyant = None
-        self.budget.give(self._tier_bytes)
-        self._tier_bytes = 0
+        self.budget.give(self._tier_bytes + self._staging_bytes)
+        self._tier_bytes = self._staging_bytes = 0
 
     def teardown(self, stage: str) -> None:
         self._close_clairvoyant()
