@@ -19,7 +19,7 @@ import numpy as np
 
 from postcast.pipeline.verification import ValueWeights, merge_value_weights, sample_crps, value_weights
 
-SPILL_VALUES = 1 << 21  # distinct values held in memory per region (2 x 8 B each: 32 MB) before a run is written
+SPILL_VALUES = 1 << 18  # distinct values held in memory per region (2 x 8 B each: 4 MB) before a run is written
 EMPTY: ValueWeights = (np.empty(0), np.empty(0))
 
 
@@ -34,25 +34,41 @@ class OutcomeSample:
         self._scratch: tempfile.TemporaryDirectory[str] | None = None  # removed with the object
 
     def add(self, sample: ValueWeights) -> None:
-        self.held = merge_value_weights(self.held, sample)
+        """Add a sample of sorted distinct values (:func:`value_weights`). What is held never exceeds the cap, and a
+        sample that would take it past the cap is not merged with it: the held values go to a run, and a sample
+        larger than the cap goes to its own run (a 0.5 deg part's global sample is about 0.8 M values), so adding
+        a part takes the same memory however many came before."""
         self.total_weight += float(np.sum(sample[1]))
-        if self.held[0].size > self.spill_values:
-            self._spill()
+        if self.held[0].size + sample[0].size <= self.spill_values:
+            self.held = merge_value_weights(self.held, sample)
+            return
+        if self.held[0].size:
+            self._spill(self.held)
+        self.held = EMPTY
+        if sample[0].size > self.spill_values:
+            self._spill(sample)
+        else:
+            self.held = sample
 
-    def _spill(self) -> None:
+    def _spill(self, sample: ValueWeights) -> None:
+        if bool((sample[0][1:] < sample[0][:-1]).any()):
+            msg = "an outcome sample must be sorted (verification.value_weights) before it is written as a run"
+            raise ValueError(msg)
         if self._scratch is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="postcast-outcomes-")
         path = Path(self._scratch.name) / f"run-{len(self.runs)}.bin"
-        np.stack(self.held, axis=1).astype(np.float64).tofile(path)  # (n, 2)
-        self.runs.append((path, self.held[0].size))
-        self.held = EMPTY
+        rows = np.empty((sample[0].size, 2))  # (n, 2) float64: value, weight
+        rows[:, 0], rows[:, 1] = sample
+        rows.tofile(path)
+        self.runs.append((path, sample[0].size))
 
     def crps(self) -> float:
         """The climatological CRPS of everything added (sample_crps of the merged sample)."""
         if not self.runs:
             return sample_crps(self.held)
         if self.held[0].size:
-            self._spill()
+            self._spill(self.held)
+            self.held = EMPTY
         return _runs_crps(self.runs, self.total_weight, self.spill_values)
 
 

@@ -78,7 +78,7 @@ def test_outcomes_spilled_to_runs_give_the_same_results(store, monkeypatch):
     monkeypatch.setattr(outcomes, "SPILL_VALUES", 300)
     runs = []
     spill = outcomes.OutcomeSample._spill
-    monkeypatch.setattr(outcomes.OutcomeSample, "_spill", lambda self: runs.append(spill(self)))
+    monkeypatch.setattr(outcomes.OutcomeSample, "_spill", lambda self, sample: runs.append(spill(self, sample)))
     spilled = _lead(store, "t850", "test")
     monkeypatch.undo()
     assert len(runs) >= 8  # at least two runs in each of the 4 regions
@@ -126,6 +126,28 @@ def test_the_outcome_sample_holds_a_bounded_number_of_values_and_scores_the_whol
     small = outcomes.OutcomeSample()
     small.add(whole)  # under the cap: no run, the in-memory value
     assert small.crps() == verification.sample_crps(whole) and not small.runs
+
+
+def test_the_outcome_sample_needs_as_much_memory_for_one_part_as_for_many():
+    """The driver's outcome sample at 0.5 deg: a part of DATES_PER_TASK dates brings about 1 M distinct global
+    outcomes. The memory that adding a part takes (held values and the merge's transients, traced) is the same
+    for the fourth part as for the first, so evaluate's driver does not grow between 4 and 16 test dates (with a
+    2 M-value cap it merged 2 M held values with the next part's 1 M: 2.4 times the first part's peak)."""
+    from postcast.pipeline.evaluate_dates import DATES_PER_TASK
+
+    g = np.random.default_rng(4)
+    sample, peaks = outcomes.OutcomeSample(), []
+    for _ in range(4):
+        y = g.normal(270.0, 15.0, (DATES_PER_TASK, 361 * 720)).astype(np.float32).astype(np.float64)
+        part = verification.value_weights(y, np.ones_like(y))  # (values, weights), each about 1 M
+        del y
+        tracemalloc.start()
+        sample.add(part)
+        peaks.append(tracemalloc.get_traced_memory()[1] / 1e6)
+        tracemalloc.stop()
+    assert max(peaks) <= 1.1 * peaks[0], f"MB traced while adding each part: {peaks}"
+    assert part[0].size > outcomes.SPILL_VALUES  # one part already reaches the cap
+    assert sample.held[0].size <= outcomes.SPILL_VALUES
 
 
 def test_skipped_draws_continue_the_generator():
