@@ -58,12 +58,12 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
     t0 = time.perf_counter()
     ref = ours.clone()
     for p in chosen:
-        ref[p] = torch.as_tensor(scipy_point(_sub(train, torch.tensor([int(p)])), family, start[p].numpy()))
+        ref[p] = torch.as_tensor(scipy_point(train.take(torch.tensor([int(p)])), family, start[p].numpy()))
     per_point_s = (time.perf_counter() - t0) / len(chosen)
     idx = torch.as_tensor(chosen)
     with torch.no_grad():
         scores = {
-            f"{split}_crps_{who}": float(crps_per_point(theta[idx], _sub(data, idx), family).mean())
+            f"{split}_crps_{who}": float(crps_per_point(theta[idx], data.take(idx), family).mean())
             for split, data in (("train", train), ("test", test))
             for who, theta in (("postcast", ours), ("scipy", ref))
         }
@@ -81,10 +81,6 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
         "speedup": reference_s / fit["seconds"],
         "fit": fit,
     }
-
-
-def _sub(d: PointData, idx: torch.Tensor) -> PointData:
-    return PointData(*(t[idx] for t in (d.xm, d.xs, d.m, d.s, d.y, d.w)))
 
 
 def print_reference(rows: dict[str, dict[str, Any]]) -> None:

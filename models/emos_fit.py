@@ -12,9 +12,12 @@ block-diagonal Hessian, and one Levenberg-Marquardt (damped Newton) iteration up
 A step is kept at a point only where it lowers that point's CRPS (else lambda_p grows), so the fit never
 leaves a point worse than where it started, and it starts at each point from the better of the raw
 ensemble (``theta = 0``) and a moment estimate (least squares of the standardised error on the ensemble
-mean, log std of the residual). A point stops when its gradient is below ``tol_grad (1 + CRPS)`` or its
-Newton decrement (the CRPS decrease a full Newton step predicts) below ``tol_decrease (1 + CRPS)``, or when no step can
-lower its CRPS any more in float64 (``stalled``, counted in the report). Scores run in float64.
+mean, log std of the residual); the censored shifted gamma descends from the raw ensemble and from near its
+censored-normal limit, keeping the better per point (:func:`_starts`). Each iteration computes the points
+still active only, and the Hessian is recomputed after a failed step on a BFGS-updated one. A point stops
+when its gradient is below ``tol_grad (1 + CRPS)`` or its Newton decrement (the CRPS decrease a full Newton
+step predicts) below ``tol_decrease (1 + CRPS)``, or when no step can lower its CRPS any more in float64 on an
+exact Hessian (``stalled``, counted in the report). Scores run in float64.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ FIT_BYTES = 1 << 30  # what the fit of one band of points may hold, whatever the
 # held per (point, date) during a fit: float64 data and autograd's saved tensors; peak RSS measured with 0.2 M
 # samples: gaussian 410, clogistic 460, truncnormal 850, csg 3,200 bytes (the shifted gamma's CRPS saves most)
 BYTES_PER_SAMPLE = {"gaussian": 512, "clogistic": 512, "truncnormal": 1024, "csg": 4096}
+FAR_SHIFT = 1000.0  # the csg's raw shift c of its second start (shift = s softplus(c): 1,000 spreads; 1e4 fails)
 FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads (PointData.from_fields)
 
 
@@ -41,7 +45,8 @@ FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads 
 class FitSettings:
     tol_grad: float = 1e-9  # max |dCRPS/dtheta| at a converged point, relative to 1 + its CRPS
     tol_decrease: float = 1e-12  # Newton decrement at a converged point, relative to 1 + its CRPS
-    max_iter: int = 100
+    max_iter: int = 100  # from the first start
+    max_iter_far: int = 30  # from the further starts (the csg's censored-normal limit)
     refresh: int = 10  # iterations between finite-difference Hessians (BFGS updates in between)
     max_step: float = 1.0  # largest change of a coefficient in one iteration, x (1 + the largest |coefficient|)
     min_std: float = 1e-6  # the head's floor on the ensemble std
@@ -121,6 +126,10 @@ class PointData:
             points(xm), points(xs), mp, points(s).clamp_min(min_std), torch.where(ok, yp, mp), ok.double() / count
         )
 
+    def take(self, idx: torch.Tensor) -> PointData:
+        """The points ``idx`` (A,) of each field, (A, N)."""
+        return PointData(*(t[idx] for t in (self.xm, self.xs, self.m, self.s, self.y, self.w)))
+
 
 def crps_per_point(theta: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
     """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2)."""
@@ -182,15 +191,20 @@ def moment_start(d: PointData, n: int) -> torch.Tensor:
     return theta
 
 
-def _start(d: PointData, family: str, n: int) -> torch.Tensor:
-    """The better (lower training CRPS) of the raw ensemble (0) and the moment estimate, per point."""
+def _starts(d: PointData, family: str, n: int) -> list[torch.Tensor]:
+    """Where the descents start, each (P, n). A location-scale family: per point the better (lower training CRPS)
+    of the raw ensemble (0) and the moment estimate. The censored shifted gamma: the raw ensemble, and a shift of
+    FAR_SHIFT spreads with the moment estimate's scale, near the family's censored-normal limit (its CRPS is not
+    convex: a point's optimum can lie in either, 2e-3 apart at one point of the targets world)."""
     zero = torch.zeros(d.y.shape[0], n, dtype=torch.float64, device=d.y.device)
     if family not in LOCATION_SCALE:
-        return zero
+        far = zero.clone()
+        far[:, 2], far[:, 4] = moment_start(d, 4)[:, 2], FAR_SHIFT
+        return [zero, far] if family == "csg" else [zero]
     moments = moment_start(d, n)
     with torch.no_grad():
         better = crps_per_point(moments, d, family) < crps_per_point(zero, d, family)  # False where non-finite
-    return torch.where(better[:, None], moments, zero)
+    return [torch.where(better[:, None], moments, zero)]
 
 
 def _scale(f: torch.Tensor) -> torch.Tensor:
@@ -216,59 +230,148 @@ def _newton_step(
     return torch.where(ok[:, None], torch.nan_to_num(step), 0.0), ok, lam
 
 
-def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tuple[torch.Tensor, FitReport]:
-    """Coefficients theta (P, 4 + K - 2) at the training-CRPS optimum of every point, and how the fit ended."""
-    t0 = time.perf_counter()
-    n = 4 + distributions.get(family).n_raw - 2
-    theta = _start(d, family, n)
-    with torch.no_grad():
-        raw_crps = crps_per_point(torch.zeros_like(theta), d, family)
+@dataclass(frozen=True)
+class _Iteration:
+    """One iteration's outcome at the active points (A of them), each (A, ...)."""
+
+    theta: torch.Tensor
+    f: torch.Tensor
+    g: torch.Tensor
+    hess: torch.Tensor
+    lam: torch.Tensor
+    decrement: torch.Tensor  # the predicted decrease, where ``newton``
+    newton: torch.Tensor
+    done: torch.Tensor
+    failed: torch.Tensor  # the step did not lower the CRPS
+
+
+def _iterate(
+    theta: torch.Tensor,
+    f: torch.Tensor,
+    g: torch.Tensor,
+    hess: torch.Tensor,
+    lam: torch.Tensor,
+    d: PointData,
+    family: str,
+    settings: FitSettings,
+    refresh: torch.Tensor,
+) -> _Iteration:
+    """One Levenberg-Marquardt iteration at active points: theta (A, n), f (A,), g (A, n), hess (A, n, n);
+    ``refresh`` (A,): where the Hessian is recomputed by finite differences first (else the BFGS-updated one)."""
+    if bool(refresh.any()):
+        r = refresh.nonzero().squeeze(1)
+        hess = hess.clone()
+        hess[r] = _hessian(theta[r], g[r], d.take(r), family)
+    step, ok, lam = _newton_step(hess, g, lam)
+    cap = settings.max_step * (1.0 + theta.abs().amax(1, keepdim=True))  # (A, 1): grows with the coefficients
+    step = step * (cap / step.abs().amax(1, keepdim=True).clamp_min(1e-300)).clamp_max(1.0)
+    newton = ok & (lam < 1e-2)  # the damped step is close to Newton's: its predicted decrease
+    decrement = -0.5 * (g * step).sum(1)
+    done = newton & (decrement < settings.tol_decrease * _scale(f))  # no decrease left to find
+    trial = theta + torch.where(~done[:, None], step, 0.0)
+    f_trial, g_trial = _value_grad(trial, d, family)
+    better = ~done & ok & torch.isfinite(f_trial) & (f_trial <= f)
+    hess = _bfgs_update(hess, trial - theta, g_trial - g, better)
+    lam = torch.where(better, lam * 0.2, lam * 10.0).clamp(1e-12, 1e16)
+    return _Iteration(
+        theta=torch.where(better[:, None], trial, theta),
+        f=torch.where(better, f_trial, f),
+        g=torch.where(better[:, None], g_trial, g),
+        hess=hess,
+        lam=lam,
+        decrement=decrement,
+        newton=newton,
+        done=done,
+        failed=~done & ~better,
+    )
+
+
+@dataclass(frozen=True)
+class _Descent:
+    """Where the iterations from one start ended, per point (P, ...)."""
+
+    theta: torch.Tensor
+    f: torch.Tensor
+    g: torch.Tensor
+    done: torch.Tensor
+    stalled: torch.Tensor
+    decrement: torch.Tensor
+    iterations: int
+
+    def better(self, other: _Descent) -> _Descent:
+        """Per point, the descent with the lower CRPS (ties: this one)."""
+        pick = ~(other.f < self.f)  # (P,): a NaN or inf of the other keeps this one
+
+        def choose(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.where(pick.view(-1, *([1] * (a.dim() - 1))), a, b)
+
+        fields = ("theta", "f", "g", "done", "stalled", "decrement")
+        chosen = {k: choose(getattr(self, k), getattr(other, k)) for k in fields}
+        return _Descent(**chosen, iterations=max(self.iterations, other.iterations))
+
+
+def _descend(theta: torch.Tensor, d: PointData, family: str, settings: FitSettings, max_iter: int) -> _Descent:
+    """Levenberg-Marquardt iterations from theta (P, n); each computes only the points still active (neither
+    converged nor stalled), so the last few, whose optimum lies far out, cost little."""
     f, g = _value_grad(theta, d, family)
-    start_crps = f.clone()
     lam = torch.full_like(f, 1e-3)
     done = torch.zeros_like(f, dtype=torch.bool)
     stalled = torch.zeros_like(done)
+    stale = torch.zeros_like(done)  # a step on the BFGS-updated Hessian failed: recompute it
+    exact = torch.zeros_like(done)  # the Hessian is the finite-difference one (no update since)
     decrement = torch.full_like(f, torch.inf)
-    hess = torch.zeros(f.shape[0], n, n, dtype=f.dtype, device=f.device)
+    hess = torch.zeros(f.shape[0], theta.shape[1], theta.shape[1], dtype=f.dtype, device=f.device)
     iterations = 0
-    for iterations in range(1, settings.max_iter + 1):
+    for iterations in range(1, max_iter + 1):
         done |= g.abs().amax(1) < settings.tol_grad * _scale(f)
-        active = ~done & ~stalled
-        if not bool(active.any()):
+        idx = (~done & ~stalled).nonzero().squeeze(1)  # (A,) the active points
+        if idx.numel() == 0:
             break
-        if iterations % settings.refresh == 1:  # the exact (finite-difference) Hessian, then BFGS updates
-            hess = _hessian(theta, g, d, family)
-        step, ok, lam = _newton_step(hess, g, lam)
-        cap = settings.max_step * (1.0 + theta.abs().amax(1, keepdim=True))  # (P, 1): grows with the coefficients
-        step = step * (cap / step.abs().amax(1, keepdim=True).clamp_min(1e-300)).clamp_max(1.0)
-        newton = active & ok & (lam < 1e-2)  # the damped step is close to Newton's: its predicted decrease
-        decrement = torch.where(newton, -0.5 * (g * step).sum(1), decrement)
-        done |= newton & (decrement < settings.tol_decrease * _scale(f))  # no decrease left to find
-        trial = theta + torch.where((active & ~done)[:, None], step, 0.0)
-        f_trial, g_trial = _value_grad(trial, d, family)
-        better = active & ~done & ok & torch.isfinite(f_trial) & (f_trial <= f)
-        hess = _bfgs_update(hess, trial - theta, g_trial - g, better)
-        theta = torch.where(better[:, None], trial, theta)
-        f, g = torch.where(better, f_trial, f), torch.where(better[:, None], g_trial, g)
-        lam = torch.where(better, lam * 0.2, torch.where(active, lam * 10.0, lam)).clamp(1e-12, 1e16)
-        stalled |= active & ~better & (lam >= 1e16)
+        # the exact (finite-difference) Hessian every ``refresh`` iterations, BFGS updates in between, and again
+        # after a failed step on an updated one (an update away from the optimum can be indefinite: a point
+        # stalled 0.05 above its optimum before); a point stalls only on an exact Hessian
+        refresh = stale[idx] | (iterations % settings.refresh == 1)
+        out = _iterate(theta[idx], f[idx], g[idx], hess[idx], lam[idx], d.take(idx), family, settings, refresh)
+        theta[idx], f[idx], g[idx], hess[idx] = out.theta, out.f, out.g, out.hess
+        was_exact = exact[idx] | refresh
+        stale[idx] = out.failed & ~was_exact
+        exact[idx] = was_exact & out.failed
+        lam[idx] = torch.where(stale[idx], out.lam / 10.0, out.lam)  # the damping before the failed step
+        stalled[idx] |= out.failed & was_exact & (out.lam >= 1e16)
+        decrement[idx] = torch.where(out.newton, out.decrement, decrement[idx])
+        done[idx] |= out.done
     done |= g.abs().amax(1) < settings.tol_grad * _scale(f)
+    return _Descent(theta, f, g, done, stalled, decrement, iterations)
+
+
+def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tuple[torch.Tensor, FitReport]:
+    """Coefficients theta (P, 4 + K - 2) at the training-CRPS optimum of every point, and how the fit ended:
+    the better per point of the descents from each of the family's starts (:func:`_starts`)."""
+    t0 = time.perf_counter()
+    n = 4 + distributions.get(family).n_raw - 2
+    starts = _starts(d, family, n)
+    with torch.no_grad():
+        raw_crps = crps_per_point(torch.zeros_like(starts[0]), d, family)
+        start_crps = torch.stack([crps_per_point(s, d, family) for s in starts]).nan_to_num(torch.inf).amin(0)
+    best = _descend(starts[0], d, family, settings, settings.max_iter)
+    for start in starts[1:]:
+        best = best.better(_descend(start, d, family, settings, settings.max_iter_far))
     report = FitReport(
         method="levenberg-marquardt (per-point quasi-Newton: finite-difference Hessian + BFGS updates, float64)",
-        iterations=iterations,
-        points=int(f.numel()),
-        converged_points=int(done.sum()),
-        stalled_points=int((stalled & ~done).sum()),
-        grad_norm_max=float(g.abs().amax()),
-        newton_decrement_max=float(torch.where(done, decrement.clamp_min(0), 0.0).amax()),
+        iterations=best.iterations,
+        points=int(best.f.numel()),
+        converged_points=int(best.done.sum()),
+        stalled_points=int((best.stalled & ~best.done).sum()),
+        grad_norm_max=float(best.g.abs().amax()),
+        newton_decrement_max=float(torch.where(best.done, best.decrement.clamp_min(0), 0.0).amax()),
         tol_grad=settings.tol_grad,
         tol_decrease=settings.tol_decrease,
         crps_raw=float(raw_crps.mean()),
         crps_start=float(start_crps.mean()),
-        crps_fit=float(f.mean()),
+        crps_fit=float(best.f.mean()),
         seconds=time.perf_counter() - t0,
     )
-    return theta, report
+    return best.theta, report
 
 
 def fit_bands(

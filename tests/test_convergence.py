@@ -39,7 +39,7 @@ def fit_preset(store: Path, root: Path, preset: str, *extra: str) -> tuple[Path,
 
 
 def training_points(ckpt: Path, store: Path) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
-    """The checkpoint's coefficients (4, P) and each point's training data (P, N): the normalised ensemble
+    """The checkpoint's coefficients (4 + K - 2, P) and each point's training data (P, N): the normalised ensemble
     mean and std the model reads, the raw ensemble's m and s, the truth y."""
     model, meta = load_checkpoint(str(ckpt))
     data = StoreDataset(DataConfig(store=str(store), sample=SampleSpec.from_dict(meta["sample"])), "train")
@@ -52,7 +52,7 @@ def training_points(ckpt: Path, store: Path) -> tuple[torch.Tensor, dict[str, np
             cols["xs"].append(x[model.net.std_channel].double().flatten().numpy())
             for k in ("m", "s", "y"):
                 cols[k].append(batch[k][0].double().flatten().numpy())
-    coef = model.net.coef.detach().double().flatten(1)  # (4, P)
+    coef = model.net.theta().double().T  # (4 + K - 2, P)
     return coef, {k: np.stack(v, axis=1) for k, v in cols.items()}  # each (P, N)
 
 
@@ -76,33 +76,59 @@ def crps_truncnormal_numpy(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> 
 CRPS_NUMPY = {"gaussian": crps_normal_numpy, "truncnormal": crps_truncnormal_numpy}
 
 
+def point_crps(family: str, theta: np.ndarray, d: dict[str, np.ndarray]) -> np.ndarray:
+    """The head of LocalEMOS written out in numpy for one point's dates (d: each (N,)), and the family's CRPS:
+    a location-scale law (a = mean offset / s, b = log scale / s), or the censored shifted gamma (shift =
+    s softplus(c), the gamma's mean (max(m, 0) + shift) e^a and std s e^b) scored by scoringrules' crps_csg0."""
+    a = theta[0] + theta[1] * d["xm"]
+    b = theta[2] + theta[3] * d["xs"]
+    if family != "csg":
+        return CRPS_NUMPY[family](d["m"] + d["s"] * a, d["s"] * np.exp(b), d["y"])
+    import scoringrules as sr
+
+    shift = d["s"] * np.logaddexp(0.0, theta[4])
+    mean, std = (np.maximum(d["m"], 0.0) + shift) * np.exp(a), d["s"] * np.exp(b)
+    return np.asarray(sr.crps_csg0(np.maximum(d["y"], 0.0), (mean / std) ** 2, scale=std**2 / mean, shift=shift))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("preset", "family"), [("configs/train/emos_t2m.yaml", "gaussian"), ("configs/train/emos_ws10.yaml", "truncnormal")]
+    ("preset", "family"),
+    [
+        ("configs/train/emos_t2m.yaml", "gaussian"),
+        ("configs/train/emos_ws10.yaml", "truncnormal"),
+        pytest.param(
+            "configs/train/emos_tp24.yaml",
+            "csg",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="10 deg, 24 training dates: at 2 of the 8 points the optimum lies at infinity (the shift, or "
+                "the scale's two coefficients, without bound); the fit stops 1e-5 and 5e-5 above scipy's Nelder-Mead",
+            ),
+        ),
+    ],
 )
 def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path, preset, family):
     """A local EMOS preset's checkpoint (solver auto): at each sampled point, its training CRPS (the family's
-    CRPS written out in numpy) is within 1e-5 of scipy's minimum of the same objective, or lower. The 20-epoch
-    AdamW fit the Gaussian preset ran before missed it by ~1e-3, and the truncated normal's until it was fitted
-    by the full-batch solver by default (ISSUE 39)."""
+    CRPS written out in numpy, or scoringrules') is within 1e-5 of scipy's minimum of the same objective, or
+    lower. The 20-epoch AdamW fit the Gaussian preset ran before missed it by ~1e-3, the truncated normal's until
+    it was fitted by the full-batch solver by default, and the censored shifted gamma's (tp24) until it was too
+    (ISSUE 39: its test CRPS was 5e-3 above scipy's per-point fit in benchmarks/skill.py)."""
     ckpt, summary = fit_preset(derived_store, tmp_path / "runs", preset)
-    crps = CRPS_NUMPY[family]
     coef, d = training_points(ckpt, derived_store)
-    s = np.maximum(d["s"], 1e-6)
+    d["s"] = np.maximum(d["s"], 1e-6)
     ok = np.isfinite(d["y"])
     rng = np.random.default_rng(0)
     for p in rng.choice(coef.shape[1], size=8, replace=False):
-        k = ok[p]
+        at = {key: v[p, ok[p]] for key, v in d.items()}
 
-        def f(theta: np.ndarray, p: int = p, k: np.ndarray = k) -> float:
-            mu = d["m"][p, k] + s[p, k] * (theta[0] + theta[1] * d["xm"][p, k])
-            sigma = s[p, k] * np.exp(theta[2] + theta[3] * d["xs"][p, k])
-            value = float(crps(mu, sigma, d["y"][p, k]).mean())
+        def f(theta: np.ndarray, at: dict[str, np.ndarray] = at) -> float:
+            value = float(point_crps(family, theta, at).mean())
             return value if np.isfinite(value) else 1e30
 
         ours = f(coef[:, p].numpy())
         best = np.inf
-        for x0 in (np.zeros(4), coef[:, p].numpy()):
+        for x0 in (np.zeros(coef.shape[0]), coef[:, p].numpy()):
             nm = optimize.minimize(
                 f, x0, method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-13, "maxiter": 40000}
             )
