@@ -37,7 +37,8 @@ FIT_BYTES = 1 << 30  # what the fit of one band of points may hold, whatever the
 # held per (point, date) during a fit: float64 data and autograd's saved tensors; peak RSS measured with 0.2 M
 # samples: gaussian 410, clogistic 460, truncnormal 850, csg 3,200 bytes (the shifted gamma's CRPS saves most)
 BYTES_PER_SAMPLE = {"gaussian": 512, "clogistic": 512, "truncnormal": 1024, "csg": 4096}
-FAR_SHIFT = 1000.0  # the csg's raw shift c of its second start (shift = s softplus(c): 1,000 spreads; 1e4 fails)
+NEAR_SHIFT = -5.0  # the csg's raw shift c of its second start (shift = s softplus(c): 0.007 spreads)
+FAR_SHIFT = 1000.0  # ... of its third (1,000 spreads; from 1e4 the descent fails in float64)
 FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads (PointData.from_fields)
 
 
@@ -193,14 +194,16 @@ def moment_start(d: PointData, n: int) -> torch.Tensor:
 
 def _starts(d: PointData, family: str, n: int) -> list[torch.Tensor]:
     """Where the descents start, each (P, n). A location-scale family: per point the better (lower training CRPS)
-    of the raw ensemble (0) and the moment estimate. The censored shifted gamma: the raw ensemble, and a shift of
-    FAR_SHIFT spreads with the moment estimate's scale, near the family's censored-normal limit (its CRPS is not
-    convex: a point's optimum can lie in either, 2e-3 apart at one point of the targets world)."""
+    of the raw ensemble (0) and the moment estimate. The censored shifted gamma, whose CRPS is not convex in its
+    coefficients: the raw ensemble, a shift near 0 (a plain gamma), and a shift of FAR_SHIFT spreads with the
+    moment estimate's scale, near the family's censored-normal limit. A point's optimum can lie in any of
+    them: 2e-3 apart at one point of the targets world, 0.023 at one of tests/test_emos_optimum.py's."""
     zero = torch.zeros(d.y.shape[0], n, dtype=torch.float64, device=d.y.device)
     if family not in LOCATION_SCALE:
-        far = zero.clone()
+        near, far = zero.clone(), zero.clone()
+        near[:, 4] = NEAR_SHIFT
         far[:, 2], far[:, 4] = moment_start(d, 4)[:, 2], FAR_SHIFT
-        return [zero, far] if family == "csg" else [zero]
+        return [zero, near, far] if family == "csg" else [zero]
     moments = moment_start(d, n)
     with torch.no_grad():
         better = crps_per_point(moments, d, family) < crps_per_point(zero, d, family)  # False where non-finite

@@ -156,7 +156,7 @@ SOLVERS = ("auto", "newton", "gradient")
 # censored shifted gamma keeps the gradient epochs under ``auto``: on a few training dates (the 24-date 10 deg
 # test stores) some points' optimum lies at infinity (a scale slope of -179), and the float32 model then gives
 # a validation CRPS of NaN. The tp24 preset, for stores of 128 training dates and more, names ``solver: newton``
-# (5 deg: 54 s, 6.7e-4 below scipy's per-point fit on the test split, where 20 gradient epochs were 5e-3 above).
+# (5 deg: 80 s, 6.7e-4 below scipy's per-point fit on the test split, where 20 gradient epochs were 5e-3 above).
 NEWTON_BY_DEFAULT = frozenset({"gaussian", "truncnormal", "clogistic"})
 
 

@@ -165,3 +165,19 @@ def test_a_fit_by_latitude_bands_equals_the_fit_of_every_point_at_once(tmp_path,
     assert report.converged_points + report.stalled_points == 12
     assert report.crps_fit == pytest.approx(report_all.crps_fit, rel=1e-12)
     assert report.iterations == report_all.iterations
+
+
+@SLOW
+def test_the_censored_shifted_gamma_is_fitted_in_the_basin_of_its_optimum():
+    """The csg's CRPS is not convex in its coefficients: at point 109 of this 200-point world the optimum is a
+    plain gamma (a shift near 0), which a descent from the raw ensemble misses for the censored-normal limit
+    (0.023 above scipy's optimum when the fit started from the raw ensemble only). And a failed step on a
+    BFGS-updated Hessian no longer stalls a point short of its optimum (4 points stalled, one 0.017 above)."""
+    d = synthetic("csg", points=200, dates=40, seed=0)
+    theta, report = fit(d, "csg")
+    with torch.no_grad():
+        ours = crps_per_point(theta, d, "csg").numpy()
+    f = point_objective(d, 109, "csg")
+    reference = scipy_optimum(f, [np.zeros(theta.shape[1]), theta[109].numpy()])
+    assert ours[109] <= reference + 1e-8, (ours[109], reference)
+    assert report.stalled_points <= 1, report
