@@ -47,7 +47,7 @@ class FitSettings:
     tol_grad: float = 1e-9  # max |dCRPS/dtheta| at a converged point, relative to 1 + its CRPS
     tol_decrease: float = 1e-12  # Newton decrement at a converged point, relative to 1 + its CRPS
     max_iter: int = 100  # from the first start
-    max_iter_far: int = 30  # from the further starts (the csg's censored-normal limit)
+    max_iter_far: int = 12  # from the further starts (the csg's), before the points they lead on are iterated on
     refresh: int = 10  # iterations between finite-difference Hessians (BFGS updates in between)
     max_step: float = 1.0  # largest change of a coefficient in one iteration, x (1 + the largest |coefficient|)
     min_std: float = 1e-6  # the head's floor on the ensemble std
@@ -300,6 +300,7 @@ class _Descent:
     stalled: torch.Tensor
     decrement: torch.Tensor
     iterations: int
+    FIELDS = ("theta", "f", "g", "done", "stalled", "decrement")
 
     def better(self, other: _Descent) -> _Descent:
         """Per point, the descent with the lower CRPS (ties: this one)."""
@@ -308,9 +309,15 @@ class _Descent:
         def choose(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return torch.where(pick.view(-1, *([1] * (a.dim() - 1))), a, b)
 
-        fields = ("theta", "f", "g", "done", "stalled", "decrement")
-        chosen = {k: choose(getattr(self, k), getattr(other, k)) for k in fields}
+        chosen = {k: choose(getattr(self, k), getattr(other, k)) for k in self.FIELDS}
         return _Descent(**chosen, iterations=max(self.iterations, other.iterations))
+
+    def replaced(self, idx: torch.Tensor, other: _Descent) -> _Descent:
+        """This descent with the points ``idx`` (A,) taken from ``other`` (a descent of those A points)."""
+        fields = {k: getattr(self, k).clone() for k in self.FIELDS}
+        for k, t in fields.items():
+            t[idx] = getattr(other, k)
+        return _Descent(**fields, iterations=max(self.iterations, other.iterations))
 
 
 def _descend(theta: torch.Tensor, d: PointData, family: str, settings: FitSettings, max_iter: int) -> _Descent:
@@ -356,9 +363,13 @@ def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tup
     with torch.no_grad():
         raw_crps = crps_per_point(torch.zeros_like(starts[0]), d, family)
         start_crps = torch.stack([crps_per_point(s, d, family) for s in starts]).nan_to_num(torch.inf).amin(0)
-    best = _descend(starts[0], d, family, settings, settings.max_iter)
-    for start in starts[1:]:
+    first = _descend(starts[0], d, family, settings, settings.max_iter)
+    best = first
+    for start in starts[1:]:  # a few iterations from each further start, then on where one of them leads
         best = best.better(_descend(start, d, family, settings, settings.max_iter_far))
+    moved = (best.f < first.f).nonzero().squeeze(1)
+    if moved.numel():
+        best = best.replaced(moved, _descend(best.theta[moved], d.take(moved), family, settings, settings.max_iter))
     report = FitReport(
         method="levenberg-marquardt (per-point quasi-Newton: finite-difference Hessian + BFGS updates, float64)",
         iterations=best.iterations,
