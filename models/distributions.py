@@ -298,14 +298,17 @@ def _stirlerr(k: torch.Tensor) -> torch.Tensor:
 
 
 def _x_minus_log1p(e: torch.Tensor) -> torch.Tensor:
-    """e - log(1 + e), e > -1, without cancellation near 0: e^2 sum_n>=2 (-e)^(n-2) / n below |e| = 1/4
-    (Horner, 30 terms: 0.25^28 / 30 < 1e-18 relative)."""
+    """e - log(1 + e), e > -1, without cancellation near 0. Below |e| = 1/4, with u = e / (2 + e) (so
+    log(1 + e) = 2 atanh(u) and e - 2u = e u): e u - 2 u^3 sum_n>=0 u^2n / (2n + 3), whose correction is at most
+    4 % of e u (Horner, 11 terms: u^2 <= 0.021, 0.021^11 < 1e-18 relative)."""
     near = e.clamp(-0.25, 0.25)
-    acc = torch.full_like(e, 1.0 / 30)
-    for n in range(29, 1, -1):
-        acc = 1.0 / n - near * acc
+    u = near / (2.0 + near)
+    u2 = u * u
+    acc = torch.full_like(e, 1.0 / 23)
+    for n in range(9, -1, -1):
+        acc = 1.0 / (2 * n + 3) + u2 * acc
     far = torch.where(e.abs() >= 0.25, e, torch.ones_like(e))  # each branch on inputs valid for it
-    return torch.where(e.abs() < 0.25, near * near * acc, far - torch.log1p(far))
+    return torch.where(e.abs() < 0.25, near * u - 2.0 * u * u2 * acc, far - torch.log1p(far))
 
 
 def _x_gamma_density(k: torch.Tensor, x: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:

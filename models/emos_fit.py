@@ -6,8 +6,12 @@ constant per further output (the family's head, :mod:`postcast.models.distributi
 different points do not interact, so the sum over points of each point's mean training CRPS has a
 block-diagonal Hessian, and one Levenberg-Marquardt (damped Newton) iteration updates every point at once:
 
-    step_p = -(H_p + lambda_p diag(H_p))^-1 g_p      (g_p: autograd; H_p: forward differences of g_p,
-                                                      BFGS-updated between refreshes; steps capped)
+    step_p = -(H_p + lambda_p diag(H_p))^-1 g_p      (g_p: autograd; H_p: BFGS-updated between refreshes;
+                                                      steps capped)
+
+The raw outputs are linear in the coefficients (raw_t = J_t theta at date t), so a refresh computes
+H_p = sum_t J_t^T H_t J_t from each date's K x K Hessian H_t, by forward differences of the gradient in the raw
+outputs: K backward passes (3 for the csg) instead of one per coefficient (5).
 
 A step is kept at a point only where it lowers that point's CRPS (else lambda_p grows), so the fit never
 leaves a point worse than where it started, and it starts at each point from the better of the raw
@@ -132,34 +136,66 @@ class PointData:
         return PointData(*(t[idx] for t in (self.xm, self.xs, self.m, self.s, self.y, self.w)))
 
 
-def crps_per_point(theta: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
-    """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2)."""
+def _raw(theta: torch.Tensor, d: PointData) -> torch.Tensor:
+    """The head's raw outputs (P, N, K) for coefficients theta (P, 4 + K - 2): a = a0 + a1 x_mean,
+    b = b0 + b1 x_std, then one constant per further output."""
     a = theta[:, 0:1] + theta[:, 1:2] * d.xm  # (P, N)
     b = theta[:, 2:3] + theta[:, 3:4] * d.xs
     extra = theta[:, 4:].unsqueeze(1).expand(-1, a.shape[1], -1)  # (P, N, K - 2)
-    raw = torch.cat([a.unsqueeze(-1), b.unsqueeze(-1), extra], dim=-1)  # (P, N, K)
+    return torch.cat([a.unsqueeze(-1), b.unsqueeze(-1), extra], dim=-1)
+
+
+def _raw_crps(raw: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
+    """Mean training CRPS at each point (P,) of the raw outputs (P, N, K)."""
     crps = distributions.get(family).from_raw(raw, d.m, d.s).crps(d.y)  # (P, N)
     return (torch.nan_to_num(crps, nan=torch.inf) * d.w).sum(1)
 
 
-def _value_grad(theta: torch.Tensor, d: PointData, family: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each point's CRPS (P,) and gradient (P, n), from one backward pass (the points are independent)."""
-    t = theta.detach().requires_grad_(True)
-    f = crps_per_point(t, d, family)
-    (g,) = torch.autograd.grad(f.sum(), t)
-    return f.detach(), torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+def crps_per_point(theta: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
+    """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2)."""
+    return _raw_crps(_raw(theta, d), d, family)
 
 
-def _hessian(theta: torch.Tensor, g: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
-    """Each point's Hessian (P, n, n) by forward differences of the gradient, symmetrised."""
+def _raw_value_grad(raw: torch.Tensor, d: PointData, family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each point's CRPS (P,) and its gradient in each date's raw outputs (P, N, K), one backward pass."""
+    r = raw.detach().requires_grad_(True)
+    f = _raw_crps(r, d, family)
+    (grad,) = torch.autograd.grad(f.sum(), r)
+    return f.detach(), torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _jacobian(d: PointData, k: int) -> torch.Tensor:
+    """d raw / d theta per date, (P, N, K, n): the raw outputs are linear in the coefficients."""
+    p, n_dates = d.xm.shape
+    jac = torch.zeros(p, n_dates, k, k + 2, dtype=d.xm.dtype, device=d.xm.device)
+    jac[:, :, 0, 0], jac[:, :, 0, 1], jac[:, :, 1, 2], jac[:, :, 1, 3] = 1.0, d.xm, 1.0, d.xs
+    for j in range(2, k):
+        jac[:, :, j, j + 2] = 1.0
+    return jac
+
+
+def _value_grad(theta: torch.Tensor, d: PointData, family: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each point's CRPS (P,), gradient (P, n) and gradient in the raw outputs (P, N, K) (the points are
+    independent: one backward pass)."""
+    f, grad = _raw_value_grad(_raw(theta, d), d, family)
+    g = (grad.unsqueeze(-1) * _jacobian(d, grad.shape[-1])).sum((1, 2))  # (P, n): sum_t J_t^T grad_t
+    return f, g, grad
+
+
+def _hessian(theta: torch.Tensor, grad: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
+    """Each point's Hessian (P, n, n), sum_t J_t^T H_t J_t, with each date's Hessian in its K raw outputs H_t
+    by forward differences of their gradient ``grad`` (P, N, K): K backward passes, not n."""
+    raw = _raw(theta, d)  # (P, N, K)
     cols = []
-    for j in range(theta.shape[1]):
-        h = 1e-6 * (1.0 + theta[:, j].abs())  # (P,)
-        step = torch.zeros_like(theta)
-        step[:, j] = h
-        cols.append((_value_grad(theta + step, d, family)[1] - g) / h[:, None])
-    hess = torch.stack(cols, dim=-1)  # (P, n, n)
-    return 0.5 * (hess + hess.transpose(1, 2))
+    for j in range(raw.shape[-1]):
+        h = 1e-6 * (1.0 + raw[..., j].abs())  # (P, N)
+        step = torch.zeros_like(raw)
+        step[..., j] = h
+        cols.append((_raw_value_grad(raw + step, d, family)[1] - grad) / h.unsqueeze(-1))
+    per_date = torch.stack(cols, dim=-1)  # (P, N, K, K)
+    per_date = 0.5 * (per_date + per_date.transpose(-1, -2))
+    jac = _jacobian(d, raw.shape[-1])  # (P, N, K, n)
+    return torch.einsum("ptki,ptkl,ptlj->pij", jac, per_date, jac)
 
 
 def _bfgs_update(hess: torch.Tensor, s: torch.Tensor, dg: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -240,6 +276,7 @@ class _Iteration:
     theta: torch.Tensor
     f: torch.Tensor
     g: torch.Tensor
+    grad: torch.Tensor  # (A, N, K): g in each date's raw outputs
     hess: torch.Tensor
     lam: torch.Tensor
     decrement: torch.Tensor  # the predicted decrease, where ``newton``
@@ -252,6 +289,7 @@ def _iterate(
     theta: torch.Tensor,
     f: torch.Tensor,
     g: torch.Tensor,
+    grad: torch.Tensor,
     hess: torch.Tensor,
     lam: torch.Tensor,
     d: PointData,
@@ -259,12 +297,13 @@ def _iterate(
     settings: FitSettings,
     refresh: torch.Tensor,
 ) -> _Iteration:
-    """One Levenberg-Marquardt iteration at active points: theta (A, n), f (A,), g (A, n), hess (A, n, n);
+    """One Levenberg-Marquardt iteration at active points: theta (A, n), f (A,), g (A, n), its raw form grad
+    (A, N, K), hess (A, n, n);
     ``refresh`` (A,): where the Hessian is recomputed by finite differences first (else the BFGS-updated one)."""
     if bool(refresh.any()):
         r = refresh.nonzero().squeeze(1)
         hess = hess.clone()
-        hess[r] = _hessian(theta[r], g[r], d.take(r), family)
+        hess[r] = _hessian(theta[r], grad[r], d.take(r), family)
     step, ok, lam = _newton_step(hess, g, lam)
     cap = settings.max_step * (1.0 + theta.abs().amax(1, keepdim=True))  # (A, 1): grows with the coefficients
     step = step * (cap / step.abs().amax(1, keepdim=True).clamp_min(1e-300)).clamp_max(1.0)
@@ -272,7 +311,7 @@ def _iterate(
     decrement = -0.5 * (g * step).sum(1)
     done = newton & (decrement < settings.tol_decrease * _scale(f))  # no decrease left to find
     trial = theta + torch.where(~done[:, None], step, 0.0)
-    f_trial, g_trial = _value_grad(trial, d, family)
+    f_trial, g_trial, grad_trial = _value_grad(trial, d, family)
     better = ~done & ok & torch.isfinite(f_trial) & (f_trial <= f)
     hess = _bfgs_update(hess, trial - theta, g_trial - g, better)
     lam = torch.where(better, lam * 0.2, lam * 10.0).clamp(1e-12, 1e16)
@@ -280,6 +319,7 @@ def _iterate(
         theta=torch.where(better[:, None], trial, theta),
         f=torch.where(better, f_trial, f),
         g=torch.where(better[:, None], g_trial, g),
+        grad=torch.where(better[:, None, None], grad_trial, grad),
         hess=hess,
         lam=lam,
         decrement=decrement,
@@ -323,7 +363,7 @@ class _Descent:
 def _descend(theta: torch.Tensor, d: PointData, family: str, settings: FitSettings, max_iter: int) -> _Descent:
     """Levenberg-Marquardt iterations from theta (P, n); each computes only the points still active (neither
     converged nor stalled), so the last few, whose optimum lies far out, cost little."""
-    f, g = _value_grad(theta, d, family)
+    f, g, grad = _value_grad(theta, d, family)
     lam = torch.full_like(f, 1e-3)
     done = torch.zeros_like(f, dtype=torch.bool)
     stalled = torch.zeros_like(done)
@@ -341,8 +381,10 @@ def _descend(theta: torch.Tensor, d: PointData, family: str, settings: FitSettin
         # after a failed step on an updated one (an update away from the optimum can be indefinite: a point
         # stalled 0.05 above its optimum before); a point stalls only on an exact Hessian
         refresh = stale[idx] | (iterations % settings.refresh == 1)
-        out = _iterate(theta[idx], f[idx], g[idx], hess[idx], lam[idx], d.take(idx), family, settings, refresh)
-        theta[idx], f[idx], g[idx], hess[idx] = out.theta, out.f, out.g, out.hess
+        out = _iterate(
+            theta[idx], f[idx], g[idx], grad[idx], hess[idx], lam[idx], d.take(idx), family, settings, refresh
+        )
+        theta[idx], f[idx], g[idx], grad[idx], hess[idx] = out.theta, out.f, out.g, out.grad, out.hess
         was_exact = exact[idx] | refresh
         stale[idx] = out.failed & ~was_exact
         exact[idx] = was_exact & out.failed
