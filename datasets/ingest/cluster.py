@@ -80,7 +80,7 @@ def dask_client(
         finally:
             client.close()
         return
-    with _children_ignore_interrupts():
+    with _children_ignore_interrupts(), _driver_environment_kept():
         cluster = LocalCluster(
             n_workers=workers,
             threads_per_worker=1,
@@ -94,6 +94,21 @@ def dask_client(
         if processes:  # and our own worker processes
             client.run(quiet_task_failures)
         yield client
+
+
+@contextmanager
+def _driver_environment_kept() -> Iterator[None]:
+    """This process's environment as it was, once the local workers have started: distributed's nanny sets the
+    variables its workers start with (``distributed.nanny.pre-spawn-environ``: OMP_NUM_THREADS=1, the MKL and
+    OpenBLAS threads, MALLOC_TRIM_THRESHOLD_) in the driver's own ``os.environ`` and leaves them there, so torch,
+    first used after an ingest in the same process (``postcast run``), ran on one thread whatever the cores."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(before):
+            del os.environ[key]
+        os.environ.update(before)
 
 
 @contextmanager
