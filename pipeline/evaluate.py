@@ -272,9 +272,16 @@ def leads_with_truth(store: xr.Dataset, target: schema.Target, split: str) -> li
 
 
 def lead_job(
-    store: xr.Dataset, store_path: str, target: schema.Target, split: str, h: int, entries: list[Entry]
+    store: xr.Dataset,
+    store_path: str,
+    target: schema.Target,
+    split: str,
+    h: int,
+    entries: list[Entry],
+    client: Any | None = None,
 ) -> LeadJob:
-    """The job of one lead, after checking that each checkpoint at it predicts the lead's verification dates."""
+    """The job of one lead, after checking that each checkpoint at it predicts the lead's verification dates
+    (its climate thresholds computed on ``client``'s cluster when given)."""
     rows = contract.split_rows(store, split, target=target, step_h=h)
     for e in entries:
         spec = SampleSpec.from_dict(load_checkpoint(e.path)[1]["sample"])
@@ -289,7 +296,7 @@ def lead_job(
         int(rows.size),
         tuple(target_arrays(store, target, store_path)),
         tuple((e.name, e.path) for e in entries),
-        climate_thresholds(store, target, h),
+        climate_thresholds(store, target, h, client, store_path),
     )
     return replace(job, rank_skips=rank_skips(store, job))
 
@@ -315,7 +322,7 @@ def score_target(
     for e in entries:  # a model's lead the store lacks: ConfigError naming the leads it holds
         contract.step_position(store.get_index(schema.STEP), e.lead)
     for h in leads:
-        job = lead_job(store, store_path, target, split, h, [e for e in entries if e.lead == h])
+        job = lead_job(store, store_path, target, split, h, [e for e in entries if e.lead == h], client)
         oracle = [ORACLE] if any(n in store for n in contract.oracle_parameters(target).values()) else []
         names = [RAW, *oracle, *(n for n, _ in job.checkpoints)]
         log.info("scoring %s +%d h: %s (%d dates)", target.name, h, ", ".join(names), job.n_dates)

@@ -2,7 +2,8 @@
 
 * :func:`efi_fields`: the EFI of each date against its model climate, a band of latitudes at a time (the
   climate window's members of one band at most :data:`TILE_BYTES`);
-* :func:`climate_thresholds`: the training truth's 10 / 90 % quantiles per point, a band at a time;
+* :func:`climate_thresholds`: the training truth's 10 / 90 % quantiles per point, a band at a time (a task
+  each on a cluster: the driver never holds the training truth);
 * :class:`LeadJob` and :func:`score_dates`: one target's lead, and the :class:`~postcast.pipeline.evaluate_stream.Part`
   of :data:`DATES_PER_TASK` of its dates (truth, members and each checkpoint's prediction of those dates only);
 * :func:`parts`: the parts of a lead in date order, from a dask client (:func:`in_order`: a bounded number of
@@ -76,22 +77,53 @@ def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     return out
 
 
-def climate_thresholds(store: xr.Dataset, target: schema.Target, step_h: int) -> dict[str, np.ndarray]:
+def climate_thresholds(
+    store: xr.Dataset, target: schema.Target, step_h: int, client: Any | None = None, store_path: str = ""
+) -> dict[str, np.ndarray]:
     """Events of the tail scores and reliability diagrams, each a threshold (lat, lon): below the 10 % and above
     the 90 % quantile of the training-split truth at each grid point (none when the training split has no
-    truth), and above the target's own thresholds (tp24: 1 and 10 mm; ws10: 10 and 20 m/s) everywhere."""
+    truth), and above the target's own thresholds (tp24: 1 and 10 mm; ws10: 10 and 20 m/s) everywhere. The
+    quantiles are taken a latitude band at a time (:class:`ThresholdJob`): here, or on ``client``'s cluster from
+    ``store_path``, so that the driver never holds the training truth."""
     tg = target
     shape = (store.sizes[schema.LAT], store.sizes[schema.LON])
     fixed = {e: np.full(shape, t) for e, t in zip(verification.THRESHOLD_EVENTS, tg.thresholds, strict=False)}
     rows = contract.split_rows(store, "train", target=tg, step_h=step_h)
     if not rows.size:
         return fixed
-    truth = step_field(store, contract.truth_name(tg.name), step_h, tg.level).isel({schema.INIT_TIME: rows})
-    q = np.empty((2, *shape))
-    for band in _bands(shape[0], rows.size * shape[1] * 8):
-        y = truth.isel({schema.LAT: band}).values.astype(np.float64)  # (n, band, lon)
-        q[:, band] = np.nanquantile(y, [0.1, 0.9], axis=0)
-    return dict(zip(verification.QUANTILE_EVENTS, q, strict=True)) | fixed
+    bands = tuple(_bands(shape[0], rows.size * shape[1] * 8))
+    job = ThresholdJob(store_path, tg.name, step_h, tuple(int(r) for r in rows), bands)
+    if client is None:
+        q = [job.quantiles(store, band) for band in bands]
+    else:
+        q = list(in_order(client, threshold_band, job, len(bands)))
+    return dict(zip(verification.QUANTILE_EVENTS, np.concatenate(q, axis=1), strict=True)) | fixed
+
+
+@dataclass(frozen=True)
+class ThresholdJob:
+    """The training truth's 10 / 90 % quantiles of one target's lead, a latitude band per task."""
+
+    store: str
+    target: str
+    step_h: int
+    rows: tuple[int, ...]  # the training split's init-time rows
+    bands: tuple[slice, ...]
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def quantiles(self, store: xr.Dataset, band: slice) -> np.ndarray:
+        """(2, band, lon): the 10 and 90 % quantiles over the training dates of each point of ``band``."""
+        tg = schema.target(self.target)
+        truth = step_field(store, contract.truth_name(tg.name), self.step_h, tg.level)
+        y = truth.isel({schema.INIT_TIME: list(self.rows), schema.LAT: band}).values.astype(np.float64)  # (n, b, lon)
+        return np.nanquantile(y, [0.1, 0.9], axis=0)
+
+
+def threshold_band(job: ThresholdJob, k: int) -> np.ndarray:
+    """The quantiles of the job's ``k``-th band, on a worker (the store opened once per job and process)."""
+    if job.token not in _OPENED:
+        share_store(job.token, contract.open_store(job.store))
+    return job.quantiles(_OPENED[job.token], job.bands[k])
 
 
 def chunks_of(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForecast]) -> tuple[list[str], list[Chunk]]:
