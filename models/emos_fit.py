@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from postcast.models import distributions
 
@@ -44,6 +45,7 @@ FIT_BYTES = 1 << 30  # what the fit of one band of points may hold, whatever the
 BYTES_PER_SAMPLE = {"gaussian": 768, "clogistic": 768, "truncnormal": 1152, "csg": 4096}
 NEAR_SHIFT = -5.0  # the csg's raw shift c of its second start (shift = s softplus(c): 0.007 spreads)
 FAR_SHIFT = 1000.0  # ... of its third (1,000 spreads; from 1e4 the descent fails in float64)
+RAY = tuple(2.0**i for i in range(1, 11))  # the csg's shift times these toward its censored-normal limit
 FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads (PointData.from_fields)
 
 
@@ -417,6 +419,8 @@ def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tup
     moved = (best.f < first.f).nonzero().squeeze(1)
     if moved.numel():
         best = best.replaced(moved, _descend(best.theta[moved], d.take(moved), family, settings, settings.max_iter))
+    if family == "csg":
+        best = _toward_the_limit(best, d, settings)
     report = FitReport(
         method="levenberg-marquardt (per-point quasi-Newton: finite-difference Hessian + BFGS updates, float64)",
         iterations=best.iterations,
@@ -433,6 +437,32 @@ def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tup
         seconds=time.perf_counter() - t0,
     )
     return best.theta, report
+
+
+def _toward_the_limit(best: _Descent, d: PointData, settings: FitSettings) -> _Descent:
+    """The csg's points in its far basin (raw shift above FAR_SHIFT / 2), whose optimum can lie at an infinite
+    shift (the censored-normal limit: the CRPS there falls like 1 / shift, 1e-4 above the limit at 1,000
+    spreads), where the gradient in the shape is too inexact to descend: the shift times each factor of RAY
+    with a0, a1 divided by as much (the location kept to first order), the best of them per point, and the
+    descent from there (a step is kept only where it lowers the CRPS)."""
+    far = (best.theta[:, 4] > FAR_SHIFT / 2).nonzero().squeeze(1)
+    if far.numel() == 0:
+        return best
+    theta, at = best.theta[far], d.take(far)
+    tried, f = theta, best.f[far]
+    with torch.no_grad():
+        for factor in RAY:
+            ray = theta.clone()
+            ray[:, 4] = theta[:, 4] * factor
+            ray[:, :2] = theta[:, :2] * (1.0 + F.softplus(theta[:, 4:5])) / (1.0 + F.softplus(ray[:, 4:5]))
+            f_ray = crps_per_point(ray, at, "csg")
+            better = f_ray < f
+            tried, f = torch.where(better[:, None], ray, tried), torch.where(better, f_ray, f)
+    moved = (f < best.f[far]).nonzero().squeeze(1)
+    if moved.numel() == 0:
+        return best
+    idx = far[moved]
+    return best.replaced(idx, _descend(tried[moved], d.take(idx), "csg", settings, settings.max_iter))
 
 
 def fit_bands(

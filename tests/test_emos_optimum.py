@@ -103,6 +103,28 @@ def test_fit_reaches_the_scipy_optimum(family):
     assert report.crps_fit < report.crps_raw and report.grad_norm_max < 1e-5
 
 
+@SLOW
+def test_a_censored_shifted_gamma_whose_optimum_is_its_censored_normal_limit():
+    """Truth drawn from a censored normal: the csg's CRPS falls towards its limit like 1 / shift, with no
+    minimum. Where the gradient in the shape is still exact (raw shift c up to ~3,000) the descent stopped
+    1e-4 above what scipy's Nelder-Mead reached by walking the shift out (c ~ 1e6 at one point of the targets
+    world); the fit's ray along the shift (emos_fit.RAY) ends within 1e-5 of it (or lower). Here point 0's
+    optimum is the limit and point 1's is finite."""
+    g = np.random.default_rng(0)
+    xm, xs = g.normal(size=(2, 120)), g.normal(size=(2, 120))
+    s, m = 6.0 * np.exp(0.3 * xs), 5.0 + 5.0 * xm  # mm: at c = 1,000 the CRPS is 2.5e-5 above its limit
+    y = np.maximum(0.0, m - 0.1 * s + s * g.normal(size=m.shape))  # 27 and 33 % dry
+    d = PointData(*(torch.as_tensor(a) for a in (xm, xs, m, s, y)), w=torch.full((2, 120), 1.0 / 120))
+    theta, _ = fit(d, "csg")
+    with torch.no_grad():
+        ours = crps_per_point(theta, d, "csg").numpy()
+    f = point_objective(d, 0, "csg")
+    far = theta[0].numpy() * np.array([1e-3, 1e-3, 1.0, 1.0, 1e3])  # the shift 1,000 times out, the location kept
+    reference = scipy_optimum(f, [theta[0].numpy(), far])
+    assert ours[0] <= reference + OPTIMUM_TOL, (ours[0], reference, theta[0])
+    assert theta[0, 4] > 1e5 and abs(theta[1, 4]) < 10  # point 0 out along the shift; point 1's optimum is finite
+
+
 @pytest.mark.parametrize("family", ["gaussian", "truncnormal", "clogistic", pytest.param("csg", marks=SLOW)])
 def test_zero_spread_and_all_dry_points(family):
     """A point whose members never spread (s = 0, floored) and one where the ensemble and the truth are 0 on
