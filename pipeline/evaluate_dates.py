@@ -47,6 +47,7 @@ from postcast.pipeline.gather import (
 
 DATES_PER_TASK = 4  # a checkpoint's prediction batch: a task predicts the same batches as one pass would
 TILE_BYTES = 512 << 20  # float64 bytes of one latitude band of an EFI climate window or of the training truth
+READ_BYTES = 64 << 20  # float32 bytes of the whole-grid fields one read of such a band decodes (:func:`_date_groups`)
 T = TypeVar("T")
 TASKS_AHEAD_PER_WORKER = 2  # tasks in flight per worker: parts wait in the driver for the ones before them
 
@@ -55,6 +56,14 @@ def _bands(n_lat: int, row_bytes: int) -> list[slice]:
     """Latitude bands of at most TILE_BYTES (``row_bytes`` per latitude row), at least one row each."""
     rows = max(1, TILE_BYTES // max(1, row_bytes))
     return [slice(i, min(i + rows, n_lat)) for i in range(0, n_lat, rows)]
+
+
+def _date_groups(n: int, date_bytes: int) -> list[slice]:
+    """Groups of the n dates a band is read in, each copied into the band's float64 array as it comes (no
+    float32 copy of the whole band): at most READ_BYTES of whole-grid fields (``date_bytes`` per date, float32;
+    a store chunk holds one date's whole grid) each, at least one date."""
+    size = max(1, READ_BYTES // max(1, date_bytes))
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
@@ -68,11 +77,13 @@ def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     for i, t in enumerate(ver[schema.INIT_TIME].values):
         window = np.flatnonzero(metrics.climate_window(times, t, month_days=mds))
         members = ver["members"].values[i]  # (M, lat, lon)
-        row = window.size * store.sizes[schema.MEMBER] * store.sizes[schema.LON] * 8
-        for band in _bands(store.sizes[schema.LAT], row):
-            sub = store.isel({schema.INIT_TIME: window, schema.LAT: band})
-            clim = target_members(sub, target, ver.attrs["step_h"]).values.astype(np.float64)  # (n, M, band, lon)
-            q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0)
+        n_members, n_lat, n_lon = members.shape
+        for band in _bands(n_lat, window.size * n_members * n_lon * 8):
+            clim = np.empty((window.size, n_members, band.stop - band.start, n_lon))  # (n, M, band, lon) float64
+            for dates in _date_groups(window.size, n_members * n_lat * n_lon * 4):
+                sub = store.isel({schema.INIT_TIME: window[dates], schema.LAT: band})
+                clim[dates] = target_members(sub, target, ver.attrs["step_h"]).values
+            q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0, overwrite_input=True)
             out[i, band] = metrics.efi(q, members[:, band])
     return out
 
@@ -115,8 +126,11 @@ class ThresholdJob:
         """(2, band, lon): the 10 and 90 % quantiles over the training dates of each point of ``band``."""
         tg = schema.target(self.target)
         truth = step_field(store, contract.truth_name(tg.name), self.step_h, tg.level)
-        y = truth.isel({schema.INIT_TIME: list(self.rows), schema.LAT: band}).values.astype(np.float64)  # (n, b, lon)
-        return np.nanquantile(y, [0.1, 0.9], axis=0)
+        n_lat, n_lon = truth.shape[-2:]
+        y = np.empty((len(self.rows), band.stop - band.start, n_lon))  # (n, band, lon) float64
+        for dates in _date_groups(len(self.rows), n_lat * n_lon * 4):
+            y[dates] = truth.isel({schema.INIT_TIME: list(self.rows[dates]), schema.LAT: band}).values
+        return np.nanquantile(y, [0.1, 0.9], axis=0, overwrite_input=True)
 
 
 def threshold_band(job: ThresholdJob, k: int) -> np.ndarray:
