@@ -419,8 +419,7 @@ def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tup
     moved = (best.f < first.f).nonzero().squeeze(1)
     if moved.numel():
         best = best.replaced(moved, _descend(best.theta[moved], d.take(moved), family, settings, settings.max_iter))
-    if family == "csg":
-        best = _toward_the_limit(best, d, settings)
+    best = _toward_the_limit(best, d, settings) if family == "csg" else best
     report = FitReport(
         method="levenberg-marquardt (per-point quasi-Newton: finite-difference Hessian + BFGS updates, float64)",
         iterations=best.iterations,
@@ -440,29 +439,20 @@ def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tup
 
 
 def _toward_the_limit(best: _Descent, d: PointData, settings: FitSettings) -> _Descent:
-    """The csg's points in its far basin (raw shift above FAR_SHIFT / 2), whose optimum can lie at an infinite
-    shift (the censored-normal limit: the CRPS there falls like 1 / shift, 1e-4 above the limit at 1,000
-    spreads), where the gradient in the shape is too inexact to descend: the shift times each factor of RAY
-    with a0, a1 divided by as much (the location kept to first order), the best of them per point, and the
-    descent from there (a step is kept only where it lowers the CRPS)."""
+    """The csg's far basin (raw shift above FAR_SHIFT / 2), whose optimum can be the censored-normal limit (an
+    infinite shift; the shape's gradient there too inexact): the shift times RAY, the best, a descent from it."""
     far = (best.theta[:, 4] > FAR_SHIFT / 2).nonzero().squeeze(1)
-    if far.numel() == 0:
-        return best
-    theta, at = best.theta[far], d.take(far)
-    tried, f = theta, best.f[far]
+    theta, at, f = best.theta[far], d.take(far), best.f[far]
+    c, tried = theta[:, 4:5], theta
     with torch.no_grad():
-        for factor in RAY:
-            ray = theta.clone()
-            ray[:, 4] = theta[:, 4] * factor
-            ray[:, :2] = theta[:, :2] * (1.0 + F.softplus(theta[:, 4:5])) / (1.0 + F.softplus(ray[:, 4:5]))
+        for factor in RAY:  # a0 and a1 divided by as much as the shift grows: the location kept to first order
+            scaled = theta[:, :2] * (1.0 + F.softplus(c)) / (1.0 + F.softplus(c * factor))
+            ray = torch.cat([scaled, theta[:, 2:4], c * factor], dim=1)
             f_ray = crps_per_point(ray, at, "csg")
-            better = f_ray < f
-            tried, f = torch.where(better[:, None], ray, tried), torch.where(better, f_ray, f)
-    moved = (f < best.f[far]).nonzero().squeeze(1)
-    if moved.numel() == 0:
-        return best
-    idx = far[moved]
-    return best.replaced(idx, _descend(tried[moved], d.take(idx), "csg", settings, settings.max_iter))
+            tried, f = torch.where((f_ray < f)[:, None], ray, tried), torch.where(f_ray < f, f_ray, f)
+    keep = f < best.f[far]
+    done = _descend(tried[keep], d.take(far[keep]), "csg", settings, settings.max_iter) if keep.any() else None
+    return best if done is None else best.replaced(far[keep], done)
 
 
 def fit_bands(
