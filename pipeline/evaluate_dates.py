@@ -1,7 +1,9 @@
 """Evaluation's work on chunks of init dates, in this process or on a dask cluster.
 
 * :func:`efi_fields`: the EFI of each date against its model climate, a band of latitudes at a time (the
-  climate window's members of one band at most :data:`TILE_BYTES`);
+  climate window's members of one band at most :data:`TILE_BYTES`), each window date of a task decoded once
+  into a scratch on local disk (a store chunk holds a date's whole grid: read a band at a time, the store was
+  decoded bands x window times a date, quadratic in the window);
 * :func:`climate_thresholds`: the training truth's 10 / 90 % quantiles per point, a band at a time (a task
   each on a cluster: the driver never holds the training truth);
 * :class:`LeadJob` and :func:`score_dates`: one target's lead, and the :class:`~postcast.pipeline.evaluate_stream.Part`
@@ -9,17 +11,21 @@
 * :func:`parts`: the parts of a lead in date order, from a dask client (:func:`in_order`: a bounded number of
   tasks in flight, so the driver holds a few parts at a time; ``postcast forecast`` uses it too) or here.
 
-Memory: a task holds its dates' arrays (members, forecasts, a Gaussian's 50 quantile members of one date),
-the driver one lead's accumulator; neither grows with the number of dates beyond T numbers per score.
+Memory: a task holds its dates' arrays (members, forecasts, a Gaussian's 50 quantile members of one date) and
+one band of an EFI climate window (its window dates' members are on local disk, in a temporary directory, while
+the task runs), the driver one lead's accumulator; neither grows with the number of dates beyond T numbers per
+score.
 """
 
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -47,7 +53,7 @@ from postcast.pipeline.gather import (
 
 DATES_PER_TASK = 4  # a checkpoint's prediction batch: a task predicts the same batches as one pass would
 TILE_BYTES = 512 << 20  # float64 bytes of one latitude band of an EFI climate window or of the training truth
-READ_BYTES = 64 << 20  # float32 bytes of the whole-grid fields one read of such a band decodes (:func:`_date_groups`)
+READ_BYTES = 64 << 20  # float32 bytes of the whole-grid fields one read of the store decodes (:func:`_date_groups`)
 T = TypeVar("T")
 TASKS_AHEAD_PER_WORKER = 2  # tasks in flight per worker: parts wait in the driver for the ones before them
 
@@ -59,9 +65,10 @@ def _bands(n_lat: int, row_bytes: int) -> list[slice]:
 
 
 def _date_groups(n: int, date_bytes: int) -> list[slice]:
-    """Groups of the n dates a band is read in, each copied into the band's float64 array as it comes (no
-    float32 copy of the whole band): at most READ_BYTES of whole-grid fields (``date_bytes`` per date, float32;
-    a store chunk holds one date's whole grid) each, at least one date."""
+    """Groups of the n dates read from the store at a time (a band of the training truth, each group copied into
+    the band's float64 array as it comes: no float32 copy of the whole band; an EFI window's whole grids, each
+    date saved to the scratch as it comes): at most READ_BYTES of whole-grid fields (``date_bytes`` per date,
+    float32; a store chunk holds one date's whole grid) each, at least one date."""
     size = max(1, READ_BYTES // max(1, date_bytes))
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
@@ -69,22 +76,47 @@ def _date_groups(n: int, date_bytes: int) -> list[slice]:
 def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     """EFI (init_time, lat, lon) of the raw ensemble against the model climate of each date (the members of
     the init dates in its ENS-10 climate window, :func:`postcast.pipeline.metrics.climate_window`); the
-    quantiles are per point, so a band of latitudes at a time gives the same values."""
+    quantiles are per point, so a band of latitudes at a time gives the same values. The members of each date
+    in any of the windows are decoded once (the windows of ``ver``'s dates overlap), into ``.npy`` files of a
+    temporary directory (TMPDIR; removed on return), and each band is read back from there."""
     times = store[schema.INIT_TIME].values
     mds = sorted(set(zip(pd.DatetimeIndex(times).month, pd.DatetimeIndex(times).day, strict=True)))
-    out = np.empty(ver["truth"].shape)
-    target = schema.target(ver.attrs["target"])
-    for i, t in enumerate(ver[schema.INIT_TIME].values):
-        window = np.flatnonzero(metrics.climate_window(times, t, month_days=mds))
-        members = ver["members"].values[i]  # (M, lat, lon)
-        n_members, n_lat, n_lon = members.shape
-        for band in _bands(n_lat, window.size * n_members * n_lon * 8):
-            clim = np.empty((window.size, n_members, band.stop - band.start, n_lon))  # (n, M, band, lon) float64
-            for dates in _date_groups(window.size, n_members * n_lat * n_lon * 4):
-                sub = store.isel({schema.INIT_TIME: window[dates], schema.LAT: band})
-                clim[dates] = target_members(sub, target, ver.attrs["step_h"]).values
-            q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0, overwrite_input=True)
-            out[i, band] = metrics.efi(q, members[:, band])
+    windows = [np.flatnonzero(metrics.climate_window(times, t, month_days=mds)) for t in ver[schema.INIT_TIME].values]
+    out = np.empty(ver["truth"].shape)  # (T, lat, lon)
+    with tempfile.TemporaryDirectory(prefix="postcast-efi-") as scratch:
+        files = _decoded(store, ver, np.unique(np.concatenate([np.empty(0, int), *windows])), Path(scratch))
+        for i, window in enumerate(windows):
+            out[i] = _efi_of_date(ver["members"].values[i], [files[int(d)] for d in window])
+    return out
+
+
+def _decoded(store: xr.Dataset, ver: xr.Dataset, rows: np.ndarray, scratch: Path) -> dict[int, Path]:
+    """The ``.npy`` file in ``scratch`` of the members (M, lat, lon) of ``ver``'s target at its lead of each
+    init-time row of ``rows``, as the store gives them (float32; float64 for a derived target), read a group
+    of dates at a time."""
+    target, (n_members, n_lat, n_lon) = schema.target(ver.attrs["target"]), ver["members"].shape[1:]
+    files = {}
+    for group in _date_groups(rows.size, n_members * n_lat * n_lon * 4):
+        sub = store.isel({schema.INIT_TIME: rows[group]})
+        values = target_members(sub, target, ver.attrs["step_h"]).values  # (dates, M, lat, lon)
+        for row, members in zip(rows[group], values, strict=True):
+            files[int(row)] = scratch / f"{row}.npy"
+            np.save(files[int(row)], members)
+    return files
+
+
+def _efi_of_date(members: np.ndarray, window: list[Path]) -> np.ndarray:
+    """EFI (lat, lon) of one date's ``members`` (M, lat, lon) against the members of its ``window`` dates (their
+    ``.npy`` files), a band of latitudes at a time: each band's float64 climate filled from the files (a date's
+    file mapped only while its band is copied) and partitioned in place by the quantiles."""
+    n_members, n_lat, n_lon = members.shape
+    out = np.empty((n_lat, n_lon))
+    for band in _bands(n_lat, len(window) * n_members * n_lon * 8):
+        clim = np.empty((len(window), n_members, band.stop - band.start, n_lon))  # (n, M, band, lon) float64
+        for k, path in enumerate(window):
+            clim[k] = np.load(path, mmap_mode="r")[:, band]  # the memmap is dropped (unmapped) at once
+        q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0, overwrite_input=True)
+        out[band] = metrics.efi(q, members[:, band])
     return out
 
 

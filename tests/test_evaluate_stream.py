@@ -283,3 +283,33 @@ def _month_days(store: xr.Dataset) -> list[tuple[int, int]]:
 
     times = pd.DatetimeIndex(store[schema.INIT_TIME].values)
     return sorted(set(zip(times.month, times.day, strict=True)))
+
+
+def test_the_efi_decodes_each_window_date_once_whatever_the_bands(wide_store, monkeypatch):
+    """The EFI of a task's 4 test dates with latitude bands of 16 rows (5 bands a date): each store chunk of the
+    members of a date in any of their climate windows is read once (counted by the backing store), and the EFI
+    is the one of a single band, bit for bit. A chunk holds a date's whole grid: read a band at a time, each
+    band decoded the whole window again (bands x window decodes per test date, and the bands grow with the
+    window: quadratic)."""
+    from zarr.storage import LocalStore
+
+    from postcast.datasets import io, reads
+    from postcast.pipeline import evaluate_dates
+
+    store, tg = contract.open_store(wide_store), schema.target("t850")
+    ver = evaluate_dates.verification_dataset(store, tg, "test", step_h=48, dates=slice(4, 8))
+    times, mds = store[schema.INIT_TIME].values, _month_days(store)
+    windows = [np.flatnonzero(metrics.climate_window(times, t, month_days=mds)) for t in ver[schema.INIT_TIME].values]
+    one_band = evaluate_dates.efi_fields(store, ver)
+    n_member, n_lat, n_lon = (store.sizes[d] for d in (schema.MEMBER, schema.LAT, schema.LON))
+    monkeypatch.setattr(evaluate_dates, "TILE_BYTES", 16 * max(w.size for w in windows) * n_member * n_lon * 8)
+    assert min(len(evaluate_dates._bands(n_lat, w.size * n_member * n_lon * 8)) for w in windows) >= 4
+    counting = reads.CountingStore(LocalStore(str(wide_store), read_only=True))
+    opened = io.open_zarr(counting)  # type: ignore[arg-type]
+    counting.gets.clear()
+    banded = evaluate_dates.efi_fields(opened, ver)
+    member_reads = {int(k.split("/")[2]): n for k, n in counting.gets.items() if k.startswith("t/c/")}
+    wanted = set(np.concatenate(windows).tolist())
+    assert len(wanted) == 60 and sum(w.size for w in windows) == 180
+    assert sorted(member_reads) == sorted(wanted) and set(member_reads.values()) == {1}, sum(member_reads.values())
+    np.testing.assert_array_equal(banded, one_band)
