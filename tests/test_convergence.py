@@ -97,16 +97,7 @@ def point_crps(family: str, theta: np.ndarray, d: dict[str, np.ndarray]) -> np.n
     [
         ("configs/train/emos_t2m.yaml", "gaussian"),
         ("configs/train/emos_ws10.yaml", "truncnormal"),
-        pytest.param(
-            "configs/train/emos_tp24.yaml",
-            "csg",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="10 deg, 24 training dates: at 1 of the 8 points (431: nearly all dry, the scale's two "
-                "coefficients 16.5 and -23.8 at scipy's optimum, the shift at 0) the fit crawls along a narrow valley "
-                "and stops 2.6e-4 above scipy's Nelder-Mead (1.2e-4 after 400 iterations); the other 7 are within 5e-6",
-            ),
-        ),
+        ("configs/train/emos_tp24.yaml", "csg"),
     ],
 )
 def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path, preset, family):
