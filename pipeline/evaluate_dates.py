@@ -1,7 +1,7 @@
 """Evaluation's work on chunks of init dates, in this process or on a dask cluster.
 
 * :func:`efi_fields`: the EFI of each date against its model climate, a band of latitudes at a time (the
-  climate window's members of one band at most :data:`TILE_BYTES`), each window date of a task decoded once
+  climate window's members of one band at most :data:`EFI_TILE_BYTES`), each window date of a task decoded once
   into a scratch on local disk (a store chunk holds a date's whole grid: read a band at a time, the store was
   decoded bands x window times a date, quadratic in the window);
 * :func:`climate_thresholds`: the training truth's 10 / 90 % quantiles per point, a band at a time (a task
@@ -52,15 +52,16 @@ from postcast.pipeline.gather import (
 )
 
 DATES_PER_TASK = 4  # a checkpoint's prediction batch: a task predicts the same batches as one pass would
-TILE_BYTES = 512 << 20  # float64 bytes of one latitude band of an EFI climate window or of the training truth
+TILE_BYTES = 512 << 20  # float64 bytes of one latitude band of the training truth (:func:`climate_thresholds`)
+EFI_TILE_BYTES = 128 << 20  # ... of an EFI climate window (read back from its scratch: more bands cost no decoding)
 READ_BYTES = 64 << 20  # float32 bytes of the whole-grid fields one read of the store decodes (:func:`_date_groups`)
 T = TypeVar("T")
 TASKS_AHEAD_PER_WORKER = 2  # tasks in flight per worker: parts wait in the driver for the ones before them
 
 
-def _bands(n_lat: int, row_bytes: int) -> list[slice]:
-    """Latitude bands of at most TILE_BYTES (``row_bytes`` per latitude row), at least one row each."""
-    rows = max(1, TILE_BYTES // max(1, row_bytes))
+def _bands(n_lat: int, row_bytes: int, tile_bytes: int) -> list[slice]:
+    """Latitude bands of at most ``tile_bytes`` (``row_bytes`` per latitude row), at least one row each."""
+    rows = max(1, tile_bytes // max(1, row_bytes))
     return [slice(i, min(i + rows, n_lat)) for i in range(0, n_lat, rows)]
 
 
@@ -111,7 +112,7 @@ def _efi_of_date(members: np.ndarray, window: list[Path]) -> np.ndarray:
     file mapped only while its band is copied) and partitioned in place by the quantiles."""
     n_members, n_lat, n_lon = members.shape
     out = np.empty((n_lat, n_lon))
-    for band in _bands(n_lat, len(window) * n_members * n_lon * 8):
+    for band in _bands(n_lat, len(window) * n_members * n_lon * 8, EFI_TILE_BYTES):
         clim = np.empty((len(window), n_members, band.stop - band.start, n_lon))  # (n, M, band, lon) float64
         for k, path in enumerate(window):
             clim[k] = np.load(path, mmap_mode="r")[:, band]  # the memmap is dropped (unmapped) at once
@@ -134,7 +135,7 @@ def climate_thresholds(
     rows = contract.split_rows(store, "train", target=tg, step_h=step_h)
     if not rows.size:
         return fixed
-    bands = tuple(_bands(shape[0], rows.size * shape[1] * 8))
+    bands = tuple(_bands(shape[0], rows.size * shape[1] * 8, TILE_BYTES))
     job = ThresholdJob(store_path, tg.name, step_h, tuple(int(r) for r in rows), bands)
     if client is None:
         q = [job.quantiles(store, band) for band in bands]

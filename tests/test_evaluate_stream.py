@@ -302,8 +302,9 @@ def test_the_efi_decodes_each_window_date_once_whatever_the_bands(wide_store, mo
     windows = [np.flatnonzero(metrics.climate_window(times, t, month_days=mds)) for t in ver[schema.INIT_TIME].values]
     one_band = evaluate_dates.efi_fields(store, ver)
     n_member, n_lat, n_lon = (store.sizes[d] for d in (schema.MEMBER, schema.LAT, schema.LON))
-    monkeypatch.setattr(evaluate_dates, "TILE_BYTES", 16 * max(w.size for w in windows) * n_member * n_lon * 8)
-    assert min(len(evaluate_dates._bands(n_lat, w.size * n_member * n_lon * 8)) for w in windows) >= 4
+    tile = 16 * max(w.size for w in windows) * n_member * n_lon * 8
+    monkeypatch.setattr(evaluate_dates, "EFI_TILE_BYTES", tile)
+    assert min(len(evaluate_dates._bands(n_lat, w.size * n_member * n_lon * 8, tile)) for w in windows) >= 4
     counting = reads.CountingStore(LocalStore(str(wide_store), read_only=True))
     opened = io.open_zarr(counting)  # type: ignore[arg-type]
     counting.gets.clear()
