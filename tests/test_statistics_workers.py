@@ -8,11 +8,13 @@ process allocates."""
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from postcast.datasets import contract, io, schema, sources, statistics
 from postcast.datasets.ingest import budget as ingest_budget
@@ -109,3 +111,49 @@ def _same_bits(a: statistics.FieldPartials, b: statistics.FieldPartials) -> bool
     return a.keys() == b.keys() and all(
         a[f].keys() == b[f].keys() and all(np.array_equal(a[f][k], b[f][k]) for k in a[f]) for f in a
     )
+
+
+class _DateTasksHeld(SchedulerPlugin):  # type: ignore[misc]
+    """A dask scheduler plugin: the most ingest date tasks the scheduler held at once (waiting, queued,
+    running, or their result in memory)."""
+
+    name = "date-tasks-held"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: set[str] = set()
+        self.most = 0
+
+    def transition(self, key: str, start: str, finish: str, *args: object, **kwargs: object) -> None:
+        if not str(key).startswith("ingest_dates"):
+            return
+        if finish in ("released", "forgotten", "erred"):
+            self.held.discard(key)
+        else:
+            self.held.add(key)
+            self.most = max(self.most, len(self.held))
+
+
+def test_ingest_holds_a_window_of_date_tasks_however_many_dates(synth_zarr, tmp_path):
+    """Issue 37 item 4: ingest submitted every date task at once, so the partials of the dates finished before
+    the client folded them in waited on the workers, more of them the more dates (at 0.5 deg the worker's peak
+    went 0.71 -> 0.80 GB from 16 to 64 dates, one more batch of partials held). Now a date task is submitted
+    when one is folded: the scheduler holds at most DATES_AHEAD_PER_THREAD per worker thread ahead (here one
+    thread, 18 dates of one date per task), the date being folded and the one before it until its merge has run;
+    a folded date's partials are let go."""
+    from dask.distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        seen = _DateTasksHeld()
+        cluster.scheduler.add_plugin(seen)
+        cfg = IngestConfig(
+            source=str(synth_zarr), out=str(tmp_path / "s.zarr"), scheduler=cluster.scheduler_address, progress=False
+        )
+        res = ingest.ingest(dataclasses.replace(cfg, dates_per_task=1))
+        assert len(client.scheduler_info()["workers"]) == 1
+    assert res.n_written == 18
+    assert 1 <= seen.most <= ingest_budget.DATES_AHEAD_PER_THREAD + 2, seen.most
+    assert not seen.held  # every date task let go by the end

@@ -23,6 +23,9 @@ class StatisticsOptions(Protocol):
 
 
 TASK_BYTES = 64 * 2**20  # member data per date task, and per read chunk of the two-pass statistics
+# date tasks submitted and not yet folded into the running merge, per worker thread: enough that a thread
+# finds the next date waiting, few enough that the partials waiting to be folded stay a constant
+DATES_AHEAD_PER_THREAD = 2
 
 
 def _fields(plan: sources.Plan) -> int:

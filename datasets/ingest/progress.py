@@ -65,22 +65,35 @@ class Progress:
             self._last_t, self._last_done = now, self.done
 
 
-def as_completed(
-    futures: list[Any], weights: list[int], meter: Progress, *, bar: bool, desc: str = "ingest"
-) -> Iterator[tuple[Any, int]]:
-    """Yield (future, weight) as futures complete, with a tqdm bar (``bar``) counting weights (dates) and
-    showing MB/s, and ``meter``'s log lines. Empties ``futures``, so that each result is held only until
-    merged."""
-    from dask.distributed import as_completed as completing
-    from tqdm import tqdm
+class Finishing:
+    """Futures as they finish (dask's ``as_completed``, to which :meth:`add` may add more while it is iterated),
+    with a tqdm bar (``bar``) counting their weights (dates) and showing MB/s, and ``meter``'s log lines. A
+    failed task raises its error as soon as it finishes."""
 
-    weight = {f.key: w for f, w in zip(futures, weights, strict=True)}
-    pending = completing(futures)
-    futures.clear()
-    with tqdm(total=meter.total, initial=meter.done, desc=desc, unit="date", disable=not bar, mininterval=1.0) as shown:
-        for fut in pending:
-            n = weight.pop(fut.key)
-            yield fut, n
-            meter.update(n)
-            shown.set_postfix_str(f"{meter.rate():.1f} MB/s", refresh=False)
-            shown.update(n)
+    def __init__(self, meter: Progress, *, bar: bool, desc: str = "ingest") -> None:
+        from dask.distributed import as_completed as completing
+
+        self.meter, self.bar, self.desc = meter, bar, desc
+        self._pending = completing()
+        self._weights: dict[str, int] = {}
+        self.added = 0  # futures added so far
+
+    def add(self, fut: Any, weight: int) -> None:
+        self._weights[fut.key] = weight
+        self._pending.add(fut)
+        self.added += 1
+
+    def __iter__(self) -> Iterator[Any]:
+        from tqdm import tqdm
+
+        meter = self.meter
+        bar = {"desc": self.desc, "unit": "date", "disable": not self.bar, "mininterval": 1.0}
+        with tqdm(total=meter.total, initial=meter.done, **bar) as shown:
+            for fut in self._pending:
+                if fut.status != "finished":
+                    fut.result()  # raises the task's error here
+                n = self._weights.pop(fut.key)
+                yield fut
+                meter.update(n)
+                shown.set_postfix_str(f"{meter.rate():.1f} MB/s", refresh=False)
+                shown.update(n)

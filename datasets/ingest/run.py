@@ -33,7 +33,6 @@ import json
 import logging
 import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -276,9 +275,8 @@ def _build(run: IngestRun) -> list[int]:
     n = len(run.plan.init_times)
     log.info("%d of %d init dates to ingest (%d already done)", len(resume.todo), n, n - len(resume.todo))
     t_dates = time.perf_counter()
-    submitted = _submit_dates(run, resume.todo)
     sums = _source_checksums(run)  # on the workers, after the dates (lower priority)
-    merged = _run_tasks(run, resume, submitted)
+    merged = _run_tasks(run, resume, ingest_tasks.batches(resume.todo, _dates_per_task(run)))
     t_written = time.perf_counter()
     _statistics(run, merged)
     del merged
@@ -324,35 +322,28 @@ def _prepare(run: IngestRun) -> None:
     io.write_json(meta, fingerprint)
 
 
-def _submit_dates(run: IngestRun, todo: list[int]) -> tuple[list[Any], list[list[int]]]:
-    """Submit the date tasks of ``todo`` (batches of consecutive dates); (futures, their batches)."""
+def _dates_per_task(run: IngestRun) -> int:
+    return run.cfg.dates_per_task or ingest_budget.batch_size(run.plan)
+
+
+def _submit_dates(run: IngestRun, batch: list[int], key: str) -> Any:
+    """Submit the date task of ``batch`` (consecutive dates) under ``key``; its future."""
     found = run.found
-    work = ingest_tasks.batches(todo, run.cfg.dates_per_task or ingest_budget.batch_size(run.plan))
-    futures = [
-        run.client.submit(
-            ingest_tasks.ingest_dates,
-            found.forecast,
-            found.truth,
-            found.oracle,
-            run.plan,
-            b,
-            str(run.store),
-            str(run.done_dir),
-            run.partial_dates,
-            pure=False,
-        )
-        for b in work
-    ]
-    return futures, work
+    return run.client.submit(
+        *(ingest_tasks.ingest_dates, found.forecast, found.truth, found.oracle, run.plan, batch),
+        *(str(run.store), str(run.done_dir), run.partial_dates),
+        key=key,
+    )
 
 
-def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, submitted: tuple[list[Any], list[list[int]]]) -> Any:
-    """Wait for the date tasks ``submitted``, merging the training partials on the workers as tasks finish;
-    returns the future of the merged partials (None: no training date), which stays on its worker. The
-    partials of ``resume.prior`` (training dates an interrupted run finished after its last checkpoint) are
-    read back from the store. Meanwhile, on the one-pass path, a thread of this process creates the
-    statistics group's arrays."""
-    futures, work = submitted
+def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]]) -> Any:
+    """Run the date tasks of ``work`` (batches of consecutive dates), merging the training partials on the
+    workers in date order as tasks finish; returns the future of the merged partials (None: no training date),
+    which stays on its worker. A date task is submitted when an earlier one is folded in, so that at most
+    DATES_AHEAD_PER_THREAD per worker thread are in flight and the partials waiting to be folded do not grow
+    with the dates. The partials of ``resume.prior`` (training dates an interrupted run finished after its
+    last checkpoint) are read back from the store. Meanwhile, on the one-pass path, a thread of this process
+    creates the statistics group's arrays."""
     plan, client = run.plan, run.client
     merger = ingest_merge.Merger(client, run.stats_dir, resume.covered, run.cfg.checkpoint_dates)
     for i in resume.prior:
@@ -360,27 +351,32 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, submitted: tuple[lis
             client.submit(ingest_merge.stored_partials, str(run.store), i, pure=False),
             [ingest_tasks.marker_name(plan.init_times[i])],
         )
-    stamps = {
-        f.key: [ingest_tasks.marker_name(plan.init_times[i]) for i in b if i in run.partial_dates]
-        for f, b in zip(futures, work, strict=True)
-    }
+    stamps = [[ingest_tasks.marker_name(plan.init_times[i]) for i in b if i in run.partial_dates] for b in work]
     n = len(plan.init_times)
-    meter = ingest_progress.Progress(n, n - len(resume.todo), ingest_budget.date_bytes(plan))
-    order = [f.key for f in futures]
+    finishing = ingest_progress.Finishing(
+        ingest_progress.Progress(n, n - len(resume.todo), ingest_budget.date_bytes(plan)), bar=run.cfg.progress
+    )
+    keys = ingest_tasks.task_keys(len(work))  # known ahead: the order of the merge
 
-    def finished() -> Iterator[Any]:
-        for fut, _n in ingest_progress.as_completed(futures, [len(b) for b in work], meter, bar=run.cfg.progress):
-            if fut.status != "finished":
-                fut.result()  # raises the task's error here, as soon as it fails
-            yield fut
+    def submit_up_to(end: int) -> None:
+        for k in range(finishing.added, min(end, len(work))):
+            finishing.add(_submit_dates(run, work[k], keys[k]), len(work[k]))
 
+    submit_up_to(_ahead(client))
     with ThreadPoolExecutor(1) as pool:  # the template beside the loop that submits merges as dates finish
         side = pool.submit(ingest_merge.statistics_template, run.store) if run.train and run.one_pass else None
-        for fut in ingest_merge.in_order(finished(), order):
-            merger.add(fut, stamps.pop(fut.key))
+        for k, fut in enumerate(ingest_merge.in_order(finishing, keys)):
+            submit_up_to(k + 1 + _ahead(client))
+            merger.add(fut, stamps[k])
         if side is not None:
             side.result()
     return merger.acc
+
+
+def _ahead(client: Any) -> int:
+    """Date tasks to keep in flight: DATES_AHEAD_PER_THREAD per thread of the workers the cluster has now."""
+    threads = sum(w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values())
+    return ingest_budget.DATES_AHEAD_PER_THREAD * max(1, threads)
 
 
 def _statistics(run: IngestRun, merged: Any) -> None:

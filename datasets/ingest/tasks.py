@@ -4,6 +4,7 @@ them as whole chunks and leave a done-marker per date (docs/ingest.md, *The engi
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,13 @@ def load_date(
 def marker_name(t: Any) -> str:
     """The name of an init date's done-marker (and the date's name in merged.npz)."""
     return f"{pd.Timestamp(t):%Y%m%dT%H}"
+
+
+def task_keys(n: int) -> list[str]:
+    """The dask keys of a run's ``n`` date tasks, in date order, unique to the run (a scheduler may serve several
+    runs at once)."""
+    run = uuid.uuid4().hex
+    return [f"ingest_dates-{run}-{k}" for k in range(n)]
 
 
 def batches(todo: list[int], size: int) -> list[list[int]]:
