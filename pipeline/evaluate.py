@@ -51,7 +51,7 @@ from postcast.pipeline.evaluate_dates import (
     client_for,
     climate_thresholds,
     efi_fields,
-    parts,
+    lead_parts,
     rank_skips,
 )
 from postcast.pipeline.evaluate_stream import Accumulator, part_of
@@ -321,22 +321,34 @@ def score_target(
         raise MissingInputError(msg)
     for e in entries:  # a model's lead the store lacks: ConfigError naming the leads it holds
         contract.step_position(store.get_index(schema.STEP), e.lead)
-    for h in leads:
-        job = lead_job(store, store_path, target, split, h, [e for e in entries if e.lead == h], client)
-        oracle = [ORACLE] if any(n in store for n in contract.oracle_parameters(target).values()) else []
+    jobs = [lead_job(store, store_path, target, split, h, [e for e in entries if e.lead == h], client) for h in leads]
+    oracle = [ORACLE] if any(n in store for n in contract.oracle_parameters(target).values()) else []
+    for job in jobs:
         names = [RAW, *oracle, *(n for n, _ in job.checkpoints)]
-        log.info("scoring %s +%d h: %s (%d dates)", target.name, h, ", ".join(names), job.n_dates)
-        per_lead.append(stream_lead(store, job, bootstrap, client).expand_dims(lead=[h]))
+        log.info("scoring %s +%d h: %s (%d dates)", target.name, job.step_h, ", ".join(names), job.n_dates)
+    results = stream_leads(store, jobs, bootstrap, client)
+    per_lead = [ds.expand_dims(lead=[job.step_h]) for job, ds in zip(jobs, results, strict=True)]
     out = xr.concat(per_lead, dim="lead", join="outer", data_vars="all", coords="different", compat="equals")
     out.attrs.update(target=target.name, units=target.units, split=split)
     return out
 
 
-def stream_lead(store: xr.Dataset, job: LeadJob, bootstrap: int, client: Any | None) -> xr.Dataset:
-    """One lead's results from its parts in date order, with the significance tests of its per-date scores."""
-    acc = Accumulator()
-    for part in parts(job, client):
+def stream_leads(store: xr.Dataset, jobs: list[LeadJob], bootstrap: int, client: Any | None) -> Iterator[xr.Dataset]:
+    """Each lead's results, in the order of ``jobs``, from its parts in date order (one pipeline through every
+    lead: :func:`lead_parts`), with the significance tests of its per-date scores; a lead is finished as soon as
+    its last part is in."""
+    done, acc = 0, Accumulator()
+    for j, part in lead_parts(jobs, client):
+        for _ in range(done, j):  # the leads before lead j are complete
+            yield _finish_lead(store, jobs[done], acc, bootstrap)
+            done, acc = done + 1, Accumulator()
         acc.add(part)
+    for _ in range(done, len(jobs)):
+        yield _finish_lead(store, jobs[done], acc, bootstrap)
+        done, acc = done + 1, Accumulator()
+
+
+def _finish_lead(store: xr.Dataset, job: LeadJob, acc: Accumulator, bootstrap: int) -> xr.Dataset:
     rows = contract.split_rows(store, job.split, target=schema.target(job.target), step_h=job.step_h)
     lat, lon = store[schema.LAT].values, store[schema.LON].values
     res = acc.finish(lat, lon, store[schema.INIT_TIME].values[rows], list(job.thresholds))

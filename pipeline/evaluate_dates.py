@@ -302,8 +302,18 @@ def client_for(scheduler: str | None, workers: int, processes: bool = True) -> I
         yield client
 
 
-def parts(job: LeadJob, client: Any | None) -> Iterator[Part]:
-    """The lead's parts in date order: computed here (``client`` None), or on the cluster (:func:`in_order`)."""
+def lead_parts(jobs: list[LeadJob], client: Any | None) -> Iterator[tuple[int, Part]]:
+    """(j, part) for every part of every lead's job ``jobs[j]``: the leads in turn, each lead's parts in date
+    order; computed here (``client`` None), or on the cluster as one pipeline through all the leads
+    (:func:`in_order`), which stays full at a lead's end (a lead of one task kept one task in flight)."""
+    index = tuple((j, k) for j, job in enumerate(jobs) for k in range(job.n_tasks))
     if client is None:
-        return (score_dates(job, k) for k in range(job.n_tasks))
-    return in_order(client, score_dates, job, job.n_tasks)
+        return ((j, score_dates(jobs[j], k)) for j, k in index)
+    return zip((j for j, _ in index), in_order(client, score_indexed, (tuple(jobs), index), len(index)), strict=True)
+
+
+def score_indexed(shared: tuple[tuple[LeadJob, ...], tuple[tuple[int, int], ...]], i: int) -> Part:
+    """The part of the ``i``-th (lead, chunk) of ``shared`` (the jobs, the (lead, chunk) pairs in order)."""
+    jobs, index = shared
+    j, k = index[i]
+    return score_dates(jobs[j], k)

@@ -164,7 +164,7 @@ def test_a_bug_inside_evaluate_is_an_internal_error_with_a_log(
     cli, trained, store, tmp_path, monkeypatch, internal_error
 ):
     planted_bug, assert_internal_error = internal_error
-    monkeypatch.setattr("postcast.pipeline.evaluate.stream_lead", planted_bug)
+    monkeypatch.setattr("postcast.pipeline.evaluate.stream_leads", planted_bug)
     proc = cli(
         "evaluate",
         str(store),

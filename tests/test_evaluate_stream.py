@@ -46,7 +46,7 @@ def _lead(path: Path, target: str, split: str, client: object = None) -> xr.Data
     store = contract.open_store(path)
     job = evaluate.lead_job(store, str(path), schema.target(target), split, 48, [])
     assert job.n_tasks > 1
-    return evaluate.stream_lead(store, job, 20, client)
+    return next(evaluate.stream_leads(store, [job], 20, client))
 
 
 @pytest.mark.parametrize(
@@ -314,3 +314,30 @@ def test_the_efi_decodes_each_window_date_once_whatever_the_bands(wide_store, mo
     assert len(wanted) == 60 and sum(w.size for w in windows) == 180
     assert sorted(member_reads) == sorted(wanted) and set(member_reads.values()) == {1}, sum(member_reads.values())
     np.testing.assert_array_equal(banded, one_band)
+
+
+def test_one_pipeline_runs_through_every_lead(store):
+    """The dates of a target are scored as one pipeline through its leads. Each lead was a pipeline of its own,
+    which drained at the lead's end: a lead of one task (4 dates or fewer) kept one task in flight however many
+    workers waited (the scale benchmark's N = 16 never filled evaluate's pipeline, so its driver's parts in flight
+    showed up as growth at 4N). Here, on one worker, the score tasks in flight never fall to none before the
+    last lead's last part (before: once per lead), TASKS_AHEAD_PER_WORKER at most (one more for a moment: a part's
+    release reaches the scheduler after the next task), and the results are those of the dates scored here."""
+    from dask.distributed import Client, LocalCluster
+    from dask_plugins import TasksHeld
+
+    from postcast.pipeline import evaluate_dates
+
+    opened = contract.open_store(store)
+    t850 = schema.target("t850")
+    assert len(evaluate.leads_with_truth(opened, t850, "val")) == 3
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        seen = TasksHeld(("score_dates", "score_indexed"))
+        cluster.scheduler.add_plugin(seen)
+        on_cluster = evaluate.score_target(opened, t850, "val", [], 20, store_path=str(store), client=client)
+    assert seen.emptied == 1, seen.emptied
+    assert evaluate_dates.TASKS_AHEAD_PER_WORKER <= seen.most <= evaluate_dates.TASKS_AHEAD_PER_WORKER + 1, seen.most
+    xr.testing.assert_identical(on_cluster, evaluate.score_target(opened, t850, "val", [], 20, store_path=str(store)))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from distributed.diagnostics.plugin import SchedulerPlugin
+from dask_plugins import TasksHeld
 
 from postcast.datasets import contract, io, schema, sources, statistics
 from postcast.datasets.ingest import budget as ingest_budget
@@ -113,27 +113,6 @@ def _same_bits(a: statistics.FieldPartials, b: statistics.FieldPartials) -> bool
     )
 
 
-class _DateTasksHeld(SchedulerPlugin):  # type: ignore[misc]
-    """A dask scheduler plugin: the most ingest date tasks the scheduler held at once (waiting, queued,
-    running, or their result in memory)."""
-
-    name = "date-tasks-held"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.held: set[str] = set()
-        self.most = 0
-
-    def transition(self, key: str, start: str, finish: str, *args: object, **kwargs: object) -> None:
-        if not str(key).startswith("ingest_dates"):
-            return
-        if finish in ("released", "forgotten", "erred"):
-            self.held.discard(key)
-        else:
-            self.held.add(key)
-            self.most = max(self.most, len(self.held))
-
-
 def test_ingest_holds_a_window_of_date_tasks_however_many_dates(synth_zarr, tmp_path):
     """Issue 37 item 4: ingest submitted every date task at once, so the partials of the dates finished before
     the client folded them in waited on the workers, more of them the more dates (at 0.5 deg the worker's peak
@@ -147,7 +126,7 @@ def test_ingest_holds_a_window_of_date_tasks_however_many_dates(synth_zarr, tmp_
         LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
         Client(cluster) as client,
     ):
-        seen = _DateTasksHeld()
+        seen = TasksHeld(("ingest_dates",))
         cluster.scheduler.add_plugin(seen)
         cfg = IngestConfig(
             source=str(synth_zarr), out=str(tmp_path / "s.zarr"), scheduler=cluster.scheduler_address, progress=False
