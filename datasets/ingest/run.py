@@ -375,8 +375,7 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]
 
 def _ahead(client: Any) -> int:
     """Date tasks to keep in flight: DATES_AHEAD_PER_THREAD per thread of the workers the cluster has now."""
-    threads = sum(w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values())
-    return ingest_budget.DATES_AHEAD_PER_THREAD * max(1, threads)
+    return ingest_budget.DATES_AHEAD_PER_THREAD * max(1, sum(client.nthreads().values()))
 
 
 def _statistics(run: IngestRun, merged: Any) -> None:
