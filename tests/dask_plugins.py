@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distributed.diagnostics.plugin import SchedulerPlugin
+from dask.distributed import SchedulerPlugin
 
 
 class TasksHeld(SchedulerPlugin):  # type: ignore[misc]
