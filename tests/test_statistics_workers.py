@@ -115,11 +115,13 @@ def _same_bits(a: statistics.FieldPartials, b: statistics.FieldPartials) -> bool
 
 def test_ingest_holds_a_window_of_date_tasks_however_many_dates(synth_zarr, tmp_path):
     """Issue 37 item 4: ingest submitted every date task at once, so the partials of the dates finished before
-    the client folded them in waited on the workers, more of them the more dates (at 0.5 deg the worker's peak
-    went 0.71 -> 0.80 GB from 16 to 64 dates, one more batch of partials held). Now a date task is submitted
-    when one is folded: the scheduler holds at most DATES_AHEAD_PER_THREAD per worker thread ahead (here one
-    thread, 18 dates of one date per task), the date being folded and the one before it until its merge has run;
-    a folded date's partials are let go."""
+    the client folded them in waited on the workers, more of them the more dates. Now a date task is submitted
+    when the one before it is merged: the scheduler holds at most DATES_AHEAD_PER_THREAD per worker thread ahead
+    (here one thread, 18 dates of one date per task, a checkpoint of the merge after every date), the date being
+    merged and, for a moment, the one before it. Submitted as soon as a date was folded (not merged), a merge
+    waited for the one before it while the worker ran a date task between each, so merges fell behind and
+    their dates' partials piled up (at 0.5 deg the worker held 5 dates' partials after 30 dates; here 4 merges
+    and checkpoints waited at once, and 5 date tasks were held)."""
     from dask.distributed import Client, LocalCluster
 
     with (
@@ -127,12 +129,15 @@ def test_ingest_holds_a_window_of_date_tasks_however_many_dates(synth_zarr, tmp_
         Client(cluster) as client,
     ):
         seen = TasksHeld(("ingest_dates",))
+        merges = TasksHeld(("combine_fields", "checkpoint_partials"))
+        cluster.scheduler.add_plugin(merges)
         cluster.scheduler.add_plugin(seen)
         cfg = IngestConfig(
             source=str(synth_zarr), out=str(tmp_path / "s.zarr"), scheduler=cluster.scheduler_address, progress=False
         )
-        res = ingest.ingest(dataclasses.replace(cfg, dates_per_task=1))
+        res = ingest.ingest(dataclasses.replace(cfg, dates_per_task=1, checkpoint_dates=1))
         assert len(client.scheduler_info()["workers"]) == 1
     assert res.n_written == 18
+    assert merges.most_waiting <= 1, (merges.most_waiting, seen.most)
     assert 1 <= seen.most <= ingest_budget.DATES_AHEAD_PER_THREAD + 2, seen.most
     assert not seen.held  # every date task let go by the end

@@ -344,6 +344,8 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]
     with the dates. The partials of ``resume.prior`` (training dates an interrupted run finished after its
     last checkpoint) are read back from the store. Meanwhile, on the one-pass path, a thread of this process
     creates the statistics group's arrays."""
+    from dask.distributed import wait
+
     plan, client = run.plan, run.client
     merger = ingest_merge.Merger(client, run.stats_dir, resume.covered, run.cfg.checkpoint_dates)
     for i in resume.prior:
@@ -366,8 +368,13 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]
     with ThreadPoolExecutor(1) as pool:  # the template beside the loop that submits merges as dates finish
         side = pool.submit(ingest_merge.statistics_template, run.store) if run.train and run.one_pass else None
         for k, fut in enumerate(ingest_merge.in_order(finishing, keys)):
-            submit_up_to(k + 1 + _ahead(client))
             merger.add(fut, stamps[k])
+            del fut
+            # the next date once this one is merged: a merge waits for the one before it, and a worker that has
+            # date tasks runs one between each, so unwaited merges fell behind and their partials piled up
+            if merger.acc is not None:
+                wait(merger.acc)
+            submit_up_to(k + 1 + _ahead(client))
         if side is not None:
             side.result()
     return merger.acc
