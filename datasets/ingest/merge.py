@@ -99,6 +99,7 @@ def in_order(done: Iterable[Any], keys: list[str]) -> Iterator[Any]:
     waiting: dict[str, Any] = {}
     for fut in done:
         waiting[fut.key] = fut
+        del fut
         while wanted in waiting:
             yield waiting.pop(wanted)
             wanted = next(order, None)

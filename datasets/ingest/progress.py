@@ -93,7 +93,11 @@ class Finishing:
                 if fut.status != "finished":
                     fut.result()  # raises the task's error here
                 n = self._weights.pop(fut.key)
-                yield fut
+                # handed over, not kept: a reference held here while the next task runs would keep this one's
+                # result (a date's partials, already merged) on its worker until the next finishes
+                handed = [fut]
+                del fut
+                yield handed.pop()
                 meter.update(n)
                 shown.set_postfix_str(f"{meter.rate():.1f} MB/s", refresh=False)
                 shown.update(n)
