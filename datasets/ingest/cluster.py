@@ -174,7 +174,8 @@ def quiet_task_failures() -> None:
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 KEEP_FREED_BYTES = 1 << 30  # free heap memory a worker keeps for the next temporaries
-MMAP_ABOVE_BYTES = 32 << 20  # blocks larger than this are mapped and unmapped (glibc's largest threshold)
+# blocks larger than this are mapped and unmapped: above a 0.5 deg float64 slice (2 MB), below a field's partials
+MMAP_ABOVE_BYTES = 4 << 20
 
 
 @functools.cache  # once per process (finding libc can run ldconfig)
@@ -183,8 +184,10 @@ def keep_freed_memory() -> bool:
     kernel. dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes glibc's mmap
     threshold at 128 kB: every float64 temporary of a slice (a few MB) is then a fresh mapping whose pages
     the kernel faults in and zeroes again, a third of an ingest's CPU time on a virtual machine
-    (docs/ingest.md). Blocks up to 32 MB now come from the heap, which keeps up to 1 GB free; larger
-    blocks (a date's member array) are still returned at once. No-op (False) outside glibc."""
+    (docs/ingest.md). Blocks up to 4 MB now come from the heap, which keeps up to 1 GB free; larger
+    blocks (a field's partials, which outlive the task, and a date's member array) are mapped and go back
+    at once, so that they do not pin the heap between the task's temporaries (at 32 MB they did, and a
+    worker's resident memory depended on its history). No-op (False) outside glibc."""
     import ctypes
     import ctypes.util
 
