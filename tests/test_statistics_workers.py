@@ -113,10 +113,13 @@ def _same_bits(a: statistics.FieldPartials, b: statistics.FieldPartials) -> bool
     )
 
 
-def _ingest_counting_tasks(synth_zarr: Path, tmp_path: Path) -> tuple[TasksHeld, TasksHeld]:
+@pytest.fixture(scope="module")
+def tasks_held(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TasksHeld, TasksHeld]:
     """Ingest ``synth_zarr`` (18 dates of one date per task, a checkpoint of the merge after every date) on a
     one-thread worker; (the date tasks, the merges and checkpoints) as the scheduler held them."""
     from dask.distributed import Client, LocalCluster
+
+    tmp_path = tmp_path_factory.mktemp("held")
 
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
@@ -136,7 +139,7 @@ def _ingest_counting_tasks(synth_zarr: Path, tmp_path: Path) -> tuple[TasksHeld,
     return seen, merges
 
 
-def test_ingest_holds_a_window_of_date_tasks_however_many_dates(synth_zarr, tmp_path):
+def test_ingest_holds_a_window_of_date_tasks_however_many_dates(tasks_held):
     """Issue 37 item 4: ingest submitted every date task at once, so the partials of the dates finished before
     the client folded them in waited on the workers, more of them the more dates. Now a date task is submitted
     when the one before it is merged: the scheduler holds at most DATES_AHEAD_PER_THREAD per worker thread ahead
@@ -144,17 +147,17 @@ def test_ingest_holds_a_window_of_date_tasks_however_many_dates(synth_zarr, tmp_
     before it while the worker ran a date task between each, so merges fell behind and their dates' partials
     piled up (at 0.5 deg the worker held 5 dates' partials after 30 dates; here 4 merges and checkpoints waited
     at once, and 5 date tasks were held)."""
-    seen, merges = _ingest_counting_tasks(synth_zarr, tmp_path)
+    seen, merges = tasks_held
     assert merges.most_waiting <= 1, (merges.most_waiting, seen.most)
     assert 1 <= seen.most <= ingest_budget.DATES_AHEAD_PER_THREAD + 2, seen.most
 
 
-def test_a_merged_date_is_let_go_before_the_next_date_is_submitted(synth_zarr, tmp_path):
+def test_a_merged_date_is_let_go_before_the_next_date_is_submitted(tasks_held):
     """The loop that hands finished date tasks to the merge (``progress.Finishing`` and ``merge.in_order``, two
     generators) kept the last future it handed over in a local variable until the next task finished, so the
     worker kept that date's partials, already merged, while it ran the next date task: one date's partials more
     than the window (at 0.5 deg, 112 MB per task of two dates, and the worker's peak at 64 dates 0.80 GB against
     0.71 at 16, 0.74 after). Now a merged date is let go before the next is submitted: the scheduler holds at most
     the window and the date being merged (before: one more, here 4)."""
-    seen, _ = _ingest_counting_tasks(synth_zarr, tmp_path)
+    seen, _ = tasks_held
     assert 1 <= seen.most <= ingest_budget.DATES_AHEAD_PER_THREAD + 1, seen.most
