@@ -28,26 +28,18 @@ line search of their own (:func:`emos_bfgs.polish`). Scores run in float64.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from postcast.models import distributions, emos_bfgs
+from postcast.models import distributions, emos_bfgs, emos_forms
 
 LOCATION_SCALE = ("gaussian", "truncnormal", "clogistic")  # raw (a, b) = (location offset / s, log scale / s)
-FIT_BYTES = 1 << 30  # what the fit of one band of points may hold, whatever the number of training dates
-# held per (point, date) during a fit: float64 data, autograd's saved tensors, the gradient in the raw outputs and
-# the Hessian's K columns of it; peak RSS measured with 0.2 M samples (1,000 points, 200 dates): gaussian 620,
-# clogistic 570, truncnormal 940, csg 2,820 bytes (the shifted gamma's CRPS saves most)
-BYTES_PER_SAMPLE = {"gaussian": 768, "clogistic": 768, "truncnormal": 1152, "csg": 4096}
 NEAR_SHIFT = -5.0  # the csg's raw shift c of its second start (shift = s softplus(c): 0.007 spreads)
 FAR_SHIFT = 1000.0  # ... of its third (1,000 spreads; from 1e4 the descent fails in float64)
 RAY = tuple(2.0**i for i in range(1, 11))  # the csg's shift times these toward its censored-normal limit
-FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads (PointData.from_fields)
 
 
 @dataclass(frozen=True)
@@ -112,7 +104,8 @@ class FitReport:
 @dataclass(frozen=True)
 class PointData:
     """Training data per point, points first: each (P, N) float64 (N dates); ``w`` weights each date by
-    1 / (finite truths at the point), 0 where the truth is missing (its ``y`` filled with ``m``)."""
+    1 / (finite truths at the point), 0 where the truth is missing (its ``y`` filled with ``m``); ``u`` the
+    standard form's unit of the point each sample belongs to (:mod:`postcast.models.emos_forms`), or None."""
 
     xm: torch.Tensor
     xs: torch.Tensor
@@ -120,6 +113,7 @@ class PointData:
     s: torch.Tensor
     y: torch.Tensor
     w: torch.Tensor
+    u: torch.Tensor | None = None
 
     @classmethod
     def from_fields(cls, xm: torch.Tensor, xs: torch.Tensor, m: torch.Tensor, s: torch.Tensor, y: torch.Tensor,
@@ -138,16 +132,31 @@ class PointData:
 
     def take(self, idx: torch.Tensor) -> PointData:
         """The points ``idx`` (A,) of each field, (A, N)."""
-        return PointData(*(t[idx] for t in (self.xm, self.xs, self.m, self.s, self.y, self.w)))
+        xm, xs, m, s, y, w = (t[idx] for t in (self.xm, self.xs, self.m, self.s, self.y, self.w))
+        return PointData(xm, xs, m, s, y, w, None if self.u is None else self.u[idx])
+
+    def with_unit(self, unit: torch.Tensor) -> PointData:
+        """This data with each point's unit ``unit`` (P,) for every date (fixed from the training spread)."""
+        return replace(self, u=unit.to(self.s)[:, None].expand_as(self.s))
+
+    def training_unit(self, min_std: float = 1e-6) -> torch.Tensor:
+        """Each point's unit from its own dates (P,): the root mean square of its spread."""
+        return emos_forms.rms_spread(self.s, self.w, min_std)
 
 
-def _raw(theta: torch.Tensor, d: PointData) -> torch.Tensor:
-    """The head's raw outputs (P, N, K) for coefficients theta (P, 4 + K - 2): a = a0 + a1 x_mean,
-    b = b0 + b1 x_std, then one constant per further output."""
-    a = theta[:, 0:1] + theta[:, 1:2] * d.xm  # (P, N)
-    b = theta[:, 2:3] + theta[:, 3:4] * d.xs
-    extra = theta[:, 4:].unsqueeze(1).expand(-1, a.shape[1], -1)  # (P, N, K - 2)
-    return torch.cat([a.unsqueeze(-1), b.unsqueeze(-1), extra], dim=-1)
+@dataclass(frozen=True)
+class Model:
+    """What is fitted: the predictive family and the form of its coefficients (:mod:`emos_forms`)."""
+
+    family: str
+    form: str = "spread"
+
+    def __post_init__(self) -> None:
+        emos_forms.check(self.form)
+        if self.form != "spread" and self.family not in LOCATION_SCALE:
+            families = list(LOCATION_SCALE)
+            msg = f"the {self.form} EMOS form is for the location-scale families {families}, not {self.family!r}"
+            raise ValueError(msg)
 
 
 def _raw_crps(raw: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
@@ -156,9 +165,9 @@ def _raw_crps(raw: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
     return (torch.nan_to_num(crps, nan=torch.inf) * d.w).sum(1)
 
 
-def crps_per_point(theta: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
-    """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2)."""
-    return _raw_crps(_raw(theta, d), d, family)
+def crps_per_point(theta: torch.Tensor, d: PointData, family: str, form: str = "spread") -> torch.Tensor:
+    """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2) in ``form``."""
+    return _raw_crps(emos_forms.raw(theta, d, form), d, family)
 
 
 def _raw_value_grad(raw: torch.Tensor, d: PointData, family: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,76 +178,75 @@ def _raw_value_grad(raw: torch.Tensor, d: PointData, family: str) -> tuple[torch
     return f.detach(), torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _coefficients(d: PointData, k: int) -> list[tuple[int, torch.Tensor | None]]:
-    """Each coefficient's raw output and its factor per date (P, N), None for 1: raw_t = J_t theta, with
-    J_t's column for a1 the date's x_mean in row a, and so on (the raw outputs are linear in theta)."""
-    return [(0, None), (0, d.xm), (1, None), (1, d.xs), *((j, None) for j in range(2, k))]
-
-
 def _times(t: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
     return t if factor is None else t * factor
 
 
-def _value_grad(theta: torch.Tensor, d: PointData, family: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _value_grad(theta: torch.Tensor, d: PointData, model: Model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each point's CRPS (P,), gradient (P, n) and gradient in the raw outputs (P, N, K) (the points are
     independent: one backward pass)."""
-    f, grad = _raw_value_grad(_raw(theta, d), d, family)
-    coefs = _coefficients(d, grad.shape[-1])
+    f, grad = _raw_value_grad(emos_forms.raw(theta, d, model.form), d, model.family)
+    coefs = emos_forms.columns(theta, d, grad.shape[-1], model.form)
     g = torch.stack([_times(grad[..., k], x).sum(1) for k, x in coefs], dim=1)  # (P, n): sum_t J_t^T grad_t
     return f, g, grad
 
 
-def _hessian(theta: torch.Tensor, grad: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
-    """Each point's Hessian (P, n, n), sum_t J_t^T H_t J_t, with each date's Hessian in its K raw outputs H_t
-    by forward differences of their gradient ``grad`` (P, N, K): K backward passes, not n."""
-    raw = _raw(theta, d)  # (P, N, K)
+def _hessian(theta: torch.Tensor, grad: torch.Tensor, d: PointData, model: Model) -> torch.Tensor:
+    """Each point's Hessian (P, n, n), sum_t J_t^T H_t J_t (plus the form's curvature term), with each date's
+    Hessian in its K raw outputs H_t by forward differences of their gradient ``grad`` (P, N, K): K backward
+    passes, not n."""
+    raw = emos_forms.raw(theta, d, model.form)  # (P, N, K)
     cols = []  # cols[l][..., k]: d grad_k / d raw_l, each (P, N, K)
     for j in range(raw.shape[-1]):
         h = 1e-6 * (1.0 + raw[..., j].abs())  # (P, N)
         step = torch.zeros_like(raw)
         step[..., j] = h
-        cols.append((_raw_value_grad(raw + step, d, family)[1] - grad) / h.unsqueeze(-1))
-    coefs = _coefficients(d, raw.shape[-1])
+        cols.append((_raw_value_grad(raw + step, d, model.family)[1] - grad) / h.unsqueeze(-1))
+    coefs = emos_forms.columns(theta, d, raw.shape[-1], model.form)
     hess = torch.empty(theta.shape[0], len(coefs), len(coefs), dtype=theta.dtype, device=theta.device)
     for i, (k, x) in enumerate(coefs):
         for j, (m, z) in enumerate(coefs[: i + 1]):
             per_date = 0.5 * (cols[m][..., k] + cols[k][..., m])  # (P, N): H_t[k, m], symmetrised
             hess[:, i, j] = hess[:, j, i] = _times(_times(per_date, x), z).sum(1)
-    return hess
+    bend = emos_forms.curvature(theta, d, grad, model.form)
+    return hess if bend is None else hess + bend
 
 
-def moment_start(d: PointData, n: int) -> torch.Tensor:
-    """Moment estimates (P, n) for a location-scale head: a0, a1 by least squares of (y - m) / s on x_mean,
-    b0 = log of the residual's std, b1 = 0 (a point whose x_mean does not vary gets a1 = 0)."""
-    r = (d.y - d.m) / d.s  # (P, N) standardised error
+def moment_start(d: PointData, n: int, form: str = "spread") -> torch.Tensor:
+    """Moment estimates (P, n) for a location-scale head: a0, a1 by least squares of the standardised error
+    (y - m) / s (spread form; / u: standard) on x_mean, and a scale that matches the residual's variance
+    (:func:`emos_forms.scale_start`; a point whose x_mean does not vary gets a1 = 0)."""
+    r = emos_forms.standardised_error(d, d.m, d.y, form)  # (P, N)
     xm_bar, r_bar = (d.w * d.xm).sum(1), (d.w * r).sum(1)
     var = (d.w * (d.xm - xm_bar[:, None]) ** 2).sum(1)
     cov = (d.w * (d.xm - xm_bar[:, None]) * (r - r_bar[:, None])).sum(1)
     a1 = torch.where(var > 1e-12, cov / var.clamp_min(1e-12), 0.0)
     a0 = r_bar - a1 * xm_bar
     resid = r - a0[:, None] - a1[:, None] * d.xm
-    b0 = 0.5 * torch.log((d.w * resid**2).sum(1).clamp_min(1e-12))
+    b0, b1 = emos_forms.scale_start((d.w * resid**2).sum(1), form)
     theta = torch.zeros(d.y.shape[0], n, dtype=torch.float64, device=d.y.device)
-    theta[:, 0], theta[:, 1], theta[:, 2] = a0, a1, b0.clamp(-20.0, 20.0)
+    theta[:, 0], theta[:, 1], theta[:, 2], theta[:, 3] = a0, a1, b0, b1
     return theta
 
 
-def _starts(d: PointData, family: str, n: int) -> list[torch.Tensor]:
-    """Where the descents start, each (P, n). A location-scale family: per point the better (lower training CRPS)
-    of the raw ensemble (0) and the moment estimate. The censored shifted gamma, whose CRPS is not convex in its
-    coefficients: the raw ensemble, a shift near 0 (a plain gamma), and a shift of FAR_SHIFT spreads with the
-    moment estimate's scale, near the family's censored-normal limit. A point's optimum can lie in any of
-    them: 2e-3 apart at one point of the targets world, 0.023 at one of tests/test_emos_optimum.py's."""
-    zero = torch.zeros(d.y.shape[0], n, dtype=torch.float64, device=d.y.device)
-    if family not in LOCATION_SCALE:
+def _starts(d: PointData, model: Model, n: int) -> list[torch.Tensor]:
+    """Where the descents start, each (P, n). A location-scale family: per point the best (lowest training CRPS)
+    of the raw ensemble, the moment estimate and (standard form) the raw ensemble nudged off b0 = 0. The
+    censored shifted gamma, whose CRPS is not convex in its coefficients: the raw ensemble, a shift near 0 (a
+    plain gamma), and a shift of FAR_SHIFT spreads with the moment estimate's scale, near the family's
+    censored-normal limit. A point's optimum can lie in any of them: 2e-3 apart at one point of the targets
+    world, 0.023 at one of tests/test_emos_optimum.py's."""
+    zero = emos_forms.raw_start(d.y.shape[0], n, model.form, d.y)
+    if model.family not in LOCATION_SCALE:
         near, far = zero.clone(), zero.clone()
         near[:, 4] = NEAR_SHIFT
         far[:, 2], far[:, 4] = moment_start(d, 4)[:, 2], FAR_SHIFT
-        return [zero, near, far] if family == "csg" else [zero]
-    moments = moment_start(d, n)
+        return [zero, near, far] if model.family == "csg" else [zero]
+    tries = [zero, moment_start(d, n, model.form), *emos_forms.nudged(zero, model.form)]
     with torch.no_grad():
-        better = crps_per_point(moments, d, family) < crps_per_point(zero, d, family)  # False where non-finite
-    return [torch.where(better[:, None], moments, zero)]
+        f = torch.stack([crps_per_point(t, d, model.family, model.form) for t in tries]).nan_to_num(torch.inf)
+    best = f.argmin(0)  # (P,): the first of equals, so the raw ensemble where nothing is lower
+    return [torch.stack(tries)[best, torch.arange(best.numel())]]
 
 
 def _scale(f: torch.Tensor) -> torch.Tensor:
@@ -280,7 +288,7 @@ def _iterate(
     hess: torch.Tensor,
     lam: torch.Tensor,
     d: PointData,
-    family: str,
+    model: Model,
     settings: FitSettings,
     refresh: torch.Tensor,
 ) -> _Iteration:
@@ -290,7 +298,7 @@ def _iterate(
     if bool(refresh.any()):
         r = refresh.nonzero().squeeze(1)
         hess = hess.clone()
-        hess[r] = _hessian(theta[r], grad[r], d.take(r), family)
+        hess[r] = _hessian(theta[r], grad[r], d.take(r), model)
     step, ok, lam = _newton_step(hess, g, lam)
     cap = settings.max_step * (1.0 + theta.abs().amax(1, keepdim=True))  # (A, 1): grows with the coefficients
     step = step * (cap / step.abs().amax(1, keepdim=True).clamp_min(1e-300)).clamp_max(1.0)
@@ -298,7 +306,7 @@ def _iterate(
     decrement = -0.5 * (g * step).sum(1)
     done = newton & (decrement < settings.tol_decrease * _scale(f))  # no decrease left to find
     trial = theta + torch.where(~done[:, None], step, 0.0)
-    f_trial, g_trial, grad_trial = _value_grad(trial, d, family)
+    f_trial, g_trial, grad_trial = _value_grad(trial, d, model)
     better = ~done & ok & torch.isfinite(f_trial) & (f_trial <= f)
     hess = emos_bfgs.hessian_update(hess, trial - theta, g_trial - g, better)
     lam = torch.where(better, lam * 0.2, lam * 10.0).clamp(1e-12, 1e16)
@@ -347,10 +355,10 @@ class _Descent:
         return _Descent(**fields, iterations=max(self.iterations, other.iterations))
 
 
-def _descend(theta: torch.Tensor, d: PointData, family: str, settings: FitSettings, max_iter: int) -> _Descent:
+def _descend(theta: torch.Tensor, d: PointData, model: Model, settings: FitSettings, max_iter: int) -> _Descent:
     """Levenberg-Marquardt iterations from theta (P, n); each computes only the points still active (neither
     converged nor stalled), so the last few, whose optimum lies far out, cost little."""
-    f, g, grad = _value_grad(theta, d, family)
+    f, g, grad = _value_grad(theta, d, model)
     lam = torch.full_like(f, 1e-3)
     done = torch.zeros_like(f, dtype=torch.bool)
     stalled = torch.zeros_like(done)
@@ -369,7 +377,7 @@ def _descend(theta: torch.Tensor, d: PointData, family: str, settings: FitSettin
         # stalled 0.05 above its optimum before); a point stalls only on an exact Hessian
         refresh = stale[idx] | (iterations % settings.refresh == 1)
         out = _iterate(
-            theta[idx], f[idx], g[idx], grad[idx], hess[idx], lam[idx], d.take(idx), family, settings, refresh
+            theta[idx], f[idx], g[idx], grad[idx], hess[idx], lam[idx], d.take(idx), model, settings, refresh
         )
         theta[idx], f[idx], g[idx], grad[idx], hess[idx] = out.theta, out.f, out.g, out.grad, out.hess
         was_exact = exact[idx] | refresh
@@ -383,24 +391,37 @@ def _descend(theta: torch.Tensor, d: PointData, family: str, settings: FitSettin
     return _Descent(theta, f, g, done, stalled, decrement, iterations)
 
 
-def fit(d: PointData, family: str, settings: FitSettings = FitSettings()) -> tuple[torch.Tensor, FitReport]:
-    """Coefficients theta (P, 4 + K - 2) at the training-CRPS optimum of every point, and how the fit ended:
-    the better per point of the descents from each of the family's starts (:func:`_starts`)."""
+def fit(
+    d: PointData,
+    family: str,
+    settings: FitSettings = FitSettings(),
+    form: str = "spread",
+    start: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, FitReport]:
+    """Coefficients theta (P, 4 + K - 2) in ``form`` at the training-CRPS optimum of every point, and how the fit
+    ended: the better per point of the descents from each of the family's starts (:func:`_starts`), the first
+    of them replaced by ``start`` (P, n) where that is lower (a warm start). The standard form reads each point's
+    unit ``d.u`` (:meth:`PointData.with_unit`)."""
     t0 = time.perf_counter()
+    model = Model(family, form)
     n = 4 + distributions.get(family).n_raw - 2
-    starts = _starts(d, family, n)
+    starts = _starts(d, model, n)
+    if start is not None:
+        with torch.no_grad():
+            lower = crps_per_point(start, d, family, form) < crps_per_point(starts[0], d, family, form)
+        starts[0] = torch.where(lower[:, None], start.to(starts[0]), starts[0])
     with torch.no_grad():
-        raw_crps = crps_per_point(torch.zeros_like(starts[0]), d, family)
-        start_crps = torch.stack([crps_per_point(s, d, family) for s in starts]).nan_to_num(torch.inf).amin(0)
-    first = _descend(starts[0], d, family, settings, settings.max_iter)
+        raw_crps = crps_per_point(emos_forms.raw_start(d.y.shape[0], n, form, d.y), d, family, form)
+        start_crps = torch.stack([crps_per_point(s, d, family, form) for s in starts]).nan_to_num(torch.inf).amin(0)
+    first = _descend(starts[0], d, model, settings, settings.max_iter)
     best = first
     for start in starts[1:]:  # a few iterations from each further start, then on where one of them leads
-        best = best.better(_descend(start, d, family, settings, settings.max_iter_far))
+        best = best.better(_descend(start, d, model, settings, settings.max_iter_far))
     moved = (best.f < first.f).nonzero().squeeze(1)
     if moved.numel():
-        best = best.replaced(moved, _descend(best.theta[moved], d.take(moved), family, settings, settings.max_iter))
+        best = best.replaced(moved, _descend(best.theta[moved], d.take(moved), model, settings, settings.max_iter))
     best = _toward_the_limit(best, d, settings) if family == "csg" else best
-    best = _polished(best, d, family, settings)
+    best = _polished(best, d, model, settings)
     report = FitReport(
         method="levenberg-marquardt, then BFGS line searches (per point: finite-difference Hessian, float64)",
         iterations=best.iterations,
@@ -432,69 +453,33 @@ def _toward_the_limit(best: _Descent, d: PointData, settings: FitSettings) -> _D
             f_ray = crps_per_point(ray, at, "csg")
             tried, f = torch.where((f_ray < f)[:, None], ray, tried), torch.where(f_ray < f, f_ray, f)
     keep = f < best.f[far]
-    done = _descend(tried[keep], d.take(far[keep]), "csg", settings, settings.max_iter) if keep.any() else None
+    done = _descend(tried[keep], d.take(far[keep]), Model("csg"), settings, settings.max_iter) if keep.any() else None
     return best if done is None else best.replaced(far[keep], done)
 
 
-def _polished(best: _Descent, d: PointData, family: str, settings: FitSettings) -> _Descent:
+def _polished(best: _Descent, d: PointData, model: Model, settings: FitSettings) -> _Descent:
     """The points short of convergence, on by BFGS with line searches (:func:`emos_bfgs.polish`) from the inverse
     of their damped finite-difference Hessian (never to a higher CRPS); not the csg's far basin, whose shape's
     gradient is too inexact for line searches (on the targets world: 10 s more for 4 % of the polish's gain)."""
-    far = best.theta[:, 4] > FAR_SHIFT / 2 if family == "csg" else torch.zeros_like(best.done)
+    far = best.theta[:, 4] > FAR_SHIFT / 2 if model.family == "csg" else torch.zeros_like(best.done)
     idx = (~best.done & ~far).nonzero().squeeze(1)
     if idx.numel() == 0:
         return best
     at, lam = d.take(idx), torch.full_like(best.f[idx], 1e-3)
     chol = emos_bfgs.damped_cholesky(
-        _hessian(best.theta[idx], _value_grad(best.theta[idx], at, family)[2], at, family), lam
+        _hessian(best.theta[idx], _value_grad(best.theta[idx], at, model)[2], at, model), lam
     )[0]
     theta, f, g, done = emos_bfgs.polish(
-        best.theta[idx], torch.cholesky_inverse(chol), lambda t, i: _value_grad(t, at.take(i), family)[:2],
+        best.theta[idx], torch.cholesky_inverse(chol), lambda t, i: _value_grad(t, at.take(i), model)[:2],
         settings.max_iter_polish, settings.tol_grad * _scale(best.f[idx]),
     )  # fmt: skip
     return best.replaced(idx, _Descent(theta, f, g, done, best.stalled[idx], best.decrement[idx], best.iterations))
 
 
 def fit_bands(
-    bands: Iterable[PointData], family: str, settings: FitSettings = FitSettings()
+    bands: Iterable[PointData], family: str, settings: FitSettings = FitSettings(), form: str = "spread"
 ) -> tuple[torch.Tensor, FitReport]:
     """:func:`fit` of each band of points in turn (the points do not interact, so each point's coefficients
     are those of one fit over every point), and the merged report: theta (P, n) in the bands' order."""
-    fits = [fit(d, family, settings) for d in bands]
+    fits = [fit(d, family, settings, form) for d in bands]
     return torch.cat([theta for theta, _ in fits]), FitReport.merged([report for _, report in fits])
-
-
-def band_rows(family: str, n_dates: int, height: int, width: int) -> int:
-    """Latitude rows per band, so that a band's fit holds about FIT_BYTES (at least one row)."""
-    per_row = BYTES_PER_SAMPLE.get(family, max(BYTES_PER_SAMPLE.values())) * n_dates * width
-    return max(1, min(height, FIT_BYTES // max(1, per_row)))
-
-
-class BandScratch:
-    """A local EMOS's training fields on disk, by latitude band, so that a fit holds one band's samples of
-    every date and never all of them: :meth:`add` appends a batch of (B, H, W) fields to each band's file
-    (its raw bytes, dates in order), :meth:`bands` reads the bands back as :class:`PointData`, in order."""
-
-    def __init__(self, folder: Path, height: int, rows: int) -> None:
-        self.folder, self.height, self.rows = folder, height, rows
-        self.layout: dict[str, tuple[torch.dtype, int]] = {}  # field -> (dtype, width)
-
-    def _slices(self) -> list[slice]:
-        return [slice(i, min(i + self.rows, self.height)) for i in range(0, self.height, self.rows)]
-
-    def add(self, fields: dict[str, torch.Tensor]) -> None:
-        for key in FIELDS:
-            t = fields[key].detach().cpu().contiguous()  # (B, H, W)
-            self.layout[key] = (t.dtype, t.shape[-1])
-            for b, rows in enumerate(self._slices()):
-                with open(self.folder / f"{key}-{b}.bin", "ab") as f:
-                    f.write(t[:, rows].contiguous().numpy().tobytes())
-
-    def bands(self, min_std: float, device: torch.device | str = "cpu") -> Iterator[PointData]:
-        for b, rows in enumerate(self._slices()):
-            fields = {}
-            for key, (dtype, width) in self.layout.items():
-                raw = np.fromfile(self.folder / f"{key}-{b}.bin", dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-                band = raw.reshape(-1, rows.stop - rows.start, width)  # (N, rows, W)
-                fields[key] = torch.from_numpy(band).to(device)
-            yield PointData.from_fields(**fields, min_std=min_std)

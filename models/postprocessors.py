@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from postcast.datasets.core.errors import BadInputError, ConfigError
+from postcast.models import emos_forms
 from postcast.models.distributions import Distribution
 from postcast.models.losses import CRPSLoss, distribution_head
 from postcast.models.registry import NetIO, architecture
@@ -73,39 +74,77 @@ class PointwiseMLP(nn.Module):
         return tuple(self.net(x).unbind(1))  # K x (B, H, W)
 
 
+@dataclass(frozen=True)
+class _PointFields:
+    """A batch's fields as the EMOS forms read them, points first: each (P, B) (:mod:`emos_forms`)."""
+
+    xm: torch.Tensor
+    xs: torch.Tensor
+    s: torch.Tensor
+    u: torch.Tensor | None
+
+
 class LocalEMOS(nn.Module):
-    """EMOS with its own coefficients at every grid point: a = a0 + a1 * x_target_mean,
-    b = b0 + b1 * x_target_std (x: the normalised ensemble mean/std channels of the target); a family
-    with more than two head outputs gets one more constant per point for each. ``solver``: ``newton``
-    fits every point to its training-CRPS optimum before the first epoch (:mod:`postcast.models.emos_fit`);
-    ``gradient`` leaves the coefficients to the epochs' optimiser; ``auto`` (the default) is ``newton`` for
-    the location-scale families and ``gradient`` for the others (:data:`NEWTON_BY_DEFAULT`)."""
+    """EMOS with its own coefficients at every grid point, (a0, a1, b0, b1) on x_mean and x_std (the target's
+    normalised ensemble mean and std channels) in ``form`` (:mod:`postcast.models.emos_forms`): ``spread``,
+    location m + s (a0 + a1 x_mean) and scale s exp(b0 + b1 x_std); ``standard``, location m + u (a0 + a1 x_mean)
+    and scale sqrt(c^2 + d^2 s^2) with c = u b0, d = b1, u the point's ``unit`` (a buffer, set by
+    the fit). A family with more than two head outputs gets one more constant per point for each. ``solver``:
+    ``newton`` fits every point to its training-CRPS optimum before the first epoch
+    (:mod:`postcast.models.emos_fit`); ``gradient`` leaves the coefficients to the epochs' optimiser; ``auto``
+    (the default) is ``newton`` for the location-scale families and ``gradient`` for the others
+    (:data:`NEWTON_BY_DEFAULT`). ``form: auto`` is the spread form until the fit chooses (:meth:`PostProcessor`)."""
 
     def __init__(
-        self, grid: tuple[int, int], mean_channel: int, std_channel: int, outputs: int = 2, solver: str = "auto"
+        self,
+        grid: tuple[int, int],
+        mean_channel: int,
+        std_channel: int,
+        outputs: int = 2,
+        solver: str = "auto",
+        form: str = "spread",
     ):
         super().__init__()
-        self.mean_channel, self.std_channel, self.solver = mean_channel, std_channel, solver
+        self.mean_channel, self.std_channel, self.solver, self.form = mean_channel, std_channel, solver, form
         self.coef = nn.Parameter(torch.zeros(4, *grid))  # (a0, a1, b0, b1) per point
         self.extra = nn.Parameter(torch.zeros(outputs - 2, *grid)) if outputs > 2 else None  # (K - 2, H, W)
+        self.unit: torch.Tensor | None
+        if form == "standard":
+            self.register_buffer("unit", torch.ones(*grid))  # (H, W), target units
+        else:
+            self.unit = None
 
     def forward(self, batch: Batch) -> Outputs:
-        x = batch["x"]
-        a = self.coef[0] + self.coef[1] * x[:, self.mean_channel]
-        b = self.coef[2] + self.coef[3] * x[:, self.std_channel]
-        return (a, b, *constant_outputs(self.extra, a))
+        x = batch["x"]  # (B, C, H, W)
+        b, _, h, w = x.shape
+        s = batch["s"].clamp_min(1e-6)  # (B, H, W): the head's floor (losses.distribution_head)
+
+        def points(t: torch.Tensor) -> torch.Tensor:
+            return t.flatten(1).T  # (B, H, W) -> (P, B)
+
+        u = None if self.unit is None else self.unit.flatten()[:, None].expand(-1, b).to(s)
+        fields = _PointFields(points(x[:, self.mean_channel]), points(x[:, self.std_channel]), points(s), u)
+        form = "standard" if self.form == "standard" else "spread"
+        raw = emos_forms.raw(self._theta(), fields, form)  # (P, B, K)
+        return tuple(raw.permute(2, 1, 0).reshape(-1, b, h, w).unbind(0))  # K x (B, H, W)
+
+    def _theta(self) -> torch.Tensor:
+        parts: list[torch.Tensor] = [self.coef] if self.extra is None else [self.coef, self.extra]
+        return torch.cat(parts).flatten(1).T  # (P, 4 + K - 2)
 
     def theta(self) -> torch.Tensor:
         """The coefficients per point, (P, 4 + K - 2) with P = H * W (row-major points)."""
-        parts: list[torch.Tensor] = [self.coef] if self.extra is None else [self.coef, self.extra]
-        return torch.cat(parts).detach().flatten(1).T
+        return self._theta().detach()
 
-    def set_theta(self, theta: torch.Tensor) -> None:
-        """Coefficients from a per-point fit, theta (P, 4 + K - 2) with P = H * W (row-major points)."""
+    def set_theta(self, theta: torch.Tensor, unit: torch.Tensor | None = None) -> None:
+        """Coefficients from a per-point fit, theta (P, 4 + K - 2) with P = H * W (row-major points), and the
+        standard form's unit per point (P,)."""
         with torch.no_grad():
             self.coef.copy_(theta[:, :4].T.reshape(self.coef.shape))
             if self.extra is not None:
                 self.extra.copy_(theta[:, 4:].T.reshape(self.extra.shape))
+            if self.unit is not None and unit is not None:
+                self.unit.copy_(unit.reshape(self.unit.shape))
 
 
 def require_members(batch: Batch, model: str) -> torch.Tensor:
@@ -151,6 +190,7 @@ def crps_loss(model: nn.Module, batch: Batch, distribution: str = "gaussian") ->
 
 
 SOLVERS = ("auto", "newton", "gradient")
+FORMS = ("spread", "standard", "auto")  # auto: the candidates fitted, the lowest validation CRPS kept
 # Families whose local EMOS is fitted by ``newton`` under ``solver: auto``: the location-scale ones (ws10 at 5 deg,
 # truncated normal: 10 s alone on 2 cores, within 2e-7 of scipy's per-point optimum on the test split). The
 # censored shifted gamma keeps the gradient epochs under ``auto``: its mean is (m + shift) exp(a0 + a1 x_mean),
@@ -169,14 +209,29 @@ class LocalEMOSArchitecture:
     """Local EMOS: 4 coefficients per grid point on the target's normalised ensemble mean and std."""
 
     solver: str = "auto"  # newton: full-batch fit to the CRPS optimum at fit start; gradient: the epochs' optimiser
+    form: str = "spread"  # spread | standard | auto (both, kept on validation): docs/models.md
+    radii: tuple[int, ...] = ()  # pooling candidates: neighbours within these grid cells (models/emos_pool.py) ...
+    weights: tuple[float, ...] = ()  # ... counted with these weights relative to a point's own dates
 
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
             msg = f"model.net.solver {self.solver!r}: choose one of {list(SOLVERS)}"
             raise ConfigError(msg)
+        if self.form not in FORMS:
+            msg = f"model.net.form {self.form!r}: choose one of {list(FORMS)}"
+            raise ConfigError(msg)
+        if any(r < 1 for r in self.radii) or any(not 0.0 < w <= 1.0 for w in self.weights):
+            msg = f"model.net radii {list(self.radii)} / weights {list(self.weights)}: radii >= 1, weights in (0, 1]"
+            raise ConfigError(msg)
+        if bool(self.radii) != bool(self.weights):
+            msg = "model.net: pooling needs both radii and weights (e.g. radii: [1], weights: [0.25, 1.0]), or neither"
+            raise ConfigError(msg)
+        if (self.form != "spread" or self.radii) and self.solver == "gradient":
+            msg = "model.net: the standard form and pooling are fitted by the full-batch solver: set solver: newton"
+            raise ConfigError(msg)
 
     def build(self, io: NetIO) -> nn.Module:
-        return LocalEMOS(io.grid, *io.target_channels, io.outputs, self.solver)
+        return LocalEMOS(io.grid, *io.target_channels, io.outputs, self.solver, self.form)
 
 
 @architecture("emos_global", needs_members=True)

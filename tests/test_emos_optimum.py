@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from postcast.models import emos_fit
+from postcast.models import emos_bands, emos_fit
 from postcast.models.emos_fit import FitSettings, PointData, crps_per_point, fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_missing_truth_is_ignored():
 def _fields(d: PointData, height: int) -> dict[str, torch.Tensor]:
     """The (N, H, W) float32 fields of ``d``'s points laid out row by row on a height x width grid."""
     n = d.y.shape[1]
-    return {k: getattr(d, k).T.reshape(n, height, -1).float() for k in emos_fit.FIELDS}
+    return {k: getattr(d, k).T.reshape(n, height, -1).float() for k in emos_bands.FIELDS}
 
 
 def test_a_fit_by_latitude_bands_equals_the_fit_of_every_point_at_once(tmp_path, monkeypatch):
@@ -171,16 +171,16 @@ def test_a_fit_by_latitude_bands_equals_the_fit_of_every_point_at_once(tmp_path,
     fields = _fields(d, height=4)  # a 4 x 3 grid
     whole = PointData.from_fields(**fields, min_std=1e-6)
     theta_all, report_all = fit(whole, "gaussian")
-    per_sample = emos_fit.BYTES_PER_SAMPLE["gaussian"]
-    monkeypatch.setattr(emos_fit, "FIT_BYTES", per_sample * 40 * 3)  # one row of 3 points
-    rows = emos_fit.band_rows("gaussian", n_dates=40, height=4, width=3)
+    per_sample = emos_bands.BYTES_PER_SAMPLE["gaussian"]
+    monkeypatch.setattr(emos_bands, "FIT_BYTES", per_sample * 40 * 3)  # one row of 3 points
+    rows = emos_bands.band_rows("gaussian", n_dates=40, height=4, width=3)
     assert rows == 1
-    scratch = emos_fit.BandScratch(tmp_path, height=4, rows=rows)
+    scratch = emos_bands.BandScratch(tmp_path, height=4, rows=rows)
     for start in range(0, 40, 16):  # batches of dates, as the training loader gives them
         scratch.add({k: v[start : start + 16] for k, v in fields.items()})
     bands = list(scratch.bands(min_std=1e-6))
     assert [b.y.shape for b in bands] == [(3, 40)] * 4
-    assert all(b.y.numel() * per_sample <= emos_fit.FIT_BYTES for b in bands)
+    assert all(b.y.numel() * per_sample <= emos_bands.FIT_BYTES for b in bands)
     theta_bands, report = emos_fit.fit_bands(bands, "gaussian")
     assert torch.allclose(theta_bands, theta_all, rtol=0, atol=1e-12), (theta_bands - theta_all).abs().max()
     assert report.points == report_all.points == 12

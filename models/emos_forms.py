@@ -1,0 +1,156 @@
+"""The local EMOS's model forms: how a point's coefficients make the head's raw outputs at each date.
+
+Both forms predict a location-scale law through the head of :mod:`postcast.models.distributions`, whose raw
+outputs (a, b) give location m + s a and scale s exp(b) from the raw ensemble's mean m and (floored) std s.
+With x_mean, x_std the target's normalised ensemble mean and std (per point, the training store's statistics):
+
+``spread`` (postcast's first form): a = a0 + a1 x_mean, b = b0 + b1 x_std, so the location is
+    m + s (a0 + a1 x_mean) and the scale s exp(b0 + b1 x_std): both scale with the date's own spread.
+``standard`` (Gneiting et al. 2005; Thorarinsdottir and Gneiting 2010 for the truncated normal; the form
+    operational suites fit): location m + u (a0 + a1 x_mean), linear in the ensemble mean, and
+    scale^2 = c^2 + d^2 s^2 with c = u b0, d = b1 (squared, as IMPROVER fits it), where u is the point's unit, the
+    root mean square of its training spread (fixed before the fit, kept in the model). The constant c^2 is a
+    floor: a date whose members happen to agree still gets a spread, where the spread form's s exp(b) collapses
+    with s. Squares rather than exponentials: an optimum at c = 0 or d = 0 is then an ordinary minimum at b0 = 0
+    or b1 = 0, which Newton's method reaches in a step or two (with c = u exp(b0) the fit walked b0 towards
+    -inf, its gradient decaying like exp(2 b0), and hit its iteration ceiling on the targets world), and the raw
+    ensemble is theta = (0, 0, 0, 1) exactly.
+
+In raw outputs the standard form is a = (u / s)(a0 + a1 x_mean) (linear in the coefficients) and
+b = log(sqrt(c^2 + d^2 s^2) / s) (not linear in b0, b1): :func:`columns` gives each coefficient's column of the
+Jacobian d raw / d theta at a date, :func:`curvature` the second-derivative term that b adds to the Hessian,
+so the fit's Gauss-Newton-like Hessian sum_t J_t^T H_t J_t stays exact. A further output of a family with more
+than two (none of the location-scale families has one) is a constant per point in either form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+FORMS = ("spread", "standard")
+Column = tuple[int, torch.Tensor | None]  # (raw output, its factor per date (P, N); None for 1)
+
+
+class Data(Protocol):
+    """What a form reads of a point's training data, each (P, N): see :class:`emos_fit.PointData`."""
+
+    @property
+    def xm(self) -> torch.Tensor: ...
+    @property
+    def xs(self) -> torch.Tensor: ...
+    @property
+    def s(self) -> torch.Tensor: ...
+    @property
+    def u(self) -> torch.Tensor | None: ...
+
+
+def raw_start(points: int, n: int, form: str, like: torch.Tensor) -> torch.Tensor:
+    """Coefficients (points, n) whose law is the raw ensemble's: 0, and d = 1 in the standard form."""
+    theta = torch.zeros(points, n, dtype=torch.float64, device=like.device)
+    if form == "standard":
+        theta[:, 3] = 1.0
+    return theta
+
+
+def nudged(raw: torch.Tensor, form: str) -> list[torch.Tensor]:
+    """The standard form's raw start moved off b0 = 0 (c = u / 10), or none: at b0 = 0 the CRPS is even in b0,
+    so its gradient there is 0 and a descent from the raw ensemble never takes up the constant c^2 (one point of
+    the targets world's t2m stayed at 0.6352 for 100 iterations, where its optimum is lower)."""
+    if form != "standard":
+        return []
+    out = raw.clone()
+    out[:, 2] = 0.1
+    return [out]
+
+
+def check(form: str) -> str:
+    if form not in FORMS:
+        msg = f"model.net.form {form!r}: choose one of {list(FORMS)} (or auto, chosen on the validation dates)"
+        raise ValueError(msg)
+    return form
+
+
+def unit_of(d: Data) -> torch.Tensor:
+    """The standard form's unit per sample, (P, N): the data's own ``u``, which the fit sets from the training
+    spread (:func:`rms_spread`)."""
+    if d.u is None:
+        msg = "the standard form needs each point's unit u (PointData.with_unit)"
+        raise ValueError(msg)
+    return d.u
+
+
+def rms_spread(s: torch.Tensor, w: torch.Tensor, floor: float) -> torch.Tensor:
+    """Each point's unit: the root mean square of its spread s (P, N) over the dates weighted by w (P, N), (P,)."""
+    return ((w * s * s).sum(1) / w.sum(1).clamp_min(1e-300)).sqrt().clamp_min(floor)
+
+
+@dataclass(frozen=True)
+class _Scale:
+    """The standard form's scale at each date, each (P, N): raw b = log(sqrt(v) / s) with v = (u b0)^2 + (b1 s)^2,
+    and the pieces of its derivatives: uu = u^2 / v, ss = s^2 / v."""
+
+    b: torch.Tensor
+    uu: torch.Tensor
+    ss: torch.Tensor
+
+
+def _scale(theta: torch.Tensor, d: Data) -> _Scale:
+    u2, s2 = unit_of(d) ** 2, d.s**2  # (P, N)
+    v = (u2 * theta[:, 2:3] ** 2 + s2 * theta[:, 3:4] ** 2).clamp_min(1e-300)
+    return _Scale(0.5 * torch.log(v) - torch.log(d.s), u2 / v, s2 / v)
+
+
+def raw(theta: torch.Tensor, d: Data, form: str) -> torch.Tensor:
+    """The head's raw outputs (P, N, K) for coefficients theta (P, 4 + K - 2) in ``form``."""
+    if form == "spread":
+        a = theta[:, 0:1] + theta[:, 1:2] * d.xm  # (P, N)
+        b = theta[:, 2:3] + theta[:, 3:4] * d.xs
+    else:
+        a = unit_of(d) / d.s * (theta[:, 0:1] + theta[:, 1:2] * d.xm)
+        b = _scale(theta, d).b
+    extra = theta[:, 4:].unsqueeze(1).expand(-1, a.shape[1], -1)  # (P, N, K - 2)
+    return torch.cat([a.unsqueeze(-1), b.unsqueeze(-1), extra], dim=-1)
+
+
+def columns(theta: torch.Tensor, d: Data, k: int, form: str) -> list[Column]:
+    """Each coefficient's Jacobian column at every date: the raw output it moves and by what factor."""
+    extra: list[Column] = [(j, None) for j in range(2, k)]
+    if form == "spread":
+        return [(0, None), (0, d.xm), (1, None), (1, d.xs), *extra]
+    ratio = unit_of(d) / d.s  # (P, N)
+    sc = _scale(theta, d)
+    return [(0, ratio), (0, ratio * d.xm), (1, sc.uu * theta[:, 2:3]), (1, sc.ss * theta[:, 3:4]), *extra]
+
+
+def curvature(theta: torch.Tensor, d: Data, grad: torch.Tensor, form: str) -> torch.Tensor | None:
+    """The Hessian's second-derivative term sum_t dCRPS/db_t d^2 b_t / dtheta^2, (P, n, n), from the gradient in
+    the raw outputs ``grad`` (P, N, K); None where the raw outputs are linear in theta (the spread form).
+    Standard form, with db/db0 = uu b0 and db/db1 = ss b1: d^2 b / db0^2 = uu (1 - 2 uu b0^2),
+    d^2 b / db1^2 = ss (1 - 2 ss b1^2), d^2 b / db0 db1 = -2 uu ss b0 b1."""
+    if form == "spread":
+        return None
+    sc, b0, b1 = _scale(theta, d), theta[:, 2:3], theta[:, 3:4]
+    gb = grad[..., 1]  # (P, N): dCRPS / db at each date
+    out = torch.zeros(theta.shape[0], theta.shape[1], theta.shape[1], dtype=theta.dtype, device=theta.device)
+    out[:, 2, 2] = (gb * sc.uu * (1.0 - 2.0 * sc.uu * b0**2)).sum(1)
+    out[:, 3, 3] = (gb * sc.ss * (1.0 - 2.0 * sc.ss * b1**2)).sum(1)
+    out[:, 2, 3] = out[:, 3, 2] = (gb * -2.0 * sc.uu * sc.ss * b0 * b1).sum(1)
+    return out
+
+
+def standardised_error(d: Data, m: torch.Tensor, y: torch.Tensor, form: str) -> torch.Tensor:
+    """The error (y - m) (P, N) in the form's unit of location: s (spread) or u (standard)."""
+    return (y - m) / (d.s if form == "spread" else unit_of(d))
+
+
+def scale_start(var: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b0, b1), each (P,), whose scale matches a residual variance ``var`` (P,) of :func:`standardised_error`:
+    the spread form's s exp(b0); the standard form's c^2 + d^2 s^2 with the variance split evenly (u^2 is the
+    mean of s^2)."""
+    if form == "spread":
+        return (0.5 * torch.log(var.clamp_min(1e-12))).clamp(-20.0, 20.0), torch.zeros_like(var)
+    half = (0.5 * var).clamp_min(1e-12).sqrt()
+    return half, half.clone()
