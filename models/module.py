@@ -28,20 +28,17 @@ import os
 import pickle
 import random
 import re
-import tempfile
-from pathlib import Path
+import warnings
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
-from postcast.datasets.loaders.datamodule import StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models import distributions, emos_fit, postprocessors, registry
+from postcast.models import distributions, emos_training, postprocessors, registry
 from postcast.models.distributions import Distribution
 from postcast.models.losses import crps_gaussian
 from postcast.models.smoe import SMoEHead
@@ -49,8 +46,7 @@ from postcast.models.smoe import SMoEHead
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
 CHECKPOINT_FORMAT_VERSION = 3  # 3: a content checksum in checkpoint["postcast"]["checksum"]
 Batch = dict[str, torch.Tensor]
-SCRATCH_BATCH = 4  # samples read at once for the EMOS scratch: a 0.5 deg sample's inputs are about 10 MB
-ONE_BAND = 1 << 30  # latitude rows per band that put every row of any grid in one band
+NO_STEP_WARNING = "`training_step` returned `None`"  # Lightning's, for a step without optimisation: on purpose here
 log = logging.getLogger(__name__)
 
 
@@ -145,7 +141,9 @@ class PostProcessor(L.LightningModule):
     def on_train_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         if isinstance(self.net, postprocessors.LocalEMOS) and self._newton() and dm is not None:
-            self.fit_report = self._fit_emos(StoreDataset(dm.cfg, "train"))
+            self.fit_report = emos_training.fit(self, dm.cfg)
+            # at its optimum: the epoch validates and saves it, its training_step returns None (no optimiser step)
+            warnings.filterwarnings("ignore", message=NO_STEP_WARNING)
 
     def _newton(self) -> bool:
         """Whether the local EMOS is fitted to its optimum (``solver: newton``, or ``auto`` for a family in
@@ -154,44 +152,6 @@ class PostProcessor(L.LightningModule):
         return solver == "newton" or (
             solver == "auto" and self.hparams["distribution"] in postprocessors.NEWTON_BY_DEFAULT
         )
-
-    def emos_scratch(self, data: StoreDataset, folder: Path, rows: int | None = None) -> emos_fit.BandScratch:
-        """Every sample of ``data`` as a local EMOS reads it, written under ``folder`` by latitude band
-        (:class:`emos_fit.BandScratch`): ``rows`` per band, or as many as one band's fit may hold in memory."""
-        assert isinstance(self.net, postprocessors.LocalEMOS)
-        scratch: emos_fit.BandScratch | None = None
-        with torch.no_grad():
-            for batch in DataLoader(data, batch_size=SCRATCH_BATCH):
-                x = self.normalise({k: v.to(self.device) for k, v in batch.items()})["x"]  # (B, C, H, W)
-                fields = {"xm": x[:, self.net.mean_channel], "xs": x[:, self.net.std_channel]}
-                fields |= {k: batch[k] for k in ("m", "s", "y")}  # each (B, H, W)
-                if scratch is None:
-                    _, h, w = fields["y"].shape
-                    rows = rows or emos_fit.band_rows(self.hparams["distribution"], len(data), h, w)
-                    scratch = emos_fit.BandScratch(folder, h, rows)
-                scratch.add(fields)
-        if scratch is None:
-            msg = "the training split has no samples to fit the local EMOS to: widen data.cfg.splits.train"
-            raise BadInputError(msg)
-        return scratch
-
-    def emos_points(self, data: StoreDataset) -> emos_fit.PointData:
-        """Every sample of ``data`` at every point at once (:class:`emos_fit.PointData`; a small grid's)."""
-        with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
-            scratch = self.emos_scratch(data, Path(tmp), rows=ONE_BAND)
-            return next(scratch.bands(emos_fit.FitSettings.min_std, self.device))
-
-    def _fit_emos(self, data: StoreDataset) -> dict[str, Any]:
-        """The local EMOS fitted to its training-CRPS optimum, a latitude band of points at a time (each band's
-        samples of every date read back from a scratch folder under TMPDIR), so that the memory it holds does
-        not grow with the training dates."""
-        assert isinstance(self.net, postprocessors.LocalEMOS)
-        with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
-            bands = self.emos_scratch(data, Path(tmp)).bands(emos_fit.FitSettings.min_std, self.device)
-            theta, report = emos_fit.fit_bands(bands, self.hparams["distribution"])
-        self.net.set_theta(theta.float())
-        log.info("local EMOS fitted: %s", report)
-        return report.to_dict()
 
     def normalise(self, batch: Batch) -> Batch:
         """The network's view of a physical batch: ``x`` (B, C, H, W) = normalised fields (NaN, e.g.

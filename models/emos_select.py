@@ -1,0 +1,159 @@
+"""The local EMOS chosen on validation: each candidate (a form of :mod:`emos_forms` and a pooling of
+:mod:`emos_pool`) is fitted to its training-CRPS optimum, scored on the validation dates, and the lowest
+validation CRPS (area-weighted over the points with a validation truth) is kept. The test dates are never read.
+
+Every candidate is fitted a latitude band at a time (:class:`emos_bands.BandScratch`, with a halo of rows for
+pooling), so the memory held does not grow with the training dates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from postcast.models import emos_fit
+from postcast.models.emos_bands import BandScratch
+from postcast.models.emos_fit import FitReport, FitSettings, PointData
+from postcast.models.emos_pool import Pooling, pooled
+
+DEFAULT = FitSettings()
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    form: str
+    pooling: Pooling
+
+    def label(self) -> str:
+        return f"{self.form} form, {self.pooling.label()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"form": self.form, "radius": self.pooling.radius, "weight": self.pooling.weight}
+
+
+@dataclass
+class _Tally:
+    """A candidate's coefficients and unit by band, fit reports, and validation CRPS sums."""
+
+    thetas: list[torch.Tensor]
+    units: list[torch.Tensor]
+    reports: list[FitReport]
+    score: float = 0.0
+    weight: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen candidate's coefficients theta (P, n), its unit per point (P,), its fit report, and every
+    candidate's validation CRPS (for the log, ``summary.json`` and the checkpoint)."""
+
+    chosen: Candidate
+    theta: torch.Tensor
+    unit: torch.Tensor
+    report: FitReport
+    table: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chosen": self.chosen.to_dict(), "candidates": self.table}
+
+
+def _fit_band(
+    band: Any, width: int, family: str, candidate: Candidate, settings: FitSettings, wrap: bool,
+    start: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, FitReport]:  # fmt: skip
+    """One candidate on one band (:class:`emos_bands.HaloBand`): (theta (A, n), unit (A,), report) of its core,
+    warm-started from ``start`` (A, n) where given."""
+    d: PointData = band.data
+    d = d.with_unit(d.training_unit(settings.min_std))  # each point's unit from its own training spread
+    core = slice(band.core.start - band.first, band.core.stop - band.first)
+    data = pooled(d, (band.rows, width), core, candidate.pooling, wrap)
+    theta, report = emos_fit.fit(data, family, settings, candidate.form, start)
+    assert d.u is not None
+    unit = d.u[core.start * width : core.stop * width, 0]
+    return theta, unit, report
+
+
+def _validation(
+    theta: torch.Tensor, unit: torch.Tensor, val: PointData, family: str, form: str, weights: torch.Tensor
+) -> tuple[float, float]:
+    """The weighted sum of the band's points' validation CRPS and of their weights (points with a truth)."""
+    with torch.no_grad():
+        crps = emos_fit.crps_per_point(theta, val.with_unit(unit), family, form)  # (A,)
+    has = (val.w.sum(1) > 0) & torch.isfinite(crps)
+    w = weights * has
+    return float((torch.where(has, crps, 0.0) * w).sum()), float(w.sum())
+
+
+def _run(
+    train: BandScratch,
+    val: BandScratch,
+    family: str,
+    candidates: list[Candidate],
+    row_weights: torch.Tensor,
+    wrap: bool,
+    settings: FitSettings,
+    starts: list[torch.Tensor] | None,
+) -> list[_Tally]:
+    """Every candidate fitted band by band (``starts``: a warm start per band) and scored on validation."""
+    halo = max((c.pooling.radius for c in candidates), default=0)
+    tallies = [_Tally([], [], []) for _ in candidates]
+    bands = zip(train.halo_bands(settings.min_std, halo), val.bands(settings.min_std), strict=True)
+    for b, (band, val_band) in enumerate(bands):
+        width = band.data.y.shape[0] // band.rows
+        weights = row_weights[band.core].repeat_interleave(width).to(torch.float64)  # (A,)
+        for candidate, tally in zip(candidates, tallies, strict=True):
+            t0 = time.perf_counter()
+            warm = None if starts is None else starts[b]
+            theta, unit, report = _fit_band(band, width, family, candidate, settings, wrap, warm)
+            tally.seconds += time.perf_counter() - t0
+            score, weight = _validation(theta, unit, val_band, family, candidate.form, weights)
+            tally.thetas.append(theta)
+            tally.units.append(unit)
+            tally.reports.append(report)
+            tally.score, tally.weight = tally.score + score, tally.weight + weight
+    return tallies
+
+
+def _row(candidate: Candidate, tally: _Tally) -> dict[str, Any]:
+    val_crps = tally.score / max(tally.weight, 1e-300)
+    train_crps = FitReport.merged(tally.reports).crps_fit
+    log.info("local EMOS candidate %s: validation CRPS %.6f, training CRPS %.6f, %.1f s",
+             candidate.label(), val_crps, train_crps, tally.seconds)  # fmt: skip
+    return {**candidate.to_dict(), "val_crps": val_crps, "train_crps": train_crps, "seconds": tally.seconds}
+
+
+def select(
+    train: BandScratch,
+    val: BandScratch,
+    family: str,
+    forms: list[str],
+    pools: list[Pooling],
+    row_weights: torch.Tensor,
+    wrap: bool,
+    settings: FitSettings = DEFAULT,
+) -> Selection:
+    """The candidate of lowest validation CRPS, fitted on ``train``'s bands; ``val`` holds the validation dates
+    in the same bands; ``row_weights`` (H,) weight each latitude row's points (cos latitude). In two stages, so
+    that the costly pooled fits (a neighbour's dates count at every point near it) run for one form only: each
+    form's local fit, then the poolings ``pools`` of the form whose local fit validated best, each warm-started
+    from that local fit."""
+    local = [Candidate(f, Pooling()) for f in forms]
+    tallies = _run(train, val, family, local, row_weights, wrap, settings, None)
+    rows = [_row(c, t) for c, t in zip(local, tallies, strict=True)]
+    form = min(range(len(local)), key=lambda i: rows[i]["val_crps"])
+    pooled_ = [Candidate(forms[form], p) for p in pools if not p.local]
+    if pooled_:
+        more = _run(train, val, family, pooled_, row_weights, wrap, settings, tallies[form].thetas)
+        local, tallies = local + pooled_, tallies + more
+        rows += [_row(c, t) for c, t in zip(pooled_, more, strict=True)]
+    best = min(range(len(local)), key=lambda i: rows[i]["val_crps"])
+    log.info("local EMOS chosen on validation: %s", local[best].label())
+    t = tallies[best]
+    report = replace(FitReport.merged(t.reports), seconds=sum(x.seconds for x in tallies))  # every candidate's fit
+    return Selection(local[best], torch.cat(t.thetas), torch.cat(t.units), report, rows)
