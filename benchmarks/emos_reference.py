@@ -18,18 +18,18 @@ from scipy import optimize
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models import emos_fit
+from postcast.models import emos_fit, emos_training
 from postcast.models.emos_fit import PointData, crps_per_point
 from postcast.models.module import load_checkpoint
 from postcast.models.postprocessors import LocalEMOS
 
 
-def scipy_point(d: PointData, family: str, x0: np.ndarray) -> np.ndarray:
-    """One point's coefficients: Nelder-Mead (tight tolerance), then BFGS, on the point's mean CRPS."""
+def scipy_point(d: PointData, family: str, x0: np.ndarray, form: str = "spread") -> np.ndarray:
+    """One point's coefficients in ``form``: Nelder-Mead (tight tolerance), then BFGS, on the point's mean CRPS."""
 
     def f(theta: np.ndarray) -> float:
         with torch.no_grad():
-            v = float(crps_per_point(torch.as_tensor(theta, dtype=torch.float64)[None], d, family)[0])
+            v = float(crps_per_point(torch.as_tensor(theta, dtype=torch.float64)[None], d, family, form)[0])
         return v if np.isfinite(v) else 1e30
 
     nm = optimize.minimize(f, x0, method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-11, "maxiter": 20000})
@@ -48,22 +48,27 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
     fit = meta.get("fit") or {"solver": "gradient (the epochs' optimiser)", "seconds": train_s}
     family = model.hparams["distribution"]
     cfg = DataConfig(store=store, sample=SampleSpec.from_dict(meta["sample"]))
-    train, test = (model.emos_points(StoreDataset(cfg, split)) for split in ("train", "test"))
+    train, test = (emos_training.points(model, StoreDataset(cfg, split)) for split in ("train", "test"))
     n_points = train.y.shape[0]
     has_truth = (train.w.sum(1) > 0).nonzero().squeeze(1).numpy()
     rng = np.random.default_rng(seed)
     chosen = has_truth if points is None else rng.choice(has_truth, size=min(points, has_truth.size), replace=False)
     ours = model.net.theta().double()  # (P, n)
-    start = emos_fit.moment_start(train, ours.shape[1]) if family in emos_fit.LOCATION_SCALE else torch.zeros_like(ours)
+    form = "standard" if model.net.form == "standard" else "spread"
+    start = (
+        emos_fit.moment_start(train, ours.shape[1], form)
+        if family in emos_fit.LOCATION_SCALE
+        else torch.zeros_like(ours)
+    )
     t0 = time.perf_counter()
     ref = ours.clone()
     for p in chosen:
-        ref[p] = torch.as_tensor(scipy_point(train.take(torch.tensor([int(p)])), family, start[p].numpy()))
+        ref[p] = torch.as_tensor(scipy_point(train.take(torch.tensor([int(p)])), family, start[p].numpy(), form))
     per_point_s = (time.perf_counter() - t0) / len(chosen)
     idx = torch.as_tensor(chosen)
     with torch.no_grad():
         scores = {
-            f"{split}_crps_{who}": float(crps_per_point(theta[idx], data.take(idx), family).mean())
+            f"{split}_crps_{who}": float(crps_per_point(theta[idx], data.take(idx), family, form).mean())
             for split, data in (("train", train), ("test", test))
             for who, theta in (("postcast", ours), ("scipy", ref))
         }

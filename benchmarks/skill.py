@@ -16,7 +16,11 @@ gap_closed_tp24=<x> (the best model's fraction of the raw-to-oracle CRPS gap clo
 censored_beats_gaussian_tp24=<yes|no> emos_minus_reference_crps=<x> emos_fit_speedup=<x>: the local EMOS of
 the first seed beside a scipy per-point fit of the same model on the same data (benchmarks/emos_reference.py,
 on --reference-points sampled points): the largest test-CRPS difference postcast minus scipy over the targets,
-and the smallest ratio of scipy's fit time (extrapolated to every point) to postcast's.
+and the smallest ratio of scipy's fit time (extrapolated to every point) to postcast's;
+emos_minus_standard_<t>=<x> emos_wins_<t>=<k>/<n> for the location-scale targets (t2m, ws10, z500, t850):
+postcast's local EMOS (its form and pooling chosen on validation) minus the standard form (a + b mean,
+c^2 + d^2 variance) fitted per point by scipy, area-weighted test CRPS at the same sampled points, and the test
+dates it wins (benchmarks/emos_standard.py).
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ import numpy as np
 import xarray as xr
 from common import ROOT, TARGETS_RUN, TARGETS_STORE, require_store
 from emos_reference import compare, print_reference
+from emos_standard import CLOSED, compare_standard, print_standard
 
 from postcast.datasets import io
 from postcast.models import registry
+from postcast.models.module import load_checkpoint
 from postcast.pipeline import significance
 from postcast.pipeline.evaluate import EvalConfig, evaluate
 from postcast.pipeline.train import run as train
@@ -81,6 +87,7 @@ def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs:
     return {
         "model": model,
         "target": target,
+        "family": cli.model.hparams["distribution"],
         "seed": seed,
         "checkpoint": cb.best_model_path,  # type: ignore[union-attr]
         "val_crps": float(cb.best_model_score),
@@ -234,6 +241,24 @@ def emos_references(
     return out
 
 
+def family_of(row: dict[str, Any]) -> str:
+    """The predictive family of a finished run (read from its checkpoint for runs recorded without it)."""
+    return str(row.get("family") or load_checkpoint(row["checkpoint"])[0].hparams["distribution"])
+
+
+def emos_standards(
+    done: dict[str, Any], pairs: list[tuple[str, str]], a: argparse.Namespace, suffix: str
+) -> dict[str, dict[str, Any]]:
+    """Each location-scale target's local EMOS (first seed) beside the standard form fitted per point by scipy
+    (benchmarks/emos_standard.py)."""
+    out = {}
+    for model, target in pairs:
+        row = done.get(f"{model}_{target}_s{a.seeds[0]}{suffix}")
+        if model == "emos" and row is not None and family_of(row) in CLOSED:
+            out[target] = compare_standard(row["checkpoint"], a.store, a.reference_points or None, seed=a.seeds[0])
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--store", default=str(TARGETS_STORE))
@@ -292,6 +317,12 @@ def main() -> None:
         print_reference(reference)
         res["emos_minus_reference_crps"] = max(r["test_crps_difference"] for r in reference.values())
         res["emos_fit_speedup"] = min(r["speedup"] for r in reference.values())
+    standard = emos_standards(done, pairs, a, suffix)
+    if standard:
+        print_standard(standard)
+        for target, r in standard.items():
+            res[f"emos_minus_standard_{target}"] = r["postcast_minus_standard"]
+            res[f"emos_wins_{target}"] = f"{r['dates_won']}/{r['test_dates']}"
     print(f"learned forecasts beating their target's baseline: {beat}")
     train_s = {k: r["train_s"] for k, r in done.items()}
     io.write_json(
@@ -303,6 +334,7 @@ def main() -> None:
             "tp24_censored_vs_gaussian": tp24,
             "train_seconds": train_s,
             "emos_reference": reference,
+            "emos_standard": standard,
             "seeds": a.seeds,
             "epochs": a.epochs,
         },
