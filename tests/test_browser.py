@@ -3,16 +3,20 @@ Chromium (Debian's ``/usr/bin/chromium``, driven by Playwright; never ``playwrig
 real ``postcast serve`` on loopback.
 
 Opt in with ``-m browser``; skipped, saying why, when Chromium or Playwright is missing (Debian:
-``apt-get install chromium``). Screenshots go to ``$POSTCAST_TEST_ARTEFACTS/browser`` (default
-``test-artefacts/browser`` in the repository): ``page.png``, ``point.png``, ``docs.png``,
-``report_top.png``.
+``apt-get install chromium``; another Chromium: ``POSTCAST_CHROMIUM=/path/to/chromium``), except under
+``CI=true`` (``.ci/run``, which installs Chromium first): there a missing browser fails every test, so the tier
+cannot pass by skipping. Screenshots go to ``$POSTCAST_TEST_ARTEFACTS/browser`` (default
+``test-artefacts/browser`` in the repository): ``page.png``, ``point.png``, ``docs.png``, ``report_top.png``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -21,7 +25,7 @@ from archive_files import write_archive
 
 from postcast.serve.testing import running_server
 
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = Path(os.environ.get("POSTCAST_CHROMIUM", "/usr/bin/chromium"))  # Debian's; another with the variable
 ROOT = Path(__file__).resolve().parents[1]
 ARTEFACTS = Path(os.environ.get("POSTCAST_TEST_ARTEFACTS", ROOT / "test-artefacts")) / "browser"
 FLAGS = [  # no background traffic: every request the browser makes is the page's
@@ -36,17 +40,34 @@ FLAGS = [  # no background traffic: every request the browser makes is the page'
 ]
 WAIT_MS = 120_000  # a ceiling for events on a loaded machine, not a budget
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright (the Python package) is not installed")
+pytestmark = pytest.mark.browser
+
+
+def _missing() -> str | None:
+    """Why the browser tier cannot run here (None: it can)."""
+    if not CHROMIUM.exists():
+        return f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "Playwright (the Python package) is not installed (bash scripts/setup.sh installs it)"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)  # first: before the store, server and report the tests use
+def _browser_present() -> None:
+    """Skip where the browser is missing, saying why; under CI=true fail instead: CI must run this tier."""
+    missing = _missing()
+    if missing and os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and the browser tier cannot run: {missing}", pytrace=False)
+    if missing:
+        pytest.skip(missing)
 
 
 class Browser:
     """One Chromium with a new empty profile; every request, failed request and console error it saw."""
 
     def __init__(self, profile: Path) -> None:
+        from playwright import sync_api
+
         self._pw = sync_api.sync_playwright().start()
         self.context = self._pw.chromium.launch_persistent_context(
             str(profile),
@@ -205,3 +226,18 @@ def test_the_report_reads_from_its_top(report, browser):
     assert "`" not in page.inner_text("body")  # Markdown rendered, no literal backticks
     _shot(page, "report_top.png")
     assert browser.errors == [] and [u for u in browser.requests if not u.startswith("file://")] == []
+
+
+def _tier_without_chromium(ci: str) -> subprocess.CompletedProcess[str]:
+    """This file's tests in a new pytest process that finds no Chromium, with ``CI`` set to ``ci``."""
+    env = {**os.environ, "CI": ci, "POSTCAST_CHROMIUM": "/nonexistent/chromium"}
+    cmd = [sys.executable, "-m", "pytest", "-m", "browser", "-n", "0", "-p", "no:cacheprovider", __file__]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_without_chromium_the_tier_skips_but_fails_under_ci():
+    quiet, ci = _tier_without_chromium("false"), _tier_without_chromium("true")
+    assert quiet.returncode == 0 and " skipped" in quiet.stdout and " passed" not in quiet.stdout, quiet.stdout
+    assert "no Chromium at /nonexistent/chromium" in quiet.stdout
+    assert ci.returncode == 1 and "CI=true and the browser tier cannot run" in ci.stdout, ci.stdout
+    assert " skipped" not in ci.stdout.splitlines()[-1] and " error" in ci.stdout.splitlines()[-1]
