@@ -258,6 +258,18 @@ def test_the_routing_custom_operator_passes_opcheck(backend, gen):
         torch.library.opcheck(torch.ops.postcast.topk_route.default, (v, w, 2, *cfg, backend))
 
 
+def test_the_routing_operator_keeps_the_dtypes_of_mixed_precision(gen):
+    """Under autocast the expert values are bf16 and a latent gate's weights fp32: the output follows the
+    values, the saved weights the weights, in the real and the fake implementation alike (opcheck)."""
+    v, w = _route_inputs(gen, torch.float32)
+    vb = v.detach().bfloat16().requires_grad_()
+    for cfg in ROUTING:
+        torch.library.opcheck(torch.ops.postcast.topk_route.default, (vb, w, 1, *cfg, "torch"))
+        y, idx, _, sel_w = torch.ops.postcast.topk_route(vb, w, 1, *cfg, "torch")
+        assert (y.dtype, idx.dtype) == (torch.bfloat16, torch.uint8)
+        assert sel_w.dtype == torch.float32
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("cfg", ROUTING)
 def test_the_routing_compiles_in_one_graph_and_equals_eager(backend, cfg, gen):

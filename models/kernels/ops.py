@@ -59,7 +59,7 @@ def _topk_route_fake(
         values.new_empty(shape),
         values.new_empty(shape, dtype=torch.uint8),
         values.new_empty(saved),
-        values.new_empty(saved),
+        weights.new_empty(saved),
     )
 
 

@@ -56,10 +56,9 @@ def route_forward(
     idx = weights.topk(k, dim=1).indices  # (B, k, H, W) int64
     sel_v = values.gather(1, idx)
     if not weighted:
-        empty = values.new_empty(0)
-        return sel_v, idx.to(torch.uint8), empty, empty.clone()
+        return sel_v, idx.to(torch.uint8), values.new_empty(0), weights.new_empty(0)
     sel_w = weights.gather(1, idx)
-    return sel_v * sel_w, idx.to(torch.uint8), sel_v, sel_w
+    return (sel_v * sel_w).to(values.dtype), idx.to(torch.uint8), sel_v, sel_w  # y in the values' dtype
 
 
 def route_backward(
@@ -77,7 +76,7 @@ def route_backward(
     tensors: the values' gradient (B, E, H, W) and the weights' (B, E, H, W; empty when ``block_gate``)."""
     shape = (e.shape[0], experts, *e.shape[2:])
     at = idx.long()
-    g_v = e * sel_w if weighted else e
+    g_v = (e * sel_w).to(e.dtype) if weighted else e  # a bf16 value and an fp32 weight: the values dtype
     if damping != 1.0:
         g_v = torch.where(routing_correct(e, quantile), g_v, g_v * damping)
     grad_values = e.new_zeros(shape).scatter(1, at, g_v)

@@ -293,7 +293,7 @@ def route_forward(
     p = v[0, 0].numel()
     shape = (b, k, *v.shape[2:])
     y, idx = _out(shape, v), _out(shape, v, torch.uint8)
-    sv, sw = (_out(shape, v), _out(shape, v)) if weighted else (v.new_empty(0), v.new_empty(0))
+    sv, sw = (_out(shape, v), _out(shape, w)) if weighted else (v.new_empty(0), w.new_empty(0))
 
     def grid(meta: dict[str, Any]) -> tuple[int, int]:
         return (triton.cdiv(p, meta["BLOCK"]), b)
