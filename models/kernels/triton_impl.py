@@ -169,7 +169,19 @@ def crps_gaussian(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> tor
 
 
 # --- 3. sorted ensemble CRPS --------------------------------------------------------------------------
-@triton.autotune(configs=_configs((64, 16, 128, 256), (4, 8)), key=["n", "M"])
+def _fit_registers(configs: list[triton.Config], named_args: dict[str, Any], **_: Any) -> list[triton.Config]:
+    """The ensemble CRPS's candidates whose (BLOCK, members) tile stays within 4,096 values (larger ones
+    spill registers in the sort), the smallest always kept."""
+    mp = _pow2(int(named_args["M"]))
+    fit = [c for c in configs if c.kwargs["BLOCK"] * mp <= 4096]
+    return fit or configs[:1]
+
+
+@triton.autotune(
+    configs=_configs((16, 64, 128, 256), (4, 8)),
+    key=["n", "M"],
+    prune_configs_by={"early_config_prune": _fit_registers},
+)
 @triton.jit
 def _crps_ensemble_kernel(x_ptr, y_ptr, out_ptr, n, M, denom, MP: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
