@@ -1050,6 +1050,7 @@ def part_training(part: Part) -> None:
     from postcast.models import kernels
 
     presets = {name: read_preset(path, part.sizes.net_override) for name, path in PRESETS.items()}
+    kernels.set_backend(fused_or_eager(part))
     part.save(presets={k: asdict(v) for k, v in presets.items()}, grid=part.sizes.grid, kernels=kernels.get_backend())
     flops: dict[str, float | None] = {}
     for family, preset in presets.items():
@@ -1072,6 +1073,26 @@ def part_training(part: Part) -> None:
         part.save(runs=runs, figures=training_figures(part, presets, runs))
         print(f"[training] {name}: {summary_line(runs[name])}", flush=True)
     print_training(runs)
+
+
+def fused_or_eager(part: Part) -> str:
+    """``auto`` (the fused kernels) when the loss's and the routing's kernels run on a small input here, else
+    ``torch`` with the error recorded: a kernel that fails must not cost the training figures."""
+    import torch
+
+    from postcast.models import kernels
+
+    x = torch.rand(2, 3, 5, 7, device=part.dev, requires_grad=True)
+    try:
+        with kernels.use_backend("auto"):
+            loss = kernels.crps_gaussian(x, x + 1, x.detach()).mean()
+            loss = loss + kernels.topk_route(x, x * 2, 1, block_gate=True).sum()
+            loss.backward()
+        part.sync()
+        return "auto"
+    except Exception as err:
+        part.error("the fused kernels' check (training falls back to eager PyTorch)", err)
+        return "torch"
 
 
 def training_figures(part: Part, presets: dict[str, Preset], runs: dict[str, Any]) -> dict[str, Any]:
