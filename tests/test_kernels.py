@@ -293,8 +293,8 @@ def test_the_routing_compiles_in_one_graph_and_equals_eager(backend, cfg, gen):
 
 
 def test_the_smoe_unet_compiles_without_a_graph_break_at_the_routing(gen):
-    """The U-Net + SMoE's forward under dynamo: the routing is one call of postcast::topk_route in the graph
-    (before the custom operator, dynamo broke the graph at the Triton launch); compiled = eager."""
+    """The U-Net + SMoE's forward under dynamo: no graph break, and the routing is one opaque call of
+    postcast::topk_route in the graph (whatever runs inside it); compiled = eager."""
     from postcast.models.smoe import SMoEConfig, UNetSMoE
 
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """The SMoE routing as PyTorch custom operators (``torch.library.custom_op``): ``postcast::topk_route`` and
 its backward ``postcast::topk_route_backward``, each with a fake (shape-only) implementation and the
 autograd formula registered, so ``torch.compile`` keeps a U-Net + SMoE in one graph with the routing an
-opaque call (dynamo cannot trace into a Triton launch inside an ``autograd.Function``).
+opaque call (dynamo never traces into the ``autograd.Function`` and the Triton launches inside it).
 
 Inside, the Triton kernels (:mod:`.triton_impl`) or the reference math (:mod:`.reference`), whichever
 the ``backend`` argument resolves to for the tensors at run time (see :func:`postcast.models.kernels.resolve`).
