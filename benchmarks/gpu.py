@@ -1,8 +1,9 @@
-"""The GPU figures in one prepared run (issue 41): the fused kernels, U-Net training throughput at 0.5 deg
-and the neural field against SZ3, in under 8 minutes on one NVIDIA H100/H200, every figure as JSON.
+"""The GPU figures in one prepared run (issue 41, second pass issue 59): the fused kernels at the sizes they
+serve, the training step's throughput and model-FLOP utilisation, and the neural field against SZ3 at
+compression ratios 200-2,000, in under 8 minutes on one NVIDIA H100/H200, every figure as JSON.
 
     python benchmarks/gpu.py --out $OUT        # on the GPU machine (its Python: torch + CUDA, triton, xarray)
-    python benchmarks/gpu.py --dry-run         # anywhere: tiny sizes on the CPU, well under a minute
+    python benchmarks/gpu.py --dry-run         # anywhere: tiny sizes on the CPU, a few minutes
     python benchmarks/gpu.py --prepare-sz3     # CPU machine with pysz: rewrites benchmarks/gpu_sz3_reference.json
 
 Nothing is installed on the GPU machine: each part makes ``postcast.*`` importable from this checkout
@@ -10,37 +11,45 @@ Nothing is installed on the GPU machine: each part makes ``postcast.*`` importab
 netCDF4, eccodes, cfgrib, numcodecs and pysz absent, so a module that needs them fails here as it
 would there (the dry run proves the parts import none). Each part runs in its own process with its
 own time budget inside one global deadline; a part that fails, crashes or runs out of time is recorded
-(error and traceback text) and the next one runs. Files in ``--out`` (default ``$OUT``, else
-``runs/gpu``): ``gpu.json`` (everything), ``<part>.json`` (written as each part goes) and
-``<part>.stderr.txt``.
+(error and traceback text) and the next one runs; inside a part, one kernel, size or config that fails
+is recorded and the next runs. Files in ``--out`` (default ``$OUT``, else ``runs/gpu``): ``gpu.json``
+(everything), ``<part>.json`` (written as each part goes) and ``<part>.stderr.txt``.
 
 Parts and figures:
 
-* **kernels**: every Triton kernel of ``models/kernels`` (docs/kernels.md) on 0.5 deg fields, timed
-  for eager PyTorch (``torch``), ``torch.compile`` (``compile``) and Triton (``triton``), median of
-  CUDA-event timings after warm-up; bandwidth = compulsory bytes (inputs read once, outputs written once,
-  forward and backward together where the kernel trains) / time, as a fraction of the measured
-  device-to-device copy bandwidth; max abs difference from eager, forward and backward.
-  ``min_bandwidth_fraction``: the smallest Triton fraction over the kernels; ``min_speedup_vs_eager``:
-  the smallest eager time / Triton time.
+* **kernels**: every kernel of ``models/kernels`` (docs/kernels.md) at the shapes its callers pass for
+  1, 4, 16 and 32 samples of the 0.5 deg field (training batches of B x 10 members x 361 x 720; an
+  evaluate task's points x members), for eager PyTorch (``torch``), ``torch.compile`` (``compile``) and
+  Triton (``triton``), median of CUDA-event timings after warm-up; bandwidth = compulsory bytes (inputs
+  read once, outputs written once, forward and backward together where the kernel trains) / time, as a
+  fraction of the measured large device-to-device copy bandwidth, and beside it of a copy of the same
+  bytes measured at that size; max abs difference from eager, forward and backward.
+  ``min_bandwidth_fraction_streaming``: the smallest Triton fraction over the streaming kernels
+  (standardise, Gaussian CRPS, ensemble CRPS) at the largest batch; ``min_speedup_vs_eager``: the smallest
+  eager time / Triton time there over the kernels ``auto`` runs in Triton; ``auto``: per kernel, the
+  batches where Triton beats both eager and compile, against the dispatch's choice.
 * **training**: the U-Net and U-Net + SMoE T850 presets (configs/train/) at 361 x 720 on random batches of
   the sample layout (datasets/sample.py), the PostProcessor's training step (normalise, network, Gaussian
-  CRPS, SMoE routing loss) and AdamW, fp32 and bf16-mixed (autocast), eager and ``torch.compile``d:
+  CRPS, SMoE routing loss) and AdamW with the fused kernels (``auto``), fp32 and bf16-mixed (autocast),
+  eager and ``torch.compile``d (the SMoE routing is a custom operator the compiler keeps in its graph):
   samples/s over timed optimizer steps after warm-up at the preset's batch, peak memory, and the
-  largest batch that fits (doubling, then bisection on out-of-memory). ``unet_samples_per_s_bf16``:
-  the U-Net's bf16 figure, the better of eager and compiled.
-* **compression**: a neural field (compression/field.py) at the seed paper's scale (width 512, 12 residual
-  blocks) fitted for 2 minutes to one synthetic smooth field (numpy from a seed: a year of daily 0.5 deg
-  fields), stored as docs/compression.md recommends (q6 per row + lzma) and as the paper did (fp16);
-  ratio (raw float32 bytes / artefact bytes) and cos-latitude weighted RMSE after the cast.
-  ``compression_ratio_at_sz3_error``: the network's own ratio (q6 + lzma) at its own weighted RMSE; the
-  JSON puts beside it SZ3's ratio at that same weighted RMSE, interpolated (log-log) from the table that
-  ``--prepare-sz3`` computed with pysz on the CPU machine on the identical field, and their quotient.
+  model-FLOP utilisation (FLOPs of one step by ``FlopCounterMode`` x steps/s over the device's dense peak
+  for the precision: 989 TFLOP/s bf16, 67 fp32); the compiled bf16 U-Net also at doubled batches while
+  they fit and gain (the best batch). ``unet_samples_per_s_bf16``: the better of eager and compiled at the
+  preset's batch; ``unet_mfu_bf16``: the best MFU of the bf16 U-Net; ``smoe_compiled_samples_per_s_bf16``.
+* **compression**: neural fields (compression/field.py, 6 residual blocks, the width sized for a target
+  ratio of 200, 500 and 2,000 at q6 per row + lzma) each fitted for a fixed time to a synthetic T850-like
+  field with a realistic spectrum (k^-3 to k^-5/3 out to the grid's resolution: :func:`synthetic_field`),
+  64 daily 0.5 deg fields; ratio (raw float32 bytes / artefact bytes) and cos-latitude weighted RMSE after
+  the cast, and SZ3's ratio at that same weighted RMSE, interpolated (log-log) from the table that
+  ``--prepare-sz3`` computed with pysz on the CPU machine on the identical field.
+  ``neural_over_sz3_at_ratio_500``: the network sized for 500, its ratio over SZ3's at its error.
 
-Last line: ``RESULT device=<cuda|cpu> min_bandwidth_fraction=<x> min_speedup_vs_eager=<x>
-unet_samples_per_s_bf16=<x> compression_ratio_at_sz3_error=<x>`` (nan for a figure whose part failed).
-The script exits 0 once it has written gpu.json. ``--fail-part NAME`` makes that part raise at its start
-(the test that a failing part is recorded and the rest still runs); ``--parts`` runs a subset.
+Last line: ``RESULT device=<cuda|cpu> min_bandwidth_fraction_streaming=<x> min_speedup_vs_eager=<x>
+unet_samples_per_s_bf16=<x> unet_mfu_bf16=<x> smoe_compiled_samples_per_s_bf16=<x>
+neural_over_sz3_at_ratio_500=<x>`` (nan for a figure whose part failed). The script exits 0 once it has
+written gpu.json. ``--fail-part NAME`` makes that part raise at its start (the test that a failing part is
+recorded and the rest still runs); ``--parts`` runs a subset.
 """
 
 from __future__ import annotations
@@ -81,28 +90,33 @@ PRESETS = {"unet": ROOT / "configs/train/unet_t850.yaml", "unet_smoe": ROOT / "c
 N_FEATURES = 5  # location sin(lat), cos(lat) sin(lon), cos(lat) cos(lon) and season sin/cos (datasets/sample.py)
 T850_VARIABLE = "t"  # T850 is t at 850 hPa: its ensemble mean/std are the fields channels 2i, 2i + 1
 F32 = 4  # bytes
+H100_PEAK_TFLOPS = {"bf16-mixed": 989.0, "32-true": 67.0}  # dense, SXM; the H200 has the same compute
 LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]  # compression/artefact.py's
 ARTEFACT_PREFIX = 4 + 2 + 4 + 4 + 1  # magic, version, header length, crc32, codec byte (artefact format 3)
-SZ3_BOUNDS = tuple(float(x) for x in np.logspace(-4, 0.5, 19))  # absolute bounds, fractions of the field's std
+SZ3_BOUNDS = tuple(float(x) for x in np.logspace(-3, 0.5, 15))  # absolute bounds, fractions of the field's std
 RESULT_KEYS = (
-    ("kernels", "min_bandwidth_fraction"),
+    ("kernels", "min_bandwidth_fraction_streaming"),
     ("kernels", "min_speedup_vs_eager"),
     ("training", "unet_samples_per_s_bf16"),
-    ("compression", "compression_ratio_at_sz3_error"),
+    ("training", "unet_mfu_bf16"),
+    ("training", "smoe_compiled_samples_per_s_bf16"),
+    ("compression", "neural_over_sz3_at_ratio_500"),
 )
 
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """The synthetic smooth field (T850-like, K), generated from the seed with numpy alone."""
+    """The synthetic T850-like field (K) with a realistic power spectrum, generated from the seed with numpy
+    alone (:func:`synthetic_field`)."""
 
     key: str  # its entry in the SZ3 reference
     n_times: int  # daily dates
     n_lat: int  # -90..90 inclusive
     n_lon: int  # 0..360 exclusive
-    modes: int = 96
-    max_wavenumber: int = 64
-    seed: int = 41
+    anomaly_std: float = 4.0  # K, the daily anomaly's spread about the zonal climatology
+    k_large: float = 4.0  # wavenumber below which the spectrum flattens (planetary scales)
+    k_meso: float = 80.0  # the k^-3 -> k^-5/3 transition (wavelength ~500 km, Nastrom and Gage 1985)
+    seed: int = 59
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,7 @@ class Sizes:
     grace_s: float  # a part stops starting work this long before it is killed
     copy_floats: int  # the copy-bandwidth buffer
     kernel_points: int  # points of one field in the kernel cases (the GPU: the 0.5 deg grid's)
+    kernel_batches: tuple[int, ...]  # samples per call (training batches; evaluate: fields per task)
     kernel_reps: int
     kernel_warmup: int  # calls after the first (which compiles) before timing
     kernel_seconds: float  # timing budget per kernel and path
@@ -122,28 +137,31 @@ class Sizes:
     warmup_steps: int
     timed_steps: int
     timed_seconds: float
-    batch_cap: int  # the largest-batch search stops doubling here
-    search_seconds: float  # per search
-    simulated_max_batch: int | None  # dry run: batches above this "do not fit" (exercises the bisection)
-    compile_backend: str  # torch.compile's backend (the dry run: no inductor codegen, minutes on a CPU)
+    batch_cap: int  # the batch sweep stops doubling here
+    sweep_seconds: float  # the batch sweep starts no new batch after this
+    simulated_max_batch: int | None  # dry run: batches above this "do not fit" (exercises the sweep's end)
+    peak_tflops: dict[str, float] | None  # per precision; None: the device's (H100/H200 table)
+    compile_backend: str  # torch.compile's backend (the dry run: AOT autograd without inductor's C++ codegen)
     compile_reserve_s: float  # a compiled training config starts only with this much of the part left
     threads: int | None  # torch CPU threads (the dry run: 1; two spinning threads on a loaded 2-core box crawl)
     net_override: dict[str, Any]  # preset network options replaced (the dry run: narrower U-Nets)
     field: FieldSpec
-    width: int
-    depth: int
+    target_ratios: tuple[float, ...]  # the neural field's sizes: raw bytes / target ratio (q6 + lzma)
+    depth: int  # residual blocks (the width follows from the target size)
+    bytes_per_parameter: float  # q6 per row + lzma, measured: 0.74 at width 512 (the first GPU run)
     batch_points: int
     lr: float
-    fit_seconds: float
+    fit_seconds: float  # each network's fit
 
 
 GPU = Sizes(
     grid=(361, 720),
-    budgets={"kernels": 95, "training": 170, "compression": 195},
+    budgets={"kernels": 120, "training": 200, "compression": 140},
     deadline_s=470,
     grace_s=8,
     copy_floats=64 * 2**20,
     kernel_points=361 * 720,
+    kernel_batches=(1, 4, 16, 32),
     kernel_reps=20,
     kernel_warmup=2,
     kernel_seconds=2.0,
@@ -151,19 +169,21 @@ GPU = Sizes(
     warmup_steps=3,
     timed_steps=20,
     timed_seconds=5.0,
-    batch_cap=1024,
-    search_seconds=20,
+    batch_cap=256,
+    sweep_seconds=45,
     simulated_max_batch=None,
+    peak_tflops=None,
     compile_backend="inductor",
     compile_reserve_s=60,
     threads=None,
     net_override={},
-    field=FieldSpec("full", 366, 361, 720),
-    width=512,
-    depth=12,
+    field=FieldSpec("gpu", 64, 361, 720),
+    target_ratios=(200.0, 500.0, 2000.0),
+    depth=6,
+    bytes_per_parameter=0.74,
     batch_points=32768,
-    lr=5e-4,
-    fit_seconds=120,
+    lr=1e-3,
+    fit_seconds=36,
 )
 DRY = Sizes(
     grid=(16, 32),
@@ -172,6 +192,7 @@ DRY = Sizes(
     grace_s=3,
     copy_floats=2**20,
     kernel_points=64,
+    kernel_batches=(1, 2),
     kernel_reps=1,
     kernel_warmup=0,
     kernel_seconds=0.5,
@@ -180,18 +201,20 @@ DRY = Sizes(
     timed_steps=2,
     timed_seconds=5.0,
     batch_cap=8,
-    search_seconds=60,
+    sweep_seconds=60,
     simulated_max_batch=5,
-    compile_backend="eager",
+    peak_tflops={"bf16-mixed": 0.05, "32-true": 0.05},  # nominal: exercises the MFU arithmetic on the CPU
+    compile_backend="aot_eager",
     compile_reserve_s=10,
     threads=1,
     net_override={"base_filters": 8},
-    field=FieldSpec("dry", 4, 16, 32, modes=24, max_wavenumber=4),
-    width=16,
-    depth=2,
+    field=FieldSpec("dry", 8, 91, 180, k_meso=20.0),
+    target_ratios=(200.0, 500.0, 2000.0),
+    depth=1,
+    bytes_per_parameter=0.74,
     batch_points=1024,
     lr=5e-3,
-    fit_seconds=3,
+    fit_seconds=1.5,
 )
 
 
@@ -471,44 +494,106 @@ class Case:
     run: Callable[[str], Outputs]
     nbytes: float
     timed: str
+    shape: list[int]  # of the main input
     backward: Callable[[str], list[Any]] | None = None
 
 
+STREAMING = ("ensemble_standardise", "crps_gaussian", "crps_ensemble")  # memory-bound: the 70 % goal
+
+
 def part_kernels(part: Part) -> None:
+    """Every kernel at each batch size on the three paths, each size's copy bandwidth beside it; then the
+    figures at the largest batch and the data of ``auto``'s choice."""
     use_compile_backend(part.sizes.compile_backend)
-    bw = copy_bandwidth(part)
+    bw = copy_bandwidth(part, part.sizes.copy_floats)
     part.save(copy_bandwidth_GBps=bw / 1e9)
-    cases = kernel_cases(part)
-    rows = {name: {"kernel": name, "bytes": case.nbytes, "timed": case.timed} for name, case in cases.items()}
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
     for paths in (("torch", "triton"), ("compile",)):  # the figures first; torch.compile's compilations last
-        for name, case in cases.items():
+        for batch in part.sizes.kernel_batches:
             if part.left() < 5:
-                rows[name].update({f"{p}_skipped": part.skip(f"{name} / {p}")["skipped"] for p in paths})
-            else:
-                kernel_paths(part, rows[name], case, paths, bw)
-            part.save(rows=list(rows.values()), figures=kernel_figures(list(rows.values()), bw, len(cases)))
+                break
+            try:
+                cases = kernel_cases(part, batch)
+            except Exception as err:  # out of memory at this batch: recorded, the next one runs
+                part.error(f"kernel inputs at batch {batch}", err)
+                continue
+            for name, case in cases.items():
+                if (name, batch) not in rows:
+                    rows[name, batch] = kernel_row(part, name, batch, case)
+                row = rows[name, batch]
+                if part.left() < 5:
+                    row.update({f"{p}_skipped": part.skip(f"{name} / {p}")["skipped"] for p in paths})
+                else:
+                    kernel_paths(part, row, case, paths, bw)
+                part.save(rows=list(rows.values()), figures=kernel_figures(list(rows.values()), bw))
+            del cases
+            release(part)
     print_kernels(part, list(rows.values()), bw)
 
 
-def kernel_figures(rows: list[dict[str, Any]], bw: float, n: int) -> dict[str, Any]:
-    """The part's figures over the kernels timed so far (a part killed at its budget keeps them)."""
-    done = [r for r in rows if isinstance(r.get("triton_ms"), float)]
+def kernel_row(part: Part, name: str, batch: int, case: Case) -> dict[str, Any]:
+    """A kernel's row at one batch: its shape, bytes and the copy bandwidth of a copy that moves as many
+    bytes (read + write), measured now."""
+    same = copy_bandwidth(part, max(1, int(case.nbytes / (2 * F32))))
     return {
-        "min_bandwidth_fraction": min((r["triton_bw_fraction"] for r in done), default=None),
-        "min_speedup_vs_eager": min((r["triton_speedup"] for r in done), default=None),
-        "min_bandwidth_fraction_memory_bound": min(
-            (r["triton_bw_fraction"] for r in done if r["kernel"].split()[0] in "12"), default=None
-        ),
-        "copy_bandwidth_GBps": bw / 1e9,
-        "kernels_timed": len(done),
-        "kernels": n,
+        "kernel": name,
+        "batch": batch,
+        "shape": case.shape,
+        "bytes": case.nbytes,
+        "timed": case.timed,
+        "copy_same_bytes_GBps": same / 1e9,
     }
+
+
+def kernel_figures(rows: list[dict[str, Any]], bw: float) -> dict[str, Any]:
+    """The part's figures over the rows timed so far (a part killed at its budget keeps them): at each
+    kernel's largest timed batch, the smallest Triton fraction of copy bandwidth over the streaming kernels
+    and the smallest speed-up over eager of the kernels ``auto`` runs in Triton; ``auto``'s choice per
+    kernel against the timings at every size."""
+    from postcast.models import kernels
+
+    done = [r for r in rows if isinstance(r.get("triton_ms"), float) and isinstance(r.get("torch_ms"), float)]
+    largest = {}
+    for r in done:
+        if r["batch"] >= largest.get(r["kernel"], {}).get("batch", 0):
+            largest[r["kernel"]] = r
+    auto = {name: auto_decision(name, [r for r in done if r["kernel"] == name]) for name in largest}
+    return {
+        "min_bandwidth_fraction_streaming": min(
+            (r["triton_bw_fraction"] for k, r in largest.items() if k in STREAMING), default=None
+        ),
+        "min_speedup_vs_eager": min(
+            (r["triton_speedup"] for k, r in largest.items() if k not in kernels.EAGER_UNDER_AUTO), default=None
+        ),
+        "at_largest_batch": {
+            k: {key: r.get(key) for key in ("batch", "triton_bw_fraction", "triton_speedup", "triton_vs_compile")}
+            for k, r in largest.items()
+        },
+        "auto": auto,
+        "auto_disagrees_with_timings": sorted(k for k, v in auto.items() if not v["agrees"]),
+        "copy_bandwidth_GBps": bw / 1e9,
+        "rows_timed": len(done),
+    }
+
+
+def auto_decision(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether Triton beats both eager and torch.compile (where timed) at some size, and whether ``auto``
+    (kernels.EAGER_UNDER_AUTO) runs it in Triton: a kernel slower at every size belongs to eager."""
+    from postcast.models import kernels
+
+    def wins(r: dict[str, Any]) -> bool:
+        rivals = [r[k] for k in ("torch_ms", "compile_ms") if isinstance(r.get(k), float)]
+        return r["triton_ms"] < min(rivals)
+
+    faster = [r["batch"] for r in rows if wins(r)]
+    uses = name not in kernels.EAGER_UNDER_AUTO
+    return {"triton_fastest_at_batches": faster, "auto_uses_triton": uses, "agrees": uses == bool(faster)}
 
 
 def use_compile_backend(backend: str) -> None:
     """The kernels' ``compile`` path through ``torch.compile(backend=...)``: inductor (untouched) on the GPU;
-    in the dry run ``eager`` (dynamo's tracing and guards without AOT autograd or inductor's C++ codegen,
-    which cost 15-25 s a kernel on a loaded 2-core CPU). The dispatch looks ``_compiled`` up at each call,
+    in the dry run ``aot_eager`` (dynamo's tracing and AOT autograd without inductor's C++ codegen, which
+    costs 15-25 s a kernel on a loaded 2-core CPU). The dispatch looks ``_compiled`` up at each call,
     so this swaps its backend."""
     if backend == "inductor":
         return
@@ -524,24 +609,28 @@ def use_compile_backend(backend: str) -> None:
     kernels._compiled = compiled  # type: ignore[assignment]
 
 
-def copy_bandwidth(part: Part) -> float:
-    """Measured device copy bandwidth, bytes/s: read + write of a large buffer (256 MiB on the GPU)."""
+def copy_bandwidth(part: Part, floats: int) -> float:
+    """Measured device copy bandwidth, bytes/s: read + write of a buffer of ``floats`` float32."""
     import torch
 
-    x = torch.empty(part.sizes.copy_floats, dtype=torch.float32, device=part.dev).uniform_()
+    x = torch.empty(floats, dtype=torch.float32, device=part.dev).uniform_()
     y = torch.empty_like(x)
-    t = timed(part, lambda: y.copy_(x), 20, 2.0)
+    t = timed(part, lambda: y.copy_(x), 20, 1.0)
     return 2 * x.numel() * F32 / t
 
 
-def kernel_cases(part: Part) -> dict[str, Case]:
-    """kernel -> (run(path), compulsory bytes, what is timed), at benchmarks/kernels.py's shapes."""
+def kernel_cases(part: Part, batch: int) -> dict[str, Case]:
+    """kernel -> Case at the shapes its callers pass for ``batch`` samples of the 0.5 deg field (P points):
+    standardise members (B, M, P); the Gaussian CRPS of a training batch (B, P), forward and backward of the
+    mean; the fair ensemble CRPS of an evaluate task's points x members (B P, M); the SMoE routing of the
+    preset (2 head outputs x E experts, k 1, unweighted, gate gradient blocked by the RC loss) forward and
+    backward; the Fourier layer (decode of one field) at the smallest batch only."""
     import torch
 
     from postcast.models import kernels
 
-    dev, pts = part.dev, part.sizes.kernel_points
-    g = torch.Generator(device=dev).manual_seed(0)
+    dev, pts, m, e = part.dev, part.sizes.kernel_points, 10, 3
+    g = torch.Generator(device=dev).manual_seed(batch)
 
     def rnd(*shape: int, grad: bool = False) -> torch.Tensor:
         return torch.randn(*shape, generator=g, device=dev).requires_grad_(grad)
@@ -550,39 +639,57 @@ def kernel_cases(part: Part) -> dict[str, Case]:
         for t in ts:
             t.grad = None
 
-    members = rnd(1, 10, 8, pts)  # (B, M, V, points): one sample, 10 members, 8 variables
+    members = rnd(batch, m, pts)
 
     def standardise(path: str) -> Outputs:
         with kernels.use_backend(path):
             return list(kernels.ensemble_standardise(members)), []
 
-    n = 4 * pts  # a batch of four fields
-    mu, y = rnd(n, grad=True), rnd(n)
-    sigma = (torch.rand(n, generator=g, device=dev) + 0.5).requires_grad_()
+    mu, y = rnd(batch, pts, grad=True), rnd(batch, pts)
+    sigma = (torch.rand(batch, pts, generator=g, device=dev) + 0.5).requires_grad_()
 
     def crps_gauss(path: str) -> Outputs:
         fresh(mu, sigma)
         with kernels.use_backend(path):
             out = kernels.crps_gaussian(mu, sigma, y)
-            out.sum().backward()
+            out.mean().backward()
         return [out.detach()], [mu.grad, sigma.grad]
 
-    ens, obs = rnd(n // 4, 10), rnd(n // 4)  # (N, M) members, (N,) outcomes
+    ens, obs = rnd(batch * pts, m), rnd(batch * pts)
 
     def crps_ens(path: str) -> Outputs:
         with kernels.use_backend(path):
             return [kernels.crps_ensemble(ens, obs, True)], []
 
-    values, weights = rnd(8, 3, pts, grad=True), rnd(8, 3, pts, grad=True)  # (2B, E, points)
+    values, weights = rnd(2 * batch, e, pts, grad=True), rnd(2 * batch, e, pts, grad=True)
 
     def topk(path: str) -> Outputs:
         fresh(values, weights)
         with kernels.use_backend(path):
-            out = kernels.topk_route(values, weights, 1, weighted=True)
+            out = kernels.topk_route(values, weights, 1, weighted=False, block_gate=True)
             out.sum().backward()
         return [out.detach()], [values.grad, weights.grad]
 
-    coords, bmat = torch.rand(pts, 4, generator=g, device=dev), rnd(4, 64)  # (N, D), (D, F)
+    n = batch * pts
+    cases = {
+        "ensemble_standardise": Case(standardise, F32 * n * (2 * m + 2), "fwd", [batch, m, pts]),
+        "crps_gaussian": Case(crps_gauss, F32 * n * 6, "fwd+bwd", [batch, pts]),  # read 3; write crps, 2 grads
+        "crps_ensemble": Case(crps_ens, F32 * n * (m + 2), "fwd", [n, m]),
+        "topk_route": Case(topk, F32 * 2 * n * (3 * e + 2), "fwd+bwd", [2 * batch, e, pts]),  # 2E + k + k + E
+    }
+    if batch == part.sizes.kernel_batches[0]:
+        cases["fourier_layer"] = fourier_case(part, rnd)
+    return cases
+
+
+def fourier_case(part: Part, rnd: Callable[..., Any]) -> Case:
+    """The neural-field decoder's first layer on one field's points (forward timed, backward checked)."""
+    import torch
+
+    from postcast.models import kernels
+
+    pts = part.sizes.kernel_points
+    coords, bmat = (rnd(pts, 4) * 0.5 + 0.5).detach(), rnd(4, 64)  # (N, D), (D, F)
     weight, bias = (rnd(128, 128) / 8).requires_grad_(), rnd(128, grad=True)  # (H, 2F), (H,)
 
     def fourier(path: str) -> Outputs:
@@ -590,18 +697,12 @@ def kernel_cases(part: Part) -> dict[str, Case]:
             return [kernels.fourier_layer(coords, bmat, weight, bias)], []
 
     def fourier_bwd(path: str) -> list[Any]:  # checked, not timed: the backward is PyTorch's recompute
-        fresh(weight, bias)
+        weight.grad = bias.grad = None
         with kernels.use_backend(path):
             kernels.fourier_layer(coords, bmat, weight, bias).square().sum().backward()
         return [weight.grad, bias.grad]
 
-    return {
-        "1 ensemble_standardise": Case(standardise, F32 * members.numel() * (2 + 2 / 10), "fwd"),
-        "2 crps_gaussian": Case(crps_gauss, F32 * n * 6, "fwd+bwd"),  # read mu, sigma, y; write crps, 2 grads
-        "3 crps_ensemble fair": Case(crps_ens, F32 * (n // 4) * 12, "fwd"),
-        "4 smoe topk_route": Case(topk, F32 * 8 * pts * (2 * 3 + 2 + 2 * 3), "fwd+bwd"),
-        "5 fourier_layer": Case(fourier, F32 * pts * (4 + 128), "fwd", fourier_bwd),
-    }
+    return Case(fourier, F32 * pts * (4 + 128), "fwd", [pts, 4], fourier_bwd)
 
 
 def max_diff(got: list[Any], want: list[Any]) -> float | None:
@@ -638,32 +739,32 @@ def kernel_paths(part: Part, row: dict[str, Any], case: Case, paths: tuple[str, 
                     f"{path}_bw_fraction": case.nbytes / t / bw,
                 }
             )
+            row[f"{path}_bw_fraction_same_bytes_copy"] = case.nbytes / t / (1e9 * row["copy_same_bytes_GBps"])
             if path != "torch" and "torch_ms" in row:
                 row[f"{path}_speedup"] = row["torch_ms"] / row[f"{path}_ms"]
+            if "triton_ms" in row and "compile_ms" in row:
+                row["triton_vs_compile"] = row["compile_ms"] / row["triton_ms"]
         except Exception as err:
             part.error(f"{row['kernel']} / {path}", err)
 
 
 def print_kernels(part: Part, rows: list[dict[str, Any]], bw: float) -> None:
+    pts = part.sizes.kernel_points
+    print(f"\nkernels on {part.dev.type}, large-copy bandwidth {bw / 1e9:.1f} GB/s, {pts} points a field")
     print(
-        f"\nkernels on {part.dev.type}, copy bandwidth {bw / 1e9:.1f} GB/s, fields of {part.sizes.kernel_points} "
-        "points",
-        flush=True,
-    )
-    print(
-        f"{'kernel':24} {'timed':8} {'MB':>7}"
+        f"{'kernel':22} {'B':>3} {'timed':8} {'MB':>8} {'copy GB/s':>10}"
         + "".join(f" {p + ' ms':>11} {p + ' %bw':>11}" for p in ("torch", "compile", "triton"))
-        + f" {'triton x eager':>15} {'triton maxdiff':>15}"
+        + f" {'x eager':>8} {'x compile':>9} {'maxdiff':>9}"
     )
     for r in rows:
-        line = f"{r['kernel']:24} {r.get('timed', ''):8} {r.get('bytes', 0) / 1e6:>7.1f}"
+        line = f"{r['kernel']:22} {r['batch']:>3} {r['timed']:8} {r['bytes'] / 1e6:>8.1f}"
+        line += f" {r['copy_same_bytes_GBps']:>10.1f}"
         for p in ("torch", "compile", "triton"):
             ms, frac = r.get(f"{p}_ms"), r.get(f"{p}_bw_fraction")
             line += f" {ms:>11.3f} {100 * frac:>10.1f}%" if ms is not None else f" {'-':>11} {'-':>11}"
-        sp = r.get("triton_speedup")
         diffs = [d for d in (r.get("triton_max_abs_diff_fwd"), r.get("triton_max_abs_diff_bwd")) if d is not None]
-        line += f" {sp:>15.2f}" if sp is not None else f" {'-':>15}"
-        line += f" {max(diffs):>15.2e}" if diffs else f" {'-':>15}"
+        line += f" {fmt(r.get('triton_speedup')):>8} {fmt(r.get('triton_vs_compile')):>9}"
+        line += f" {max(diffs):>9.1e}" if diffs else f" {'-':>9}"
         print(line, flush=True)
 
 
@@ -770,11 +871,12 @@ def train_loss(net: Any, batch: dict[str, Any]) -> Any:
     truth is finite, plus the SMoE routing-classification loss (and expert shares) when the net has one."""
     import torch
 
-    from postcast.models import postprocessors
+    from postcast.models import losses
 
     x = torch.nan_to_num((batch["fields"] - batch["norm_mean"]) / batch["norm_std"])  # (B, 2V, H, W)
     view = {"x": torch.cat([x, batch["features"]], dim=1), "m": batch["m"], "s": batch["s"]}
-    dist = postprocessors.predict(net, view, "gaussian")
+    out = net(view)  # K x (B, H, W)
+    dist = losses.distribution_head(out, view["m"], view["s"], "gaussian")  # postprocessors.predict's
     ok = torch.isfinite(batch["y"])  # (B, H, W)
     bad = {k: int((~torch.isfinite(batch[k][ok])).sum()) for k in ("m", "s")}
     if any(bad.values()):
@@ -782,10 +884,27 @@ def train_loss(net: Any, batch: dict[str, Any]) -> Any:
     loss = dist.select(ok).crps(batch["y"][ok]).mean()
     layer = getattr(net, "smoe", None)
     if layer is not None and layer.cfg.rc_loss:
-        rc = layer.rc_loss(loss)
+        rc = rc_loss(layer, loss, out)
         layer.expert_share()
         loss = loss + layer.cfg.rc_weight * rc
     return loss
+
+
+def rc_loss(layer: Any, task_loss: Any, out: tuple[Any, ...]) -> Any:
+    """models/smoe.py's ``SMoEHead.rc_loss`` with the task loss's gradient at the SMoE output taken through
+    the network's outputs (views of that output, so the same gradient) instead of the output the layer
+    keeps: under ``torch.compile`` (AOT autograd) the kept tensor is not the one the outputs derive from,
+    and differentiating it fails ("appears to not have been used in the graph")."""
+    import torch
+    import torch.nn.functional as F
+
+    from postcast.models.smoe import rc_labels, routing_correct
+
+    weights, idx = layer.last["weights"], layer.last["idx"]  # (B K, E, H, W), (B K, k, H, W)
+    grads = torch.autograd.grad(task_loss, out, retain_graph=True)  # K x (B, H, W)
+    e = torch.stack(grads, 1).reshape(idx.shape)  # the SMoE output's layout (B K, k, H, W)
+    labels = rc_labels(idx, routing_correct(e, layer.cfg.quantile), layer.cfg.experts)
+    return F.binary_cross_entropy_with_logits(weights, labels)
 
 
 def optimizer_step(model: Any, opt: Any, batch: dict[str, Any], precision: str) -> Any:
@@ -809,23 +928,50 @@ def release(part: Part) -> None:
         torch.cuda.empty_cache()
 
 
-def throughput(part: Part, preset: Preset, precision: str, compiled: bool) -> dict[str, Any]:
-    """samples/s over timed optimizer steps after warm-up, at the preset's batch; peak memory (GPU)."""
+def step_flops(part: Part, preset: Preset) -> float:
+    """FLOPs per sample of one training step (forward and backward of the loss; the optimizer's elementwise
+    update is not counted), by ``torch.utils.flop_counter.FlopCounterMode`` on the eager network in fp32
+    at the preset's batch (convolutions and matmuls; the count is the same in bf16)."""
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
     net = build_net(preset, part.sizes.grid).to(part.dev).train()
-    model = torch.compile(net, backend=part.sizes.compile_backend) if compiled else net
-    opt = torch.optim.AdamW(net.parameters(), lr=preset.lr)
     b = part.sizes.batch or preset.batch
     batch = random_batch(preset, b, part.sizes.grid, part.dev)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        train_loss(net, batch).backward()
+    return float(counter.get_total_flops()) / b
+
+
+def peak_flops(part: Part, precision: str) -> float | None:
+    """The device's dense peak FLOP/s for this precision (H100/H200 SXM: bf16 989 TFLOP/s, fp32 67), the
+    dry run's nominal figure, or None for another device (no MFU then)."""
+    import torch
+
+    table = part.sizes.peak_tflops
+    if table is None and part.dev.type == "cuda":
+        name = torch.cuda.get_device_name(part.dev)
+        table = H100_PEAK_TFLOPS if any(g in name for g in ("H100", "H200")) else None
+    return 1e12 * table[precision] if table else None
+
+
+def measure(part: Part, model: Any, opt: Any, preset: Preset, b: int, precision: str) -> dict[str, Any]:
+    """samples/s over timed optimizer steps after warm-up at batch ``b``; peak memory (GPU)."""
+    import torch
+
+    sim = part.sizes.simulated_max_batch
+    if sim is not None and b > sim:
+        raise torch.cuda.OutOfMemoryError(f"simulated: the dry run's limit is batch {sim}")
+    batch = random_batch(preset, b, part.sizes.grid, part.dev)
+    if part.dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(part.sizes.warmup_steps):
         optimizer_step(model, opt, batch, precision)
     part.sync()
     warm = time.perf_counter() - t0
-    if part.dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     steps, t0 = 0, time.perf_counter()
     while steps < part.sizes.timed_steps and (steps < 2 or time.perf_counter() - t0 < part.sizes.timed_seconds):
         loss = optimizer_step(model, opt, batch, precision)
@@ -845,109 +991,141 @@ def throughput(part: Part, preset: Preset, precision: str, compiled: bool) -> di
     }
 
 
-def search_largest(
-    fits: Callable[[int], bool], start: int, cap: int, out_of_time: Callable[[], bool]
+def throughput(
+    part: Part, preset: Preset, precision: str, compiled: bool, sweep: bool, flops: float | None
 ) -> dict[str, Any]:
-    """The largest batch for which ``fits`` holds: double from ``start`` until it fails (or ``cap``), then
-    bisect between the last fit and the first failure; stops early (``exact`` false) when out of time."""
-    lo, hi, b = 0, None, start
-    while b <= cap and not out_of_time():
-        if not fits(b):
-            hi = b
-            break
-        lo, b = b, 2 * b
-    while hi is not None and hi - lo > 1 and not out_of_time():
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return {
-        "largest_batch": lo or None,
-        "first_failure": hi,
-        "capped": hi is None and b > cap,
-        "exact": hi is not None and hi - lo == 1,
-    }
-
-
-def largest_batch(part: Part, preset: Preset, precision: str) -> dict[str, Any]:
-    """Largest batch for one optimizer step (eager), doubling then bisection on out-of-memory."""
+    """One config at the preset's batch and, when ``sweep``, at doubled batches while they fit, gain and the
+    sweep's time lasts: samples/s, peak memory and MFU (``flops`` per sample x samples/s over the peak)
+    at each; the best batch (most samples/s)."""
     import torch
 
     torch.manual_seed(0)
     net = build_net(preset, part.sizes.grid).to(part.dev).train()
+    model = torch.compile(net, backend=part.sizes.compile_backend) if compiled else net
     opt = torch.optim.AdamW(net.parameters(), lr=preset.lr)
-    trials: list[dict[str, Any]] = []
-    sim = part.sizes.simulated_max_batch
-    end = time.time() + min(part.sizes.search_seconds, part.left())
-
-    def fits(b: int) -> bool:
-        t0 = time.perf_counter()
-        if part.dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+    peak = peak_flops(part, precision)
+    first = part.sizes.batch or preset.batch
+    end = time.time() + (part.sizes.sweep_seconds if sweep else math.inf)
+    runs: list[dict[str, Any]] = []
+    b = first
+    while b <= (part.sizes.batch_cap if sweep else first) and (b == first or time.time() < end):
         try:
-            if sim is not None and b > sim:
-                raise torch.cuda.OutOfMemoryError(f"simulated: the dry run's limit is {sim}")
-            optimizer_step(net, opt, random_batch(preset, b, part.sizes.grid, part.dev), precision)
-            part.sync()
-            ok, why = True, None
-        except RuntimeError as err:  # torch.cuda.OutOfMemoryError, cuDNN/cuBLAS allocation failures
-            ok, why = False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        opt.zero_grad(set_to_none=True)
-        release(part)
-        peak = torch.cuda.max_memory_allocated() / 1e9 if part.dev.type == "cuda" else None
-        trials.append({"batch": b, "fits": ok, "seconds": time.perf_counter() - t0, "peak_memory_gb": peak, "why": why})
-        return ok
+            r = measure(part, model, opt, preset, b, precision)
+        except torch.cuda.OutOfMemoryError as err:
+            if b == first:
+                raise
+            runs.append({"batch": b, "fits": False, "why": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
+            break
+        finally:
+            opt.zero_grad(set_to_none=True)
+            release(part)
+        r["mfu"] = flops * r["samples_per_s"] / peak if flops and peak else None
+        runs.append(r)
+        fitted = [x for x in runs if "samples_per_s" in x]
+        if len(fitted) > 2 and r["samples_per_s"] < 0.97 * max(x["samples_per_s"] for x in fitted):
+            break  # past the best
+        b *= 2
+    fitted = [x for x in runs if "samples_per_s" in x]
+    best = max(fitted, key=lambda x: x["samples_per_s"])
+    return {**fitted[0], "sweep": runs if sweep else None, "best": best, "peak_flops": peak, "flops_per_sample": flops}
 
-    found = search_largest(fits, part.sizes.batch or preset.batch, part.sizes.batch_cap, lambda: time.time() > end)
-    return {**found, "precision": precision, "simulated_limit": sim, "trials": trials}
 
-
-def training_plan(presets: dict[str, Preset]) -> list[tuple[str, str, str, bool]]:
-    """(kind, family, precision, compiled) in priority order: the headline first, compiled configs late
-    (each costs a compilation), so a tight budget drops the least informative ones."""
-    head = [
-        ("run", "unet", "bf16-mixed", False),
-        ("run", "unet", "bf16-mixed", True),
-        ("run", "unet", "32-true", False),
-        ("run", "unet_smoe", "bf16-mixed", False),
-        ("run", "unet_smoe", "32-true", False),
+def training_plan() -> list[tuple[str, str, bool, bool]]:
+    """(family, precision, compiled, sweep) in priority order: the headline figures first (bf16 compiled, with
+    the batch sweep for the MFU at the best batch), then eager, then fp32."""
+    return [
+        ("unet", "bf16-mixed", True, True),
+        ("unet_smoe", "bf16-mixed", True, False),
+        ("unet", "bf16-mixed", False, False),
+        ("unet_smoe", "bf16-mixed", False, False),
+        ("unet", "32-true", True, False),
+        ("unet", "32-true", False, False),
+        ("unet_smoe", "32-true", False, False),
+        ("unet_smoe", "32-true", True, False),
+        ("unet_smoe", "bf16-mixed", True, True),
     ]
-    search = [("largest", f, p, False) for f in presets for p in ("bf16-mixed", "32-true")]
-    late = [
-        ("run", "unet", "32-true", True),
-        ("run", "unet_smoe", "bf16-mixed", True),
-        ("run", "unet_smoe", "32-true", True),
-    ]
-    return head + search + late
 
 
 def part_training(part: Part) -> None:
+    from postcast.models import kernels
+
     presets = {name: read_preset(path, part.sizes.net_override) for name, path in PRESETS.items()}
-    part.save(presets={k: asdict(v) for k, v in presets.items()}, grid=part.sizes.grid)
+    kernels.set_backend(fused_or_eager(part))
+    part.save(presets={k: asdict(v) for k, v in presets.items()}, grid=part.sizes.grid, kernels=kernels.get_backend())
+    flops: dict[str, float | None] = {}
+    for family, preset in presets.items():
+        try:
+            flops[family] = step_flops(part, preset)
+        except Exception as err:
+            part.error(f"{family} FLOP count", err)
+            flops[family] = None
+        release(part)
+    part.save(flops_per_sample=flops)
     runs: dict[str, Any] = {}
-    largest: dict[str, Any] = {}
-    for kind, family, precision, compiled in training_plan(presets):
-        if kind == "run":
-            name = f"{family} {precision} {'compiled' if compiled else 'eager'}"
-            runs[name] = training_item(
-                part, name, compiled, lambda f=family, p=precision, c=compiled: throughput(part, presets[f], p, c)
-            )
-        else:
-            name = f"{family} {precision}"
-            largest[name] = training_item(
-                part, name, False, lambda f=family, p=precision: largest_batch(part, presets[f], p)
-            )
-        bf16 = [r["samples_per_s"] for k, r in runs.items() if k.startswith("unet bf16") and "samples_per_s" in r]
-        figures = {
-            "unet_samples_per_s_bf16": max(bf16, default=None),
-            "batch": part.sizes.batch or presets["unet"].batch,
-        }
-        part.save(runs=runs, largest_batch=largest, figures=figures)
-        print(f"[training] {name}: {summary_line(runs.get(name) or largest[name])}", flush=True)
-    print_training(runs, largest)
+    for family, precision, compiled, sweep in training_plan():
+        name = f"{family} {precision} {'compiled' if compiled else 'eager'}" + (" sweep" if sweep else "")
+        runs[name] = training_item(
+            part,
+            name,
+            compiled,
+            lambda f=family, p=precision, c=compiled, w=sweep: throughput(part, presets[f], p, c, w, flops[f]),
+        )
+        part.save(runs=runs, figures=training_figures(part, presets, runs))
+        print(f"[training] {name}: {summary_line(runs[name])}", flush=True)
+    print_training(runs)
+
+
+def fused_or_eager(part: Part) -> str:
+    """``auto`` (the fused kernels) when the loss's and the routing's kernels run on a small input here, else
+    ``torch`` with the error recorded: a kernel that fails must not cost the training figures."""
+    import torch
+
+    from postcast.models import kernels
+
+    x = torch.rand(2, 3, 5, 7, device=part.dev, requires_grad=True)
+    try:
+        with kernels.use_backend("auto"):
+            loss = kernels.crps_gaussian(x, x + 1, x.detach()).mean()
+            loss = loss + kernels.topk_route(x, x * 2, 1, block_gate=True).sum()
+            loss.backward()
+        part.sync()
+        return "auto"
+    except Exception as err:
+        part.error("the fused kernels' check (training falls back to eager PyTorch)", err)
+        return "torch"
+
+
+def training_figures(part: Part, presets: dict[str, Preset], runs: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures from the configs done so far (None where a config failed or did not run)."""
+
+    def get(name: str, key: str) -> Any:
+        r = runs.get(name) or {}
+        return r.get(key) if key != "best" else (r.get("best") or {})
+
+    unet = [get(f"unet bf16-mixed {c}", "samples_per_s") for c in ("compiled sweep", "eager")]
+    smoe = get("unet_smoe bf16-mixed compiled", "samples_per_s")
+    unet_c = get("unet bf16-mixed compiled sweep", "samples_per_s")
+    best = get("unet bf16-mixed compiled sweep", "best")
+    mfus = [x.get("mfu") for n, r in runs.items() if n.startswith("unet bf16") for x in [r, r.get("best") or {}]]
+    return {
+        "unet_samples_per_s_bf16": max((x for x in unet if x), default=None),
+        "unet_mfu_bf16": max((x for x in mfus if x), default=None),
+        "unet_best_batch_bf16": best.get("batch"),
+        "unet_samples_per_s_bf16_best_batch": best.get("samples_per_s"),
+        "smoe_compiled_samples_per_s_bf16": smoe,
+        "smoe_compiled_over_unet_compiled_bf16": smoe / unet_c if smoe and unet_c else None,
+        "batch": part.sizes.batch or presets["unet"].batch,
+        "definition": (
+            "samples/s over timed AdamW steps at the preset's batch; unet_mfu_bf16: the largest model-FLOP "
+            "utilisation of the U-Net in bf16 (FlopCounterMode FLOPs per sample x samples/s over the "
+            "device's dense bf16 peak) over the preset batch and the compiled batch sweep"
+        ),
+    }
 
 
 def training_item(part: Part, name: str, compiled: bool, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """One config or search, within the part's budget (a compiled one only with ``compile_reserve_s`` left);
-    its error is recorded and the next one runs."""
+    """One config within the part's budget (a compiled one only with ``compile_reserve_s`` left); its error is
+    recorded and the next one runs."""
     if part.left() < (part.sizes.compile_reserve_s if compiled else 2 * part.sizes.grace_s):
         return part.skip(name)
     t0 = time.perf_counter()
@@ -968,52 +1146,66 @@ def reset_compiled(part: Part) -> None:
 
 
 def summary_line(r: dict[str, Any]) -> str:
-    if "samples_per_s" in r:
-        mem = f", peak {r['peak_memory_gb']:.1f} GB" if r.get("peak_memory_gb") else ""
-        return f"{r['samples_per_s']:.2f} samples/s ({r['step_ms']:.1f} ms/step, warm-up {r['warmup_s']:.1f} s{mem})"
-    if "largest_batch" in r:
-        return f"largest batch {r['largest_batch']} (first failure {r['first_failure']}, exact {r['exact']})"
-    return str(r.get("skipped") or r.get("error"))
+    if "samples_per_s" not in r:
+        return str(r.get("skipped") or r.get("error"))
+    mem = f", peak {r['peak_memory_gb']:.1f} GB" if r.get("peak_memory_gb") else ""
+    mfu = f", MFU {100 * r['mfu']:.1f} %" if r.get("mfu") else ""
+    best = r.get("best") or {}
+    top = f"; best batch {best['batch']}: {best['samples_per_s']:.2f} samples/s" if r.get("sweep") else ""
+    return (
+        f"{r['samples_per_s']:.2f} samples/s ({r['step_ms']:.1f} ms/step, warm-up {r['warmup_s']:.1f} s{mem}{mfu}){top}"
+    )
 
 
-def print_training(runs: dict[str, Any], largest: dict[str, Any]) -> None:
-    print(f"\n{'config':36} {'samples/s':>10} {'ms/step':>9} {'peak GB':>8} {'warm-up s':>9}")
+def print_training(runs: dict[str, Any]) -> None:
+    print(f"\n{'config':40} {'batch':>5} {'samples/s':>10} {'ms/step':>9} {'peak GB':>8} {'MFU %':>6}")
     for k, r in runs.items():
-        if "samples_per_s" in r:
-            peak = r["peak_memory_gb"]
-            print(
-                f"{k:36} {r['samples_per_s']:>10.2f} {r['step_ms']:>9.1f} "
-                f"{peak if peak is not None else float('nan'):>8.2f} {r['warmup_s']:>9.1f}"
-            )
-        else:
-            print(f"{k:36} {summary_line(r)}")
-    for k, r in largest.items():
-        print(f"largest batch {k:22} {summary_line(r)}")
+        for x in [r] + [y for y in r.get("sweep") or [] if y is not r and y.get("batch") != r.get("batch")]:
+            if "samples_per_s" not in x:
+                print(f"{k:40} {x.get('batch', ''):>5} {x.get('why') or summary_line(x)}")
+                continue
+            mfu = 100 * x["mfu"] if x.get("mfu") else float("nan")
+            peak = x["peak_memory_gb"] if x.get("peak_memory_gb") is not None else float("nan")
+            print(f"{k:40} {x['batch']:>5} {x['samples_per_s']:>10.2f} {x['step_ms']:>9.1f} {peak:>8.2f} {mfu:>6.1f}")
 
 
 # --- part 3: neural field against SZ3 ----------------------------------------------------------------------
+def spectrum(k: np.ndarray, spec: FieldSpec) -> np.ndarray:
+    """Energy spectrum E(k) (arbitrary units) of total wavenumber k (cycles per great circle): flat below
+    ``k_large``, k^-3 to ``k_meso`` (synoptic scales), k^-5/3 beyond (mesoscale), continuous."""
+    synoptic = (spec.k_large**2 + k**2) ** -1.5
+    at_meso = (spec.k_large**2 + spec.k_meso**2) ** -1.5
+    return np.where(k <= spec.k_meso, synoptic, at_meso * (np.maximum(k, 1e-9) / spec.k_meso) ** (-5.0 / 3.0))
+
+
 def synthetic_field(spec: FieldSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A smooth T850-like field (K), data (T, H, W) float32, latitude (H,) ascending, longitude (W,):
-    a zonal climatology plus ``modes`` travelling waves cos(lat)^m cos(n lat + a) cos(m lon + b) of total
-    wavenumber m + n (log-uniform in 1..max_wavenumber, amplitude ~ wavenumber^-1.5) whose amplitudes
-    oscillate with periods of 5-60 days. Only uniform draws of numpy's PCG64 and float64 arithmetic, so
-    every machine generates the same field (to float32 rounding)."""
-    rng = np.random.default_rng(spec.seed)
-    u = rng.random((8, spec.modes))  # every random number, in one draw
+    """A T850-like field (K) with small-scale structure, data (T, H, W) float32, latitude (H,) ascending,
+    longitude (W,): a zonal climatology plus an anomaly whose spectrum is :func:`spectrum` out to the grid's
+    resolution. The anomaly is a random-phase Fourier series on the doubly periodic (2 (H - 1), W) plane
+    (latitude continued over the poles, so the rows -90..90 are its first H), each mode's amplitude
+    sqrt(E(k) / k) (E per unit wavenumber spread over a ring of ~k modes), its phase turning with a period
+    of 2-40 days (shorter for smaller scales) and its amplitude modulated over 5-60 days. Only uniform draws
+    of numpy's PCG64, float64 arithmetic and one inverse FFT per day, so every machine generates the same
+    field (to float32 rounding)."""
+    n_y, n_x = 2 * (spec.n_lat - 1), spec.n_lon
+    ky = np.fft.fftfreq(n_y, 1.0 / n_y)[:, None]  # cycles around the continued meridian circle
+    kx = np.fft.rfftfreq(n_x, 1.0 / n_x)[None, :]  # zonal wavenumber
+    k = np.hypot(kx, ky)  # (n_y, n_x // 2 + 1)
+    u = np.random.default_rng(spec.seed).random((4, *k.shape))  # every random number, in one draw
+    amp = np.sqrt(spectrum(k, spec) / np.maximum(k, 1.0)) * (k > 0)
+    period = (2.0 + 38.0 * (np.maximum(k, 1.0) / 1.0) ** -0.6) * (0.7 + 0.6 * u[0])  # days
+    mod_period = 5.0 + 55.0 * u[1]
     lat = np.linspace(-90.0, 90.0, spec.n_lat)
     lon = np.arange(spec.n_lon) * (360.0 / spec.n_lon)
-    phi, lam = np.deg2rad(lat), np.deg2rad(lon)
-    total = np.floor(np.exp(u[0] * np.log(spec.max_wavenumber + 1))).clip(1, spec.max_wavenumber)
-    m = np.floor(u[1] * (total + 1)).clip(0, total)  # zonal wavenumber
-    amp = 6.0 * total**-1.5 * (0.5 + u[2])  # K
-    g = np.cos(phi)[:, None] ** m * np.cos((total - m) * phi[:, None] + 2 * np.pi * u[3])  # (H, K)
-    h = np.cos(m[:, None] * lam[None, :] + 2 * np.pi * u[4][:, None])  # (K, W)
-    days = np.arange(spec.n_times)[:, None]
-    a = amp * np.cos(2 * np.pi * days / (5 + 55 * u[5]) + 2 * np.pi * u[6])  # (T, K)
-    clim = 260.0 + 25.0 * np.cos(phi) ** 2 + 5.0 * np.sin(phi)  # (H,)
-    data = np.empty((spec.n_times, spec.n_lat, spec.n_lon), np.float32)
-    for t in range(spec.n_times):
-        data[t] = clim[:, None] + (g * a[t]) @ h
+    clim = 260.0 + 25.0 * np.cos(np.deg2rad(lat)) ** 2 + 5.0 * np.sin(np.deg2rad(lat))  # (H,)
+    days = np.arange(spec.n_times)
+    anomalies = np.empty((spec.n_times, spec.n_lat, spec.n_lon))
+    for t in days:
+        phase = 2 * np.pi * (u[2] + t / period)
+        coef = amp * (0.6 + 0.4 * np.cos(2 * np.pi * (u[3] + t / mod_period))) * np.exp(1j * phase)
+        anomalies[t] = np.fft.irfft2(coef, s=(n_y, n_x))[: spec.n_lat]
+    scale = spec.anomaly_std / anomalies.std()
+    data = (clim[None, :, None] + scale * anomalies).astype(np.float32)
     return data, lat, lon
 
 
@@ -1142,7 +1334,7 @@ def trilinear(grid: Any, t: Any, lat: Any, lon: Any) -> Any:
 class FieldFit:
     """The network, its data on the device (normalised) and the sampling of training points."""
 
-    def __init__(self, part: Part, data: np.ndarray, lat: np.ndarray, lon: np.ndarray):
+    def __init__(self, part: Part, data: np.ndarray, lat: np.ndarray, lon: np.ndarray, width: int):
         import torch
 
         from postcast.compression import field as nf
@@ -1150,7 +1342,7 @@ class FieldFit:
         s = part.sizes
         self.part, self.lat, self.lon, self.shape = part, lat, lon, data.shape
         self.cfg = nf.FieldConfig(
-            width=s.width, depth=s.depth, batch_points=s.batch_points, lr=s.lr, weights="q6", entropy="lzma"
+            width=width, depth=s.depth, batch_points=s.batch_points, lr=s.lr, weights="q6", entropy="lzma"
         )
         mean, std = nf.normalisation(data[None, :, None])  # per (variable, level): (1, 1) each
         self.mean, self.std = float(mean[0, 0]), float(std[0, 0])
@@ -1194,33 +1386,6 @@ class FieldFit:
         torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
         opt.step()
         return loss.detach()
-
-
-def pick_fourier_backend(fit: FieldFit) -> dict[str, Any]:
-    """ms per training step with the Fourier layer in Triton and in PyTorch (a throwaway network); the
-    faster one fits (on a CPU without the interpreter: PyTorch)."""
-    import torch
-
-    from postcast.models import kernels
-
-    part, out = fit.part, {}
-    usable = kernels.triton_available() and (part.dev.type == "cuda" or kernels.interpreting())
-    for backend in ("triton", "torch") if usable else ("torch",):
-        try:
-            with kernels.use_backend(backend):
-                net = fit.new_net()
-                opt = torch.optim.Adam(net.parameters(), lr=fit.cfg.lr)
-                out[f"{backend}_step_ms"] = 1e3 * timed(
-                    part,
-                    lambda net=net, opt=opt: fit.step(net, opt),
-                    min(5, part.sizes.kernel_reps),
-                    2.0,
-                    max(1, part.sizes.kernel_warmup),
-                )
-        except Exception as err:
-            part.error(f"fourier layer on {backend}", err)
-    timings = {k.split("_")[0]: v for k, v in out.items()}
-    return {**out, "backend": min(timings, key=timings.__getitem__) if timings else "torch"}
 
 
 def fit_field(fit: FieldFit, seconds: float) -> tuple[Any, dict[str, Any]]:
@@ -1340,10 +1505,28 @@ def decode_errors(fit: FieldFit, net: Any) -> dict[str, float]:
     }
 
 
+def width_for(sizes: Sizes, shape: tuple[int, ...], ratio: float) -> dict[str, Any]:
+    """The network width whose parameters, stored at ``bytes_per_parameter``, come nearest raw bytes / ratio
+    (depth fixed); its parameter count and the ratio that estimate predicts."""
+    from postcast.compression import field as nf
+
+    want = 4 * math.prod(shape) / ratio / sizes.bytes_per_parameter  # parameters
+    best: tuple[float, int, int] | None = None
+    for width in range(4, 1025, 2):
+        net = nf.FieldNet(nf.FieldConfig(width=width, depth=sizes.depth), 1, shape[0])
+        n = sum(p.numel() for p in net.parameters())
+        gap = abs(math.log(n / want))
+        if best is None or gap < best[0]:
+            best = (gap, width, n)
+        if n > want:
+            break
+    assert best is not None
+    _, width, n = best
+    return {"width": width, "parameters": n, "predicted_ratio": 4 * math.prod(shape) / (n * sizes.bytes_per_parameter)}
+
+
 def part_compression(part: Part) -> None:
     import torch
-
-    from postcast.models import kernels
 
     spec = part.sizes.field
     t0 = time.perf_counter()
@@ -1360,35 +1543,57 @@ def part_compression(part: Part) -> None:
     )
     if part.dev.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls in the fit and the decode
-    fit = FieldFit(part, data, lat, lon)
-    probe = pick_fourier_backend(fit)
-    seconds = min(part.sizes.fit_seconds, part.left() - (35 if part.dev.type == "cuda" else 2))  # the rest: 2 decodes
-    with kernels.use_backend(probe["backend"]):
-        net, info = fit_field(fit, seconds)
-        part.save(fit={**info, "fourier": probe, "config": fit.cfg.to_dict(), "budget_s": part.sizes.fit_seconds})
-        levers = {}
-        for weights, entropy in (("q6", "lzma"), ("fp16", "none")):
-            name = weights + ("+" + entropy if entropy != "none" else "")
-            levers[name] = lever(fit, net, weights, entropy, ref)
-            part.save(levers=levers)
-    best = levers["q6+lzma"]
-    part.res["figures"] = {
-        "compression_ratio_at_sz3_error": best["ratio"],
-        "neural_wrmse": best["wrmse"],
-        "sz3_ratio_at_same_wrmse": best["sz3_ratio_at_same_wrmse"],
-        "neural_over_sz3": best["neural_over_sz3"],
-        "storage": "q6+lzma",
-        "definition": (
-            "compression_ratio_at_sz3_error is the neural field's own ratio (raw float32 bytes / "
-            "artefact bytes, q6 per row + lzma) at its own cos-latitude weighted RMSE neural_wrmse (K); "
-            "sz3_ratio_at_same_wrmse is the ratio SZ3 needs for that same weighted RMSE, log-log "
-            "interpolated from benchmarks/gpu_sz3_reference.json (pysz on the CPU machine, same "
-            "field; null outside its range); neural_over_sz3 = the first over the second "
-            "(> 1: the network is smaller at equal error)"
-        ),
-    }
-    part.save(levers=levers)
-    print_compression(part, info, levers)
+    targets: dict[str, Any] = {}
+    for i, ratio in enumerate(part.sizes.target_ratios):
+        name = f"{ratio:g}"
+        left = len(part.sizes.target_ratios) - i
+        seconds = min(part.sizes.fit_seconds, (part.left() - (12 if part.dev.type == "cuda" else 1) * left) / left)
+        if seconds < 0.2 * part.sizes.fit_seconds:
+            targets[name] = part.skip(f"the fit for ratio {name}")
+            continue
+        try:
+            targets[name] = fit_target(part, data, lat, lon, ratio, seconds, ref)
+        except Exception as err:
+            part.error(f"neural field for ratio {name}", err)
+            targets[name] = {"error": f"{type(err).__name__}: {err}"}
+        part.save(targets=targets, figures=compression_figures(part, targets))
+    part.save(targets=targets, figures=compression_figures(part, targets))
+    print_compression(targets)
+
+
+def fit_target(
+    part: Part, data: np.ndarray, lat: np.ndarray, lon: np.ndarray, ratio: float, seconds: float, ref: dict[str, Any]
+) -> dict[str, Any]:
+    """One network sized for ``ratio`` (q6 per row + lzma), fitted for ``seconds``: its ratio and weighted RMSE
+    after the cast, and SZ3's ratio at that same weighted RMSE."""
+    from postcast.models import kernels
+
+    size = width_for(part.sizes, data.shape, ratio)
+    fit = FieldFit(part, data, lat, lon, size["width"])
+    net, info = fit_field(fit, seconds)
+    stored_as = lever(fit, net, "q6", "lzma", ref)
+    fourier = kernels.resolve(fit.grid, kernel="fourier_layer")  # auto: PyTorch (EAGER_UNDER_AUTO)
+    info.pop("curve")
+    return {"target_ratio": ratio, **size, "fit": {**info, "fourier_layer": fourier, "budget_s": seconds}, **stored_as}
+
+
+def compression_figures(part: Part, targets: dict[str, Any]) -> dict[str, Any]:
+    done = {k: v for k, v in targets.items() if "ratio" in v}
+    figures: dict[str, Any] = {f"neural_over_sz3_at_ratio_{k}": v["neural_over_sz3"] for k, v in done.items()}
+    figures.update(
+        {
+            "storage": "q6+lzma",
+            "fit_seconds_each": part.sizes.fit_seconds,
+            "definition": (
+                "for each target ratio r a network sized for raw float32 bytes / r at q6 per row + lzma is "
+                "fitted for a fixed time; neural_over_sz3_at_ratio_r = its measured ratio (raw bytes / "
+                "artefact bytes) over SZ3's ratio at the network's own cos-latitude weighted RMSE, log-log "
+                "interpolated from benchmarks/gpu_sz3_reference.json (pysz on the CPU machine, same field; "
+                "null outside its table); > 1: the network is smaller at equal error"
+            ),
+        }
+    )
+    return figures
 
 
 def lever(fit: FieldFit, net: Any, weights: str, entropy: str, ref: dict[str, Any]) -> dict[str, Any]:
@@ -1415,16 +1620,16 @@ def lever(fit: FieldFit, net: Any, weights: str, entropy: str, ref: dict[str, An
     }
 
 
-def print_compression(part: Part, info: dict[str, Any], levers: dict[str, Any]) -> None:
-    print(
-        f"\nneural field width {part.sizes.width} x {part.sizes.depth} blocks, {info['parameters']} parameters, "
-        f"{info['steps']} steps in {info['seconds']:.0f} s on {part.dev.type}"
-    )
-    print(f"{'storage':10} {'ratio':>9} {'wRMSE K':>9} {'max abs K':>10} {'SZ3 ratio at same wRMSE':>24} {'x SZ3':>7}")
-    for name, r in levers.items():
-        sz3, rel = r["sz3_ratio_at_same_wrmse"], r["neural_over_sz3"]
+def print_compression(targets: dict[str, Any]) -> None:
+    head = ("target", 7), ("width", 6), ("params", 8), ("steps", 7), ("ratio", 8), ("wRMSE K", 9), ("SZ3 ratio", 10)
+    print("\n" + " ".join(f"{h:>{n}}" for h, n in head) + f" {'x SZ3':>7}")
+    for name, r in targets.items():
+        if "ratio" not in r:
+            print(f"{name:>7} {r.get('skipped') or r.get('error')}")
+            continue
         print(
-            f"{name:10} {r['ratio']:>9.1f} {r['wrmse']:>9.4f} {r['max_abs']:>10.3f} {fmt(sz3):>24} {fmt(rel):>7}",
+            f"{name:>7} {r['width']:>6} {r['parameters']:>8} {r['fit']['steps']:>7} {r['ratio']:>8.1f} "
+            f"{r['wrmse']:>9.4f} {fmt(r['sz3_ratio_at_same_wrmse']):>10} {fmt(r['neural_over_sz3']):>7}",
             flush=True,
         )
 

@@ -222,3 +222,92 @@ def test_compile_path_equals_eager(gen):
     with kernels.use_backend("compile"):
         got = kernels.crps_gaussian(mu, sigma, y)
     torch.testing.assert_close(got, reference.crps_gaussian(mu, sigma, y), atol=1e-5, rtol=1e-5)
+
+
+def test_crps_gaussian_backward_writes_only_the_gradients_asked_for(gen):
+    """The fused backward recomputes from the inputs: a gradient of the mean (one broadcast value) and a
+    full gradient tensor give the reference's gradients, for mu alone and for all three inputs."""
+    mu = torch.randn(3, 700, generator=gen, dtype=F64, requires_grad=True)
+    sigma = (torch.rand(3, 700, generator=gen, dtype=F64) + 0.2).requires_grad_()
+    y = torch.randn(3, 700, generator=gen, dtype=F64)
+    (got,) = torch.autograd.grad(kernels.crps_gaussian(mu, sigma.detach(), y).mean(), mu)
+    (want,) = torch.autograd.grad(reference.crps_gaussian(mu, sigma.detach(), y).mean(), mu)
+    _finite(got)
+    torch.testing.assert_close(got, want, atol=1e-15, rtol=0)
+    y.requires_grad_()
+    g = torch.randn(3, 700, generator=gen, dtype=F64)
+    got3 = torch.autograd.grad(kernels.crps_gaussian(mu, sigma, y), (mu, sigma, y), g)
+    want3 = torch.autograd.grad(reference.crps_gaussian(mu, sigma, y), (mu, sigma, y), g)
+    for a, b in zip(got3, want3, strict=True):
+        _finite(a)
+        torch.testing.assert_close(a, b, atol=1e-14, rtol=0)
+
+
+def _route_inputs(gen: torch.Generator, dtype: torch.dtype = F64) -> tuple[torch.Tensor, torch.Tensor]:
+    v = torch.randn(4, 3, 5, 6, generator=gen, dtype=dtype, requires_grad=True)
+    w = torch.randn(4, 3, 5, 6, generator=gen, dtype=dtype, requires_grad=True)
+    return v, w
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_routing_custom_operator_passes_opcheck(backend, gen):
+    """torch.library.opcheck: the schema, the fake (meta) implementation against the real one, and the
+    registered autograd, for the reference and the Triton implementation inside the operator."""
+    v, w = _route_inputs(gen)
+    for cfg in ROUTING:
+        torch.library.opcheck(torch.ops.postcast.topk_route.default, (v, w, 2, *cfg, backend))
+
+
+def test_the_routing_operator_keeps_the_dtypes_of_mixed_precision(gen):
+    """Under autocast the expert values are bf16 and a latent gate's weights fp32: the output follows the
+    values, the saved weights the weights, in the real and the fake implementation alike (opcheck)."""
+    v, w = _route_inputs(gen, torch.float32)
+    vb = v.detach().bfloat16().requires_grad_()
+    for cfg in ROUTING:
+        torch.library.opcheck(torch.ops.postcast.topk_route.default, (vb, w, 1, *cfg, "torch"))
+        y, idx, _, sel_w = torch.ops.postcast.topk_route(vb, w, 1, *cfg, "torch")
+        assert (y.dtype, idx.dtype) == (torch.bfloat16, torch.uint8)
+        assert sel_w.dtype == torch.float32
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("cfg", ROUTING)
+def test_the_routing_compiles_in_one_graph_and_equals_eager(backend, cfg, gen):
+    """torch.compile(fullgraph=True) of the routing, its backward and a loss around it: no graph break (the
+    custom operator is opaque to dynamo) and the values and gradients of eager."""
+    v, w = _route_inputs(gen)
+    g = torch.randn(4, 1, 5, 6, generator=gen, dtype=F64)
+
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (kernels.topk_route(a.tanh(), b * 2, 1, *cfg) * g).sum()
+
+    with kernels.use_backend(backend):
+        want = torch.autograd.grad(step(v, w), (v, w), allow_unused=True)
+        torch._dynamo.reset()
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        got = torch.autograd.grad(compiled(v, w), (v, w), allow_unused=True)
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-14, rtol=0)
+
+
+def test_the_smoe_unet_compiles_without_a_graph_break_at_the_routing(gen):
+    """The U-Net + SMoE's forward under dynamo: no graph break, and the routing is one opaque call of
+    postcast::topk_route in the graph (whatever runs inside it); compiled = eager."""
+    from postcast.models.smoe import SMoEConfig, UNetSMoE
+
+    torch.manual_seed(0)
+    net = UNetSMoE(7, (8, 16), SMoEConfig(experts=3, gate="latent", rc_loss=True), base=4).train()
+    x = {"x": torch.randn(2, 7, 8, 16, generator=gen)}
+    with kernels.use_backend("torch"):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(net)(x)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        graph = "\n".join(str(gm.graph) for gm in explained.graphs)
+        assert "postcast.topk_route" in graph
+        want = net(x)
+        torch._dynamo.reset()
+        got = torch.compile(net, backend="aot_eager")(x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

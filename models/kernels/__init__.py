@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from postcast.datasets.core.errors import ConfigError
-from postcast.models.kernels import reference
+from postcast.models.kernels import ops, reference
 
 BACKENDS = ("auto", "triton", "torch", "compile")
 _state = {"backend": os.environ.get("POSTCAST_KERNELS", "auto")}
@@ -155,10 +155,18 @@ def topk_route(
     quantile: float = 0.7,
 ) -> torch.Tensor:
     """SMoE top-k routing: values, weights (B, E, H, W) -> selected (optionally weight-scaled) values
-    (B, k, H, W), with the SMoE backward (see :class:`postcast.models.kernels.reference.TopKRouting`)."""
-    fn = _impl("topk_route", values, weights)
-    out: torch.Tensor = fn(values, weights, k, weighted, block_gate, damping, quantile)
-    return out
+    (B, k, H, W), with the SMoE backward (see :class:`postcast.models.kernels.reference.TopKRouting`).
+    Runs as the custom operator ``postcast::topk_route`` (:mod:`.ops`), which ``torch.compile`` keeps
+    in its graph; inside it, Triton or the reference math as the backend resolves at run time."""
+    if not 1 <= k <= values.shape[1] <= 255:
+        msg = f"topk_route: k={k} of {values.shape[1]} experts; need 1 <= k <= experts <= 255"
+        raise ValueError(msg)
+    name = get_backend()
+    if name == "compile":
+        fn = _compiled("topk_route")
+        out: torch.Tensor = fn(values, weights, k, weighted, block_gate, damping, quantile)
+        return out
+    return ops.route(values, weights, k, weighted, block_gate, damping, quantile, name)
 
 
 def fourier_layer(coords: torch.Tensor, bmat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

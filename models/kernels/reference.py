@@ -47,6 +47,44 @@ def routing_correct(e: torch.Tensor, quantile: float, eps: float = 1e-12) -> tor
     return e.abs() <= q.view(-1, *([1] * (e.dim() - 1))) + eps
 
 
+def route_forward(
+    values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The routing's forward: values, weights (B, E, H, W) -> y (B, k, H, W), the selected experts idx
+    (B, k, H, W) uint8, and what the backward needs when ``weighted`` (else empty): the selected values
+    and weights (B, k, H, W). Fresh tensors, none aliasing another (a custom operator's outputs)."""
+    idx = weights.topk(k, dim=1).indices  # (B, k, H, W) int64
+    sel_v = values.gather(1, idx)
+    if not weighted:
+        return sel_v, idx.to(torch.uint8), values.new_empty(0), weights.new_empty(0)
+    sel_w = weights.gather(1, idx)
+    return (sel_v * sel_w).to(values.dtype), idx.to(torch.uint8), sel_v, sel_w  # y in the values' dtype
+
+
+def route_backward(
+    e: torch.Tensor,
+    idx: torch.Tensor,
+    sel_v: torch.Tensor,
+    sel_w: torch.Tensor,
+    experts: int,
+    weighted: bool,
+    block_gate: bool,
+    damping: float,
+    quantile: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing's backward from the output gradient e (B, k, H, W) and :func:`route_forward`'s saved
+    tensors: the values' gradient (B, E, H, W) and the weights' (B, E, H, W; empty when ``block_gate``)."""
+    shape = (e.shape[0], experts, *e.shape[2:])
+    at = idx.long()
+    g_v = (e * sel_w).to(e.dtype) if weighted else e  # a bf16 value and an fp32 weight: the values dtype
+    if damping != 1.0:
+        g_v = torch.where(routing_correct(e, quantile), g_v, g_v * damping)
+    grad_values = e.new_zeros(shape).scatter(1, at, g_v)
+    if block_gate:
+        return grad_values, e.new_empty(0)
+    return grad_values, e.new_zeros(shape).scatter(1, at, e * sel_v if weighted else e)
+
+
 class TopKRouting(torch.autograd.Function):
     """y = top-k selection of expert values by routing weight, with the SMoE backward (docs/models.md):
     expert gradients only at selected experts, scaled by ``damping`` where the routing was wrong;
@@ -64,27 +102,17 @@ class TopKRouting(torch.autograd.Function):
         quantile: float,
     ) -> torch.Tensor:
         # values, weights: (B, E, H, W) -> y (B, k, H, W)
-        idx = weights.topk(k, dim=1).indices  # (B, k, H, W)
-        sel_v = values.gather(1, idx)
-        sel_w = weights.gather(1, idx)
+        y, idx, sel_v, sel_w = route_forward(values, weights, k, weighted)
         ctx.save_for_backward(idx, sel_v, sel_w)
         ctx.cfg = (values.shape[1], weighted, block_gate, damping, quantile)
-        return sel_v * sel_w if weighted else sel_v
+        return y
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        e = grads[0]  # (B, k, H, W)
         idx, sel_v, sel_w = ctx.saved_tensors
-        experts, weighted, block_gate, damping, quantile = ctx.cfg
-        shape = (e.shape[0], experts, *e.shape[2:])
-        g_v = e * sel_w if weighted else e
-        if damping != 1.0:
-            g_v = torch.where(routing_correct(e, quantile), g_v, g_v * damping)
-        grad_values = e.new_zeros(shape).scatter(1, idx, g_v)
-        grad_weights = None
-        if not block_gate:
-            grad_weights = e.new_zeros(shape).scatter(1, idx, e * sel_v if weighted else e)
-        return grad_values, grad_weights, None, None, None, None, None
+        block_gate = ctx.cfg[2]
+        grad_values, grad_weights = route_backward(grads[0], idx, sel_v, sel_w, *ctx.cfg)
+        return grad_values, None if block_gate else grad_weights, None, None, None, None, None
 
 
 def topk_route(

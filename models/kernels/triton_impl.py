@@ -1,11 +1,14 @@
 """Triton kernels (imported only when the Triton path is chosen: on CUDA devices, or on the CPU under
 ``TRITON_INTERPRET=1`` for tests). Each kernel is one pass over its inputs; the ones with gradients
-sit in a ``torch.autograd.Function``. Math runs in the inputs' dtype (fp32 in training, fp64 in
-gradcheck). Output buffers come from :func:`_out`, which fills them with NaN when ``POISON`` is set
-so that an element a kernel forgets to write fails the tests."""
+sit in a ``torch.autograd.Function`` (the SMoE routing in a custom operator, :mod:`.ops`). Math runs in
+the inputs' dtype (fp32 in training, fp64 in gradcheck). The streaming kernels pick their block size and
+warps with ``triton.autotune`` per problem size (one config under the interpreter). Output buffers come
+from :func:`_out`, which fills them with NaN when ``POISON`` is set so that an element a kernel forgets
+to write fails the tests."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -29,11 +32,18 @@ def _pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
+def _configs(blocks: tuple[int, ...], warps: tuple[int, ...]) -> list[triton.Config]:
+    """Autotuning candidates (block size x warps); under the interpreter only the first (no timing there)."""
+    grid = [triton.Config({"BLOCK": b}, num_warps=w) for b in blocks for w in warps]
+    return grid[:1] if os.environ.get("TRITON_INTERPRET", "0") == "1" else grid
+
+
 # --- 1. ensemble statistics + standardisation ---------------------------------------------------------
+@triton.autotune(configs=_configs((128, 256, 512), (4, 8)), key=["M", "N"])
 @triton.jit
 def _ens_standardise_kernel(x_ptr, mean_ptr, std_ptr, z_ptr, M, N, eps, MP: tl.constexpr, BLOCK: tl.constexpr):
     # one program: all M members of BLOCK feature positions of sample b, held in registers (one read)
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rows = tl.arange(0, MP)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -54,15 +64,19 @@ def ensemble_standardise(members: torch.Tensor, eps: float = 1e-6) -> tuple[torc
     b, m = x.shape[:2]
     n = x[0, 0].numel()
     mean, std, z = _out((b, *x.shape[2:]), x), _out((b, *x.shape[2:]), x), _out(x.shape, x)
-    block = min(256, _pow2(n, 16))
-    _ens_standardise_kernel[(triton.cdiv(n, block), b)](x, mean, std, z, m, n, eps, MP=_pow2(m), BLOCK=block)
+
+    def grid(meta: dict[str, Any]) -> tuple[int, int]:
+        return (triton.cdiv(n, meta["BLOCK"]), b)
+
+    _ens_standardise_kernel[grid](x, mean, std, z, m, n, eps, MP=_pow2(m))
     return mean, std, z
 
 
-# --- 2. Gaussian CRPS, forward and gradient in one pass ----------------------------------------------
+# --- 2. Gaussian CRPS: forward, and a fused backward that recomputes from the inputs --------------------
+@triton.autotune(configs=_configs((1024, 2048, 4096), (4, 8)), key=["n"])
 @triton.jit
-def _crps_gaussian_kernel(mu_ptr, sg_ptr, y_ptr, out_ptr, dmu_ptr, dsg_ptr, n, GRAD: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _crps_gaussian_kernel(mu_ptr, sg_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     mu = tl.load(mu_ptr + offs, mask=m, other=0.0)
     sg = tl.load(sg_ptr + offs, mask=m, other=1.0)
@@ -71,33 +85,82 @@ def _crps_gaussian_kernel(mu_ptr, sg_ptr, y_ptr, out_ptr, dmu_ptr, dsg_ptr, n, G
     pdf = 0.3989422804014327 * tl.exp(-0.5 * z * z)  # 1 / sqrt(2 pi)
     cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
     tl.store(out_ptr + offs, sg * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - 0.5641895835477563), mask=m)
-    if GRAD:
-        tl.store(dmu_ptr + offs, 1.0 - 2.0 * cdf, mask=m)  # d crps / d mu (= -d crps / d y)
-        tl.store(dsg_ptr + offs, 2.0 * pdf - 0.5641895835477563, mask=m)  # d crps / d sigma
+
+
+@triton.autotune(configs=_configs((1024, 2048, 4096), (4, 8)), key=["n"])
+@triton.jit
+def _crps_gaussian_bwd_kernel(
+    mu_ptr,
+    sg_ptr,
+    y_ptr,
+    g_ptr,
+    dmu_ptr,
+    dsg_ptr,
+    dy_ptr,
+    n,
+    G_SCALAR: tl.constexpr,
+    DMU: tl.constexpr,
+    DSG: tl.constexpr,
+    DY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # d crps / d mu = 1 - 2 cdf(z) = -d crps / d y; d crps / d sigma = 2 pdf(z) - 1 / sqrt(pi)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    mu = tl.load(mu_ptr + offs, mask=m, other=0.0)
+    sg = tl.load(sg_ptr + offs, mask=m, other=1.0)
+    y = tl.load(y_ptr + offs, mask=m, other=0.0)
+    if G_SCALAR:  # noqa: SIM108 (a constexpr branch) the gradient of a sum or mean: one broadcast value, read once
+        g = tl.load(g_ptr)
+    else:
+        g = tl.load(g_ptr + offs, mask=m, other=0.0)
+    z = (y - mu) / sg
+    a = g * (-tl.erf(z * 0.7071067811865476))  # g (1 - 2 cdf)
+    if DMU:
+        tl.store(dmu_ptr + offs, a, mask=m)
+    if DY:
+        tl.store(dy_ptr + offs, -a, mask=m)
+    if DSG:
+        pdf = 0.3989422804014327 * tl.exp(-0.5 * z * z)
+        tl.store(dsg_ptr + offs, g * (2.0 * pdf - 0.5641895835477563), mask=m)
+
+
+def _blocks(n: int) -> Any:
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        return (triton.cdiv(n, meta["BLOCK"]),)
+
+    return grid
 
 
 class CRPSGaussian(torch.autograd.Function):
+    """Forward: read mu, sigma, y, write the CRPS. Backward: one kernel reads the inputs again and the
+    output gradient (a single value when it is a broadcast scalar, as for ``.mean()``) and writes only the
+    gradients asked for: 3 reads + 1 write, then 3 reads + 2-3 writes, against 3 + 3 + 6 before."""
+
     @staticmethod
     def forward(ctx: Any, mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         mu, sigma, y = torch.broadcast_tensors(mu, sigma, y)
         mu, sigma, y = mu.contiguous(), sigma.contiguous(), y.contiguous()
-        grad = any(ctx.needs_input_grad)
         out = _out(mu.shape, mu)
-        dmu = _out(mu.shape, mu) if grad else out
-        dsg = _out(mu.shape, mu) if grad else out
         n = mu.numel()
-        block = 1024
-        _crps_gaussian_kernel[(triton.cdiv(n, block),)](mu, sigma, y, out, dmu, dsg, n, GRAD=grad, BLOCK=block)
-        if grad:
-            ctx.save_for_backward(dmu, dsg)
+        _crps_gaussian_kernel[_blocks(n)](mu, sigma, y, out, n)
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(mu, sigma, y)
         return out
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        mu, sigma, y = ctx.saved_tensors
         g = grads[0]
-        dmu, dsg = ctx.saved_tensors
+        scalar = all(s == 0 for s in g.stride())
+        g = g.as_strided((1,), (1,)) if scalar else g.contiguous()
         need = ctx.needs_input_grad
-        return (g * dmu if need[0] else None, g * dsg if need[1] else None, -g * dmu if need[2] else None)
+        outs = [_out(mu.shape, mu) if need[i] else mu for i in range(3)]  # unwritten slots point at mu
+        n = mu.numel()
+        _crps_gaussian_bwd_kernel[_blocks(n)](
+            mu, sigma, y, g, *outs, n, G_SCALAR=scalar, DMU=need[0], DSG=need[1], DY=need[2]
+        )
+        return tuple(o if need[i] else None for i, o in enumerate(outs))
 
 
 def crps_gaussian(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -106,9 +169,22 @@ def crps_gaussian(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> tor
 
 
 # --- 3. sorted ensemble CRPS --------------------------------------------------------------------------
+def _fit_registers(configs: list[triton.Config], named_args: dict[str, Any], **_: Any) -> list[triton.Config]:
+    """The ensemble CRPS's candidates whose (BLOCK, members) tile stays within 4,096 values (larger ones
+    spill registers in the sort), the smallest always kept."""
+    mp = _pow2(int(named_args["M"]))
+    fit = [c for c in configs if c.kwargs["BLOCK"] * mp <= 4096]
+    return fit or configs[:1]
+
+
+@triton.autotune(
+    configs=_configs((16, 64, 128, 256), (4, 8)),
+    key=["n", "M"],
+    prune_configs_by={"early_config_prune": _fit_registers},
+)
 @triton.jit
 def _crps_ensemble_kernel(x_ptr, y_ptr, out_ptr, n, M, denom, MP: tl.constexpr, BLOCK: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, MP)
     rm = rows < n
     cm = cols < M
@@ -126,13 +202,13 @@ def crps_ensemble(x: torch.Tensor, y: torch.Tensor, fair: bool = True) -> torch.
     x, y = x.contiguous(), y.contiguous()
     n, m = x.shape
     out = _out((n,), x)
-    block = 64 if m <= 16 else 16
     denom = float(m * (m - 1) if fair else m * m)
-    _crps_ensemble_kernel[(triton.cdiv(n, block),)](x, y, out, n, m, denom, MP=_pow2(m), BLOCK=block)
+    _crps_ensemble_kernel[_blocks(n)](x, y, out, n, m, denom, MP=_pow2(m))
     return out
 
 
-# --- 4. SMoE top-k routing ----------------------------------------------------------------------------
+# --- 4. SMoE top-k routing (forward and backward; the custom operator in ops.py calls these) ---------------
+@triton.autotune(configs=_configs((256, 512, 1024), (4, 8)), key=["E", "P"])
 @triton.jit
 def _topk_fwd_kernel(
     v_ptr,
@@ -148,7 +224,7 @@ def _topk_fwd_kernel(
     EP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rows = tl.arange(0, EP)
     cm = cols < P
@@ -160,18 +236,19 @@ def _topk_fwd_kernel(
         i = tl.argmax(w, 0)  # (BLOCK,) best remaining expert
         hit = rows[:, None] == i[None, :]
         sv = tl.sum(tl.where(hit, v, 0.0), 0)
-        sw = tl.sum(tl.where(hit, w, 0.0), 0)
         o = b * K * P + j * P + cols
-        tl.store(idx_ptr + o, i.to(tl.int64), mask=cm)
-        tl.store(sv_ptr + o, sv, mask=cm)
-        tl.store(sw_ptr + o, sw, mask=cm)
+        tl.store(idx_ptr + o, i.to(tl.uint8), mask=cm)
         if WEIGHTED:
+            sw = tl.sum(tl.where(hit, w, 0.0), 0)
+            tl.store(sv_ptr + o, sv, mask=cm)
+            tl.store(sw_ptr + o, sw, mask=cm)
             tl.store(y_ptr + o, sv * sw, mask=cm)
         else:
             tl.store(y_ptr + o, sv, mask=cm)
         w = tl.where(hit, float("-inf"), w)
 
 
+@triton.autotune(configs=_configs((256, 512, 1024), (4, 8)), key=["E", "P"])
 @triton.jit
 def _topk_bwd_kernel(
     e_ptr,
@@ -190,7 +267,7 @@ def _topk_bwd_kernel(
     EP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rows = tl.arange(0, EP)
     cm = cols < P
@@ -199,7 +276,7 @@ def _topk_bwd_kernel(
     for j in tl.static_range(K):
         o = b * K * P + j * P + cols
         e = tl.load(e_ptr + o, mask=cm, other=0.0)
-        i = tl.load(idx_ptr + o, mask=cm, other=-1)
+        i = tl.load(idx_ptr + o, mask=cm, other=255).to(tl.int32)
         hit = rows[:, None] == i[None, :]
         g = e
         if WEIGHTED:
@@ -219,79 +296,68 @@ def _topk_bwd_kernel(
         tl.store(gw_ptr + offs, gw, mask=mask)
 
 
-class TopKRouting(torch.autograd.Function):
-    """Same semantics as :class:`postcast.models.kernels.reference.TopKRouting`; both passes in Triton."""
+def route_forward(
+    values: torch.Tensor, weights: torch.Tensor, k: int, weighted: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`postcast.models.kernels.reference.route_forward` in one Triton pass."""
+    v, w = values.contiguous(), weights.contiguous()  # (B, E, H, W)
+    b, e = v.shape[:2]
+    p = v[0, 0].numel()
+    shape = (b, k, *v.shape[2:])
+    y, idx = _out(shape, v), _out(shape, v, torch.uint8)
+    sv, sw = (_out(shape, v), _out(shape, w)) if weighted else (v.new_empty(0), w.new_empty(0))
 
-    @staticmethod
-    def forward(
-        ctx: Any,
-        values: torch.Tensor,
-        weights: torch.Tensor,
-        k: int,
-        weighted: bool,
-        block_gate: bool,
-        damping: float,
-        quantile: float,
-    ) -> torch.Tensor:
-        v, w = values.contiguous(), weights.contiguous()  # (B, E, H, W)
-        b, e = v.shape[:2]
-        p = v[0, 0].numel()
-        shape = (b, k, *v.shape[2:])
-        y, sv, sw = _out(shape, v), _out(shape, v), _out(shape, v)
-        idx = _out(shape, v, torch.int64)
-        block = min(256, _pow2(p, 16))
-        _topk_fwd_kernel[(triton.cdiv(p, block), b)](
-            v, w, y, idx, sv, sw, e, p, K=k, WEIGHTED=weighted, EP=_pow2(e), BLOCK=block
-        )
-        ctx.save_for_backward(idx, sv, sw)
-        ctx.cfg = (e, weighted, block_gate, damping, quantile)
-        return y
+    def grid(meta: dict[str, Any]) -> tuple[int, int]:
+        return (triton.cdiv(p, meta["BLOCK"]), b)
 
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        g = grads[0].contiguous()  # (B, k, H, W)
-        idx, sv, sw = ctx.saved_tensors
-        experts, weighted, block_gate, damping, quantile = ctx.cfg
-        b, k = g.shape[:2]
-        p = g[0, 0].numel()
-        damp = damping != 1.0
-        # the quantile is a per-sample reduction over the whole field: computed before the launch
-        scale = torch.full_like(g, damping).masked_fill(reference.routing_correct(g, quantile), 1.0) if damp else g
-        shape = (b, experts, *g.shape[2:])
-        gv = _out(shape, g)
-        gw = _out(shape, g) if not block_gate else gv
-        block = min(256, _pow2(p, 16))
-        _topk_bwd_kernel[(triton.cdiv(p, block), b)](
-            g,
-            idx,
-            sv,
-            sw,
-            scale,
-            gv,
-            gw,
-            experts,
-            p,
-            K=k,
-            WEIGHTED=weighted,
-            DAMP=damp,
-            GATE=not block_gate,
-            EP=_pow2(experts),
-            BLOCK=block,
-        )
-        return gv, None if block_gate else gw, None, None, None, None, None
+    _topk_fwd_kernel[grid](
+        v, w, y, idx, sv if weighted else y, sw if weighted else y, e, p, K=k, WEIGHTED=weighted, EP=_pow2(e)
+    )
+    return y, idx, sv, sw
 
 
-def topk_route(
-    values: torch.Tensor,
-    weights: torch.Tensor,
-    k: int,
+def route_backward(
+    grad: torch.Tensor,
+    idx: torch.Tensor,
+    sv: torch.Tensor,
+    sw: torch.Tensor,
+    experts: int,
     weighted: bool,
     block_gate: bool,
     damping: float,
     quantile: float,
-) -> torch.Tensor:
-    out: torch.Tensor = TopKRouting.apply(values, weights, k, weighted, block_gate, damping, quantile)
-    return out
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`postcast.models.kernels.reference.route_backward` in one Triton pass (the damping's
+    per-sample quantile, a reduction over the whole field, computed before the launch)."""
+    g = grad.contiguous()  # (B, k, H, W)
+    b, k = g.shape[:2]
+    p = g[0, 0].numel()
+    damp = damping != 1.0
+    scale = torch.full_like(g, damping).masked_fill(reference.routing_correct(g, quantile), 1.0) if damp else g
+    shape = (b, experts, *g.shape[2:])
+    gv = _out(shape, g)
+    gw = _out(shape, g) if not block_gate else g.new_empty(0)
+
+    def grid(meta: dict[str, Any]) -> tuple[int, int]:
+        return (triton.cdiv(p, meta["BLOCK"]), b)
+
+    _topk_bwd_kernel[grid](
+        g,
+        idx,
+        sv if weighted else g,
+        sw if weighted else g,
+        scale,
+        gv,
+        gv if block_gate else gw,
+        experts,
+        p,
+        K=k,
+        WEIGHTED=weighted,
+        DAMP=damp,
+        GATE=not block_gate,
+        EP=_pow2(experts),
+    )
+    return gv, gw
 
 
 # --- 5. neural-field decoder: Fourier features + first layer ------------------------------------------
