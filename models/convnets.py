@@ -1,19 +1,26 @@
 """Convolutional post-processors on the whole grid: the ENS-10 LeNet-style patch model and the U-Net.
 
 Both take ``batch["x"]`` (B, C, H, W) and return K head outputs (``NetIO.outputs``; (a, b) for the
-Gaussian), each (B, H, W). Padding
-follows the globe: periodic in longitude, replicated at the poles (:func:`earth_pad`). The U-Net
+Gaussian), each (B, H, W). Padding, of every convolution,
+follows the globe: periodic in longitude, replicated at the poles (:func:`earth_pad`, :class:`EarthConv`). The U-Net
 pads any grid (361 rows included) up to a multiple of its down-sampling factor and crops back.
+
+Location: both read the location features of the sample (sin lat, cos lat sin lon, cos lat cos lon) among
+their inputs and, with ``embedding: E`` > 0, E learned numbers per grid point (:class:`PointEmbedding`) joined
+to the inputs, as the MLP's (Rasp and Lerch 2018): a convolution shares its weights over the globe, so what
+belongs to a place (a static bias) has no other way in. Such a model is bound to its training grid.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models.postprocessors import Batch, Outputs, zero_init
 from postcast.models.registry import NetIO, architecture
 
@@ -31,6 +38,34 @@ def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right
     return x
 
 
+class PointEmbedding(nn.Module):
+    """E learned numbers per grid point (E, H, W), zero at the start, joined to the input channels:
+    (B, C, H, W) -> (B, C + E, H, W). E = 0 passes the input through (no parameter)."""
+
+    def __init__(self, channels: int, grid: tuple[int, int]):
+        super().__init__()
+        self.channels = channels
+        self.weight = nn.Parameter(torch.zeros(channels, *grid)) if channels else None  # (E, H, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return x
+        if x.shape[-2:] != self.weight.shape[-2:]:
+            msg = (
+                f"the model's embedding was learned on a {tuple(self.weight.shape[-2:])} grid, the input is "
+                f"{tuple(x.shape[-2:])}: regrid the inputs to the training grid, or train with embedding: 0"
+            )
+            raise BadInputError(msg)
+        return torch.cat([x, self.weight.expand(x.shape[0], -1, -1, -1)], dim=1)  # (B, C + E, H, W)
+
+
+def check_embedding(name: str, embedding: int) -> None:
+    """An architecture's ``embedding`` option: a count >= 0 (ConfigError naming it otherwise)."""
+    if embedding < 0:
+        msg = f"model.net ({name}) embedding={embedding}: give the learned numbers per grid point, >= 0 (0: none)"
+        raise ConfigError(msg)
+
+
 class LeNet(nn.Module):
     """ENS-10 LeNet-style model: each point sees its 7 x 7 neighbourhood through three valid 3 x 3
     convolutions (64, 32, 16 channels; ELU then BatchNorm), concatenated with the point's own inputs
@@ -38,9 +73,18 @@ class LeNet(nn.Module):
     convolutions over the padded grid, which equals cutting a patch per point, without the copies."""
 
     def __init__(
-        self, in_channels: int, widths: tuple[int, int, int] = (64, 32, 16), hidden: int = 6, outputs: int = 2
+        self,
+        in_channels: int,
+        widths: tuple[int, int, int] = (64, 32, 16),
+        hidden: int = 6,
+        outputs: int = 2,
+        *,
+        grid: tuple[int, int] = (0, 0),
+        embedding: int = 0,
     ):
         super().__init__()
+        self.embedding = PointEmbedding(embedding, grid)
+        in_channels += embedding
         layers: list[nn.Module] = []
         c = in_channels
         for w in widths:
@@ -53,37 +97,72 @@ class LeNet(nn.Module):
         )
 
     def forward(self, batch: Batch) -> Outputs:
-        x = batch["x"]  # (B, C, H, W)
+        x = self.embedding(batch["x"])  # (B, C + E, H, W)
         feats = self.patch(earth_pad(x, self.reach))  # (B, 16, H, W)
         return tuple(self.dense(torch.cat([feats, x], dim=1)).unbind(1))  # K x (B, H, W)
 
 
+class EarthConv(nn.Conv2d):
+    """A 3 x 3 convolution padded as the globe (:func:`earth_pad`): periodic in longitude, replicated at the
+    poles. Zero padding would tell every layer where the grid's edges are, and so where each point is."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__(c_in, c_out, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(earth_pad(x, 1))  # (B, C_out, H, W)
+
+
 def _block(c_in: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1),
+        EarthConv(c_in, c_out),
         nn.BatchNorm2d(c_out),
         nn.ReLU(),
-        nn.Conv2d(c_out, c_out, 3, padding=1),
+        EarthConv(c_out, c_out),
         nn.BatchNorm2d(c_out),
         nn.ReLU(),
     )
 
 
 class UNetTrunk(nn.Module):
-    """U-Net features (B, base, H, W) for any H, W: ``depth`` down/up levels with channels
-    base * 2**level (ENS-10: 32 / 64 / 128), max-pool 2, bilinear up-sampling, skip concatenation."""
+    """U-Net features (B, base [+ E], H, W) for any H, W: ``depth`` down/up levels with channels
+    base * 2**level (ENS-10: 32 / 64 / 128), max-pool 2, bilinear up-sampling, skip concatenation; with
+    ``embedding`` > 0, E learned numbers per point of ``grid`` join the inputs (:class:`PointEmbedding`) and,
+    by a skip connection, the features: (B, base + E, H, W), so a head reads each point's own numbers too.
+    ``between(channels, level_grid)``, when given, builds a layer put between the decoder blocks (after each
+    up block but the last, on its channels and its level's grid: the padded grid halved ``level`` times)."""
 
-    def __init__(self, in_channels: int, base: int = 32, depth: int = 2):
+    def __init__(
+        self,
+        in_channels: int,
+        base: int = 32,
+        depth: int = 2,
+        *,
+        grid: tuple[int, int] = (0, 0),
+        embedding: int = 0,
+        between: Callable[[int, tuple[int, int]], nn.Module] | None = None,
+    ):
         super().__init__()
+        self.embedding = PointEmbedding(embedding, grid)
+        in_channels += embedding
         self.depth = depth
         chans = [base * 2**i for i in range(depth + 1)]
         self.down = nn.ModuleList(
             [_block(in_channels, chans[0])] + [_block(chans[i], chans[i + 1]) for i in range(depth)]
         )
         self.up = nn.ModuleList([_block(chans[i + 1] + chans[i], chans[i]) for i in reversed(range(depth))])
-        self.out_channels = base
+        f = 2**depth
+        padded = (grid[0] + -grid[0] % f, grid[1] + -grid[1] % f)
+        self.between = nn.ModuleList(
+            [between(chans[i], (padded[0] >> i, padded[1] >> i)) for i in reversed(range(1, depth))]
+            if between is not None
+            else []
+        )
+        self.out_channels = base + embedding
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(x)  # (B, C + E, H, W)
+        own = x[:, x.shape[1] - self.embedding.channels :]  # (B, E, H, W): the points' own numbers
         h, w = x.shape[-2:]
         f = 2**self.depth
         ph, pw = -h % f, -w % f  # pad up to a multiple of 2**depth (361 rows -> 364), crop at the end
@@ -92,19 +171,30 @@ class UNetTrunk(nn.Module):
         for i, block in enumerate(self.down):
             x = block(x if i == 0 else F.max_pool2d(x, 2))
             skips.append(x)
-        for block, skip in zip(self.up, reversed(skips[:-1]), strict=True):
+        for i, (block, skip) in enumerate(zip(self.up, reversed(skips[:-1]), strict=True)):
             x = F.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=False)
             x = block(torch.cat([x, skip], dim=1))
-        return x[..., ph // 2 : ph // 2 + h, pw // 2 : pw // 2 + w]
+            if i < len(self.between):
+                x = self.between[i](x)
+        return torch.cat([x[..., ph // 2 : ph // 2 + h, pw // 2 : pw // 2 + w], own], dim=1)  # (B, base + E, H, W)
 
 
 class UNet(nn.Module):
     """U-Net post-processor: trunk features -> final 3 x 3 convolution to the K head outputs."""
 
-    def __init__(self, in_channels: int, base: int = 32, depth: int = 2, outputs: int = 2):
+    def __init__(
+        self,
+        in_channels: int,
+        base: int = 32,
+        depth: int = 2,
+        outputs: int = 2,
+        *,
+        grid: tuple[int, int] = (0, 0),
+        embedding: int = 0,
+    ):
         super().__init__()
-        self.trunk = UNetTrunk(in_channels, base, depth)
-        self.head = zero_init(nn.Conv2d(base, outputs, 3, padding=1))
+        self.trunk = UNetTrunk(in_channels, base, depth, grid=grid, embedding=embedding)
+        self.head = zero_init(EarthConv(self.trunk.out_channels, outputs))
 
     def forward(self, batch: Batch) -> Outputs:
         return tuple(self.head(self.trunk(batch["x"])).unbind(1))  # K x (B, H, W)
@@ -116,8 +206,13 @@ class UNet(nn.Module):
 class LeNetArchitecture:
     """The ENS-10 LeNet-style patch model."""
 
+    embedding: int = 0  # learned numbers per grid point joined to the inputs (0: none; the model is then grid-free)
+
+    def __post_init__(self) -> None:
+        check_embedding("lenet", self.embedding)
+
     def build(self, io: NetIO) -> nn.Module:
-        return LeNet(io.in_channels, outputs=io.outputs)
+        return LeNet(io.in_channels, outputs=io.outputs, grid=io.grid, embedding=self.embedding)
 
 
 @architecture("unet")
@@ -126,6 +221,10 @@ class UNetArchitecture:
     """U-Net: ``base_filters`` channels at full resolution, doubling at each of 2 down levels."""
 
     base_filters: int = 32
+    embedding: int = 0  # learned numbers per grid point joined to the inputs (0: none; the model is then grid-free)
+
+    def __post_init__(self) -> None:
+        check_embedding("unet", self.embedding)
 
     def build(self, io: NetIO) -> nn.Module:
-        return UNet(io.in_channels, self.base_filters, outputs=io.outputs)
+        return UNet(io.in_channels, self.base_filters, outputs=io.outputs, grid=io.grid, embedding=self.embedding)

@@ -8,9 +8,11 @@ attention block mixes members (scores are dot products over channels *and* the w
 Finn's model; softmax over members); a 1 x 1 convolution gives a correction d_j per member. The
 corrected ensemble z_j + d_j of the target variable defines the head outputs
 
-    a = mean_j d_j,    b = log std_j (z_j + d_j)
+    a = mean_j d_j,    b = log std_j (z_j + d_j) - log std_j z_j
 
-so the zero-initialised output layer reproduces the raw ensemble (a = 0, b = log 1 = 0). A
+so the zero-initialised output layer reproduces the raw ensemble's law exactly (a = 0, b = 0 to the bit,
+also where the members agree and z's std is floored). With ``embedding: E`` > 0, E learned numbers per grid
+point join the ensemble-mean channels (:class:`~postcast.models.convnets.PointEmbedding`). A
 distribution with K > 2 parameters gets its further K - 2 head outputs from a zero-initialised 1 x 1
 convolution of the member-averaged features.
 """
@@ -25,7 +27,7 @@ from torch import nn
 
 from postcast.datasets.core.errors import ConfigError
 from postcast.models import kernels
-from postcast.models.convnets import earth_pad
+from postcast.models.convnets import PointEmbedding, check_embedding, earth_pad
 from postcast.models.postprocessors import Batch, Outputs, require_members, zero_init
 from postcast.models.registry import NetIO, architecture
 
@@ -74,10 +76,14 @@ class EnsembleTransformer(nn.Module):
         heads: int = 4,
         blocks: int = 1,
         outputs: int = 2,
+        *,
+        grid: tuple[int, int] = (0, 0),
+        embedding: int = 0,
     ):
         super().__init__()
         self.variable_index = variable_index
-        self.embed = _Embed(n_variables + in_channels, width)
+        self.embedding = PointEmbedding(embedding, grid)
+        self.embed = _Embed(n_variables + in_channels + embedding, width)
         self.blocks = nn.ModuleList([MemberAttention(width, heads) for _ in range(blocks)])
         self.correct = zero_init(nn.Conv2d(width, 1, 1))
         self.extra = zero_init(nn.Conv2d(width, outputs - 2, 1)) if outputs > 2 else None
@@ -86,17 +92,22 @@ class EnsembleTransformer(nn.Module):
         members = require_members(batch, "transformer")  # (B, M, V, H, W), normalised
         b, m = members.shape[:2]
         _, _, z = kernels.ensemble_standardise(members)  # standardised perturbations, one fused pass
-        x = batch["x"].unsqueeze(1).expand(-1, m, -1, -1, -1)  # (B, M, C, H, W)
+        x = self.embedding(batch["x"]).unsqueeze(1).expand(-1, m, -1, -1, -1)  # (B, M, C + E, H, W)
         h = self.embed(torch.cat([z, x], dim=2).flatten(0, 1))  # (B*M, width, H, W)
         h = h.view(b, m, *h.shape[1:])
         for block in self.blocks:
             h = block(h)
         d = self.correct(h.flatten(0, 1)).view(b, m, *h.shape[-2:])  # (B, M, H, W), units of the raw std
-        zt = z[:, :, self.variable_index] + d
-        shift, log_spread = d.mean(dim=1), torch.log(zt.std(dim=1, unbiased=False).clamp_min(1e-3))  # a, b
+        zv = z[:, :, self.variable_index]  # (B, M, H, W)
+        shift, log_spread = d.mean(dim=1), _log_std(zv + d) - _log_std(zv)  # a, b: (B, H, W)
         if self.extra is None:
             return shift, log_spread
         return (shift, log_spread, *self.extra(h.mean(dim=1)).unbind(1))  # (B, width, H, W) -> K - 2 x (B, H, W)
+
+
+def _log_std(z: torch.Tensor) -> torch.Tensor:
+    """log of the population std over members (dim 1), floored at 1e-3: (B, M, H, W) -> (B, H, W)."""
+    return torch.log(z.std(dim=1, unbiased=False).clamp_min(1e-3))
 
 
 # --- architectures ------------------------------------------------------------------------------
@@ -105,10 +116,21 @@ class EnsembleTransformer(nn.Module):
 class TransformerArchitecture:
     """Ensemble Transformer: attention across members (reads the members)."""
 
-    width: int = 16  # embedding channels
+    width: int = 16  # channels of the per-member convolutional embedding
     heads: int = 4  # attention heads
+    embedding: int = 0  # learned numbers per grid point joined to the inputs (0: none; the model is then grid-free)
+
+    def __post_init__(self) -> None:
+        check_embedding("transformer", self.embedding)
 
     def build(self, io: NetIO) -> nn.Module:
         return EnsembleTransformer(
-            io.in_channels, io.n_variables, io.target_variable, self.width, self.heads, outputs=io.outputs
+            io.in_channels,
+            io.n_variables,
+            io.target_variable,
+            self.width,
+            self.heads,
+            outputs=io.outputs,
+            grid=io.grid,
+            embedding=self.embedding,
         )

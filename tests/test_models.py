@@ -196,14 +196,14 @@ def test_gate_learns_only_from_the_rc_loss():
     a, _ = layer(b)
     task = ((a - b["y"]) ** 2).mean()
     task.backward(retain_graph=True)
-    assert layer.smoe.latent.grad is None or (layer.smoe.latent.grad == 0).all()
+    assert layer.smoe.gate.map.grad is None or (layer.smoe.gate.map.grad == 0).all()
     layer.smoe.rc_loss(task).backward()
-    assert layer.smoe.latent.grad.abs().sum() > 0
+    assert layer.smoe.gate.map.grad.abs().sum() > 0
 
 
 def test_smoe_config_is_validated():
     with pytest.raises(ValueError, match="gate"):
-        SMoEConfig(gate="lcn")
+        SMoEConfig(gate="linear")
     with pytest.raises(ValueError, match="experts"):
         SMoEConfig(experts=1)
 

@@ -31,9 +31,11 @@ UNIT_FILES = frozenset(
         "test_grib.py",
         "test_laws.py",
         "test_models.py",
+        "test_regime_world.py",
         "test_regrid.py",
         "test_schema.py",
         "test_serve_archive.py",
+        "test_smoe_paper.py",
         "test_synthetic.py",
         "test_verification.py",
     }

@@ -28,6 +28,7 @@ class SynthConfig:
     chunk_dates: int = 1  # init dates per chunk of the lazy dask arrays
     targets: tuple[str, ...] = schema.ENS10_TARGETS  # whose truth and oracle are drawn (opt in: ws10, tp24)
     variables: tuple[str, ...] = ()  # forecast variables written (canonical names); () = all 18
+    regimes: bool = False  # the regime world: the Gaussian targets' error follows 4 regimes (synth/truth.py REGIMES)
 
     def __post_init__(self) -> None:
         Grid(self.resolution)  # validates
@@ -84,4 +85,6 @@ class SynthConfig:
         d["levels"] = list(self.levels)
         d["targets"] = list(self.targets)
         d["variables"] = list(self.variables)
+        if not self.regimes:  # the default world's attributes (and so its stores' checksums) stay as they were
+            del d["regimes"]
         return d

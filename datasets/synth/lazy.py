@@ -21,7 +21,7 @@ FORMAT_VERSION = 1
 
 def _member_block(cfg: SynthConfig, name: str, inits: tuple[pd.Timestamp, ...]) -> np.ndarray:
     """(init, member, step, level, lat, lon) float32 for one variable (level axis of 1 for surface)."""
-    w = world(cfg.seed, cfg.resolution, cfg.members)
+    w = world(cfg.seed, cfg.resolution, cfg.members, cfg.regimes)
     var = schema.VARIABLES[name]
     levels = cfg.sorted_levels if var.on_levels else (0,)
     out = np.empty((len(inits), cfg.members, len(schema.STEPS_H), len(levels), *cfg.grid.shape), np.float32)
@@ -107,7 +107,7 @@ def _truth_arrays(cfg: SynthConfig) -> list[tuple[str, str, str, str]]:
 
 def _truth_block(cfg: SynthConfig, inits: tuple[pd.Timestamp, ...]) -> np.ndarray:
     """(array, init, step, lat, lon) float32 for a block of init times, arrays as :func:`_truth_arrays`."""
-    w = world(cfg.seed, cfg.resolution, cfg.members)
+    w = world(cfg.seed, cfg.resolution, cfg.members, cfg.regimes)
     arrays = _truth_arrays(cfg)
     out = np.empty((len(arrays), len(inits), len(schema.STEPS_H), *cfg.grid.shape), dtype=np.float32)
     for i, t in enumerate(inits):

@@ -16,13 +16,23 @@ from postcast.datasets.schema import TARGETS, Grid, Target
 from postcast.datasets.synth.waves import GaussianWaves, _rng, static_fields
 from postcast.datasets.synth.weather import _STREAM, GEOGRAPHY_SEED, LEAD_GROWTH, UNDERDISPERSION, Weather
 
+# The regime world (``SynthConfig.regimes``): at every point and valid time one of four regimes, land or ocean
+# (static) by blocked or zonal flow (the flow anomaly psi above BLOCKED: about 31 % of the time), each with
+# its own error model for the Gaussian targets: the sign of the flow-dependent bias and the under-dispersion
+# (error growth) change with the regime.
+REGIMES = ("ocean_zonal", "ocean_blocked", "land_zonal", "land_blocked")
+BLOCKED = 0.5  # psi (unit variance) above which the flow counts as blocked
+REGIME_UNDERDISPERSION = (1.2, 2.4, 1.6, 3.0)  # k per regime (the default world: UNDERDISPERSION everywhere)
+
 
 class World(Weather):
     """Deterministic synthetic world for one seed and grid: the weather and, given its forecast, the truth
-    and the oracle of every target; every method is a pure function."""
+    and the oracle of every target; every method is a pure function. ``regimes``: the Gaussian targets' error
+    follows :data:`REGIMES` (:meth:`regime`), the forecasts are the same."""
 
-    def __init__(self, seed: int, grid: Grid, members: int = schema.N_MEMBERS):
+    def __init__(self, seed: int, grid: Grid, members: int = schema.N_MEMBERS, regimes: bool = False):
         super().__init__(seed, grid, members)
+        self.regimes = regimes
         self._bias_fields = {
             name: GaussianWaves(_rng(GEOGRAPHY_SEED, 10 + i), n_max=5, l_max=5, scale=2.0)(self.lat, self.lon)
             for i, name in enumerate(TARGETS)
@@ -62,6 +72,11 @@ class World(Weather):
         draw = {"gaussian": self._gaussian, "truncnormal": self._wind_speed, "csg": self._amount}[tg.family]
         return {**draw(tg, init, step_h, x, eps), "ens_mean": m, "ens_std": s}
 
+    def regime(self, valid: pd.Timestamp) -> np.ndarray:
+        """The regime (lat, lon) int, an index of :data:`REGIMES`: 2 x land + blocked (psi > :data:`BLOCKED`)."""
+        blocked = self.latent(valid)["psi"] > BLOCKED
+        return (2 * (self.land > 0.5) + blocked).astype(np.int64)
+
     def _gaussian(
         self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray, eps: np.ndarray
     ) -> dict[str, np.ndarray]:
@@ -75,20 +90,32 @@ class World(Weather):
         wind_term = np.tanh((ws - 10.0) / 5.0)
         season = self.latent(valid)["season"]
         g = LEAD_GROWTH[step_h]
-        shape = (
-            0.6 * self._bias_fields[tg.name]
-            + 0.5 * season * np.sign(self.sinlat)
-            + 0.6 * wind_term
-            + 0.4 * np.sin(3.0 * (2.0 * tcc - 1.0))
-        )
-        if tg.level is None:  # a surface target: clouds keep land nights warm
-            shape = shape + 0.8 * (2.0 * tcc - 1.0) * self.land
+        local = 0.6 * self._bias_fields[tg.name] + 0.5 * season * np.sign(self.sinlat)
+        k: float | np.ndarray  # the under-dispersion: true error std / spread
+        if self.regimes:
+            flow, k = self._regime_error(valid, wind_term, tcc)
+            shape = local + flow
+        else:
+            shape, k = local + 0.6 * wind_term + 0.4 * np.sin(3.0 * (2.0 * tcc - 1.0)), UNDERDISPERSION
+            if tg.level is None:  # a surface target: clouds keep land nights warm
+                shape = shape + 0.8 * (2.0 * tcc - 1.0) * self.land
         beta = tg.error_scale * g * 0.55 * shape
         state = 1.0 + 0.3 * np.tanh(2.0 * wind_term + (tcc - 0.5))
-        sigma = np.sqrt((UNDERDISPERSION * s * state) ** 2 + (0.25 * tg.error_scale * g) ** 2)
+        sigma = np.sqrt((k * s * state) ** 2 + (0.25 * tg.error_scale * g) ** 2)
         mean = m + beta
         truth = mean + sigma * eps
         return {"mean": mean, "std": sigma, "mu": mean, "sigma": sigma, "truth": truth}
+
+    def _regime_error(
+        self, valid: pd.Timestamp, wind_term: np.ndarray, tcc: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The regime world's flow-dependent bias shape and under-dispersion k, each (lat, lon): over the ocean
+        the bias follows the 850 hPa wind, with opposite signs in zonal and blocked flow; over land the
+        clouds, likewise; blocked flow adds a bias of its own and grows the error faster (larger k)."""
+        cloud = 2.0 * tcc - 1.0
+        regime = self.regime(valid)
+        flow = np.choose(regime, [wind_term, 0.6 - wind_term, cloud, -0.6 - cloud])
+        return 0.9 * flow, np.take(np.asarray(REGIME_UNDERDISPERSION), regime)
 
     def _wind_speed(
         self, tg: Target, init: pd.Timestamp, step_h: int, x: np.ndarray, eps: np.ndarray
@@ -128,5 +155,5 @@ class World(Weather):
 
 
 @functools.lru_cache(maxsize=8)
-def world(seed: int, resolution: float, members: int = schema.N_MEMBERS) -> World:
-    return World(seed, Grid(resolution), members)
+def world(seed: int, resolution: float, members: int = schema.N_MEMBERS, regimes: bool = False) -> World:
+    return World(seed, Grid(resolution), members, regimes)
