@@ -20,6 +20,7 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError, MissingInputError
+from postcast.datasets.core.geo import coordinate_problems
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,9 @@ def fix_step(ds: xr.Dataset, source: str) -> xr.Dataset:
 def fix_lonlat(ds: xr.Dataset, source: str, *, any_grid: bool = False) -> xr.Dataset:
     """Latitude ascending, longitude 0..360 on a regular global grid; with ``any_grid``, other regular
     grids (regional, any longitude convention) keep their longitudes and point grids (``values``) pass,
-    to be regridded when read (datasets/sources/regrid.py)."""
+    to be regridded when read (datasets/sources/regrid.py). Coordinates that are not finite, out of range,
+    repeated or not monotonic (:func:`postcast.datasets.core.geo.coordinate_problems`, the check the
+    forecast archive's reader makes too) are :class:`BadInputError` naming them."""
     for c in (schema.LAT, schema.LON):
         if c not in ds.coords:
             msg = (
@@ -226,7 +229,12 @@ def fix_lonlat(ds: xr.Dataset, source: str, *, any_grid: bool = False) -> xr.Dat
                 "Gaussian with per-point coordinates)"
             )
             raise BadInputError(msg)
-    if any_grid and POINTS in ds[schema.LAT].dims:
+    points = POINTS in ds[schema.LAT].dims
+    wrong = coordinate_problems(ds[schema.LAT].values, ds[schema.LON].values, points=points)
+    if wrong:
+        msg = f"{source}: {'; '.join(wrong)}: fix the file's coordinates (a damaged or hand-edited file?)"
+        raise BadInputError(msg)
+    if any_grid and points:
         return ds
     if any_grid and not _is_global(ds):
         lat = ds[schema.LAT].values
