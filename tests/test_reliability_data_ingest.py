@@ -5,6 +5,8 @@ ingest, in process."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -79,3 +81,29 @@ def test_a_regional_source_across_the_date_line_is_not_a_coordinate_fault(tmp_pa
     assert res.code == 0, res.err
     ds = contract.open_store(tmp_path / "s.zarr")
     assert ds["longitude"].values.tolist() == [170.0, 180.0, 190.0, 200.0, 210.0]
+
+
+def test_statistics_that_are_not_finite_are_valid_json_and_shown_as_a_dash():
+    """inspect --json printed bare NaN and -Infinity for a store whose truth held Inf (issue 56 item 2)."""
+    from postcast.datasets import inspection
+
+    level = xr.DataArray([850], dims="level")
+    stats = xr.Dataset(
+        {
+            "t2m_mean": ((), np.nan),
+            "t2m_std": ((), np.inf),
+            "t2m_min": ((), -np.inf),
+            "t2m_max": ((), 300.0),
+            "t_mean": (("level",), [250.0]),
+            "t_std": (("level",), [5.0]),
+            "t_min": (("level",), [200.0]),
+            "t_max": (("level",), [np.nan]),
+        },
+        coords={"level": level},
+    )
+    table = inspection._stats_table(stats)
+    text = json.dumps(table, allow_nan=False)  # raises on NaN or Infinity
+    assert json.loads(text)["fields"] == {
+        "t2m": {"mean": None, "std": None, "min": None, "max": 300.0},
+        "t@850": {"mean": 250.0, "std": 5.0, "min": 200.0, "max": None},
+    }
