@@ -145,7 +145,7 @@ def infinite(ds: xr.Dataset) -> tuple[str, str] | None:
             continue
         at = np.unravel_index(int(np.argmax(inf)), values.shape)
         where = {
-            str(d): _label(da[d].values[i])
+            str(d): label(da[d].values[i])
             for d, i in zip(da.dims, at, strict=True)
             if d in da.coords and d not in (schema.LAT, schema.LON)
         }
@@ -153,7 +153,7 @@ def infinite(ds: xr.Dataset) -> tuple[str, str] | None:
     return None
 
 
-def _label(value: Any) -> str:
+def label(value: Any) -> str:
     """A coordinate value as a reader says it: a step in hours (not nanoseconds), a date, a level."""
     if isinstance(value, np.timedelta64):
         return f"{value / np.timedelta64(1, 'h'):g} h"

@@ -107,3 +107,16 @@ def test_statistics_that_are_not_finite_are_valid_json_and_shown_as_a_dash():
         "t2m": {"mean": None, "std": None, "min": None, "max": 300.0},
         "t@850": {"mean": 250.0, "std": 5.0, "min": 200.0, "max": None},
     }
+
+
+def test_a_nan_value_is_located_by_its_step_in_hours(tmp_path, capsys):
+    """The step was printed as '172800000000000 nanoseconds' / '10800000000 microseconds' (issue 56 item 13)."""
+    src = tmp_path / "forecast.nc"
+    write_source(src)
+    with xr.open_dataset(src) as ds:
+        poked = ds.load()
+    poked["t2m"][0, 1, 2, 4, 5] = np.nan  # first date, member 2, step 48 h
+    poked.to_netcdf(tmp_path / "nan.nc")
+    res = ingest(tmp_path / "nan.nc", tmp_path / "s.zarr", capsys)
+    assert res.code == 65 and "1 NaN values in 't2m'" in res.error_lines[0], res.err
+    assert "'step': '48 h'" in res.error_lines[0] and "second" not in res.error_lines[0], res.err
