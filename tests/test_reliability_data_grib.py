@@ -10,6 +10,7 @@ from pathlib import Path
 
 import eccodes
 import numpy as np
+import pytest
 from battery import in_process
 
 from postcast.datasets import contract, schema
@@ -114,3 +115,89 @@ def test_tigge_precipitation_in_kg_m2_is_stored_in_metres(tmp_path, capsys):
     for step, (units, kelvin) in decoded(src, 167).items():
         assert units == "K"
         np.testing.assert_allclose(ds["t2m"].sel(step=np.timedelta64(step, "h")).values[0, 0], kelvin, rtol=1e-6)
+
+
+# --- a regional 0.1 deg grid across the prime meridian, rows scanned alternately ---------------------------
+NI = 291  # 350 E .. 19 E every 0.1 deg
+
+
+def write_regional(path: Path, north: float, nj: int) -> Path:
+    """A GRIB2 2t field (steps 0 and 3 h) on a 0.1 deg grid from 350 E to 19 E, rows from ``north``
+    southwards, alternate rows scanned in opposite directions (no bitmap); its values vary along both axes."""
+    lat = north - 0.1 * np.arange(nj)
+    lon = 350.0 + 0.1 * np.arange(NI)
+    with open(path, "wb") as f:
+        for step in (0, 3):
+            h = eccodes.codes_grib_new_from_samples("GRIB2")
+            try:
+                for key, value in (
+                    ("Ni", NI),
+                    ("Nj", nj),
+                    ("latitudeOfFirstGridPointInDegrees", north),
+                    ("latitudeOfLastGridPointInDegrees", float(lat[-1])),
+                    ("longitudeOfFirstGridPointInDegrees", 350.0),
+                    ("longitudeOfLastGridPointInDegrees", 19.0),
+                    ("iDirectionIncrementInDegrees", 0.1),
+                    ("jDirectionIncrementInDegrees", 0.1),
+                    ("jScansPositively", 0),
+                    ("alternativeRowScanning", 1),
+                    ("paramId", 167),
+                    ("stepType", "instant"),
+                    ("step", step),
+                    ("dataDate", 20240115),
+                    ("dataTime", 0),
+                ):
+                    eccodes.codes_set(h, key, value)
+                field = 280.0 + 8.0 * np.cos(np.radians(3 * lat))[:, None] * np.sin(np.radians(4 * lon))[None] + step
+                eccodes.codes_set_values(h, field.ravel())
+                eccodes.codes_write(h, f)
+            finally:
+                eccodes.codes_release(h)
+    return path
+
+
+def decoded_points(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """eccodes' decode of the first message: its points' latitudes, longitudes (0..360) and values."""
+    with open(path, "rb") as f:
+        h = eccodes.codes_grib_new_from_file(f)
+    try:
+        assert eccodes.codes_get_long(h, "alternativeRowScanning") == 1
+        lat, lon = eccodes.codes_get_array(h, "latitudes"), eccodes.codes_get_array(h, "longitudes")
+        return lat, np.mod(lon, 360.0), eccodes.codes_get_values(h)
+    finally:
+        eccodes.codes_release(h)
+
+
+def _stored_t2m(src: Path, out: Path, capsys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    res = in_process(["ingest", str(src), "--out", str(out), "--threads", "--workers", "1"], capsys)
+    assert res.code == 0, res.err
+    ds = contract.open_store(out)
+    field = ds["t2m"].sel(step=np.timedelta64(0, "h")).values[0, 0]  # (lat, lon)
+    return ds["latitude"].values, np.mod(ds["longitude"].values, 360.0), field
+
+
+def test_a_regional_grid_across_0_deg_with_alternate_rows_stores_eccodes_values(tmp_path, capsys):
+    """Every stored point holds the value eccodes decodes there (no regridding: the grid is the file's)."""
+    src = write_regional(tmp_path / "regional.grib2", north=45.0, nj=51)
+    lat, lon, field = _stored_t2m(src, tmp_path / "s.zarr", capsys)
+    assert field.shape == (51, NI) and not np.isnan(field).any()
+    plat, plon, values = decoded_points(src)
+    i = np.rint((plat - lat[0]) / 0.1).astype(int)
+    j = np.rint(np.mod(plon - lon[0] + 1e-6, 360.0) / 0.1).astype(int)  # (a hair west of 350: column 0)
+    assert np.abs(lat[i] - plat).max() < 1e-6
+    assert np.abs(np.mod(lon[j] - plon + 180.0, 360.0) - 180.0).max() < 1e-6
+    np.testing.assert_allclose(field[i, j], values, rtol=1e-6)
+
+
+def test_a_regional_grid_across_0_deg_off_the_store_rows_is_regridded_without_a_nan(tmp_path, capsys):
+    """Rows at 47.05 .. 30.05 N: the store's 0.1 deg rows lie between them (bilinear in latitude). The east
+    column (379 E) was NaN: 0.1 deg steps summed from 350 E overshoot the source's last column by 6e-14."""
+    src = write_regional(tmp_path / "offset.grib2", north=47.05, nj=171)
+    lat, lon, field = _stored_t2m(src, tmp_path / "s.zarr", capsys)
+    assert not np.isnan(field).any() and lon[[0, -1]] == pytest.approx([350.0, 19.0])
+    plat, plon, values = decoded_points(src)
+    rows = plat.reshape(171, NI)[::-1, 0]  # ascending
+    grid = values.reshape(171, NI)[::-1]  # (rows ascending, columns from 350 E)
+    assert np.abs(np.mod(plon.reshape(171, NI)[0] - lon + 180.0, 360.0) - 180.0).max() < 1e-6
+    expected = np.stack([np.interp(lat, rows, grid[:, k]) for k in range(NI)], axis=1)  # numpy's linear rule
+    np.testing.assert_allclose(field, expected, rtol=1e-6)
