@@ -120,3 +120,20 @@ def test_a_nan_value_is_located_by_its_step_in_hours(tmp_path, capsys):
     res = ingest(tmp_path / "nan.nc", tmp_path / "s.zarr", capsys)
     assert res.code == 65 and "1 NaN values in 't2m'" in res.error_lines[0], res.err
     assert "'step': '48 h'" in res.error_lines[0] and "second" not in res.error_lines[0], res.err
+
+
+def test_a_source_of_step_0_only_says_the_store_has_no_48_h_lead(cli, tmp_path):
+    """It was ingested without a word: the store's target lead is then 0 h, the analysis (issue 56 item 16)."""
+    src = tmp_path / "analysis.nc"
+    write_source(src, steps=(0,))
+    proc = cli("ingest", str(src), "--out", str(tmp_path / "s.zarr"), "--threads", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [ln for ln in proc.stderr.splitlines() if "WARNING" in ln and "no 48 h lead" in ln]
+    assert len(warned) == 1 and "target lead is 0 h" in warned[0] and "step 48 h" in warned[0], proc.stderr
+
+
+def test_a_source_with_the_48_h_lead_gets_no_such_warning(cli, tmp_path):
+    src = tmp_path / "forecast.nc"
+    write_source(src)
+    proc = cli("ingest", str(src), "--out", str(tmp_path / "s.zarr"), "--threads", "--workers", "1")
+    assert proc.returncode == 0 and "no 48 h lead" not in proc.stderr, proc.stderr[-3000:]
