@@ -201,3 +201,40 @@ def test_a_regional_grid_across_0_deg_off_the_store_rows_is_regridded_without_a_
     assert np.abs(np.mod(plon.reshape(171, NI)[0] - lon + 180.0, 360.0) - 180.0).max() < 1e-6
     expected = np.stack([np.interp(lat, rows, grid[:, k]) for k in range(NI)], axis=1)  # numpy's linear rule
     np.testing.assert_allclose(field, expected, rtol=1e-6)
+
+
+def test_a_file_holding_no_default_variable_names_what_it_holds_and_the_variables_to_give(tmp_path, capsys):
+    """Net long-wave radiation only (str, paramId 177): a report of missing variables, not what to pass."""
+    path = tmp_path / "str.grib2"
+    with open(path, "wb") as f:
+        for pid in (177, 175):  # str, strd
+            h = eccodes.codes_grib_new_from_samples("GRIB2")
+            try:
+                _set_grid(h)
+                for key, value in (("paramId", pid), ("stepType", "accum"), ("startStep", 0), ("endStep", 24)):
+                    eccodes.codes_set(h, key, value)
+                eccodes.codes_set_values(h, np.full(GRID.n_lat * GRID.n_lon, -3e6 if pid == 177 else 2e7))
+                eccodes.codes_write(h, f)
+            finally:
+                eccodes.codes_release(h)
+    argv = ["ingest", str(path), "--out", str(tmp_path / "s.zarr"), "--threads", "--workers", "1"]
+    res = in_process(argv, capsys)
+    assert res.code == 66, res.err
+    (line,) = res.error_lines
+    assert "str (paramId 177)" in line and "strd (paramId 175)" in line, line
+    assert "--variables str,strd" in line, line
+    proc = in_process(
+        [
+            "ingest",
+            str(path),
+            "--out",
+            str(tmp_path / "s.zarr"),
+            "--threads",
+            "--workers",
+            "1",
+            "--variables",
+            "str,strd",
+        ],
+        capsys,
+    )
+    assert proc.code == 0, proc.err

@@ -234,8 +234,10 @@ def _grib_variables(
     if expect.variables is None:
         taken = tuple(v for v in schema.VARIABLES if v in set(params["var"]))
         if not taken:
+            names = ",".join(str(n) for n in params["var"])
+            found = f"no ENS-10 variable found; the files hold {holds}"
             raise_missing(
-                [f"variables (no ENS-10 variable found; the files hold {holds}: pass --variables to take them)"],
+                [f"variables ({found}: pass --variables {names} to take them)"],
                 source,
                 "items",
             )
