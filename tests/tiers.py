@@ -32,6 +32,7 @@ UNIT_FILES = frozenset(
         "test_laws.py",
         "test_models.py",
         "test_regrid.py",
+        "test_reliability_data.py",
         "test_schema.py",
         "test_serve_archive.py",
         "test_synthetic.py",
