@@ -235,9 +235,9 @@ def _grib_variables(
         taken = tuple(v for v in schema.VARIABLES if v in set(params["var"]))
         if not taken:
             names = ",".join(str(n) for n in params["var"])
-            found = f"no ENS-10 variable found; the files hold {holds}"
+            none = f"no ENS-10 variable found; the files hold {holds}"
             raise_missing(
-                [f"variables ({found}: pass --variables {names} to take them)"],
+                [f"variables ({none}: pass --variables {names} to take them)"],
                 source,
                 "items",
             )
