@@ -78,8 +78,15 @@ def _shown_step(stats: xr.Dataset) -> pd.Timedelta | None:
     return pd.Timedelta(hours=schema.target_step_h(hours))
 
 
+def _number(v: Any) -> float | None:
+    """A statistic as JSON holds it: a finite float, else None (JSON has no NaN or Infinity)."""
+    x = float(v)
+    return x if np.isfinite(x) else None
+
+
 def _stats_table(stats: xr.Dataset) -> dict[str, Any]:
-    """Global statistics at one step (:func:`_shown_step`) for each field and level."""
+    """Global statistics at one step (:func:`_shown_step`) for each field and level; a non-finite one as
+    None, so ``inspect --json`` is always valid JSON."""
     step = _shown_step(stats)
     rows: dict[str, Any] = {
         "period": [stats.attrs.get("statistics_start"), stats.attrs.get("statistics_end")],
@@ -96,9 +103,9 @@ def _stats_table(stats: xr.Dataset) -> dict[str, Any]:
         vals = {k: stats[f"{field}_{k}"].sel(sel).values for k in ("mean", "std", "min", "max")}
         if schema.LEVEL in stats[key].dims:
             for i, lv in enumerate(stats[schema.LEVEL].values):
-                rows["fields"][f"{field}@{int(lv)}"] = {k: float(v[i]) for k, v in vals.items()}
+                rows["fields"][f"{field}@{int(lv)}"] = {k: _number(v[i]) for k, v in vals.items()}
         else:
-            rows["fields"][field] = {k: float(v) for k, v in vals.items()}
+            rows["fields"][field] = {k: _number(v) for k, v in vals.items()}
     return rows
 
 
@@ -164,7 +171,8 @@ def render(info: dict[str, Any]) -> str:
             f"{'field':<22}{'mean':>14}{'std':>14}{'min':>14}{'max':>14}",
         ]
         for name, s in stats["fields"].items():
-            lines.append(f"{name:<22}{s['mean']:>14.5g}{s['std']:>14.5g}{s['min']:>14.5g}{s['max']:>14.5g}")
+            shown = "".join(f"{'-' if s[k] is None else f'{s[k]:.5g}':>14}" for k in ("mean", "std", "min", "max"))
+            lines.append(f"{name:<22}{shown}")
     else:
         lines.append("statistics none (no init date in the training years)")
     return "\n".join(lines)

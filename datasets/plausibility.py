@@ -6,12 +6,17 @@ value ranges in :mod:`schema` are wide enough to hold every level, so they miss 
 hPa. Here the *median* of a field (robust to a few bad points) is compared with its typical value:
 geopotential with the ICAO standard atmosphere at its pressure level, temperatures, pressure and
 humidity with climatological bands. A field outside its band is matched against the known mistakes
-and the error names the likely cause and the fix. Pure numpy, no torch.
+and the error names the likely cause and the fix. :func:`infinite` is the one finiteness check of every
+value a store is given (forecast members, their statistics, truth, oracle): NaN marks a missing value
+(SST over land, truth a date lacks), an infinity is never a value. Pure numpy, no torch.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import xarray as xr
 
 from postcast.datasets import schema
 
@@ -128,3 +133,30 @@ def target_problem(tg: schema.Target, values: np.ndarray) -> str | None:
             f"{tg.units}: wrong units or corrupt data? check the units attribute"
         )
     return None
+
+
+def infinite(ds: xr.Dataset) -> tuple[str, str] | None:
+    """None when no value of ``ds`` is infinite, else the first variable holding one and a sentence saying
+    how many, the first's sign and where (its coordinates but latitude and longitude: a step in hours)."""
+    for name, da in ds.data_vars.items():
+        values = np.asarray(da.values)
+        inf = np.isinf(values) if np.issubdtype(values.dtype, np.floating) else np.zeros((), bool)
+        if not inf.any():
+            continue
+        at = np.unravel_index(int(np.argmax(inf)), values.shape)
+        where = {
+            str(d): label(da[d].values[i])
+            for d, i in zip(da.dims, at, strict=True)
+            if d in da.coords and d not in (schema.LAT, schema.LON)
+        }
+        return str(name), f"{int(inf.sum())} infinite values in {str(name)!r} (the first {values[at]:+g} at {where})"
+    return None
+
+
+def label(value: Any) -> str:
+    """A coordinate value as a reader says it: a step in hours (not nanoseconds), a date, a level."""
+    if isinstance(value, np.timedelta64):
+        return f"{value / np.timedelta64(1, 'h'):g} h"
+    if isinstance(value, np.datetime64):
+        return str(np.datetime_as_string(value, unit="h"))
+    return str(value.item() if isinstance(value, np.generic) else value)

@@ -37,6 +37,7 @@ import xarray as xr
 
 from postcast.datasets import io, laws, schema
 from postcast.datasets.core.errors import BadInputError, MissingInputError
+from postcast.datasets.core.geo import coordinate_problems
 from postcast.datasets.core.version import __version__
 
 POSTPROCESSED, FALLBACK = "postprocessed", "fallback_raw"
@@ -418,6 +419,10 @@ def read_field(p: Product) -> Field:
 
 
 def _check(p: Product, f: Field) -> None:
+    wrong = coordinate_problems(f.lat, f.lon)  # the check ingest makes of a source's coordinates
+    if wrong:
+        msg = f"{p.path}: {'; '.join(wrong)}: rewrite it with `postcast forecast`"
+        raise UnreadableProduct(msg)
     shape = (f.lat.size, f.lon.size)
     if f.mean.shape != shape or f.std.shape != shape or f.quantiles.shape[1:] != shape:
         msg = f"{p.path}: fields of shape {f.mean.shape} do not match the grid {shape}"

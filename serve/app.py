@@ -45,7 +45,6 @@ and page); this module holds the application and its routes.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -232,7 +231,7 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
             "quantiles": dict(zip(s.quantile_keys, f.quantiles[:, i, j].tolist(), strict=True)),
             "exceedance": dict(zip(s.threshold_keys, f.exceedance[:, i, j].tolist(), strict=True)),
             "law": describe(target, f),
-            "members": None if f.members is None else [v for v in f.members[:, i, j].tolist() if math.isfinite(v)],
+            "members": None if f.members is None else f.members[:, i, j].tolist(),  # finite: grid.check
         }
         if threshold is not None:
             out["exceedance"][f"{threshold:g}"] = archive.exceedance_at(f, i, j, threshold)  # the file's family

@@ -66,22 +66,39 @@ class Served:
 
 
 def check(p: Product, f: Field) -> None:
-    """What no answer may carry (JSON has no NaN; a probability lies in [0, 1]): quantile levels in (0, 1),
-    finite thresholds and quantiles, exceedance probabilities in [0, 1] and parameters inside their family's
-    domain (:meth:`postcast.datasets.laws.Family.valid`) at every point; else :class:`UnreadableProduct`
-    naming what is wrong (the file is skipped and listed by /health)."""
+    """What no answer may carry (JSON has no NaN; a probability lies in [0, 1]; a CDF never runs backwards):
+    quantile levels in (0, 1) and increasing, finite thresholds, quantiles that do not decrease as the level
+    rises, exceedance probabilities in [0, 1] that do not rise with the threshold, finite raw members and
+    parameters inside their family's domain (:meth:`postcast.datasets.laws.Family.valid`) at every point; else
+    :class:`UnreadableProduct` naming what is wrong (the file is skipped and listed by /health)."""
     levels, exceed = f.quantile_levels, f.exceedance
     faults = {
         "quantile levels outside (0, 1)": ~((levels > 0) & (levels < 1)),
+        "quantile levels not increasing": np.diff(levels) <= 0,
         "non-finite thresholds": ~np.isfinite(f.thresholds),
         "non-finite quantiles": ~np.isfinite(f.quantiles),
+        "quantiles that decrease as the level rises": _falls(f.quantiles, levels),
         "exceedance probabilities outside [0, 1]": ~((exceed >= 0) & (exceed <= 1)),
+        "exceedance probabilities that rise with the threshold": _falls(-exceed, f.thresholds),
+        "raw members not finite": ~np.isfinite(f.members) if f.members is not None else np.zeros(0, bool),
         f"{f.family} parameters outside the family's domain": ~laws.get(f.family).valid(f.params),
     }
     found = [f"{what} ({int(bad.sum())} values)" for what, bad in faults.items() if bad.any()]
     if found:
         msg = f"{p.path}: {'; '.join(found)}: rewrite it with `postcast forecast`"
         raise UnreadableProduct(msg)
+
+
+FALL_TOL = 1e-6  # relative: numerical noise of a law's quantiles (16 float32 steps), not a reversed CDF
+
+
+def _falls(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Where ``values`` (K, lat, lon) decrease, beyond noise, from one of the ascending ``at`` (K,) to the next:
+    (K - 1, lat, lon); none when ``at`` are not ascending (a fault of their own)."""
+    if values.shape[0] < 2 or (np.diff(at) <= 0).any():
+        return np.zeros(0, bool)
+    with np.errstate(invalid="ignore"):  # NaN is a fault of its own
+        return np.diff(values, axis=0) < -FALL_TOL * (1.0 + np.abs(values[1:]))
 
 
 def box_columns(lon: np.ndarray, west: float, east: float) -> tuple[np.ndarray, np.ndarray]:

@@ -53,7 +53,20 @@ def _running(n: int) -> np.ndarray:
     return ((hours % 12) + 1)[:, None, None] * 1e-4
 
 
+def _one_infinite(sign: float):
+    """285 K everywhere but at one point, ``sign`` * Inf at every time."""
+
+    def values(n: int) -> np.ndarray:
+        out = np.full((n, LAT.size, LON.size), 285.0)
+        out[:, 3, 4] = sign * np.inf
+        return out
+
+    return values
+
+
 CASES = {
+    "t2m holding +Inf": ({"t2m": (_one_infinite(1.0), "K")}, "infinite values in 'truth_t2m'"),
+    "t2m holding -Inf": ({"t2m": (_one_infinite(-1.0), "K")}, "infinite values in 'truth_t2m'"),
     "t2m in degC labelled K": ({"t2m": (12.0, "K")}, "labelled as K"),
     "t2m of 1e6 K": ({"t2m": (1e6, "K")}, "'t2m' has median 1e+06 K"),
     "u10 of 3e4 m/s": ({"u10": (3e4, "m s**-1")}, "ws10"),

@@ -33,6 +33,7 @@ UNIT_FILES = frozenset(
         "test_models.py",
         "test_regime_world.py",
         "test_regrid.py",
+        "test_reliability_data.py",
         "test_schema.py",
         "test_serve_archive.py",
         "test_smoe_paper.py",

@@ -1,5 +1,7 @@
 """Geometry of the latitude-longitude grid, torch-free: the regular :class:`Grid` (ENS-10's 0.5 deg and any
-other spacing or regional area) and latitude weights for area-weighted means.
+other spacing or regional area), latitude weights for area-weighted means, and the one check of a file's
+coordinates (:func:`coordinate_problems`: finite, in range, each once, monotonic) that ingest, the forecast
+archive's reader and the service share.
 
 One implementation for the whole project: :mod:`postcast.pipeline.metrics` re-exports
 :func:`latitude_weights` (evaluation scores) and :mod:`postcast.compression.metrics` weights its
@@ -42,6 +44,62 @@ def latitude_weights(lat: np.ndarray, kind: LatitudeWeighting = "area") -> np.nd
         msg = f"latitude weights {kind!r}: use 'area' or 'cos'"
         raise ValueError(msg)
     return w / w.mean()
+
+
+LON_RANGE = (-360.0, 720.0)  # degrees east: -180..180, 0..360, and a regional grid unwrapped across the date line
+DEG_TOL = 1e-4  # degrees: float32 coordinates of 90 or 360 written by other tools
+
+
+def _first(mask: np.ndarray, values: np.ndarray) -> str:
+    """'3 values, first 91.5 at index 12' for the values where ``mask`` holds."""
+    k = int(np.argmax(mask))
+    return f"{int(mask.sum())} value{'s' * (int(mask.sum()) > 1)}, first {values[k]:g} at index {k}"
+
+
+def _axis_order(name: str, values: np.ndarray, steps: np.ndarray) -> str | None:
+    """Why an axis whose successive ``steps`` these are is not strictly monotonic (None when it is)."""
+    if (steps > 0).all() or (steps < 0).all():
+        return None
+    same = steps == 0
+    if same.any():
+        k = int(np.argmax(same))
+        return f"{name} repeated ({values[k]:g} at indices {k} and {k + 1})"
+    k = int(np.argmax(np.sign(steps) != np.sign(steps[0])))
+    return f"{name} not monotonic ({values[k]:g}, {values[k + 1]:g} at indices {k}, {k + 1} after steps the other way)"
+
+
+def coordinate_problems(lat: np.ndarray, lon: np.ndarray, *, points: bool = False) -> list[str]:
+    """What is wrong with a grid's coordinates, in words ([] when nothing): every latitude and longitude
+    finite, latitudes in -90..90 and longitudes in -360..720; for 1-D axes (``points`` False), each
+    latitude once and in one direction, and each longitude once modulo 360 and in one direction around the
+    circle (a grid across the date line, 170..190 or 170..-170, is monotonic). ``points``: per-point
+    coordinates (a reduced Gaussian or projected grid), only finite and in range."""
+    out = []
+    for name, values, lo, hi in (("latitude", lat, -90.0, 90.0), ("longitude", lon, *LON_RANGE)):
+        v = np.asarray(values, dtype=np.float64).ravel()
+        if not np.isfinite(v).all():
+            out.append(f"{name} not finite ({_first(~np.isfinite(v), v)})")
+            continue
+        outside = (v < lo - DEG_TOL) | (v > hi + DEG_TOL)
+        if outside.any():
+            out.append(f"{name} outside {lo:g}..{hi:g} ({_first(outside, v)})")
+            continue
+        if points or v.size < 2:
+            continue
+        steps = np.diff(v) if name == "latitude" else _circle_steps(v)
+        order = _axis_order(name, v, steps)
+        if order:
+            out.append(order)
+    return out
+
+
+def _circle_steps(lon: np.ndarray) -> np.ndarray:
+    """Successive steps of longitudes around the circle, eastward positive, each in (-180, 180]; a repeat
+    modulo 360 is a step of 0. Their sum spans less than one turn when the axis goes once around."""
+    steps = np.mod(np.diff(lon) + 180.0, 360.0) - 180.0
+    steps = np.where(steps == -180.0, 180.0, steps)
+    turn = np.abs(np.cumsum(steps))
+    return np.where(turn >= 360.0 - DEG_TOL, 0.0, steps)  # back at the first meridian: a repeat
 
 
 @dataclass(frozen=True)

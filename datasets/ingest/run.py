@@ -259,12 +259,33 @@ def _plan(cfg: IngestConfig, found: sources.Discovered, client: Any) -> sources.
         log.info("indexing %d GRIB files", len(found.forecast.files))
         found.forecast.set_index(client.gather(client.map(grib.index_file, found.forecast.files)))
     try:
-        return found.forecast.plan(cfg.expectation)
+        plan = found.forecast.plan(cfg.expectation)
     except MissingInputError as err:
         report = contract.missing_report_path(Path(cfg.out))
         io.write_json(report, {"source": cfg.source, "missing": err.missing})
         log.error("completeness report written to %s", report)
         raise
+    _warn_lead(plan.steps_h, cfg.source)
+    return plan
+
+
+def _warn_lead(steps_h: tuple[int, ...], source: str) -> None:
+    """Say it when the store will have no 48 h lead (ENS-10's target lead): its models are trained and scored
+    at its longest step instead, which for a source of step 0 only is the analysis time, not a forecast."""
+    if schema.TARGET_STEP_H in steps_h:
+        return
+    lead = schema.target_step_h(steps_h)
+    log.warning(
+        "%s holds steps %s h, no %d h lead: the store's target lead is %d h%s; give a source with step %d h "
+        "for a %d h forecast",
+        source,
+        ",".join(map(str, steps_h)),
+        schema.TARGET_STEP_H,
+        lead,
+        " (the initial time: no forecast to post-process)" if lead == 0 else "",
+        schema.TARGET_STEP_H,
+        schema.TARGET_STEP_H,
+    )
 
 
 def _build(run: IngestRun) -> list[int]:

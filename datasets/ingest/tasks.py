@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import contract, integrity, io, schema, sources, statistics
+from postcast.datasets import contract, integrity, io, plausibility, schema, sources, statistics
+from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.ingest.cluster import keep_freed_memory
 
 
@@ -78,9 +79,30 @@ def load_date(
     pieces = [ds, xr.Dataset(ens)]
     pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
     day = xr.merge(pieces, compat="override", join="override")
+    _refuse_infinite(day, t, forecast, truth, oracle)
     if partials:
         parts |= statistics.date_partials(day[[n for n in statistics.statistic_fields(day) if n not in parts]])
     return day, parts if partials else None
+
+
+def _refuse_infinite(
+    day: xr.Dataset,
+    t: pd.Timestamp,
+    forecast: sources.ForecastSource,
+    truth: sources.TruthSource | None,
+    oracle: sources.TruthSource | None,
+) -> None:
+    """Every value the store gets is finite or NaN (missing): :class:`BadInputError` naming the file and
+    the variable holding an infinity (truth and oracle included; a forecast's are refused earlier, as out
+    of their range, unless beyond the schema)."""
+    found = plausibility.infinite(day)
+    if found is None:
+        return
+    name, bad = found
+    extra = truth if name.startswith("truth_") else oracle if name.startswith("oracle_") else None
+    where = extra.paths[0] if extra is not None else str(forecast.path)
+    msg = f"{where} {t:%Y-%m-%d}: {bad}: a store holds finite values (NaN where missing): fix them in the file"
+    raise BadInputError(msg)
 
 
 def marker_name(t: Any) -> str:

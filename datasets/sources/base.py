@@ -233,7 +233,7 @@ def check_values(ds: xr.Dataset, source: str, generic: frozenset[str] = frozense
         if nan.any() and not var.missing_over_land:
             _missing_slices(da, source)
             where = {
-                d: str(da[d].values[i])
+                d: plausibility.label(da[d].values[i])
                 for d, i in zip(da.dims, np.argwhere(nan)[0], strict=True)
                 if d in da.coords and d not in (schema.LAT, schema.LON)
             }

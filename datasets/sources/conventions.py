@@ -12,7 +12,6 @@ Both functions are pure ``xr.Dataset -> xr.Dataset`` and keep dask arrays lazy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -20,6 +19,7 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError, MissingInputError
+from postcast.datasets.core.geo import coordinate_problems
 
 log = logging.getLogger(__name__)
 
@@ -95,24 +95,25 @@ def lazy(x: xr.DataArray) -> xr.DataArray:
     return x if x.chunks is not None else x.chunk()
 
 
-def _scale(f: float) -> Callable[[xr.DataArray], xr.DataArray]:
-    return lambda x: lazy(x) * f
+Conversion = tuple[float, float]  # (scale, offset): canonical = value * scale + offset
+IDENTITY: Conversion = (1.0, 0.0)
 
 
-def _shift(c: float) -> Callable[[xr.DataArray], xr.DataArray]:
-    return lambda x: lazy(x) + c
+def _scale(f: float) -> Conversion:
+    return (f, 0.0)
 
 
-def _IDENTITY(x: xr.DataArray) -> xr.DataArray:
-    return x
+def _shift(c: float) -> Conversion:
+    return (1.0, c)
 
 
-# canonical unit -> {alias key: converter to canonical}
-_UNIT_TABLE: dict[str, dict[str, Callable[[xr.DataArray], xr.DataArray]]] = {
+# The one table of unit conversions (netCDF units attributes, GRIB messages' units keys):
+# canonical unit -> {alias key (_unit_key): conversion to canonical}
+_UNIT_TABLE: dict[str, dict[str, Conversion]] = {
     "K": {
-        "k": _IDENTITY,
-        "kelvin": _IDENTITY,
-        "degk": _IDENTITY,
+        "k": IDENTITY,
+        "kelvin": IDENTITY,
+        "degk": IDENTITY,
         "degc": _shift(273.15),
         "c": _shift(273.15),
         "°c": _shift(273.15),
@@ -120,56 +121,62 @@ _UNIT_TABLE: dict[str, dict[str, Callable[[xr.DataArray], xr.DataArray]]] = {
         "degree_celsius": _shift(273.15),
     },
     "m**2 s**-2": {
-        "m2s-2": _IDENTITY,
-        "m2/s2": _IDENTITY,
-        "m2s2": _IDENTITY,
-        "j/kg": _IDENTITY,
-        "jkg-1": _IDENTITY,
+        "m2s-2": IDENTITY,
+        "m2/s2": IDENTITY,
+        "m2s2": IDENTITY,
+        "j/kg": IDENTITY,
+        "jkg-1": IDENTITY,
         "m": _scale(schema.GRAVITY),
         "gpm": _scale(schema.GRAVITY),
         "dam": _scale(10 * schema.GRAVITY),
     },
-    "kg kg**-1": {"kgkg-1": _IDENTITY, "kg/kg": _IDENTITY, "1": _IDENTITY, "g/kg": _scale(1e-3), "gkg-1": _scale(1e-3)},
-    "Pa s**-1": {"pas-1": _IDENTITY, "pa/s": _IDENTITY, "hpa/s": _scale(100.0), "hpas-1": _scale(100.0)},
-    "s**-1": {"s-1": _IDENTITY, "1/s": _IDENTITY},
+    "kg kg**-1": {"kgkg-1": IDENTITY, "kg/kg": IDENTITY, "1": IDENTITY, "g/kg": _scale(1e-3), "gkg-1": _scale(1e-3)},
+    "Pa s**-1": {"pas-1": IDENTITY, "pa/s": IDENTITY, "hpa/s": _scale(100.0), "hpas-1": _scale(100.0)},
+    "s**-1": {"s-1": IDENTITY, "1/s": IDENTITY},
     "m s**-1": {
-        "ms-1": _IDENTITY,
-        "m/s": _IDENTITY,
+        "ms-1": IDENTITY,
+        "m/s": IDENTITY,
         "kmh-1": _scale(1 / 3.6),
         "km/h": _scale(1 / 3.6),
         "knots": _scale(0.514444),
         "kt": _scale(0.514444),
     },
-    "kg m**-2": {"kgm-2": _IDENTITY, "kg/m2": _IDENTITY, "mm": _IDENTITY},
-    "m": {"m": _IDENTITY, "mm": _scale(1e-3), "kgm-2": _scale(1e-3), "kg/m2": _scale(1e-3)},
-    "Pa": {"pa": _IDENTITY, "hpa": _scale(100.0), "mb": _scale(100.0), "mbar": _scale(100.0)},
+    "kg m**-2": {"kgm-2": IDENTITY, "kg/m2": IDENTITY, "mm": IDENTITY},
+    "m": {"m": IDENTITY, "mm": _scale(1e-3), "kgm-2": _scale(1e-3), "kg/m2": _scale(1e-3)},  # water: 1 kg m-2 = 1 mm
+    "Pa": {"pa": IDENTITY, "hpa": _scale(100.0), "mb": _scale(100.0), "mbar": _scale(100.0)},
     "(0 - 1)": {
-        "(0-1)": _IDENTITY,
-        "0-1": _IDENTITY,
-        "1": _IDENTITY,
-        "fraction": _IDENTITY,
-        "dimensionless": _IDENTITY,
+        "(0-1)": IDENTITY,
+        "0-1": IDENTITY,
+        "1": IDENTITY,
+        "fraction": IDENTITY,
+        "dimensionless": IDENTITY,
         "%": _scale(0.01),
         "percent": _scale(0.01),
     },
 }
 
 
+def conversion(units: str | None, var: schema.Variable, source: str = "") -> Conversion:
+    """How values in ``units`` (None: the canonical ones) become ``var``'s canonical units, from the one
+    table; :class:`BadInputError` naming the units and those it knows when there is none."""
+    if units is None or units == var.units:
+        return IDENTITY
+    conv = _UNIT_TABLE[var.units].get(_unit_key(str(units)))
+    if conv is None:
+        known = sorted(_UNIT_TABLE[var.units])
+        msg = (
+            f"{source}: variable {var.name!r} has units {units!r}, which postcast cannot convert to "
+            f"{var.units!r}; use one of {known}"
+        )
+        raise BadInputError(msg)
+    return conv
+
+
 def convert_units(da: xr.DataArray, var: schema.Variable, source: str = "") -> xr.DataArray:
     """Convert ``da`` to the canonical units of ``var``; raise :class:`BadInputError` if unknown."""
-    units = da.attrs.get("units")
-    if units is None or units == var.units:
-        out = da
-    else:
-        conv = _UNIT_TABLE[var.units].get(_unit_key(str(units)))
-        if conv is None:
-            known = sorted(_UNIT_TABLE[var.units])
-            msg = (
-                f"{source}: variable {var.name!r} has units {units!r}, which postcast cannot convert to "
-                f"{var.units!r}; use one of {known}"
-            )
-            raise BadInputError(msg)
-        out = conv(da)
+    scale, offset = conversion(da.attrs.get("units"), var, source)
+    out = da if scale == 1.0 else lazy(da) * scale
+    out = out if offset == 0.0 else lazy(out) + offset
     return out.assign_attrs({**da.attrs, "units": var.units})
 
 
@@ -218,7 +225,9 @@ def fix_step(ds: xr.Dataset, source: str) -> xr.Dataset:
 def fix_lonlat(ds: xr.Dataset, source: str, *, any_grid: bool = False) -> xr.Dataset:
     """Latitude ascending, longitude 0..360 on a regular global grid; with ``any_grid``, other regular
     grids (regional, any longitude convention) keep their longitudes and point grids (``values``) pass,
-    to be regridded when read (datasets/sources/regrid.py)."""
+    to be regridded when read (datasets/sources/regrid.py). Coordinates that are not finite, out of range,
+    repeated or not monotonic (:func:`postcast.datasets.core.geo.coordinate_problems`, the check the
+    forecast archive's reader makes too) are :class:`BadInputError` naming them."""
     for c in (schema.LAT, schema.LON):
         if c not in ds.coords:
             msg = (
@@ -226,7 +235,12 @@ def fix_lonlat(ds: xr.Dataset, source: str, *, any_grid: bool = False) -> xr.Dat
                 "Gaussian with per-point coordinates)"
             )
             raise BadInputError(msg)
-    if any_grid and POINTS in ds[schema.LAT].dims:
+    points = POINTS in ds[schema.LAT].dims
+    wrong = coordinate_problems(ds[schema.LAT].values, ds[schema.LON].values, points=points)
+    if wrong:
+        msg = f"{source}: {'; '.join(wrong)}: fix the file's coordinates (a damaged or hand-edited file?)"
+        raise BadInputError(msg)
+    if any_grid and points:
         return ds
     if any_grid and not _is_global(ds):
         lat = ds[schema.LAT].values

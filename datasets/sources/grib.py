@@ -15,7 +15,7 @@ import xarray as xr
 
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError
-from postcast.datasets.sources import base, regrid
+from postcast.datasets.sources import base, conventions, regrid
 from postcast.datasets.sources import messages as grib
 from postcast.datasets.sources.base import (
     Expectation,
@@ -64,6 +64,7 @@ class GribSource(ForecastSource):
         )
         idx = self.index[self.index["var"].isin(variables)]
         _check_time_processing(idx, variables, str(src))
+        _conversions(idx, str(src))  # units the table cannot convert: refused now, not in a worker
         if expect.steps_h is None:
             _check_same_steps(idx, str(src))
         grids = {f: grib.grid_of(g, f) for f, g in (idx if len(idx) else self.index).groupby("file")}
@@ -171,6 +172,7 @@ class GribSource(ForecastSource):
                 at = np.flatnonzero(files == f)
                 msgs = zip(sel.offset.to_numpy()[at].tolist(), sel.length.to_numpy()[at].tolist(), strict=True)
                 grib.decode_into(str(f), msgs, flat, at.tolist())
+            _to_canonical(flat, sel, str(self.path))
             if plan.source_grid is not None:  # (fields, *source) -> (fields, lat, lon)
                 flat = regrid.to_grid(flat, plan.source_grid, plan.grid, plan.method)
             # keys are (level, member, step): reorder to (member, step, level)
@@ -180,6 +182,28 @@ class GribSource(ForecastSource):
         ds = _assemble(data, init_time, plan)
         base.check_values(ds, f"{self.path} {init_time:%Y-%m-%d}", frozenset(plan.generic))
         return ds
+
+
+def _conversions(rows: pd.DataFrame, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per message (row), the scale and offset taking its values from the units its own message states
+    (eccodes' ``units`` key: TIGGE's tp, paramId 228228, is in kg m**-2, ECMWF's 228 in m) to the store's units
+    of its variable (:func:`conventions.conversion`, the one table); a parameter beyond the schema keeps its
+    own units (1, 0)."""
+    scale, offset = np.ones(len(rows)), np.zeros(len(rows))
+    for (name, units), at in rows.groupby(["var", "units"], sort=False).indices.items():
+        var = schema.VARIABLES.get(str(name))
+        if var is not None:
+            scale[at], offset[at] = conventions.conversion(str(units) or None, var, source)
+    return scale, offset
+
+
+def _to_canonical(flat: np.ndarray, rows: pd.DataFrame, source: str) -> None:
+    """``flat`` (fields, *grid) decoded from the messages ``rows``, in place into the store's units."""
+    scale, offset = _conversions(rows, source)
+    if (scale != 1.0).any() or (offset != 0.0).any():
+        shape = (-1,) + (1,) * (flat.ndim - 1)
+        flat *= scale.astype(np.float32).reshape(shape)
+        flat += offset.astype(np.float32).reshape(shape)
 
 
 def _describe_param(rows: pd.DataFrame, name: str) -> str:
@@ -210,8 +234,10 @@ def _grib_variables(
     if expect.variables is None:
         taken = tuple(v for v in schema.VARIABLES if v in set(params["var"]))
         if not taken:
+            names = ",".join(str(n) for n in params["var"])
+            none = f"no ENS-10 variable found; the files hold {holds}"
             raise_missing(
-                [f"variables (no ENS-10 variable found; the files hold {holds}: pass --variables to take them)"],
+                [f"variables ({none}: pass --variables {names} to take them)"],
                 source,
                 "items",
             )

@@ -172,11 +172,23 @@ def _regular_da(values: np.ndarray, lat: np.ndarray, lon: np.ndarray) -> xr.Data
     return da.sortby("lat")
 
 
+EDGE_TOL = 1e-6  # degrees: a target point this close outside a source's first or last row or column lies on it
+
+
+def _onto(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Target coordinates ``x`` with those a rounding error outside ``lo..hi`` put on the edge (0.1 deg
+    steps summed from 350 give 379.00000000000006 where the source's last column is 379: the column was NaN)."""
+    x = np.where((x < lo) & (x > lo - EDGE_TOL), lo, x)
+    return np.where((x > hi) & (x < hi + EDGE_TOL), hi, x)
+
+
 def _interp_lon(da: xr.DataArray, target_lon: np.ndarray, method: Literal["linear", "nearest"]) -> xr.DataArray:
-    """Interpolate in longitude to target longitudes 0..360, shifting each by 360 into the source's range."""
-    lo = float(da["lon"].min())
-    shifted = np.mod(target_lon - lo, 360.0) + lo
-    out = da.interp(lon=shifted, method=method, kwargs={"fill_value": np.nan})
+    """Interpolate in longitude to target longitudes 0..360, shifting each by 360 into the source's range
+    (one a rounding error west of the first column is on it, not a turn east of it)."""
+    lo, hi = float(da["lon"].min()), float(da["lon"].max())
+    east = np.mod(target_lon - lo, 360.0)  # degrees east of the source's first column
+    east = np.where(east > 360.0 - EDGE_TOL, 0.0, east)
+    out = da.interp(lon=_onto(east + lo, lo, hi), method=method, kwargs={"fill_value": np.nan})
     return out.assign_coords(lon=target_lon)
 
 
@@ -185,9 +197,8 @@ def _regular(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str
         return _cell_means(values, src, grid)
     da = _regular_da(values, src.lat, src.lon)
     interp: Literal["linear", "nearest"] = "linear" if method == "bilinear" else "nearest"
-    out = _interp_lon(da, grid.longitudes(), interp).interp(
-        lat=grid.latitudes(), method=interp, kwargs={"fill_value": np.nan}
-    )
+    lat = _onto(grid.latitudes(), float(da["lat"].min()), float(da["lat"].max()))
+    out = _interp_lon(da, grid.longitudes(), interp).interp(lat=lat, method=interp, kwargs={"fill_value": np.nan})
     return np.asarray(out.values)
 
 
