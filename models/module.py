@@ -44,7 +44,9 @@ from postcast.models.losses import crps_gaussian
 from postcast.models.smoe import SMoEHead
 
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
-CHECKPOINT_FORMAT_VERSION = 3  # 3: a content checksum in checkpoint["postcast"]["checksum"]
+CHECKPOINT_FORMAT_VERSION = 4  # 3: a content checksum in checkpoint["postcast"]["checksum"]; 4: the U-Net's
+# convolutions pad round the globe and the SMoE's latent gate is `smoe.gate.map` (a format-3 U-Net would load and
+# predict differently, unsaid; an SMoE would not load): format 3 is refused with the fix, retrain
 Batch = dict[str, torch.Tensor]
 NO_STEP_WARNING = "`training_step` returned `None`"  # Lightning's, for a step without optimisation: on purpose here
 log = logging.getLogger(__name__)

@@ -149,7 +149,7 @@ def test_lightning_fit_and_self_describing_checkpoint(cfg, tmp_path):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 4, None])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, None])
 def test_other_checkpoint_formats_are_refused_with_the_fix(cfg, tmp_path, version):
     """Formats 1 and 2 loaded through a migration without their checksum checked: rewriting
     format_version to 2 and deleting the checksum skipped tamper detection. Only the current format loads."""
@@ -165,8 +165,8 @@ def test_other_checkpoint_formats_are_refused_with_the_fix(cfg, tmp_path, versio
         },
         path,
     )
-    fix = "upgrade postcast" if version == 4 else "retrain it"
-    with pytest.raises(BadInputError, match=rf"checkpoint format {version}, this postcast reads format 3: {fix}"):
+    fix = "upgrade postcast" if version == 5 else "retrain it"
+    with pytest.raises(BadInputError, match=rf"checkpoint format {version}, this postcast reads format 4: {fix}"):
         load_checkpoint(str(path))
 
 
