@@ -7,9 +7,11 @@ training statistics) -> ``train:<preset>`` per training preset -> ``evaluate`` (
 :class:`postcast.compression.loader.CompressedDataModule`). Each stage calls the same library function as its CLI verb.
 
 Bookkeeping lives in ``WORKDIR/manifest.json``: per stage the hash of its config and of its inputs
-(upstream outputs, identified by path, size and modification time), its outputs and timings. A
-stage whose hash matches and whose outputs exist is skipped, so a rerun does nothing; ``force``
-reruns named stages (and, through the input hashes, whatever their new outputs feed). A killed
+(upstream outputs, identified by path, size and modification time), its outputs (with their size and
+modification time) and timings. A stage whose hash matches and whose outputs are those it recorded is
+skipped, so a rerun does nothing; ``force`` reruns named stages (and, through the input hashes, whatever
+their new outputs feed). A stage's record is dropped on disk before it runs, so a run killed inside a stage
+(forced or not) leaves it to run again, never "done" over half-rewritten outputs. A killed
 run resumes: synth and ingest resume themselves, training continues from its ``last.ckpt``, but only
 a run with this run's :func:`fingerprint` (preset, arguments, store and splits, recorded in
 ``runs/<preset>/fingerprint.json``): a run from other settings is neither resumed nor selected, the
@@ -116,15 +118,21 @@ class Manifest:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def is_done(self, stage: Stage) -> bool:
+        """Recorded with this stage's hash, and every output is the file the record names: there, of the
+        size and modification time it had when the stage finished (a record from before output identities
+        were kept checks that the outputs exist)."""
         rec = self.stages.get(stage.name)
-        if not rec:
+        if not rec or rec["hash"] != self.stage_hash(stage):
             return False
-        return rec["hash"] == self.stage_hash(stage) and all(Path(o).exists() for o in rec["outputs"])
+        if "output_ids" not in rec:
+            return all(Path(o).exists() for o in rec["outputs"])
+        return [_identity(o) for o in rec["outputs"]] == rec["output_ids"]
 
     def record(self, stage: Stage, outputs: list[str], seconds: float) -> None:
         self.stages[stage.name] = {
             "hash": "",
             "outputs": outputs,
+            "output_ids": [_identity(o) for o in outputs],
             "seconds": round(seconds, 2),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "settings": stage.settings,
@@ -135,6 +143,12 @@ class Manifest:
 
     def forget(self, name: str) -> None:
         self.stages.pop(name, None)
+
+    def starting(self, stage: Stage) -> None:
+        """Forget ``stage`` on disk before it runs: a run killed inside it (its outputs half rewritten) leaves
+        it undone, so the next run runs it again instead of taking the old record for the new outputs."""
+        self.forget(stage.name)
+        self.save()
 
     def save(self) -> None:
         io.write_json(self.path, {"format_version": MANIFEST_VERSION, "stages": self.stages})
@@ -425,6 +439,7 @@ def run(
                     summary["stages"][stage.name]["files"] = stage.listing()
                 continue
             log.info("stage %s: running", stage.name)
+            manifest.starting(stage)
             t0 = time.perf_counter()
             try:
                 outputs = stage.action(forced)
