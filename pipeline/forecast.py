@@ -67,6 +67,7 @@ from postcast.pipeline.archive import (
     write_product,
 )
 from postcast.pipeline.evaluate_dates import client_for, in_order
+from postcast.pipeline.gather import one_thread
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -374,7 +375,7 @@ def _current(path: Path, run: _Run) -> bool:
 
 def _predict(run: _Run, day: xr.Dataset) -> Params:
     """The model's predictive law on ``day``: its family's parameters, float64, (lat, lon) [coef (K, lat, lon)]."""
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():  # the same bits in this process and on any worker (gather.one_thread)
         batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
         dist = run.model.predictive(batch)  # physical inputs in, parameters (1, H, W) [(1, H, W, K)] out
     return {

@@ -6,8 +6,9 @@ named before anything is predicted (:func:`check_fits`). Scoring is :mod:`postca
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -189,6 +190,22 @@ class FamilyForecast:
         return self.law.moments(self.params)
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch's intra-op threads at 1 in this thread while inside, then back as they were. A float32 sum split
+    over N threads adds in another order than over 1 (a convolution's GEMM does; so does MKL's choice of
+    threads, which may change with the machine's load), so a checkpoint's predictions, and every score of
+    it, depended on where they ran: a dask worker process starts with OMP_NUM_THREADS=1, this process and
+    its thread workers have a thread per core. On one thread they are the same bits everywhere (the OpenMP
+    and MKL thread counts torch sets are the calling thread's: a thread worker's setting is its own)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @torch.no_grad()
 def predict_opened(
     path: str, store_path: str, store: xr.Dataset, split: str, batch_size: int = 4, dates: slice = slice(None)
@@ -209,7 +226,8 @@ def predict_opened(
     for start in range(0, len(positions), batch_size):
         items = [data[i] for i in positions[start : start + batch_size]]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
-        parts.append(model.predictive(batch))  # parameters (B, lat, lon)
+        with one_thread():  # the same bits wherever the batch is predicted
+            parts.append(model.predictive(batch))  # parameters (B, lat, lon)
     family = type(parts[0])
     dist = family(**{k: torch.cat([p.params[k] for p in parts]).double() for k in parts[0].params})
     times = store[schema.INIT_TIME].values[np.asarray(data.indices)[positions.start : positions.stop]]
