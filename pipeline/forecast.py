@@ -50,7 +50,7 @@ from postcast.datasets.sample import Sampler, SampleSpec
 from postcast.datasets.sources import regrid
 from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
-from postcast.models.module import PostProcessor, load_checkpoint
+from postcast.models.module import PostProcessor
 from postcast.pipeline.archive import (
     CLIMATE,
     DEFAULT_QUANTILES,
@@ -67,7 +67,7 @@ from postcast.pipeline.archive import (
     write_product,
 )
 from postcast.pipeline.evaluate_dates import client_for, in_order
-from postcast.pipeline.gather import one_thread
+from postcast.pipeline.gather import one_thread, open_checkpoint
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -279,7 +279,7 @@ class _Run:
 def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
     """What every init time shares (the checkpoint, the input's plan) and the init times of the window."""
     start, end = cfg.window
-    model, meta = load_checkpoint(cfg.checkpoint)
+    model, meta = open_checkpoint(cfg.checkpoint)
     spec = SampleSpec.from_dict(meta["sample"])
     found = sources.discover(cfg.input)
     variables, levels = spec.raw_needs()
