@@ -164,7 +164,8 @@ def exit_code(err: BaseException) -> int | None:
       arguments in a ``ValueError``);
     * ``argparse.ArgumentError``: a usage error of a parser told not to exit (jsonargparse's in its
       debug mode; otherwise it prints the usage and exits 2 itself): 2;
-    * an ``OSError`` of a full disk, a file size limit or a quota, wrapped or not: 74 (``OutputError``);
+    * an ``OSError`` of a full disk, a file size limit, a quota or a read-only filesystem, wrapped or not: 74
+      (``OutputError``);
     * any other ``FileNotFoundError``: missing input, 66.
 
     Nothing else: a ``ValueError``, ``KeyError`` or ``OSError`` that the library did not turn into a
@@ -175,7 +176,7 @@ def exit_code(err: BaseException) -> int | None:
         return known.exit_code
     if isinstance(err, argparse.ArgumentError):
         return ConfigError.exit_code
-    if out_of_space(err) is not None:
+    if out_of_space(err) is not None or read_only(err) is not None:
         return OutputError.exit_code
     if isinstance(err, FileNotFoundError):
         return MissingInputError.exit_code
@@ -205,6 +206,13 @@ def out_of_space(err: BaseException) -> OSError | None:
     return next((e for e in _chain(err) if isinstance(e, OSError) and e.errno in full), None)
 
 
+def read_only(err: BaseException) -> OSError | None:
+    """The "read-only file system" OSError (EROFS) behind ``err``, else None: only a write meets it."""
+    import errno
+
+    return next((e for e in _chain(err) if isinstance(e, OSError) and e.errno == errno.EROFS), None)
+
+
 def _chain(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from or during, each once (chains can be cycles)."""
     out: list[BaseException] = []
@@ -224,6 +232,9 @@ def _message(err: BaseException, path: str | None) -> str:
             f"cannot write {full.filename or 'the output'}: {full.strerror or full} (disk full or file size "
             "limit); free space and rerun (finished work is kept, nothing partial was marked complete)"
         )
+    ro = read_only(err)
+    if ro is not None:
+        return f"cannot write {ro.filename or 'the output'}: read-only file system; choose a writable folder"
     err = expected(err) or err
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     plain = not isinstance(err, PostcastError)
@@ -292,14 +303,22 @@ class _AsyncioLeftovers(logging.Filter):
 
 
 def _check_out(out: object) -> None:
-    """An ``--out`` below a regular file is refused before the verb starts (its writer would meet a
-    NotADirectoryError deep inside a library): exit 74, naming the file."""
+    """An ``--out`` below a regular file, or in a folder that cannot be written (a read-only filesystem, no
+    permission), is refused before the verb starts (its writer would meet a NotADirectoryError or an EROFS
+    deep inside a library: exit 70): exit 74, naming the folder."""
+    import os
+
     if not out:
         return
-    for above in Path(str(out)).parents:  # the nearest first: the first that exists decides
+    path = Path(str(out))
+    for above in ([path] if path.is_dir() else []) + list(path.parents):  # the nearest first: the first there decides
         if above.exists():
             if not above.is_dir():
                 msg = f"--out {out}: {above} is a file, not a folder; choose a writable folder"
+                raise OutputError(msg)
+            if not os.access(above, os.W_OK):
+                why = "on a read-only filesystem" if os.statvfs(above).f_flag & os.ST_RDONLY else "not writable"
+                msg = f"--out {out}: {above} is {why}; choose a writable folder"
                 raise OutputError(msg)
             return
 

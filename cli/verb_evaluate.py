@@ -89,10 +89,10 @@ def run(a: argparse.Namespace) -> int:
 
 def _check_checkpoint_targets(checkpoints: Sequence[str], targets: Sequence[str]) -> None:
     """Refuse a checkpoint trained for a target that is not being evaluated (it would be skipped silently)."""
-    from postcast.models.module import load_checkpoint
+    from postcast.pipeline.gather import open_checkpoint
 
     for path in checkpoints:
-        target = load_checkpoint(path)[1]["sample"]["target"]
+        target = open_checkpoint(path)[1]["sample"]["target"]
         if target not in targets:
             msg = f"{path}: a checkpoint for {target}, but --targets is {','.join(targets)}; add {target} or drop it"
             raise ConfigError(msg)

@@ -40,7 +40,6 @@ from postcast.datasets import contract, io, reads, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import DataConfig
 from postcast.datasets.sample import SampleSpec
-from postcast.models.module import load_checkpoint
 from postcast.pipeline import significance, verification
 from postcast.pipeline.chunk import ENSEMBLE as ENSEMBLE_KIND
 from postcast.pipeline.chunk import GAUSSIAN
@@ -55,7 +54,16 @@ from postcast.pipeline.evaluate_dates import (
     rank_skips,
 )
 from postcast.pipeline.evaluate_stream import Accumulator, part_of
-from postcast.pipeline.gather import ENSEMBLE, ORACLE, RAW, FamilyForecast, baseline, check_fits, oracle_forecast
+from postcast.pipeline.gather import (
+    ENSEMBLE,
+    ORACLE,
+    RAW,
+    FamilyForecast,
+    baseline,
+    check_fits,
+    open_checkpoint,
+    oracle_forecast,
+)
 
 __all__ = ["climate_thresholds", "efi_fields"]  # re-exported: where evaluation's callers find them
 
@@ -250,7 +258,7 @@ def checkpoint_entries(
     entries: dict[schema.Target, list[Entry]] = {}
     taken: dict[str, set[str]] = {}  # display names are unique per target
     for path in progress(cfg.checkpoints):
-        model, meta = load_checkpoint(path)
+        model, meta = open_checkpoint(path)
         spec = DataConfig(store=cfg.store, sample=SampleSpec.from_dict(meta["sample"])).sample
         check_fits(path, dict(model.hparams), spec, store)
         target = spec.resolved_target
@@ -284,7 +292,7 @@ def lead_job(
     (its climate thresholds computed on ``client``'s cluster when given)."""
     rows = contract.split_rows(store, split, target=target, step_h=h)
     for e in entries:
-        spec = SampleSpec.from_dict(load_checkpoint(e.path)[1]["sample"])
+        spec = SampleSpec.from_dict(open_checkpoint(e.path)[1]["sample"])
         if not np.array_equal(contract.split_rows(store, split, target=spec.resolved_target, step_h=h), rows):
             msg = f"{e.name}: predicted init times differ from the verification dates of {target.name} at +{h} h"
             raise BadInputError(msg)

@@ -41,8 +41,10 @@ from postcast.pipeline.chunk import Chunk
 from postcast.pipeline.evaluate_stream import Part, part_of
 from postcast.pipeline.gather import (
     ENSEMBLE,
+    RAW,
     FamilyForecast,
     add_forecast,
+    check_finite,
     check_shape,
     oracle_forecast,
     predict_opened,
@@ -248,6 +250,8 @@ def score_dates(job: LeadJob, k: int) -> Part:
             if not np.array_equal(times, ver[schema.INIT_TIME].values):
                 msg = f"{name}: predicted init times differ from the verification dates of {job.target}"
                 raise BadInputError(msg)
+            raw = [ver[k].sel(forecast=RAW).values for k in ("mu", "sigma")]
+            check_finite(name, path, dist, np.isfinite(raw[0]) & np.isfinite(raw[1]))
             if isinstance(dist, distributions.Gaussian):  # the closed forms of every release so far
                 ver = add_forecast(ver, name, dist.mu.numpy(), dist.sigma.numpy())
             else:

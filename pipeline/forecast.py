@@ -50,7 +50,7 @@ from postcast.datasets.sample import Sampler, SampleSpec
 from postcast.datasets.sources import regrid
 from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
-from postcast.models.module import PostProcessor, load_checkpoint
+from postcast.models.module import PostProcessor
 from postcast.pipeline.archive import (
     CLIMATE,
     DEFAULT_QUANTILES,
@@ -67,6 +67,7 @@ from postcast.pipeline.archive import (
     write_product,
 )
 from postcast.pipeline.evaluate_dates import client_for, in_order
+from postcast.pipeline.gather import one_thread, open_checkpoint
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -278,7 +279,7 @@ class _Run:
 def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
     """What every init time shares (the checkpoint, the input's plan) and the init times of the window."""
     start, end = cfg.window
-    model, meta = load_checkpoint(cfg.checkpoint)
+    model, meta = open_checkpoint(cfg.checkpoint)
     spec = SampleSpec.from_dict(meta["sample"])
     found = sources.discover(cfg.input)
     variables, levels = spec.raw_needs()
@@ -374,7 +375,7 @@ def _current(path: Path, run: _Run) -> bool:
 
 def _predict(run: _Run, day: xr.Dataset) -> Params:
     """The model's predictive law on ``day``: its family's parameters, float64, (lat, lon) [coef (K, lat, lon)]."""
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():  # the same bits in this process and on any worker (gather.one_thread)
         batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
         dist = run.model.predictive(batch)  # physical inputs in, parameters (1, H, W) [(1, H, W, K)] out
     return {

@@ -6,8 +6,9 @@ named before anything is predicted (:func:`check_fits`). Scoring is :mod:`postca
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -22,7 +23,7 @@ from postcast.datasets.core.errors import BadInputError, MissingInputError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions
-from postcast.models.module import load_checkpoint
+from postcast.models.module import PostProcessor, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,62 @@ class FamilyForecast:
         return self.law.moments(self.params)
 
 
+def open_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
+    """:func:`~postcast.models.module.load_checkpoint`, with a checkpoint whose settings (target, layout,
+    family: the model they build) contradict its weights named as bad data (65): torch's "size mismatch for
+    norm_mean" or 'Missing key(s) "net.extra"' was an internal error (70)."""
+    try:
+        return load_checkpoint(path)
+    except RuntimeError as err:
+        if "state_dict" not in str(err):
+            raise
+        detail = " ".join(ln.strip() for ln in str(err).splitlines()[1:] if ln.strip())[:400]
+        msg = (
+            f"{path}: the checkpoint's settings (target, inputs, family) describe another model than its weights "
+            f"({detail}); use the checkpoint `postcast train` saved, unchanged"
+        )
+        raise BadInputError(msg) from err
+
+
+def check_finite(name: str, path: str, dist: distributions.Distribution, inputs: np.ndarray) -> None:
+    """BadInputError (65) naming the parameters a checkpoint predicts NaN or infinite where its inputs, the raw
+    ensemble's mean and spread, are finite (``inputs``: (T, lat, lon) bool), and its non-finite weights (a
+    diverged training): the scores of such a forecast are not numbers (its NaN probabilities were binned,
+    exit 70)."""
+    bad = {}
+    for key, value in dist.params.items():  # (T, lat, lon) each, a vector parameter (T, lat, lon, K)
+        nonfinite = ~torch.isfinite(value).reshape(*inputs.shape, -1).all(-1).numpy()
+        if (n := int((nonfinite & inputs).sum())) > 0:
+            bad[key] = n
+    if not bad:
+        return
+    model, _ = load_checkpoint(path)
+    weights = [k for k, w in model.state_dict().items() if w.is_floating_point() and not torch.isfinite(w).all()]
+    shown = ", ".join(f"{k} at {n}" for k, n in bad.items())
+    held = f"non-finite weights in {', '.join(weights[:5])}" if weights else "finite weights (an overflow?)"
+    msg = (
+        f"{name} ({path}): the checkpoint predicts non-finite values ({shown} of {int(inputs.sum())} points "
+        f"where the raw ensemble is finite); it holds {held}: retrain it, or evaluate another checkpoint"
+    )
+    raise BadInputError(msg)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch's intra-op threads at 1 in this thread while inside, then back as they were. A float32 sum split
+    over N threads adds in another order than over 1 (a convolution's GEMM does; so does MKL's choice of
+    threads, which may change with the machine's load), so a checkpoint's predictions, and every score of
+    it, depended on where they ran: a dask worker process starts with OMP_NUM_THREADS=1, this process and
+    its thread workers have a thread per core. On one thread they are the same bits everywhere (the OpenMP
+    and MKL thread counts torch sets are the calling thread's: a thread worker's setting is its own)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @torch.no_grad()
 def predict_opened(
     path: str, store_path: str, store: xr.Dataset, split: str, batch_size: int = 4, dates: slice = slice(None)
@@ -197,7 +254,7 @@ def predict_opened(
     checkpoint on one split of the store at ``store_path`` (``store``: it opened), any family: samples as its
     sample spec declares, in physical units (the model normalises them with the statistics it carries).
     ``dates``: those positions of the split's samples only (batches of ``batch_size`` from the first)."""
-    model, meta = load_checkpoint(path)
+    model, meta = open_checkpoint(path)
     cfg = DataConfig(store=store_path, sample=SampleSpec.from_dict(meta["sample"]))  # the target resolved here
     check_fits(path, dict(model.hparams), cfg.sample, store)
     data = StoreDataset(cfg, split, store=store)
@@ -209,7 +266,8 @@ def predict_opened(
     for start in range(0, len(positions), batch_size):
         items = [data[i] for i in positions[start : start + batch_size]]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
-        parts.append(model.predictive(batch))  # parameters (B, lat, lon)
+        with one_thread():  # the same bits wherever the batch is predicted
+            parts.append(model.predictive(batch))  # parameters (B, lat, lon)
     family = type(parts[0])
     dist = family(**{k: torch.cat([p.params[k] for p in parts]).double() for k in parts[0].params})
     times = store[schema.INIT_TIME].values[np.asarray(data.indices)[positions.start : positions.stop]]

@@ -7,9 +7,11 @@ training statistics) -> ``train:<preset>`` per training preset -> ``evaluate`` (
 :class:`postcast.compression.loader.CompressedDataModule`). Each stage calls the same library function as its CLI verb.
 
 Bookkeeping lives in ``WORKDIR/manifest.json``: per stage the hash of its config and of its inputs
-(upstream outputs, identified by path, size and modification time), its outputs and timings. A
-stage whose hash matches and whose outputs exist is skipped, so a rerun does nothing; ``force``
-reruns named stages (and, through the input hashes, whatever their new outputs feed). A killed
+(upstream outputs, identified by path, size and modification time), its outputs (with their size and
+modification time) and timings. A stage whose hash matches and whose outputs are those it recorded is
+skipped, so a rerun does nothing; ``force`` reruns named stages (and, through the input hashes, whatever
+their new outputs feed). A stage's record is dropped on disk before it runs, so a run killed inside a stage
+(forced or not) leaves it to run again, never "done" over half-rewritten outputs. A killed
 run resumes: synth and ingest resume themselves, training continues from its ``last.ckpt``, but only
 a run with this run's :func:`fingerprint` (preset, arguments, store and splits, recorded in
 ``runs/<preset>/fingerprint.json``): a run from other settings is neither resumed nor selected, the
@@ -26,13 +28,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from postcast.datasets import io, schema
 from postcast.datasets.core import config
 from postcast.datasets.core.errors import ConfigError, PostcastError
 from postcast.datasets.synth.synthetic import SynthConfig
 from postcast.pipeline.jobs import CompressJob, DownloadJob
+
+if TYPE_CHECKING:
+    from postcast.datasets.ingest.run import IngestConfig
+    from postcast.pipeline.evaluate import EvalConfig
+    from postcast.pipeline.forecast import ForecastConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,7 @@ class PipelineConfig:
         if self.download is not None and self.source is None:
             msg = "pipeline.download: give 'source' too (the ingest reads the downloaded files from there)"
             raise ConfigError(msg)
+        check_stages(self)
 
     @property
     def root(self) -> Path:
@@ -116,15 +124,21 @@ class Manifest:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def is_done(self, stage: Stage) -> bool:
+        """Recorded with this stage's hash, and every output is the file the record names: there, of the
+        size and modification time it had when the stage finished (a record from before output identities
+        were kept checks that the outputs exist)."""
         rec = self.stages.get(stage.name)
-        if not rec:
+        if not rec or rec["hash"] != self.stage_hash(stage):
             return False
-        return rec["hash"] == self.stage_hash(stage) and all(Path(o).exists() for o in rec["outputs"])
+        if "output_ids" not in rec:
+            return all(Path(o).exists() for o in rec["outputs"])
+        return [_identity(o) for o in rec["outputs"]] == rec["output_ids"]
 
     def record(self, stage: Stage, outputs: list[str], seconds: float) -> None:
         self.stages[stage.name] = {
             "hash": "",
             "outputs": outputs,
+            "output_ids": [_identity(o) for o in outputs],
             "seconds": round(seconds, 2),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "settings": stage.settings,
@@ -136,8 +150,90 @@ class Manifest:
     def forget(self, name: str) -> None:
         self.stages.pop(name, None)
 
+    def starting(self, stage: Stage) -> None:
+        """Forget ``stage`` on disk before it runs: a run killed inside it (its outputs half rewritten) leaves
+        it undone, so the next run runs it again instead of taking the old record for the new outputs."""
+        self.forget(stage.name)
+        self.save()
+
     def save(self) -> None:
         io.write_json(self.path, {"format_version": MANIFEST_VERSION, "stages": self.stages})
+
+
+# --- the stages' own configs: built once to check them (check_stages), again to run them -------------
+def ingest_config(cfg: PipelineConfig, progress: bool = False) -> IngestConfig:
+    """The ingest stage's config. The manifest decides that the stage runs (never done, inputs or settings
+    changed, or forced): a complete store in the way is rebuilt (``overwrite``), never kept as done (an
+    interrupted one still resumes)."""
+    from postcast.datasets.ingest.run import IngestConfig
+
+    source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
+    return IngestConfig(
+        source=source,
+        out=str(cfg.store),
+        truth=cfg.truth,
+        splits=cfg.splits,
+        workers=cfg.workers,
+        processes=cfg.processes,
+        progress=progress,
+        overwrite=True,
+    )
+
+
+def eval_config(cfg: PipelineConfig, checkpoints: list[str]) -> EvalConfig:
+    """The evaluate stage's config (the report in WORKDIR/report; each checkpoint named after its preset)."""
+    from postcast.pipeline.evaluate import EvalConfig
+
+    names = {c: Path(p).stem for c, p in zip(checkpoints, cfg.train, strict=True)}
+    return EvalConfig(
+        store=str(cfg.store),
+        checkpoints=tuple(checkpoints),
+        split=cfg.split,
+        out=str(cfg.root / "report"),
+        bootstrap=cfg.bootstrap,
+        names=names,
+    )
+
+
+def forecast_config(cfg: PipelineConfig, checkpoint: str, preset: str) -> ForecastConfig:
+    """The forecast stage's config for one trained model (its product folder named after its preset)."""
+    from postcast.pipeline.forecast import ForecastConfig
+
+    assert cfg.forecast_from is not None
+    return ForecastConfig(
+        checkpoint=checkpoint,
+        input=cfg.source if cfg.source is not None else str(cfg.root / "synth"),
+        out=str(cfg.root / "forecasts"),
+        init_time=cfg.forecast_from,
+        end=cfg.forecast_to,
+        overwrite=True,
+        name=Path(preset).stem,
+    )
+
+
+def check_stages(cfg: PipelineConfig) -> None:
+    """The checks each stage makes of its settings, made on the configs the stages will build, so that
+    ``config validate``, ``run --dry-run`` and the first stage refuse what a later stage would (a bad
+    ``forecast_from``, a negative ``bootstrap``, ``workers: 0``, a ``train_args`` the training parser
+    refuses), not after training and evaluation have run: :class:`ConfigError` naming the key."""
+    from postcast.pipeline.train import validate_preset
+
+    checks: list[tuple[str, Callable[[], object]]] = [("workers/processes", lambda: ingest_config(cfg))]
+    if cfg.evaluate:
+        checks.append(("split/bootstrap", lambda: eval_config(cfg, ["?"] * len(cfg.train))))
+    if cfg.forecast_from is not None:
+        checks.append(("forecast_from/forecast_to", lambda: forecast_config(cfg, "?", "?").window))
+    for key, check in checks:
+        try:
+            check()
+        except ConfigError as err:
+            msg = f"pipeline.{key}: {err}"
+            raise ConfigError(msg) from err
+    for preset in cfg.train:
+        problem = validate_preset(preset, cfg.train_args)
+        if problem is not None:
+            msg = f"pipeline.train_args {list(cfg.train_args)} with {preset}: {problem}"
+            raise ConfigError(msg)
 
 
 # --- stage actions -----------------------------------------------------------------------------
@@ -158,23 +254,9 @@ def _download(job: DownloadJob, progress: bool) -> list[str]:
 
 
 def _ingest(cfg: PipelineConfig, progress: bool) -> list[str]:
-    from postcast.datasets.ingest.run import IngestConfig, ingest
+    from postcast.datasets.ingest.run import ingest
 
-    source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
-    # the manifest decided that this stage runs (never done, inputs or settings changed, or forced): a
-    # complete store in the way is rebuilt, never kept as done (an interrupted one still resumes)
-    ingest(
-        IngestConfig(
-            source=source,
-            out=str(cfg.store),
-            truth=cfg.truth,
-            splits=cfg.splits,
-            workers=cfg.workers,
-            processes=cfg.processes,
-            progress=progress,
-            overwrite=True,
-        )
-    )
+    ingest(ingest_config(cfg, progress))
     return [str(cfg.store / "zarr.json")]
 
 
@@ -253,42 +335,19 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
 
 
 def _evaluate(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
-    from postcast.pipeline.evaluate import EvalConfig, evaluate
+    from postcast.pipeline.evaluate import evaluate
 
     out = cfg.root / "report"
-    names = {c: Path(p).stem for c, p in zip(checkpoints, cfg.train, strict=True)}
-    evaluate(
-        EvalConfig(
-            store=str(cfg.store),
-            checkpoints=tuple(checkpoints),
-            split=cfg.split,
-            out=str(out),
-            bootstrap=cfg.bootstrap,
-            names=names,
-        )
-    )
+    evaluate(eval_config(cfg, checkpoints))
     return [str(out / "metrics.json"), str(out / "results.nc"), str(out / "report.html")]
 
 
 def _forecast(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
-    from postcast.pipeline.forecast import ForecastConfig, forecast
+    from postcast.pipeline.forecast import forecast
 
-    assert cfg.forecast_from is not None
-    source = cfg.source if cfg.source is not None else str(cfg.root / "synth")
     written: list[str] = []
     for ckpt, preset in zip(checkpoints, cfg.train, strict=True):  # one product folder per trained model
-        res = forecast(
-            ForecastConfig(
-                checkpoint=ckpt,
-                input=source,
-                out=str(cfg.root / "forecasts"),
-                init_time=cfg.forecast_from,
-                end=cfg.forecast_to,
-                overwrite=True,
-                name=Path(preset).stem,
-            )
-        )
-        written += res.written
+        written += forecast(forecast_config(cfg, ckpt, preset)).written
     return written
 
 
@@ -425,6 +484,7 @@ def run(
                     summary["stages"][stage.name]["files"] = stage.listing()
                 continue
             log.info("stage %s: running", stage.name)
+            manifest.starting(stage)
             t0 = time.perf_counter()
             try:
                 outputs = stage.action(forced)

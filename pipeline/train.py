@@ -153,15 +153,16 @@ def data_config(args: Sequence[str] | dict[str, Any]) -> DataConfig:
     return config.from_dict(DataConfig, data, where="data.cfg")
 
 
-def validate_preset(path: str) -> str | None:
-    """Check a training preset (with the paths fragment) without instantiating anything: the Lightning
-    parser's checks, then the architecture's options (``model.family``), the predictive family
-    (``model.distribution``) and the sample spec. None if valid, else the error."""
+def validate_preset(path: str, args: Sequence[str] = ()) -> str | None:
+    """Check a training preset (with the paths fragment) and extra arguments after it (a pipeline's
+    ``train_args``) without instantiating anything: the Lightning parser's checks, then the architecture's
+    options (``model.family``), the predictive family (``model.distribution``) and the sample spec. None if
+    valid, else the error."""
     from postcast.datasets.core.errors import ConfigError
     from postcast.models import distributions, registry
 
     try:
-        cfg = resolve(["--config", path])
+        cfg = resolve(["--config", path, *args])
         model = cfg.get("model") or {}
         arch = registry.make(model.get("family", "mlp"), model.get("net"))
         distributions.get(model.get("distribution") or "gaussian")  # None: the target's family (a registered one)

@@ -10,6 +10,7 @@ errors with it (the ``cos`` kind).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,8 +113,9 @@ class Grid:
     area: tuple[float, float, float, float] | None = None  # (south, north, west, east); None: global
 
     def __post_init__(self) -> None:
-        n_lat, n_lon = 180.0 / self.resolution, 360.0 / self.resolution
-        if self.resolution <= 0 or abs(n_lat - round(n_lat)) > 1e-9 or abs(n_lon - round(n_lon)) > 1e-9:
+        r = self.resolution
+        divides = math.isfinite(r) and 0 < r <= 180 and all(abs(x / r - round(x / r)) <= 1e-9 for x in (180.0, 360.0))
+        if not divides:  # (0, NaN and inf checked before dividing: 0.0 was a ZeroDivisionError, inf a 1-point grid)
             msg = f"grid resolution {self.resolution} deg does not divide 180 and 360; use e.g. 0.5, 1, 2, 2.5, 3, 4, 5"
             raise ValueError(msg)
         if self.area is not None:

@@ -25,8 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from postcast.datasets.core.errors import ConfigError, MissingInputError
+from postcast.datasets.core.errors import ConfigError, MissingInputError, PostcastError
 
+log = logging.getLogger(__name__)
 WORKERS_PER_CORE = 2  # local workers run one task each: more than this per core only queue for the CPU
 MIN_WORKER_GB = 0.5  # what a worker process holds before its first task (interpreter, dask, numpy, zarr)
 
@@ -65,20 +66,8 @@ def dask_client(
     # cluster closes (an interrupt, a failed date) is ended as it should be
     logging.getLogger("distributed.nanny").setLevel(max(logging.ERROR, logging.getLogger().level))
     if scheduler:
-        address = scheduler if is_address(scheduler) else scheduler_file_address(scheduler)
-        try:
-            client = Client(address, timeout=connect_timeout)
-        except (OSError, TimeoutError) as err:
-            named = address if address == scheduler else f"{address} (from {scheduler})"
-            msg = (
-                f"no dask scheduler answers at {named} within {connect_timeout:g} s: start it (dask scheduler "
-                "--scheduler-file F) or pass the address of a running one with --scheduler"
-            )
-            raise MissingInputError(msg) from err
-        try:
+        with scheduler_client(scheduler, connect_timeout) as client:
             yield client
-        finally:
-            client.close()
         return
     with _children_ignore_interrupts(), _driver_environment_kept():
         cluster = LocalCluster(
@@ -94,6 +83,134 @@ def dask_client(
         if processes:  # and our own worker processes
             client.run(quiet_task_failures)
         yield client
+
+
+@contextmanager
+def scheduler_client(scheduler: str, connect_timeout: float) -> Iterator[Any]:
+    """A client of the scheduler at ``scheduler`` (an address, or a scheduler file naming one) with a worker to
+    run on (:func:`wait_for_workers`). A scheduler that does not answer within ``connect_timeout`` seconds is
+    a MissingInputError (66), and so is one lost while the work runs (:func:`lost_scheduler`)."""
+    from dask.distributed import Client
+
+    address = check_address(scheduler) if is_address(scheduler) else scheduler_file_address(scheduler)
+    named = address if address == scheduler else f"{address} (from {scheduler})"
+    try:
+        client = Client(address, timeout=connect_timeout)
+    except (OSError, TimeoutError) as err:
+        msg = (
+            f"no dask scheduler answers at {named} within {connect_timeout:g} s: start it (dask scheduler "
+            "--scheduler-file F) or pass the address of a running one with --scheduler"
+        )
+        raise MissingInputError(msg) from err
+    try:
+        wait_for_workers(client, named, address)
+        with lost_scheduler(client, named):
+            yield client
+    finally:
+        with _quiet_connection_reports():
+            _close(client)
+
+
+def check_address(address: str) -> str:
+    """``address`` if dask.distributed speaks its protocol (``tcp://``, ``tls://``, ... or none: ``HOST:PORT``),
+    else a ConfigError (2) naming the forms accepted (``http://`` was an internal error, "unknown address
+    scheme")."""
+    from distributed.comm import registry
+
+    scheme = address.split("://", 1)[0] if "://" in address else "tcp"
+    try:
+        registry.get_backend(scheme)
+    except ValueError as err:
+        known = ", ".join(f"{name}://HOST:PORT" for name in sorted(registry.backends))
+        msg = (
+            f"--scheduler {address}: {scheme}:// is not a dask scheduler protocol; give {known}, HOST:PORT "
+            "(tcp), or the scheduler file that `dask scheduler --scheduler-file FILE` writes"
+        )
+        raise ConfigError(msg) from err
+    return address
+
+
+WORKER_WARN_S = 10.0  # a scheduler without a worker after this long: warned about
+WORKER_WAIT_S = 120.0  # ... and given up on after this long (POSTCAST_WORKER_WAIT_S overrides it)
+
+
+def wait_for_workers(client: Any, named: str, address: str) -> None:
+    """Return once the scheduler has a worker: a warning after WORKER_WARN_S, a MissingInputError (66) after
+    WORKER_WAIT_S (or $POSTCAST_WORKER_WAIT_S) seconds (a scheduler without workers waited forever, silently)."""
+    wait = float(os.environ.get("POSTCAST_WORKER_WAIT_S", WORKER_WAIT_S))
+    first = min(WORKER_WARN_S, wait)
+    try:
+        client.wait_for_workers(1, timeout=first)
+        return
+    except TimeoutError:
+        if wait > first:
+            log.warning(
+                "the dask scheduler at %s has no worker after %g s: waiting up to %g s more (start one: "
+                "dask worker %s)",
+                named,
+                first,
+                wait - first,
+                address,
+            )
+    try:
+        client.wait_for_workers(1, timeout=max(wait - first, 1e-3))
+    except TimeoutError as err:
+        msg = (
+            f"the dask scheduler at {named} has no worker after {wait:g} s: start workers (dask worker {address}) "
+            "and rerun"
+        )
+        raise MissingInputError(msg) from err
+
+
+@contextmanager
+def lost_scheduler(client: Any, named: str) -> Iterator[None]:
+    """A failure of the work inside while the scheduler is gone becomes one MissingInputError (66) saying to
+    rerun (an ingest resumes from the dates it finished), not an internal error with distributed's
+    ``FutureCancelledError ... scheduler-connection-lost``."""
+    try:
+        yield
+    except PostcastError:
+        raise
+    except Exception as err:
+        with _quiet_connection_reports():
+            if client.status == "running" and _answers(client):
+                raise
+        msg = (
+            f"the dask scheduler at {named} was lost during the run ({type(err).__name__}): the work finished so "
+            "far is kept; start the scheduler and its workers again and rerun to resume"
+        )
+        raise MissingInputError(msg) from err
+
+
+@contextmanager
+def _quiet_connection_reports() -> Iterator[None]:
+    """distributed's ERROR records with tracebacks of a client's failed reconnections, kept off stderr."""
+    quiet = [logging.getLogger(n) for n in ("distributed.client", "distributed.batched", "distributed.core")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(max(logging.CRITICAL + 1, q.level))
+    try:
+        yield
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+
+
+def _answers(client: Any) -> bool:
+    """Whether the scheduler still answers the client (within a few seconds)."""
+    try:
+        client.run_on_scheduler(os.getpid)
+    except Exception:  # (a lost connection raises any of a few kinds: every one means "no")
+        return False
+    return True
+
+
+def _close(client: Any) -> None:
+    """Close ``client``; one whose scheduler is gone does not wait for it."""
+    try:
+        client.close(timeout=5)
+    except Exception:  # (closing a lost connection fails in several ways; nothing is left to do)
+        log.debug("closing the dask client of a lost scheduler", exc_info=True)
 
 
 @contextmanager
