@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,8 +21,19 @@ from postcast.datasets.loaders.datamodule import StoreDataset
 from postcast.models import emos_bands, emos_fit, emos_select, postprocessors
 from postcast.models.emos_pool import Pooling
 
-if TYPE_CHECKING:
-    from postcast.models.module import PostProcessor
+
+class PostProcessor(Protocol):
+    """What the fit reads and sets of :class:`postcast.models.module.PostProcessor` (a protocol, so that this
+    module, which the LightningModule calls, does not import it back)."""
+
+    net: torch.nn.Module
+
+    @property
+    def hparams(self) -> Any: ...
+    @property
+    def device(self) -> torch.device: ...
+    def normalise(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
 
 SCRATCH_BATCH = 4  # samples read at once for the EMOS scratch: a 0.5 deg sample's inputs are about 10 MB
 ONE_BAND = 1 << 30  # latitude rows per band that put every row of any grid in one band

@@ -104,9 +104,9 @@ def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path,
     """A local EMOS preset's checkpoint (solver auto; the spread form, local, which this test writes out: the
     standard form's optimum is checked in tests/test_emos_standard.py): at each sampled point, its training CRPS
     (the family's CRPS written out in numpy, or scoringrules') is within 1e-5 of scipy's minimum of the same
-    objective, or lower. The 20-epoch AdamW fit the Gaussian preset ran before missed it by ~1e-3, the truncated normal's until
-    it was fitted by the full-batch solver by default, and the censored shifted gamma's (tp24) until it was too
-    (ISSUE 39: its test CRPS was 5e-3 above scipy's per-point fit in benchmarks/skill.py)."""
+    objective, or lower. The 20-epoch AdamW fit the Gaussian preset ran before missed it by ~1e-3, the truncated
+    normal's until it was fitted by the full-batch solver by default, and the censored shifted gamma's (tp24)
+    until it was too (ISSUE 39: its test CRPS was 5e-3 above scipy's per-point fit in benchmarks/skill.py)."""
     local_spread = ("--model.net.form", "spread", "--model.net.radii", "[]", "--model.net.weights", "[]")
     ckpt, summary = fit_preset(derived_store, tmp_path / "runs", preset, *(local_spread if family != "csg" else ()))
     coef, d = training_points(ckpt, derived_store)

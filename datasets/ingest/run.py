@@ -44,16 +44,15 @@ import pandas as pd
 
 from postcast.datasets import contract, integrity, io, schema, sources
 from postcast.datasets.core import config
-from postcast.datasets.core.errors import ConfigError, MissingInputError
+from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.core.version import __version__
 from postcast.datasets.ingest import budget as ingest_budget
-from postcast.datasets.ingest import cluster
+from postcast.datasets.ingest import cluster, planning
 from postcast.datasets.ingest import layout as ingest_layout
 from postcast.datasets.ingest import lock as ingest_lock
 from postcast.datasets.ingest import merge as ingest_merge
 from postcast.datasets.ingest import progress as ingest_progress
 from postcast.datasets.ingest import tasks as ingest_tasks
-from postcast.datasets.sources import messages as grib
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +235,7 @@ def _ingest(cfg: IngestConfig) -> IngestResult:
         raise ConfigError(msg)
     found = sources.discover(cfg.source, truth=cfg.truth)
     with cluster.dask_client(cfg.scheduler, cfg.workers, cfg.processes) as client:
-        plan = _plan(cfg, found, client)
+        plan = planning.plan(cfg.source, cfg.out, cfg.expectation, found, client)
         run = IngestRun(cfg, found, plan, client, ingest_budget.one_pass(cfg, plan, cluster.worker_memory_gb(client)))
         todo = _build(run)
     io.replace(run.store, out)
@@ -249,42 +248,6 @@ def _ingest(cfg: IngestConfig) -> IngestResult:
         len(todo),
         time.perf_counter() - start,
         len(todo) * ingest_budget.date_bytes(plan),
-    )
-
-
-def _plan(cfg: IngestConfig, found: sources.Discovered, client: Any) -> sources.Plan:
-    """What the store will hold (GRIB files indexed on the workers first); a source without something
-    asked for leaves a completeness report next to ``out``."""
-    if isinstance(found.forecast, sources.GribSource):
-        log.info("indexing %d GRIB files", len(found.forecast.files))
-        found.forecast.set_index(client.gather(client.map(grib.index_file, found.forecast.files)))
-    try:
-        plan = found.forecast.plan(cfg.expectation)
-    except MissingInputError as err:
-        report = contract.missing_report_path(Path(cfg.out))
-        io.write_json(report, {"source": cfg.source, "missing": err.missing})
-        log.error("completeness report written to %s", report)
-        raise
-    _warn_lead(plan.steps_h, cfg.source)
-    return plan
-
-
-def _warn_lead(steps_h: tuple[int, ...], source: str) -> None:
-    """Say it when the store will have no 48 h lead (ENS-10's target lead): its models are trained and scored
-    at its longest step instead, which for a source of step 0 only is the analysis time, not a forecast."""
-    if schema.TARGET_STEP_H in steps_h:
-        return
-    lead = schema.target_step_h(steps_h)
-    log.warning(
-        "%s holds steps %s h, no %d h lead: the store's target lead is %d h%s; give a source with step %d h "
-        "for a %d h forecast",
-        source,
-        ",".join(map(str, steps_h)),
-        schema.TARGET_STEP_H,
-        lead,
-        " (the initial time: no forecast to post-process)" if lead == 0 else "",
-        schema.TARGET_STEP_H,
-        schema.TARGET_STEP_H,
     )
 
 

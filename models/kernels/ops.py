@@ -13,15 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postcast.models.kernels import reference
+from postcast.models.kernels import dispatch, reference
 
 
 def _module(backend: str, *tensors: Tensor) -> ModuleType:
-    from postcast.models import kernels
-
-    with kernels.use_backend(backend):
-        chosen = kernels.resolve(*tensors, kernel="topk_route")
-    return kernels._triton() if chosen == "triton" else reference
+    with dispatch.use_backend(backend):
+        chosen = dispatch.resolve(*tensors, kernel="topk_route")
+    return dispatch.triton_module() if chosen == "triton" else reference
 
 
 @torch.library.custom_op("postcast::topk_route", mutates_args=())
