@@ -115,8 +115,9 @@ def check_address(address: str) -> str:
     """``address`` if dask.distributed speaks its protocol (``tcp://``, ``tls://``, ... or none: ``HOST:PORT``),
     else a ConfigError (2) naming the forms accepted (``http://`` was an internal error, "unknown address
     scheme")."""
-    from distributed.comm import registry
+    from dask.distributed import comm  # through dask[distributed], the declared dependency
 
+    registry = comm.registry
     scheme = address.split("://", 1)[0] if "://" in address else "tcp"
     try:
         registry.get_backend(scheme)
