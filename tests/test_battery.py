@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import web
 from battery import TALLY, Outcome, assert_ok, in_process, subprocess_case
 
 from postcast.datasets import contract, integrity, io
@@ -351,7 +352,7 @@ def _answers(port: int) -> bool:
     import httpx
 
     try:
-        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0)
+        web.get(f"http://127.0.0.1:{port}/health", timeout=1.0)
     except httpx.HTTPError:
         return False
     return True

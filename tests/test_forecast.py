@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import web
 import xarray as xr
 
 from postcast.pipeline import gather
@@ -103,7 +104,6 @@ def test_forecasts_carry_climatological_exceedance_thresholds_by_default(cli, ch
     """Without --thresholds the files had an empty threshold dimension (the service answered
     "exceedance": {}); now they carry the 10/50/90 % quantiles of the training truth, recorded in the
     checkpoint at fit, and the service answers with them."""
-    import httpx
 
     from postcast.serve.testing import running_server
 
@@ -130,7 +130,7 @@ def test_forecasts_carry_climatological_exceedance_thresholds_by_default(cli, ch
     np.testing.assert_allclose(ds["threshold"].values, expected, rtol=1e-3)
     assert ds["t850_exceedance_probability"].shape[0] == 3
     with running_server(out) as url:
-        body = httpx.get(f"{url}/forecast/point", params={"target": "t850", "lat": 45, "lon": 10}).json()
+        body = web.get(f"{url}/forecast/point", params={"target": "t850", "lat": 45, "lon": 10}).json()
     assert len(body["exceedance"]) == 3 and all(0 <= p <= 1 for p in body["exceedance"].values())
 
 

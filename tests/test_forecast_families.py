@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import web
 import xarray as xr
 from scipy import integrate, interpolate, optimize, stats
 
@@ -122,7 +123,6 @@ def test_a_non_gaussian_checkpoint_forecasts_its_own_law(cli, family_ckpt, synth
 def test_the_service_answers_a_point_query_on_any_family(cli, family_ckpt, synth_zarr, tmp_path):
     """A real server on loopback answers the file's quantiles and exceedance; the threshold of a query is
     answered with the family's P(Y > t) (it was the Gaussian of the mean and std)."""
-    import httpx
 
     from postcast.serve.testing import running_server
 
@@ -151,8 +151,8 @@ def test_the_service_answers_a_point_query_on_any_family(cli, family_ckpt, synth
     point = {"target": "t2m", "lat": 40, "lon": 10}
     median = round(float(ds["t2m_quantile"].sel(quantile=0.5)), 2)  # where a skewed law differs most from a normal
     with running_server(out) as url:
-        body = httpx.get(f"{url}/forecast/point", params=point).json()
-        asked = httpx.get(f"{url}/forecast/point", params={**point, "threshold": median}).json()
+        body = web.get(f"{url}/forecast/point", params=point).json()
+        asked = web.get(f"{url}/forecast/point", params={**point, "threshold": median}).json()
     np.testing.assert_allclose(list(body["quantiles"].values()), ds["t2m_quantile"].values, rtol=1e-6)
     assert body["exceedance"] == {"279": pytest.approx(float(ds["t2m_exceedance_probability"][0]), abs=1e-7)}
     assert body["mean"] == pytest.approx(float(ds["t2m_mean"])) and body["std"] == pytest.approx(float(ds["t2m_std"]))

@@ -15,9 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
+import web
 import xarray as xr
 from battery import assert_ok, in_process
 from scipy import stats
@@ -213,13 +213,13 @@ def test_fallback_is_the_raw_law_of_the_derived_members(cli, world, ckpts, windo
 def test_the_service_answers_ws10_and_both_tp24_models(archive_root):
     """/forecasts lists ws10 and tp24 with its two models; /forecast/point answers each from its file."""
     with running_server(archive_root) as url:
-        listing = httpx.get(f"{url}/forecasts").json()
+        listing = web.get(f"{url}/forecasts").json()
         models = {t["target"]: sorted(m["model"] for m in t["models"]) for t in listing["targets"]}
         assert models == {"ws10": ["emos"], "tp24": ["emos", GAUSSIAN_NAME]}
         assert len(listing["forecasts"]) == 6
         for target, model in (("ws10", "emos"), ("tp24", "emos"), ("tp24", GAUSSIAN_NAME)):
             point = {"target": target, "lat": 50.0, "lon": 10.0, "model": model, "threshold": 5.0}
-            body = httpx.get(f"{url}/forecast/point", params=point).json()
+            body = web.get(f"{url}/forecast/point", params=point).json()
             files = sorted((archive_root / "postprocessed" / model / target).glob("*.nc"))
             ds = xr.open_dataset(files[-1]).isel(forecast_reference_time=0).sel(latitude=50.0, longitude=10.0)
             assert body["model"] == model and body["units"] == CF[target][1], body

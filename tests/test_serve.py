@@ -3,6 +3,7 @@
 import httpx
 import numpy as np
 import pytest
+import web
 import xarray as xr
 
 from postcast.serve.testing import running_server, write_forecasts
@@ -22,7 +23,7 @@ def server(forecasts):
 
 
 def test_point_query_returns_the_stored_values(server, forecasts):
-    r = httpx.get(
+    r = web.get(
         f"{server}/forecast/point",
         params={"target": "t850", "lat": 47.4, "lon": 8.6, "time": "2017-01-05T00:00", "threshold": 280},
     )
@@ -37,26 +38,26 @@ def test_point_query_returns_the_stored_values(server, forecasts):
     from scipy.stats import norm
 
     assert body["exceedance"]["280"] == pytest.approx(norm.sf(280, body["mean"], body["std"]), rel=1e-5)
-    latest = httpx.get(f"{server}/forecast/point", params={"target": "t850", "lat": 0, "lon": -170}).json()
+    latest = web.get(f"{server}/forecast/point", params={"target": "t850", "lat": 0, "lon": -170}).json()
     assert latest["init_time"] == "2017-01-04T00:00:00" and latest["longitude"] == -170.0  # as asked (issue 38)
 
 
 def test_bbox_listing_health_metrics_and_map(server):
-    r = httpx.get(
+    r = web.get(
         f"{server}/forecast/bbox",
         params={"target": "t850", "lat_min": 40, "lat_max": 50, "lon_min": -10, "lon_max": 10},
     )
     body = r.json()
     assert r.status_code == 200 and body["latitude"] == [40.0, 45.0, 50.0]
     assert body["longitude"] == [-10.0, -5.0, 0.0, 5.0, 10.0] and np.asarray(body["mean"]).shape == (3, 5)  # W to E
-    listing = httpx.get(f"{server}/forecasts").json()["forecasts"]
+    listing = web.get(f"{server}/forecasts").json()["forecasts"]
     assert [f["init_time"][:10] for f in listing] == ["2017-01-02", "2017-01-03", "2017-01-04"]
-    assert httpx.get(f"{server}/health").json()["forecasts"] == 3
-    png = httpx.get(f"{server}/map.png", params={"target": "t850"})
+    assert web.get(f"{server}/health").json()["forecasts"] == 3
+    png = web.get(f"{server}/map.png", params={"target": "t850"})
     assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
-    assert "<img" in httpx.get(f"{server}/").text
-    assert "/forecast/point" in httpx.get(f"{server}/openapi.json").json()["paths"]
-    metrics = httpx.get(f"{server}/metrics").text
+    assert "<img" in web.get(f"{server}/").text
+    assert "/forecast/point" in web.get(f"{server}/openapi.json").json()["paths"]
+    metrics = web.get(f"{server}/metrics").text
     assert 'postcast_requests_total{path="/forecast/bbox",status="200"}' in metrics
     assert "postcast_forecasts 3" in metrics
 
@@ -73,19 +74,19 @@ def test_bbox_listing_health_metrics_and_map(server):
     ],
 )
 def test_bad_requests_get_4xx(server, params, status):
-    r = httpx.get(f"{server}/forecast/point", params=params)
+    r = web.get(f"{server}/forecast/point", params=params)
     assert r.status_code == status and "detail" in r.json()
 
 
 def test_bearer_token(forecasts):
     with running_server(forecasts, token="s3cret") as url:
         q = {"target": "t850", "lat": 0, "lon": 0}
-        assert httpx.get(f"{url}/forecast/point", params=q).status_code == 401
-        bad = httpx.get(f"{url}/forecast/point", params=q, headers={"Authorization": "Bearer nope"})
+        assert web.get(f"{url}/forecast/point", params=q).status_code == 401
+        bad = web.get(f"{url}/forecast/point", params=q, headers={"Authorization": "Bearer nope"})
         assert bad.status_code == 401
-        ok = httpx.get(f"{url}/forecast/point", params=q, headers={"Authorization": "Bearer s3cret"})
+        ok = web.get(f"{url}/forecast/point", params=q, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and ok.json()["target"] == "t850"
-        assert httpx.get(f"{url}/health").status_code == 200  # health stays open for probes
+        assert web.get(f"{url}/health").status_code == 200  # health stays open for probes
 
 
 def test_serve_says_where_it_listens_logs_each_request_and_says_when_it_stopped(forecasts, tmp_path):
@@ -112,7 +113,7 @@ def test_serve_says_where_it_listens_logs_each_request_and_says_when_it_stopped(
             time.sleep(0.2)
         while True:  # the address is announced just before uvicorn binds it
             try:
-                assert httpx.get(f"http://127.0.0.1:{port}/forecasts").status_code == 200
+                assert web.get(f"http://127.0.0.1:{port}/forecasts").status_code == 200
                 break
             except httpx.TransportError:
                 assert time.time() < deadline, log.read_text()
@@ -132,11 +133,11 @@ def test_targets_come_from_the_schema(server):
     shows the latest forecast's."""
     from postcast.datasets import schema
 
-    doc = httpx.get(f"{server}/openapi.json").json()
+    doc = web.get(f"{server}/openapi.json").json()
     for path in ("/forecast/point", "/forecast/bbox", "/map.png"):
         params = doc["paths"][path]["get"]["parameters"]
         target = next(p for p in params if p["name"] == "target")
         schemas = [target["schema"], *target["schema"].get("anyOf", [])]
         assert any(s.get("enum") == list(schema.TARGETS) for s in schemas), (path, target)
-    r = httpx.get(f"{server}/map.png")
+    r = web.get(f"{server}/map.png")
     assert r.status_code == 200 and r.headers["content-type"] == "image/png"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import httpx
 import jsonschema
 import pytest
+import web
 from fastapi.testclient import TestClient
 
 from postcast.serve.app import create_app
@@ -147,7 +148,7 @@ def test_idle_and_header_trickling_connections_are_closed(forecasts):
         idle = [_open(port) for _ in range(20)]
         trickle = [_open(port) for _ in range(20)]
         time.sleep(0.2)
-        assert httpx.get(f"{url}/health").status_code == 200  # over the limit, idle connections are shed
+        assert web.get(f"{url}/health").status_code == 200  # over the limit, idle connections are shed
         t0 = time.monotonic()
         for k, chunk in enumerate([b"GET /health HTTP/1.1\r\n", b"Host: x\r\n", b"X-A: 1\r\n", b"X-B: 2\r\n"]):
             for s in trickle:
@@ -162,7 +163,7 @@ def test_idle_and_header_trickling_connections_are_closed(forecasts):
                 closed += 1
             s.close()
         assert closed == 40 and time.monotonic() - t0 < 15
-        assert httpx.get(f"{url}/health").status_code == 200  # room again
+        assert web.get(f"{url}/health").status_code == 200  # room again
 
 
 @pytest.mark.parametrize(
@@ -257,7 +258,7 @@ def test_a_thousand_reconnecting_idle_holders_do_not_lock_out_real_requests(fore
     machine answers each within a second.)"""
     with running_server(forecasts) as url:  # the default limit: 1000 connections
         port, counts, done = int(url.rsplit(":", 1)[1]), {"opened": 0}, threading.Event()
-        assert httpx.get(f"{url}/forecast/point", params=POINT).status_code == 200  # a served, warm archive
+        assert web.get(f"{url}/forecast/point", params=POINT).status_code == 200  # a served, warm archive
         attack = threading.Thread(target=_hold_idle_connections, args=(port, 1000, done, counts), daemon=True)
         attack.start()
         answers = []

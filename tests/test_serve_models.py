@@ -10,8 +10,8 @@ scores in ``WORKDIR/report/metrics.json``).
 
 import json
 
-import httpx
 import pytest
+import web
 from fastapi.testclient import TestClient
 
 from postcast.datasets import contract, schema
@@ -69,28 +69,28 @@ def test_each_model_is_reachable_and_the_default_is_the_best_verified(server, su
     }
     for model in (GOOD, BAD):
         for path, query in queries.items():
-            r = httpx.get(f"{server}{path}", params={**query, "model": model}, headers=AUTH)
+            r = web.get(f"{server}{path}", params={**query, "model": model}, headers=AUTH)
             assert r.status_code == 200, r.text
             assert r.json()["model"] == model
             answers[(path, model)] = r.json()["mean"]
-        png = httpx.get(f"{server}/map.png", params={"target": TARGET, "model": model}, headers=AUTH)
+        png = web.get(f"{server}/map.png", params={"target": TARGET, "model": model}, headers=AUTH)
         assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
     assert answers[("/forecast/point", GOOD)] != answers[("/forecast/point", BAD)]
     assert answers[("/forecast/bbox", GOOD)] != answers[("/forecast/bbox", BAD)]
 
-    listing = httpx.get(f"{server}/forecasts", headers=AUTH).json()
+    listing = web.get(f"{server}/forecasts", headers=AUTH).json()
     (entry,) = [t for t in listing["targets"] if t["target"] == TARGET]
     assert entry["default_model"] == GOOD and "metrics.json" in entry["chosen_by"]
     assert {m["model"]: m["crps"] for m in entry["models"]} == pytest.approx(
         {GOOD: _crps(summary, GOOD), BAD: _crps(summary, BAD)}
     )
     assert {f["model"] for f in listing["forecasts"]} == {GOOD, BAD}
-    default = httpx.get(f"{server}/forecast/point", params=POINT, headers=AUTH).json()
+    default = web.get(f"{server}/forecast/point", params=POINT, headers=AUTH).json()
     assert default["model"] == entry["default_model"] and default["mean"] == answers[("/forecast/point", GOOD)]
 
 
 def test_the_openapi_document_enumerates_the_models(server):
-    doc = httpx.get(f"{server}/openapi.json", headers=AUTH).json()
+    doc = web.get(f"{server}/openapi.json", headers=AUTH).json()
     for path in ("/forecast/point", "/forecast/bbox", "/map.png"):
         param = next(p for p in doc["paths"][path]["get"]["parameters"] if p["name"] == "model")
         schemas = [param["schema"], *param["schema"].get("anyOf", [])]
@@ -99,7 +99,7 @@ def test_the_openapi_document_enumerates_the_models(server):
 
 @pytest.mark.parametrize(("model", "status"), [("unet", 422), ("", 422)])
 def test_an_unknown_model_is_refused_naming_the_available_ones(server, model, status):
-    r = httpx.get(f"{server}/forecast/point", params={**POINT, "model": model}, headers=AUTH)
+    r = web.get(f"{server}/forecast/point", params={**POINT, "model": model}, headers=AUTH)
     assert r.status_code == status and GOOD in r.json()["detail"] and BAD in r.json()["detail"], r.text
 
 
@@ -131,14 +131,14 @@ def test_health_shows_no_server_path_without_the_token(server, tmp_path_factory)
     (root / "postprocessed" / GOOD / TARGET / "t2m_latest.nc").write_bytes(b"foreign")
     with running_server(root, token=TOKEN) as url:
         for model in (GOOD, BAD):  # each reads its newest file, finds it unreadable and answers from the one before
-            r = httpx.get(f"{url}/forecast/point", params={**POINT, "model": model}, headers=AUTH)
+            r = web.get(f"{url}/forecast/point", params={**POINT, "model": model}, headers=AUTH)
             assert r.status_code == 200 and r.json()["init_time"] == "2017-01-02T00:00:00", r.text
-        body = httpx.get(f"{url}/health").text
+        body = web.get(f"{url}/health").text
         assert str(root) not in body and str(tmp_path_factory.getbasetemp()) not in body, body
         health = json.loads(body)
         assert health["status"] == "degraded" and len(health["skipped"]) == 3
         assert {s["path"] for s in health["skipped"]} >= {str(p.relative_to(root)) for p in newest}
-        full = httpx.get(f"{url}/health", headers=AUTH).json()
+        full = web.get(f"{url}/health", headers=AUTH).json()
         assert full["archive"] == str(root) and any("unreadable" in s["reason"] for s in full["skipped"])
 
 
