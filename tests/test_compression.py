@@ -92,6 +92,7 @@ def test_int8_weights_are_smaller_and_still_decode(fitted):
     assert np.isfinite(Artefact.from_bytes(art.to_bytes()).decode_array()).all()
 
 
+@pytest.mark.system  # trains its own compressors: minutes of CPU (tests/tiers.py)
 @pytest.mark.parametrize("bound", [0.05, 0.5])
 def test_error_bounded_mode_never_exceeds_its_bound(bound, tmp_path):
     ds = smooth_fields(noise=0.3, seed=1)  # white noise the network cannot fit: the residual layer works
@@ -105,6 +106,7 @@ def test_error_bounded_mode_never_exceeds_its_bound(bound, tmp_path):
     assert max(e["max_abs"] for e in art.header["errors"].values()) <= bound
 
 
+@pytest.mark.system  # trains its own compressors: minutes of CPU (tests/tiers.py)
 def test_per_variable_bounds_leave_unbounded_variables_to_the_network(tmp_path):
     ds = smooth_fields(noise=0.3, seed=2)
     fields = to_fields(ds)
@@ -267,6 +269,7 @@ def test_baselines_meet_their_bounds_and_refuse_two_modes():
     assert report.ratio_at_equal_error(rows, "sz3", rows[0]["wrmse"]) == pytest.approx(rows[0]["ratio"])
 
 
+@pytest.mark.system  # trains its own compressors: minutes of CPU (tests/tiers.py)
 def test_two_fits_with_the_same_seed_give_identical_artefacts():
     """Same fields, seed and settings on one machine -> the same weights and the same bytes (no wall
     clock in the header, no non-deterministic scatter-add in the embedding's backward)."""

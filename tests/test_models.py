@@ -283,6 +283,7 @@ def _fit_mlp(embedding: int, train: dict[str, torch.Tensor], steps: int = 300) -
     return model
 
 
+@pytest.mark.system  # trains two MLPs to convergence: minutes of CPU (tests/tiers.py)
 def test_the_mlp_learns_each_points_own_bias_through_its_embedding():
     """A truth offset by a bias of its own at every point, independent from point to point, so that no
     smooth function of the inputs explains it: the MLP with 4 learned numbers per point comes within 10 % of

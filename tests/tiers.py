@@ -10,7 +10,8 @@ default tier (``pytest``) runs everything but those markers and ``system``, the 
 
 ``pytest -m system`` runs the tests of ``SYSTEM_FILES`` (and the tests marked ``system`` where they are
 written): real processes killed, interrupted, starved of disk or fed the bad-input battery, the pipeline
-rerun, the wheel installed into a new environment, the GPU script's dry run. They take about 9
+rerun, the wheel installed into a new environment, the GPU script's dry run, and the trainings of minutes
+(models trained to convergence to show what they learn, compressors fitted twice, every docs/api.md block). They take about 9
 CPU-minutes, so they run as their own tier, after the default tier in ``.ci/run``, which keeps the
 default tier within 10 minutes on an idle 2-core machine.
 """
@@ -43,16 +44,21 @@ UNIT_FILES = frozenset(
 )
 SYSTEM_FILES = frozenset(
     {
+        "test_apply.py",
         "test_bad_input.py",
         "test_battery.py",
         "test_battery_ops.py",
         "test_battery_ops56.py",
         "test_battery_training.py",
         "test_cluster.py",
+        "test_docs_api.py",
+        "test_emos_standard.py",
         "test_evaluate_determinism.py",
         "test_exit_codes_more.py",
+        "test_fused.py",
         "test_gpu_script.py",
         "test_loader_faults.py",
+        "test_location_aware.py",
         "test_netcdf_threads.py",
         "test_packaging.py",
         "test_pipeline.py",
