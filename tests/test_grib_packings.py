@@ -218,6 +218,16 @@ def test_a_polar_grid_holding_the_pole_is_stored_round_the_pole(cli, capfd, tmp_
     np.testing.assert_array_equal(got.ravel(), want[angle.argmin(axis=1)].astype(np.float32))
 
 
+def test_a_grid_too_coarse_for_a_small_lambert_domain_gives_one_advice(cli, capfd, tmp_path):
+    """A 2 x 2 Lambert domain (50 km) ingested with --grid 1: "... choose a finer --grid; choose another --grid";
+    now one line with one advice: a finer --grid."""
+    src = _message(tmp_path / "f.grib2", {**PROJECTED["lambert"], "Nx": 2, "Ny": 2}, values=280.0 + np.arange(4.0))
+    proc = _ingest(cli, capfd, src, tmp_path / "s.zarr", "--variables", "2t", "--grid", "1")
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("postcast: error:")]
+    assert proc.returncode == 65 and len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].count("--grid") == 1 and "choose a finer --grid" in errors[0], errors[0]
+
+
 def test_spherical_harmonics_are_refused_in_one_line_naming_them(cli, capfd, tmp_path):
     """Was "cannot read the header of GRIB message 0: Key/value not found" (exit 65): the header is read
     whatever the grid, and the grid type is named with what to do."""

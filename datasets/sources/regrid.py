@@ -365,7 +365,7 @@ def grid_at(src: SourceGrid, resolution: float) -> schema.Grid:
     try:
         return schema.Grid(r, (float(south), float(north), float(west - shift), float(east - shift)))
     except ValueError as err:
-        msg = f"{src.name}: no {r:g} deg grid fits inside this source ({err})"
+        msg = f"{src.name}: no {r:g} deg grid fits inside this source ({err}); choose another --grid"
         raise ConfigError(msg) from err
 
 
