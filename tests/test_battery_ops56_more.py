@@ -6,11 +6,15 @@ naming what is wrong and the fix, no traceback, nothing left that a reader would
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 from battery import assert_ok, in_process
 
+from postcast.datasets import integrity
 from postcast.datasets.ingest.run import IngestConfig, ingest
 from postcast.datasets.synth import synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
@@ -46,3 +50,19 @@ def test_evaluate_of_a_target_whose_level_the_store_lacks(store_850, tmp_path, c
     assert_ok("evaluate: a target whose level the store lacks", res, not (out / "metrics.json").exists())
     line = res.error_lines[0]
     assert "500" in line and "850" in line and "--targets" in line, line
+
+
+def test_inspect_verify_reports_the_infinities_of_an_older_store(store_850, tmp_path, capsys):
+    """A store written before ingest refused infinities (its truth holds +-Inf, its checksums recorded over them,
+    as that ingest did): ``inspect --verify`` passed; now it fails (65) naming the array and the count."""
+    old = tmp_path / "old.zarr"
+    shutil.copytree(store_850, old)
+    truth = zarr.open_array(old / "truth_t850", mode="r+")
+    values = truth[0]  # the first date's
+    values.reshape(-1)[[7, 11]] = np.inf, -np.inf
+    truth[0] = values
+    integrity.record(old)  # the checksums of what is there now, as the older ingest recorded them
+    res = in_process(["inspect", str(old), "--verify"], capsys)
+    assert_ok("inspect --verify: an older store holding infinities", res)
+    line = res.error_lines[0]
+    assert res.code == 65 and "truth_t850" in line and "2 infinite" in line, line
