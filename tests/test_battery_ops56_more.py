@@ -6,13 +6,16 @@ naming what is wrong and the fix, no traceback, nothing left that a reader would
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
-from battery import assert_ok, in_process
+from battery import Outcome, assert_ok, in_process
 
 from postcast.datasets import integrity
 from postcast.datasets.ingest.run import IngestConfig, ingest
@@ -66,3 +69,36 @@ def test_inspect_verify_reports_the_infinities_of_an_older_store(store_850, tmp_
     assert_ok("inspect --verify: an older store holding infinities", res)
     line = res.error_lines[0]
     assert res.code == 65 and "truth_t850" in line and "2 infinite" in line, line
+
+
+def _in_a_full_tmpdir(argv: list[str], tmp: Path, cwd: Path) -> Outcome:
+    """``postcast ARGV`` in a mount namespace of its own whose TMPDIR ``tmp`` is a 16 KiB tmpfs (full at once)."""
+    script = f'mount -t tmpfs -o size=16k tmpfs "{tmp}" && exec "$@"'
+    cmd = ["unshare", "-m", "sh", "-c", script, "sh", sys.executable, "-m", "postcast", "--no-progress"]
+    proc = subprocess.run(
+        [*cmd, "--log-level", "ERROR", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
+    )
+    return Outcome(proc.returncode, proc.stderr, frozenset({74}))
+
+
+def test_a_full_tmpdir_during_the_emos_fit_names_the_scratch_folder(store_850, tmp_path):
+    """The local EMOS's fit spills its bands to a scratch folder under TMPDIR; that filesystem full was "cannot
+    write the output: No space left on device" (74), blaming an output that was never written. Now 74 naming
+    the scratch folder and the fix (TMPDIR)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs "{tmp}"'], check=False)
+    if shutil.which("unshare") is None or probe.returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m and mount need CAP_SYS_ADMIN)")
+    runs = tmp_path / "runs"
+    argv = ["train", "fit", "-c", str(ROOT / "configs/train/emos_t2m.yaml"), "--data.cfg.store", str(store_850)]
+    res = _in_a_full_tmpdir([*argv, "--trainer.default_root_dir", str(runs)], tmp, tmp_path)
+    assert_ok("train fit: TMPDIR full during the EMOS fit", res, not list(runs.rglob("best*.ckpt")))
+    line = res.error_lines[0]
+    assert "TMPDIR" in line and str(tmp) in line and "the output" not in line, line
