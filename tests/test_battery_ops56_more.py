@@ -102,3 +102,21 @@ def test_a_full_tmpdir_during_the_emos_fit_names_the_scratch_folder(store_850, t
     assert_ok("train fit: TMPDIR full during the EMOS fit", res, not list(runs.rglob("best*.ckpt")))
     line = res.error_lines[0]
     assert "TMPDIR" in line and str(tmp) in line and "the output" not in line, line
+
+
+def test_a_local_emos_fit_prints_no_lightning_warning(store_850, tmp_path):
+    """Every local-EMOS ``train fit`` printed Lightning's "The number of training batches (1) is smaller than the
+    logging interval Trainer(log_every_n_steps=10)" (and "`training_step` returned `None`"): the fit at train
+    start leaves the epochs nothing to optimise, so the interval is every step. Python's warnings left on."""
+    argv = ["train", "fit", "-c", str(ROOT / "configs/train/emos_t2m.yaml"), "--data.cfg.store", str(store_850)]
+    argv += ["--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "postcast", "--no-progress", "--log-level", "WARNING", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "log_every_n_steps" not in proc.stderr and "returned `None`" not in proc.stderr, proc.stderr[-3000:]
