@@ -266,9 +266,10 @@ def _open_file_of(err: BaseException) -> str | None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
     for frame in reversed(frames):
-        names = [v.name for v in frame.f_locals.values() if isinstance(v, io.IOBase) and isinstance(v.name, str)]
-        if names:
-            return names[0]
+        names = [getattr(v, "name", None) for v in frame.f_locals.values() if isinstance(v, io.IOBase)]
+        named = [n for n in names if isinstance(n, str)]
+        if named:
+            return named[0]
     return None
 
 

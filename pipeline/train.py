@@ -96,7 +96,7 @@ class PostcastCLI(LightningCLI):
         if isinstance(self.model.net, LocalEMOS) and self.model._newton():
             # fitted at train start: an epoch's steps only score the fit, logged at every one (Lightning warned
             # that an epoch of fewer batches than the default interval of 10 logs no step)
-            self.trainer.log_every_n_steps = 1
+            self.trainer.log_every_n_steps = 1  # type: ignore[attr-defined]  # (set by its logger connector)
         version = resumed_version(self.config[self.subcommand].get("ckpt_path"), self.trainer.logger)
         logger = self.trainer.logger
         if version is not None and isinstance(logger, TensorBoardLogger | CSVLogger):
