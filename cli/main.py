@@ -228,10 +228,7 @@ def _message(err: BaseException, path: str | None) -> str:
     is prefixed with the verb's input path, unless it names that path already."""
     full = out_of_space(err)
     if full is not None:
-        return (
-            f"cannot write {full.filename or 'the output'}: {full.strerror or full} (disk full or file size "
-            "limit); free space and rerun (finished work is kept, nothing partial was marked complete)"
-        )
+        return _full_message(full)
     ro = read_only(err)
     if ro is not None:
         return f"cannot write {ro.filename or 'the output'}: read-only file system; choose a writable folder"
@@ -239,6 +236,41 @@ def _message(err: BaseException, path: str | None) -> str:
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     plain = not isinstance(err, PostcastError)
     return f"{path}: {text}" if plain and path and path not in text else text
+
+
+def _full_message(full: OSError) -> str:
+    """The line for a full disk: the file being written named, and when it lies in the scratch folder
+    (TMPDIR: the EMOS fit's bands, evaluate's sorted runs), that folder and the way to move it."""
+    import tempfile
+
+    written = full.filename or _open_file_of(full)
+    scratch = Path(tempfile.gettempdir())
+    if written is not None and scratch in Path(str(written)).parents:
+        return (
+            f"the scratch folder {scratch} (TMPDIR) is full: {full.strerror or full} writing {written}; free "
+            "space there or set TMPDIR to a folder with room, and rerun (nothing partial was marked complete)"
+        )
+    return (
+        f"cannot write {written or 'the output'}: {full.strerror or full} (disk full or file size "
+        "limit); free space and rerun (finished work is kept, nothing partial was marked complete)"
+    )
+
+
+def _open_file_of(err: BaseException) -> str | None:
+    """The name of the file object a write that raised ``err`` was writing (a ``write`` call's OSError carries
+    no file name): the one held by the innermost frame of its traceback that holds one."""
+    import io
+
+    tb, frames = err.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        names = [getattr(v, "name", None) for v in frame.f_locals.values() if isinstance(v, io.IOBase)]
+        named = [n for n in names if isinstance(n, str)]
+        if named:
+            return named[0]
+    return None
 
 
 def internal_error(err: BaseException) -> int:

@@ -130,9 +130,10 @@ def _verify_lines(rep: dict[str, Any] | None) -> list[str]:
         return [f"verify     ok: {rep['chunks_checked']} chunks read, {how}"]
     lines = [
         f"verify     FAILED ({how}): {len(rep['missing'])} missing, {len(rep['damaged'])} damaged, "
-        f"{len(rep['undecodable'])} undecodable"
+        f"{len(rep['undecodable'])} undecodable chunks, {len(rep.get('infinite', {}))} arrays with infinite values"
     ]
     lines += [f"  {kind:<12}{key}" for kind in ("missing", "damaged", "undecodable") for key in rep[kind]]
+    lines += [f"  {'infinite':<12}{name}: {n} values" for name, n in rep.get("infinite", {}).items()]
     return lines
 
 

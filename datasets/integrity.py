@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zarr
 
 from postcast.datasets import io
@@ -82,10 +83,11 @@ class Report:
     missing: list[str] = field(default_factory=list)
     damaged: list[str] = field(default_factory=list)
     undecodable: list[str] = field(default_factory=list)
+    infinite: dict[str, int] = field(default_factory=dict)  # array -> its +-Inf values (a store older than the check)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.damaged or self.undecodable)
+        return not (self.missing or self.damaged or self.undecodable or self.infinite)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,12 +97,19 @@ class Report:
             "missing": self.missing,
             "damaged": self.damaged,
             "undecodable": self.undecodable,
+            "infinite": self.infinite,
         }
 
     def problem(self) -> str:
         """One line naming the first few bad chunks and the fix ('' when ok)."""
         if self.ok:
             return ""
+        if not (self.missing or self.damaged or self.undecodable):
+            counts = ", ".join(f"{name} {n} infinite values" for name, n in self.infinite.items())
+            return (
+                f"{self.store}: {counts} (written before ingest refused non-finite values); rebuild the store "
+                "from a finite source with `postcast ingest --overwrite`"
+            )
         parts = [
             f"{len(v)} {k}"
             for k, v in (("missing", self.missing), ("damaged", self.damaged), ("undecodable", self.undecodable))
@@ -129,7 +138,22 @@ def verify(store_path: str | os.PathLike[str]) -> Report:
     intact = set(recorded) - set(rep.missing) - set(rep.damaged)
     decoded, rep.undecodable = _decode_all(root, skip=intact | set(rep.damaged))
     rep.checked = len(intact) + len(rep.damaged) + decoded
+    if not (rep.missing or rep.damaged or rep.undecodable):
+        rep.infinite = _infinities(root)
     return rep
+
+
+def _infinities(root: Path) -> dict[str, int]:
+    """The number of +-Inf values of each floating-point array holding any, read a chunk at a time (ingest
+    refuses them now; an older store may hold them, and every statistic over them is NaN or Inf)."""
+    group = zarr.open_group(root, mode="r", zarr_format=3)
+    out = {}
+    for name, arr in group.members(max_depth=None):
+        if isinstance(arr, zarr.Array) and np.issubdtype(arr.dtype, np.floating):
+            n = sum(int(np.isinf(arr.blocks[idx]).sum()) for idx in itertools.product(*map(range, arr.cdata_shape)))
+            if n:
+                out[name] = n
+    return out
 
 
 def _read_manifest(path: Path) -> dict[str, dict[str, Any]]:

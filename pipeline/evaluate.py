@@ -355,14 +355,30 @@ def write_results(ds: xr.Dataset, out: Path) -> Path:
 def target_arrays(store: xr.Dataset, target: schema.Target, store_path: str) -> list[str]:
     """The store arrays scoring ``target`` reads (members, or the members it is derived from; ensemble mean and
     std of a variable target; truth; the oracle's parameters when there)."""
-    tg = target
+    names, missing = _target_names(store, target)
+    if missing:
+        msg = f"{store_path} has no {', '.join(missing)}: cannot score {target.name}; evaluate other --targets"
+        raise MissingInputError(msg, missing=missing)
+    return names + [n for n in contract.oracle_parameters(target).values() if n in store]
+
+
+def _target_names(store: xr.Dataset, tg: schema.Target) -> tuple[list[str], list[str]]:
+    """The arrays scoring ``tg`` reads, and what of them the store lacks (an array, or the target's pressure
+    level: "z at 500 hPa (its levels: 850)")."""
     stats = [] if tg.derived else [contract.ens_mean(tg.variable), contract.ens_std(tg.variable)]
     names = [*tg.input_variables, *stats, contract.truth_name(tg.name)]
     missing = [n for n in names if n not in store]
-    if missing:
-        msg = f"{store_path} has no {', '.join(missing)}: cannot score {tg.name}; evaluate other --targets"
-        raise MissingInputError(msg, missing=missing)
-    return names + [n for n in contract.oracle_parameters(tg).values() if n in store]
+    if tg.level is not None and tg.variable in store and schema.LEVEL in store[tg.variable].dims:
+        levels = [int(v) for v in store[schema.LEVEL].values]
+        if tg.level not in levels:
+            missing.append(f"{tg.variable} at {tg.level} hPa (its levels: {', '.join(map(str, levels))})")
+    return names, missing
+
+
+def default_targets(store: xr.Dataset) -> list[schema.Target]:
+    """The targets of a store scored when neither checkpoints nor --targets name any: those it holds truth
+    and every input (the pressure level included) for."""
+    return [t for t in schema.TARGETS.values() if not _target_names(store, t)[1]]
 
 
 SMALL_STORE_VALUES = 20_000_000  # member values (dates x members x points) scored in this process by default
@@ -387,11 +403,7 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
 
     store = contract.open_store(cfg.store)  # the one open of this evaluation: read below and by every checkpoint
     entries = checkpoint_entries(cfg, store, progress)
-    targets = (
-        [schema.target(t) for t in cfg.targets]
-        if cfg.targets
-        else list(entries) or [t for t in schema.TARGETS.values() if contract.truth_name(t.name) in store]
-    )  # with truth
+    targets = [schema.target(t) for t in cfg.targets] if cfg.targets else list(entries) or default_targets(store)
     per_target: dict[str, xr.Dataset] = {}
     with cluster_for(cfg, store) as client:
         for tg in targets:

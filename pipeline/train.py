@@ -36,6 +36,7 @@ from postcast.datasets.core.errors import TERMINATED
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
 from postcast.models.module import PostProcessor, read_checkpoint
+from postcast.models.postprocessors import LocalEMOS
 from postcast.pipeline import stopping
 
 LIGHTNING_CKPT_KEYWORDS = ("last", "best", "hpc")  # --ckpt_path values Lightning resolves itself
@@ -92,6 +93,10 @@ class PostcastCLI(LightningCLI):
         from the checkpoint (it only does when the directory is unchanged) and model selection spans
         the whole run, not the last attempt."""
         self.trainer.callbacks.append(stopping.StopSummary())  # type: ignore[attr-defined]  # LOGDIR/summary.json
+        if isinstance(self.model.net, LocalEMOS) and self.model._newton():
+            # fitted at train start: an epoch's steps only score the fit, logged at every one (Lightning warned
+            # that an epoch of fewer batches than the default interval of 10 logs no step)
+            self.trainer.log_every_n_steps = 1  # type: ignore[attr-defined]  # (set by its logger connector)
         version = resumed_version(self.config[self.subcommand].get("ckpt_path"), self.trainer.logger)
         logger = self.trainer.logger
         if version is not None and isinstance(logger, TensorBoardLogger | CSVLogger):

@@ -86,6 +86,15 @@ def _json(obj: dict[str, Any]) -> Response:
     return Response(json.dumps(obj, separators=(",", ":"), allow_nan=False).encode(), media_type="application/json")
 
 
+def _grid_extent(lat: np.ndarray, lon: np.ndarray) -> str:
+    """Where a product's grid points lie, for a box that holds none of them."""
+    step = float(np.abs(np.diff(lat)).min()) if lat.size > 1 else 0.0
+    return (
+        f"the grid's points lie every {step:g} deg at latitude {lat.min():g}..{lat.max():g}, "
+        f"longitude {lon.min():g}..{lon.max():g}: widen the box"
+    )
+
+
 def create_app(
     forecasts: str | Path, token: str | None = None, *, public_metrics: bool = False, watch_s: float | None = 2.0
 ) -> FastAPI:
@@ -246,10 +255,10 @@ def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
         rows = (f.lat >= lat_min) & (f.lat <= lat_max)
         cols, shown = box_columns(f.lon, lon_min, lon_max)  # west to east, as asked
         if not rows.any() or not cols.size:  # lat_min > lat_max included: an empty box
+            why = "lat_min must not exceed lat_max" if lat_min > lat_max else _grid_extent(f.lat, f.lon)
             raise HTTPException(
                 404,
-                f"no grid point inside the box (latitude {lat_min}..{lat_max}, longitude "
-                f"{lon_min}..{lon_max}; lat_min must not exceed lat_max)",
+                f"no grid point inside the box (latitude {lat_min}..{lat_max}, longitude {lon_min}..{lon_max}; {why})",
             )
         return _json(
             {

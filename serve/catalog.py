@@ -92,7 +92,6 @@ class Catalog:
         self.entries: list[Product] = []
         self.skipped: list[Skipped] = []
         self._ranked: dict[Key, list[Product]] = {}
-        self._bad_keys: set[tuple[str, pd.Timestamp | None]] = set()
         self._warned: set[str] = set()
         self.scores: dict[str, dict[str, float]] = {}  # target -> model -> archive.SCORE
         self.scores_file: tuple[str, Path] | None = None  # (name relative to the root, path) of the scores read
@@ -157,7 +156,6 @@ class Catalog:
             Skipped(str(path.relative_to(self.root)), why, "an unreadable forecast file (see the log)")
             for path, (_, why) in self._unreadable.items()
         ]
-        self._bad_keys = {(p.target, p.valid) for p, _ in self._unreadable.values()}
         models = self._rank_models(good)
         rank = {(t, m): k for t, tm in models.items() for k, m in enumerate(tm.order)}
         ranked: dict[Key, list[Product]] = defaultdict(list)
@@ -182,6 +180,8 @@ class Catalog:
         the models there are."""
         if model is None:
             return
+        if model not in self.all_models and self._unreadable_of(target, model, None):
+            raise HTTPException(404, self._no_forecast(target, model, None))
         if model not in self.all_models:
             raise HTTPException(
                 422, f"model {model!r} is not in the archive; its models: {', '.join(self.all_models) or 'none'}"
@@ -214,10 +214,23 @@ class Catalog:
             except archive.UnreadableProduct as err:
                 log.warning("skipping %s", err)
                 self._drop(p, str(err))
+        raise HTTPException(404, self._no_forecast(target, model, valid))
+
+    def _unreadable_of(self, target: str | None, model: str | None, valid: pd.Timestamp | None) -> bool:
+        """Whether a product of ``target`` (None: any) of ``model`` (None: any) valid at ``valid`` (None: any time)
+        was taken out of service as unreadable."""
+        return any(
+            target in (None, p.target) and model in (None, p.model) and valid in (None, p.valid)
+            for p, _ in self._unreadable.values()
+        )
+
+    def _no_forecast(self, target: str | None, model: str | None, valid: pd.Timestamp | None) -> str:
+        """The 404's detail: the same whether the unreadable file was met in this request or an earlier one."""
         what = f"valid time {valid}" if valid is not None else "any time"
         of = f" of model {model!r}" if model is not None else ""
-        why = " (its files are unreadable; see /health)" if (target, valid) in self._bad_keys else "; see /forecasts"
-        raise HTTPException(404, f"no {target} forecast{of} for {what}{why}")
+        bad = self._unreadable_of(target, model, valid)
+        why = " (its files are unreadable; see /health)" if bad else "; see /forecasts"
+        return f"no {target + ' ' if target else ''}forecast{of} for {what}{why}"
 
     def field(self, p: Product) -> Served:
         key = (p.path, p.signature)

@@ -171,6 +171,63 @@ def test_projected_grids_are_ingested_as_their_nearest_points(cli, capfd, tmp_pa
     np.testing.assert_array_equal(got.ravel(), want[angle.argmin(axis=1)].astype(np.float32))
 
 
+def _polar(first: tuple[float, float], n: int = 60, dx: int = 100_000) -> dict[str, object]:
+    """An n x n polar stereographic grid (spacing dx metres) from the point ``first`` (lat, lon), centred on the
+    North Pole when that latitude is positive, else on the South Pole."""
+    south = first[0] < 0
+    return {
+        **{"gridType": "polar_stereographic", "Nx": n, "Ny": n, "DxInMetres": dx, "DyInMetres": dx},
+        **{"latitudeOfFirstGridPointInDegrees": first[0], "longitudeOfFirstGridPointInDegrees": first[1]},
+        **{"LaDInDegrees": -60.0 if south else 60.0, "orientationOfTheGridInDegrees": 0.0},
+        "projectionCentreFlag": 128 if south else 0,
+    }
+
+
+POLAR = {  # x and y increase towards the pole from the first point: the 60 x 60 grids hold it, 23 cells in
+    "north": _polar((60.0, 315.0)),
+    "south": _polar((-60.0, 225.0)),
+    "beside the pole": _polar((76.0, 225.0), n=61, dx=50_000),  # 52..79 N: its box's edge columns were NaN
+}
+
+
+@pytest.mark.parametrize("case", list(POLAR))
+def test_a_polar_grid_holding_the_pole_is_stored_round_the_pole(cli, capfd, tmp_path, case):
+    """A polar stereographic domain holding the pole was refused as "2835 NaN values in 't2m'" (no missing value
+    in the source): the regular grid inside it runs past 540 deg east, which the nearest-point search did not
+    bring back into -180..180; and pyresample's default data reduction dropped the source points just outside the
+    grid's latitude/longitude box, so the box's edge columns were NaN inside the domain. Now a domain holding a
+    pole is stored as a cap round it (every longitude, 360 columns, up to the pole), each value eccodes' value at
+    the nearest source point, no NaN, no point outside the domain."""
+    src, keys = tmp_path / "f.grib2", POLAR[case]
+    n = int(keys["Nx"]) ** 2  # type: ignore[call-overload]
+    _message(src, keys, values=280.0 + 0.01 * np.arange(n))
+    want, lat, lon = _decoded(src)
+    pole = {"north": 90.0, "south": -90.0}.get(case)
+    assert pole is None or np.abs(lat - pole).min() < 1.0  # eccodes: the pole is inside
+    proc = _ingest(cli, capfd, src, tmp_path / "s.zarr", "--variables", "2t")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = contract.open_store(tmp_path / "s.zarr")
+    got, slat, slon = store["t2m"].values[0, 0, 0], store["latitude"].values, store["longitude"].values
+    if pole is not None:  # all round, up to the pole
+        assert slon.size * (slon[1] - slon[0]) == 360.0 and pole in slat
+    glat, glon = np.meshgrid(slat, slon, indexing="ij")
+    angle = _great_circle(glat.ravel(), glon.ravel(), lat, lon)  # (store points, source points)
+    assert got.size >= 100 and not np.isnan(got).any()
+    spacing = np.median(np.sort(_great_circle(lat, lon, lat, lon), axis=1)[:, 1])
+    assert angle.min(axis=1).max() <= 0.75 * spacing  # every stored point lies inside the domain
+    np.testing.assert_array_equal(got.ravel(), want[angle.argmin(axis=1)].astype(np.float32))
+
+
+def test_a_grid_too_coarse_for_a_small_lambert_domain_gives_one_advice(cli, capfd, tmp_path):
+    """A 2 x 2 Lambert domain (50 km) ingested with --grid 1: "... choose a finer --grid; choose another --grid";
+    now one line with one advice: a finer --grid."""
+    src = _message(tmp_path / "f.grib2", {**PROJECTED["lambert"], "Nx": 2, "Ny": 2}, values=280.0 + np.arange(4.0))
+    proc = _ingest(cli, capfd, src, tmp_path / "s.zarr", "--variables", "2t", "--grid", "1")
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("postcast: error:")]
+    assert proc.returncode == 65 and len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].count("--grid") == 1 and "choose a finer --grid" in errors[0], errors[0]
+
+
 def test_spherical_harmonics_are_refused_in_one_line_naming_them(cli, capfd, tmp_path):
     """Was "cannot read the header of GRIB message 0: Key/value not found" (exit 65): the header is read
     whatever the grid, and the grid type is named with what to do."""

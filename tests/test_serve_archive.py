@@ -134,3 +134,37 @@ def test_grid_locator_agrees_with_argmin_distance(resolution):
         assert dj == pytest.approx(dk)
     irregular = Locator(np.array([0.0, 1.0, 5.0]), periodic=False)
     assert not irregular.regular and irregular(3.2) == 2 and irregular(-9.0) == 0
+
+
+def test_a_model_whose_files_are_unreadable_is_answered_the_same_every_time(tmp_path):
+    """A model whose only file cannot be read: the first query answered 404 "no forecast", every later one 422
+    "not in the archive" (the file was taken out of the index). Now the same 404 each time, naming the model
+    and that its files are unreadable (listed by /health)."""
+    write_forecasts(tmp_path, n=2)
+    bad = write_forecasts(tmp_path, n=1, model="mlp")[0]
+    bad.write_bytes(b"not a netCDF file at all\n" * 10)
+    client = _client(tmp_path)
+    answers = [client.get("/forecast/point", params={**POINT, "model": "mlp"}) for _ in range(3)]
+    assert [a.status_code for a in answers] == [404] * 3, [a.text for a in answers]
+    details = {a.json()["detail"] for a in answers}
+    assert len(details) == 1, details
+    detail = details.pop()
+    assert "'mlp'" in detail and "unreadable" in detail and "/health" in detail
+    assert client.get("/forecast/point", params={**POINT, "model": "nope"}).status_code == 422  # truly absent
+    assert client.get("/forecast/point", params=POINT).status_code == 200  # the readable model
+
+
+@pytest.mark.parametrize(
+    ("box", "says_order"),
+    [
+        ({"lat_min": 80.2, "lat_max": 80.4, "lon_min": 10.0, "lon_max": 20.0}, False),
+        ({"lat_min": 50.0, "lat_max": 40.0, "lon_min": 0, "lon_max": 20}, True),
+    ],
+)
+def test_an_empty_box_says_why_only(tmp_path, box, says_order):
+    """A box between grid rows (latitude 80.2..80.4 on a 5 deg grid) was answered "... lat_min must not exceed
+    lat_max", which it did not; that advice only when lat_min > lat_max."""
+    write_forecasts(tmp_path, n=1)
+    r = _client(tmp_path).get("/forecast/bbox", params={"target": "t850", **box})
+    assert r.status_code == 404, r.text
+    assert ("lat_min must not exceed lat_max" in r.json()["detail"]) == says_order, r.json()["detail"]

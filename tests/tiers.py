@@ -49,6 +49,7 @@ SYSTEM_FILES = frozenset(
         "test_battery.py",
         "test_battery_ops.py",
         "test_battery_ops56.py",
+        "test_battery_ops56_more.py",
         "test_battery_training.py",
         "test_cluster.py",
         "test_docs_api.py",

@@ -367,8 +367,8 @@ def target_grid(
     else:
         try:
             grid = regrid.grid_at(src, expect.grid) if expect.grid is not None else regrid.default_grid(src)
-        except ValueError as err:
-            msg = f"{source}: {err}; choose another --grid"
+        except ValueError as err:  # (its message says which --grid would do)
+            msg = f"{source}: {err}"
             raise BadInputError(msg) from err
     if not src.is_grid(grid):
         log.info("%s: %s is not %s: regridding (%s)", source, src.name, grid.describe(), expect.method)

@@ -291,19 +291,25 @@ def _regular_da_lat(values: np.ndarray, lat: np.ndarray, lon: np.ndarray) -> xr.
 def _nearest_points(values: np.ndarray, src: SourceGrid, grid: schema.Grid) -> np.ndarray:
     from pyresample import geometry, kd_tree
 
-    lon180 = np.where(src.lon > 180.0, src.lon - 360.0, src.lon)
-    source = geometry.SwathDefinition(lons=lon180, lats=src.lat)
+    source = geometry.SwathDefinition(lons=_lon180(src.lon), lats=src.lat)
     tlon, tlat = np.meshgrid(grid.longitudes(), grid.latitudes())
-    target = geometry.GridDefinition(lons=np.where(tlon > 180.0, tlon - 360.0, tlon), lats=tlat)
+    target = geometry.GridDefinition(lons=_lon180(tlon), lats=tlat)  # (a regional grid's may pass 540 deg east)
     radius = 4.0 * np.radians(max(grid.resolution, 180.0 / max(len(src.rows.get("lat", [])), 1))) * EARTH_RADIUS_M
     radius = 0.75 * src.spacing * EARTH_RADIUS_M if src.regional else radius  # NaN outside a projected domain
     flat = values.reshape(-1, values.shape[-1])  # (fields, n)
+    # reduce_data=False: pyresample's default first drops the source points outside the target's latitude /
+    # longitude box, and with them the nearest point of a target at the box's edge (a NaN inside the domain)
     out = kd_tree.resample_nearest(
-        source, np.moveaxis(flat, 0, -1), target, radius_of_influence=radius, fill_value=None
+        source, np.moveaxis(flat, 0, -1), target, radius_of_influence=radius, fill_value=None, reduce_data=False
     )
     out = np.ma.filled(np.ma.asarray(out, dtype=np.float64), np.nan)  # (y, x[, fields])
     out = out[..., None] if out.ndim == 2 else out
     return np.moveaxis(out, -1, 0).reshape(*values.shape[:-1], *grid.shape)
+
+
+def _lon180(lon: np.ndarray) -> np.ndarray:
+    """Longitudes (any number of turns east) in -180..180, as pyresample takes them."""
+    return np.mod(lon + 180.0, 360.0) - 180.0
 
 
 def to_grid(values: np.ndarray, src: SourceGrid, grid: schema.Grid, method: str = "bilinear") -> np.ndarray:
@@ -359,17 +365,22 @@ def grid_at(src: SourceGrid, resolution: float) -> schema.Grid:
     try:
         return schema.Grid(r, (float(south), float(north), float(west - shift), float(east - shift)))
     except ValueError as err:
-        msg = f"{src.name}: no {r:g} deg grid fits inside this source ({err})"
+        msg = f"{src.name}: no {r:g} deg grid fits inside this source ({err}); choose another --grid"
         raise ConfigError(msg) from err
 
 
 def _inside_projected(src: SourceGrid, r: float) -> schema.Grid:
     """The largest regular grid of resolution ``r`` whose every point lies inside a projected domain: the
-    largest rectangle of inside points of the ``r`` grid over the domain's latitude/longitude box."""
+    largest rectangle of inside points of the ``r`` grid over the domain's latitude/longitude box; a domain
+    holding a pole gets every longitude up to that pole, so a cap round it can be chosen."""
     centre = np.degrees(np.angle(np.exp(1j * np.radians(src.lon)).mean()))  # the circular mean longitude
     lon_u = centre + np.mod(src.lon - centre + 180.0, 360.0) - 180.0  # unwrapped around it
-    lat = np.arange(np.ceil(src.lat.min() / r - 1e-6), np.floor(src.lat.max() / r + 1e-6) + 1) * r
+    poles = src.inside(np.array([-90.0, 90.0]), np.zeros(2))  # (south, north): whether the domain holds each
+    south, north = -90.0 if poles[0] else src.lat.min(), 90.0 if poles[1] else src.lat.max()
+    lat = np.arange(np.ceil(south / r - 1e-6), np.floor(north / r + 1e-6) + 1) * r
     lon = np.arange(np.ceil(lon_u.min() / r - 1e-6), np.floor(lon_u.max() / r + 1e-6) + 1) * r
+    if poles.any():  # a cap round the pole: every longitude, once
+        lon = lon[0] + np.arange(round(360.0 / r)) * r
     tlat, tlon = np.meshgrid(lat, lon, indexing="ij")
     rows, cols = _largest_rectangle(src.inside(tlat.ravel(), tlon.ravel()).reshape(tlat.shape))
     if rows.stop - rows.start < 2 or cols.stop - cols.start < 2:
