@@ -29,76 +29,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from postcast.models import distributions, emos_bfgs, emos_forms
+from postcast.models.emos_report import FitReport
 
 LOCATION_SCALE = ("gaussian", "truncnormal", "clogistic")  # raw (a, b) = (location offset / s, log scale / s)
 NEAR_SHIFT = -5.0  # the csg's raw shift c of its second start (shift = s softplus(c): 0.007 spreads)
 FAR_SHIFT = 1000.0  # ... of its third (1,000 spreads; from 1e4 the descent fails in float64)
-RAY = tuple(2.0**i for i in range(1, 11))  # the csg's shift times these toward its censored-normal limit
+RAY = tuple(2.0**i for i in range(-4, 0)) + tuple(2.0**i for i in range(1, 11))  # the csg's shift times these:
+# in from the far start (points left at a shift of 1,000 spreads, the Newton decrement's criterion met on an
+# inexact Hessian, lay 3e-4 above a shift 4 times smaller), then out toward its censored-normal limit
 
 
 @dataclass(frozen=True)
 class FitSettings:
     tol_grad: float = 1e-9  # max |dCRPS/dtheta| at a converged point, relative to 1 + its CRPS
     tol_decrease: float = 1e-12  # Newton decrement at a converged point, relative to 1 + its CRPS
+    tol_limit: float = 1e-6  # the csg's CRPS left to fall to its censored-normal limit, relative to 1 + its CRPS
     max_iter: int = 100  # from the first start
     max_iter_polish: int = 40  # of BFGS at the points the damped iterations left short (:func:`_polished`)
     max_iter_far: int = 12  # from the further starts (the csg's), before the points they lead on are iterated on
     refresh: int = 10  # iterations between finite-difference Hessians (BFGS updates in between)
     max_step: float = 1.0  # largest change of a coefficient in one iteration, x (1 + the largest |coefficient|)
     min_std: float = 1e-6  # the head's floor on the ensemble std
-
-
-@dataclass(frozen=True)
-class FitReport:
-    """How the fit ended: the convergence criterion's values, recorded in the checkpoint."""
-
-    method: str
-    iterations: int
-    points: int
-    converged_points: int  # gradient or Newton decrement below tolerance
-    stalled_points: int  # no step lowers the CRPS in float64 (at the optimum to machine precision)
-    grad_norm_max: float  # max over points of max |gradient|
-    newton_decrement_max: float  # max over points of the last predicted decrease
-    tol_grad: float
-    tol_decrease: float
-    crps_raw: float  # mean training CRPS at theta = 0 (the raw ensemble in this family)
-    crps_start: float
-    crps_fit: float
-    seconds: float
-
-    def to_dict(self) -> dict[str, float | int | str]:
-        return asdict(self)
-
-    @classmethod
-    def merged(cls, reports: list[FitReport]) -> FitReport:
-        """One report for fits of disjoint sets of points (the bands of :func:`fit_bands`): counts summed,
-        worst criteria kept, mean CRPS weighted by points."""
-
-        def mean(key: str) -> float:
-            return sum(getattr(r, key) * r.points for r in reports) / max(1, sum(r.points for r in reports))
-
-        first = reports[0]
-        return cls(
-            method=first.method,
-            iterations=max(r.iterations for r in reports),
-            points=sum(r.points for r in reports),
-            converged_points=sum(r.converged_points for r in reports),
-            stalled_points=sum(r.stalled_points for r in reports),
-            grad_norm_max=max(r.grad_norm_max for r in reports),
-            newton_decrement_max=max(r.newton_decrement_max for r in reports),
-            tol_grad=first.tol_grad,
-            tol_decrease=first.tol_decrease,
-            crps_raw=mean("crps_raw"),
-            crps_start=mean("crps_start"),
-            crps_fit=mean("crps_fit"),
-            seconds=sum(r.seconds for r in reports),
-        )
 
 
 @dataclass(frozen=True)
@@ -420,14 +377,21 @@ def fit(
     moved = (best.f < first.f).nonzero().squeeze(1)
     if moved.numel():
         best = best.replaced(moved, _descend(best.theta[moved], d.take(moved), model, settings, settings.max_iter))
-    best = _toward_the_limit(best, d, settings) if family == "csg" else best
+    limit, gap = torch.zeros_like(best.done), torch.zeros_like(best.f)
+    if family == "csg":  # the far basin, then (a second walk from where it ended) its points still short
+        far = _far(best)
+        best, limit, gap = _toward_the_limit(best, d, settings, far, limit, gap)
+        best, limit, gap = _toward_the_limit(best, d, settings, far & ~best.done & ~limit, limit, gap)
     best = _polished(best, d, model, settings)
+    limit &= ~best.done
     report = FitReport(
         method="levenberg-marquardt, then BFGS line searches (per point: finite-difference Hessian, float64)",
         iterations=best.iterations,
         points=int(best.f.numel()),
         converged_points=int(best.done.sum()),
-        stalled_points=int((best.stalled & ~best.done).sum()),
+        stalled_points=int((best.stalled & ~best.done & ~limit).sum()),
+        limit_points=int(limit.sum()),
+        limit_gap_max=float(torch.where(limit, gap, 0.0).amax()) if limit.numel() else 0.0,
         grad_norm_max=float(best.g.abs().amax()),
         newton_decrement_max=float(torch.where(best.done, best.decrement.clamp_min(0), 0.0).amax()),
         tol_grad=settings.tol_grad,
@@ -440,28 +404,42 @@ def fit(
     return best.theta, report
 
 
-def _toward_the_limit(best: _Descent, d: PointData, settings: FitSettings) -> _Descent:
-    """The csg's far basin (raw shift above FAR_SHIFT / 2), whose optimum can be the censored-normal limit (an
-    infinite shift; the shape's gradient there too inexact): the shift times RAY, the best, a descent from it."""
-    far = (best.theta[:, 4] > FAR_SHIFT / 2).nonzero().squeeze(1)
+def _far(best: _Descent) -> torch.Tensor:
+    """The csg's far basin (P,): a raw shift above FAR_SHIFT / 2, where the shape's gradient is inexact."""
+    return best.theta[:, 4] > FAR_SHIFT / 2
+
+
+def _toward_the_limit(
+    best: _Descent, d: PointData, settings: FitSettings, todo: torch.Tensor, limit: torch.Tensor, gap: torch.Tensor
+) -> tuple[_Descent, torch.Tensor, torch.Tensor]:
+    """The points ``todo`` (P,) of the csg's far basin, whose optimum can be the censored-normal limit (an
+    infinite shift): the shift times RAY, the best, a descent from it. Also which points (P,) are at the limit
+    (``limit`` updated at ``todo``), the CRPS still falling at the ray's last factor by at most ``tol_limit``
+    (1 + CRPS), and that fall (P,), the ``gap``: the CRPS falls towards the limit like 1 / shift, so the fall of
+    the last doubling of the shift is what is left to fall to the limit from there."""
+    far = todo.nonzero().squeeze(1)
     theta, at, f = best.theta[far], d.take(far), best.f[far]
-    c, tried = theta[:, 4:5], theta
+    c, tried, f_ray = theta[:, 4:5], theta, f
     with torch.no_grad():
         for factor in RAY:  # a0 and a1 divided by as much as the shift grows: the location kept to first order
             scaled = theta[:, :2] * (1.0 + F.softplus(c)) / (1.0 + F.softplus(c * factor))
             ray = torch.cat([scaled, theta[:, 2:4], c * factor], dim=1)
-            f_ray = crps_per_point(ray, at, "csg")
+            f_before, f_ray = f_ray, crps_per_point(ray, at, "csg")
             tried, f = torch.where((f_ray < f)[:, None], ray, tried), torch.where(f_ray < f, f_ray, f)
+    falling = (f_ray == f) & (f_ray < f_before)  # (F,): the last factor (the farthest) the lowest, still falling
+    limit, gap = limit.clone(), gap.clone()
+    gap[far] = torch.where(falling, f_before - f_ray, 0.0)
+    limit[far] = falling & (gap[far] <= settings.tol_limit * _scale(f))
     keep = f < best.f[far]
     done = _descend(tried[keep], d.take(far[keep]), Model("csg"), settings, settings.max_iter) if keep.any() else None
-    return best if done is None else best.replaced(far[keep], done)
+    return (best if done is None else best.replaced(far[keep], done)), limit, gap
 
 
 def _polished(best: _Descent, d: PointData, model: Model, settings: FitSettings) -> _Descent:
     """The points short of convergence, on by BFGS with line searches (:func:`emos_bfgs.polish`) from the inverse
     of their damped finite-difference Hessian (never to a higher CRPS); not the csg's far basin, whose shape's
     gradient is too inexact for line searches (on the targets world: 10 s more for 4 % of the polish's gain)."""
-    far = best.theta[:, 4] > FAR_SHIFT / 2 if model.family == "csg" else torch.zeros_like(best.done)
+    far = _far(best) if model.family == "csg" else torch.zeros_like(best.done)
     idx = (~best.done & ~far).nonzero().squeeze(1)
     if idx.numel() == 0:
         return best

@@ -17,8 +17,9 @@ import torch
 
 from postcast.models import emos_fit
 from postcast.models.emos_bands import BandScratch
-from postcast.models.emos_fit import FitReport, FitSettings, PointData
+from postcast.models.emos_fit import FitSettings, PointData
 from postcast.models.emos_pool import Pooling, pooled
+from postcast.models.emos_report import FitReport
 
 DEFAULT = FitSettings()
 log = logging.getLogger(__name__)
