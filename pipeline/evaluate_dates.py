@@ -37,7 +37,7 @@ from postcast.datasets.core.errors import BadInputError, PostcastError
 from postcast.datasets.ingest import cluster
 from postcast.models import distributions
 from postcast.pipeline import metrics, verification
-from postcast.pipeline.chunk import Chunk
+from postcast.pipeline.chunk import Chunk, GaussianForecast
 from postcast.pipeline.evaluate_stream import Part, part_of
 from postcast.pipeline.gather import (
     ENSEMBLE,
@@ -181,7 +181,8 @@ def chunks_of(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForeca
     y = ver["truth"].values  # (T, lat, lon)
     names = [str(f) for f in ver["forecast"].values]
     chunks = [
-        Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values) for f in names
+        Chunk(y, efi, dist=GaussianForecast(ver["mu"].sel(forecast=f).values, ver["sigma"].sel(forecast=f).values))
+        for f in names
     ]
     chunks += [Chunk(y, efi, dist=d) for d in families.values()]
     return [*names, *families, ENSEMBLE], [*chunks, Chunk(y, efi, members=ver["members"].values)]
