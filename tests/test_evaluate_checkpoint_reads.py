@@ -70,3 +70,10 @@ def test_one_read_per_worker_process(store, t2m_ckpt, tmp_path, monkeypatch):
     assert len(res["targets"]["t2m"]["forecasts"]) == 3
     assert len(calls) == 1, f"{len(calls)} reads in the driver"
     assert sum(per_worker.values()) >= 1 and max(per_worker.values()) <= 1, f"reads per worker: {per_worker}"
+
+
+def test_a_checkpoint_for_a_target_not_evaluated_is_a_usage_error(cli, store, t2m_ckpt, tmp_path):
+    """The check the verb made by opening each checkpoint once more is now made where evaluation opens it."""
+    proc = cli("evaluate", str(store), "--checkpoints", str(t2m_ckpt), "--targets", "t850", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{t2m_ckpt}: a checkpoint for t2m, but --targets is t850; add t2m or drop it" in proc.stderr
