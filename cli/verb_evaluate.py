@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 
 from postcast.common import Subparsers, progress, str_tuple
-from postcast.datasets.core.errors import ConfigError, MissingInputError
+from postcast.datasets.core.errors import MissingInputError
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -73,8 +72,6 @@ def run(a: argparse.Namespace) -> int:
         workers=a.workers,
         processes=a.processes,
     )
-    if a.targets:
-        _check_checkpoint_targets(a.checkpoints, a.targets)
     res = evaluate(cfg, progress=progress(a.progress, "checkpoints"))
     for target, r in res["targets"].items():
         for f, regions in r["forecasts"].items():
@@ -85,14 +82,3 @@ def run(a: argparse.Namespace) -> int:
             )
     print(f"report: {Path(a.out) / 'report.html'}")
     return 0
-
-
-def _check_checkpoint_targets(checkpoints: Sequence[str], targets: Sequence[str]) -> None:
-    """Refuse a checkpoint trained for a target that is not being evaluated (it would be skipped silently)."""
-    from postcast.pipeline.gather import open_checkpoint
-
-    for path in checkpoints:
-        target = open_checkpoint(path)[1]["sample"]["target"]
-        if target not in targets:
-            msg = f"{path}: a checkpoint for {target}, but --targets is {','.join(targets)}; add {target} or drop it"
-            raise ConfigError(msg)

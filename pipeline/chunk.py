@@ -1,6 +1,6 @@
-"""One forecast on one lead as scoring sees it: :class:`Chunk` holds the truth and the raw members, a
-Gaussian or a distribution (:class:`Predictive`), and computes each score, quantile and exceedance
-probability once."""
+"""One forecast on one lead as scoring sees it: :class:`Chunk` holds the truth and the raw members or a predictive
+distribution of any family (:class:`Predictive`; the Gaussian of a mean and spread is :class:`GaussianForecast`),
+and computes each score, quantile and exceedance probability once."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from postcast.datasets import laws
 from postcast.pipeline import metrics
 
-GAUSSIAN, DISTRIBUTION, ENSEMBLE = "gaussian", "distribution", "ensemble"
+PREDICTIVE, ENSEMBLE = "predictive", "ensemble"  # the kinds of forecast: a distribution, or members
 TAIL_LEVELS = 400  # quantile levels (i - 1/2)/n of a distribution's twCRPS
 
 
@@ -41,6 +41,44 @@ class Predictive(Protocol):
     def moments(self) -> tuple[np.ndarray, np.ndarray]: ...  # (mean, std), each (S)
 
 
+@dataclass(frozen=True)
+class GaussianForecast:
+    """N(mu, sigma^2), ``mu`` and ``sigma`` of shape S = (T, lat, lon), as a :class:`Predictive` in float64 numpy:
+    the raw ensemble's (its members' mean and spread), the oracle's and a Gaussian checkpoint's. Its CRPS is the
+    closed form of :func:`postcast.pipeline.metrics.crps_gaussian`, its cdf and quantiles the law's
+    (:mod:`postcast.datasets.laws`); a continuous law, so P(Y < x) = P(Y <= x)."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+
+    name = laws.Gaussian.name
+
+    @property
+    def params(self) -> laws.Params:
+        return {"mu": self.mu, "sigma": self.sigma}
+
+    def crps(self, y: np.ndarray) -> np.ndarray:
+        return metrics.crps_gaussian(self.mu, self.sigma, y)
+
+    def cdf(self, x: np.ndarray) -> np.ndarray:
+        return laws.get(self.name).cdf(self.params, x)
+
+    def cdf_left(self, x: np.ndarray) -> np.ndarray:
+        return self.cdf(x)
+
+    def sf(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(1.0 - self.cdf(x))
+
+    def quantile(self, tau: float) -> np.ndarray:
+        return laws.get(self.name).quantile(self.params, tau)
+
+    def quantile_where(self, tau: float, mask: np.ndarray) -> np.ndarray:
+        return laws.get(self.name).quantile({"mu": self.mu[mask], "sigma": self.sigma[mask]}, tau)
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.mu, self.sigma
+
+
 def _chain(event: str, x: np.ndarray, t: np.ndarray) -> np.ndarray:
     """The chaining of the twCRPS: max(x, t) for an upper-tail event (weight 1{z >= t}), else min(x, t)."""
     return np.maximum(x, t) if event.startswith("above") else np.minimum(x, t)
@@ -48,30 +86,24 @@ def _chain(event: str, x: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Chunk:
-    """One forecast against the truth on one lead. Gaussian: ``mu``, ``sigma``; any other family:
-    ``dist``; ensemble: ``members`` (T, M, lat, lon). ``efi`` (T, lat, lon) weights the extreme-event
+    """One forecast against the truth on one lead: a predictive distribution ``dist`` of any family, or an
+    ensemble's ``members`` (T, M, lat, lon). ``efi`` (T, lat, lon) weights the extreme-event
     CRPS; ``thresholds`` (event of :data:`EVENTS` -> (lat, lon)) define the tail scores."""
 
     truth: np.ndarray  # (T, lat, lon)
     efi: np.ndarray  # (T, lat, lon), in [-1, 1]
-    mu: np.ndarray | None = None
-    sigma: np.ndarray | None = None
     members: np.ndarray | None = None
     dist: Predictive | None = None
     thresholds: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
-        if self.members is not None:
-            return ENSEMBLE
-        return DISTRIBUTION if self.dist is not None else GAUSSIAN
+        return ENSEMBLE if self.members is not None else PREDICTIVE
 
     def quantile(self, tau: float) -> np.ndarray:
-        """Q(tau) (T, lat, lon) of a Gaussian or another family."""
-        if self.dist is not None:
-            return self.dist.quantile(tau)
-        assert self.mu is not None and self.sigma is not None
-        return laws.get(laws.Gaussian.name).quantile({"mu": self.mu, "sigma": self.sigma}, tau)
+        """Q(tau) (T, lat, lon) of the distribution."""
+        assert self.dist is not None
+        return self.dist.quantile(tau)
 
     def _tail_quantiles(self) -> Callable[[float], np.ndarray]:
         """tau -> Q(tau) (T, lat, lon) where some event's chaining can tell it apart, else a stand-in of the same
@@ -79,8 +111,7 @@ class Chunk:
         with F_left(t_lo) < tau <= F(t_hi) has t_lo <= Q(tau) <= t_hi, chained to each event's own threshold,
         as is t_hi (or t_lo): a distribution's costly quantile (the CSG's gammaincinv) is computed only for
         levels in a tail, several times fewer for a rain forecast."""
-        if self.dist is None:
-            return self.quantile
+        assert self.dist is not None
         dist, shape = self.dist, self.truth.shape
         above = [t for e, t in self.thresholds.items() if e.startswith("above")]
         below = [t for e, t in self.thresholds.items() if not e.startswith("above")]
@@ -148,32 +179,25 @@ class Chunk:
 
     @cached_property
     def crps(self) -> np.ndarray:
-        """The family's closed form (Gaussian or other), or the fair ensemble CRPS (T, lat, lon)."""
+        """The family's closed form, or the fair ensemble CRPS (T, lat, lon)."""
         if self.dist is not None:
             return self.dist.crps(self.truth)
-        if self.members is None:
-            assert self.mu is not None and self.sigma is not None
-            return metrics.crps_gaussian(self.mu, self.sigma, self.truth)
         return self.ensemble_crps["fair"]
 
     @cached_property
     def mean(self) -> np.ndarray:
         if self.dist is not None:
             return self.dist.moments()[0]
-        if self.members is None:
-            assert self.mu is not None
-            return self.mu
+        assert self.members is not None
         return np.asarray(self.members.mean(axis=1))
 
     @cached_property
     def variance(self) -> np.ndarray:
         """Predictive variance whose mean equals E[(mean - y)^2] for a calibrated forecast:
-        sigma^2 (another family: its closed form); or (M + 1)/M times the unbiased member variance
+        the distribution's, in closed form; or (M + 1)/M times the unbiased member variance
         (Fortin et al. 2014)."""
         if self.dist is not None:
             return np.asarray(self.dist.moments()[1] ** 2)
-        if self.members is None:
-            assert self.sigma is not None
-            return np.asarray(self.sigma**2)
+        assert self.members is not None
         m = self.members.shape[1]
         return np.asarray((m + 1) / m * self.members.var(axis=1, ddof=1))

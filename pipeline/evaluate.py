@@ -38,8 +38,6 @@ import xarray as xr
 
 from postcast.datasets import contract, io, reads, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
-from postcast.datasets.loaders.datamodule import DataConfig
-from postcast.datasets.sample import SampleSpec
 from postcast.pipeline import significance, verification
 from postcast.pipeline.evaluate_dates import (
     LeadJob,
@@ -58,9 +56,9 @@ from postcast.pipeline.gather import (
     ORACLE,
     RAW,
     FamilyForecast,
+    OpenedCheckpoint,
     baseline,
     check_fits,
-    open_checkpoint,
     oracle_forecast,
 )
 
@@ -164,28 +162,35 @@ def _checkpoint_name(path: str, names: dict[str, str], taken: set[str]) -> str:
 
 @dataclass(frozen=True)
 class Entry:
-    """A checkpoint as evaluation scores it: display name, path, lead (h) and predictive family."""
+    """A checkpoint as evaluation scores it: display name and the checkpoint, opened once."""
 
     name: str
-    path: str
-    lead: int
-    family: str
+    checkpoint: OpenedCheckpoint
+
+    @property
+    def lead(self) -> int:
+        """The lead it predicts (h)."""
+        return self.checkpoint.spec.step_h
 
 
 def checkpoint_entries(
     cfg: EvalConfig, store: xr.Dataset, progress: Callable[[Iterable[Any]], Iterable[Any]] = iter
 ) -> dict[schema.Target, list[Entry]]:
-    """Each checkpoint's target and entry, after checking that it fits the store (nothing predicted yet:
-    each chunk of dates is predicted where it is scored)."""
+    """Each checkpoint's target and entry, each checkpoint opened once (the one read of it in this process), after
+    checking that it fits the store and is for one of ``cfg.targets`` when given (nothing predicted yet: each chunk
+    of dates is predicted where it is scored)."""
     entries: dict[schema.Target, list[Entry]] = {}
     taken: dict[str, set[str]] = {}  # display names are unique per target
     for path in progress(cfg.checkpoints):
-        model, meta = open_checkpoint(path)
-        spec = DataConfig(store=cfg.store, sample=SampleSpec.from_dict(meta["sample"])).sample
-        check_fits(path, dict(model.hparams), spec, store)
-        target = spec.resolved_target
+        ckpt = OpenedCheckpoint.open(path)
+        check_fits(path, dict(ckpt.model.hparams), ckpt.spec, store)
+        target = ckpt.spec.resolved_target
+        if cfg.targets and target.name not in cfg.targets:
+            given = ",".join(cfg.targets)
+            msg = f"{path}: a checkpoint for {target.name}, but --targets is {given}; add {target.name} or drop it"
+            raise ConfigError(msg)
         name = _checkpoint_name(path, cfg.names, taken.setdefault(target.name, set()))
-        entries.setdefault(target, []).append(Entry(name, path, spec.step_h, str(model.hparams["distribution"])))
+        entries.setdefault(target, []).append(Entry(name, ckpt))
     return entries
 
 
@@ -214,18 +219,18 @@ def lead_job(
     (its climate thresholds computed on ``client``'s cluster when given)."""
     rows = contract.split_rows(store, split, target=target, step_h=h)
     for e in entries:
-        spec = SampleSpec.from_dict(open_checkpoint(e.path)[1]["sample"])
+        spec = e.checkpoint.spec
         if not np.array_equal(contract.split_rows(store, split, target=spec.resolved_target, step_h=h), rows):
             msg = f"{e.name}: predicted init times differ from the verification dates of {target.name} at +{h} h"
             raise BadInputError(msg)
     job = LeadJob(
         store_path,
-        target.name,
+        target,
         split,
         h,
         int(rows.size),
         tuple(target_arrays(store, target, store_path)),
-        tuple((e.name, e.path) for e in entries),
+        tuple((e.name, e.checkpoint) for e in entries),
         climate_thresholds(store, target, h, client, store_path),
     )
     return replace(job, rank_skips=rank_skips(store, job))
@@ -279,10 +284,10 @@ def stream_leads(store: xr.Dataset, jobs: list[LeadJob], bootstrap: int, client:
 
 
 def _finish_lead(store: xr.Dataset, job: LeadJob, acc: Accumulator, bootstrap: int) -> xr.Dataset:
-    rows = contract.split_rows(store, job.split, target=schema.target(job.target), step_h=job.step_h)
+    rows = contract.split_rows(store, job.split, target=job.target, step_h=job.step_h)
     lat, lon = store[schema.LAT].values, store[schema.LON].values
     res = acc.finish(lat, lon, store[schema.INIT_TIME].values[rows], list(job.thresholds))
-    res.attrs["baseline"] = baseline(schema.target(job.target))
+    res.attrs["baseline"] = baseline(job.target)
     return _significance(res, bootstrap)
 
 
@@ -425,7 +430,7 @@ def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]]
     for tg, es in entries.items():  # each checkpoint's family beside its scores
         for e in es:
             if tg.name in results["targets"] and e.name in results["targets"][tg.name]["forecasts"]:
-                results["targets"][tg.name]["forecasts"][e.name]["global"]["distribution"] = e.family
+                results["targets"][tg.name]["forecasts"][e.name]["global"]["distribution"] = e.checkpoint.family
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ds = results_dataset(per_target)

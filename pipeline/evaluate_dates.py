@@ -37,12 +37,13 @@ from postcast.datasets.core.errors import BadInputError, PostcastError
 from postcast.datasets.ingest import cluster
 from postcast.models import distributions
 from postcast.pipeline import metrics, verification
-from postcast.pipeline.chunk import Chunk
+from postcast.pipeline.chunk import Chunk, GaussianForecast
 from postcast.pipeline.evaluate_stream import Part, part_of
 from postcast.pipeline.gather import (
     ENSEMBLE,
     RAW,
     FamilyForecast,
+    OpenedCheckpoint,
     add_forecast,
     check_finite,
     check_shape,
@@ -138,7 +139,7 @@ def climate_thresholds(
     if not rows.size:
         return fixed
     bands = tuple(_bands(shape[0], rows.size * shape[1] * 8, TILE_BYTES))
-    job = ThresholdJob(store_path, tg.name, step_h, tuple(int(r) for r in rows), bands)
+    job = ThresholdJob(store_path, tg, step_h, tuple(int(r) for r in rows), bands)
     if client is None:
         q = [job.quantiles(store, band) for band in bands]
     else:
@@ -151,7 +152,7 @@ class ThresholdJob:
     """The training truth's 10 / 90 % quantiles of one target's lead, a latitude band per task."""
 
     store: str
-    target: str
+    target: schema.Target
     step_h: int
     rows: tuple[int, ...]  # the training split's init-time rows
     bands: tuple[slice, ...]
@@ -159,7 +160,7 @@ class ThresholdJob:
 
     def quantiles(self, store: xr.Dataset, band: slice) -> np.ndarray:
         """(2, band, lon): the 10 and 90 % quantiles over the training dates of each point of ``band``."""
-        tg = schema.target(self.target)
+        tg = self.target
         truth = step_field(store, contract.truth_name(tg.name), self.step_h, tg.level)
         n_lat, n_lon = truth.shape[-2:]
         y = np.empty((len(self.rows), band.stop - band.start, n_lon))  # (n, band, lon) float64
@@ -180,7 +181,8 @@ def chunks_of(ver: xr.Dataset, efi: np.ndarray, families: dict[str, FamilyForeca
     y = ver["truth"].values  # (T, lat, lon)
     names = [str(f) for f in ver["forecast"].values]
     chunks = [
-        Chunk(y, efi, mu=ver["mu"].sel(forecast=f).values, sigma=ver["sigma"].sel(forecast=f).values) for f in names
+        Chunk(y, efi, dist=GaussianForecast(ver["mu"].sel(forecast=f).values, ver["sigma"].sel(forecast=f).values))
+        for f in names
     ]
     chunks += [Chunk(y, efi, dist=d) for d in families.values()]
     return [*names, *families, ENSEMBLE], [*chunks, Chunk(y, efi, members=ver["members"].values)]
@@ -191,12 +193,12 @@ class LeadJob:
     """What every chunk of dates of one target's lead shares (sent once to each worker)."""
 
     store: str
-    target: str
+    target: schema.Target
     split: str
     step_h: int
     n_dates: int
     arrays: tuple[str, ...]  # the store arrays read (a chunk that does not decode is named among them)
-    checkpoints: tuple[tuple[str, str], ...] = ()  # (display name, path) of the checkpoints at this lead
+    checkpoints: tuple[tuple[str, OpenedCheckpoint], ...] = ()  # (display name, checkpoint) of those at this lead
     thresholds: dict[str, np.ndarray] = field(default_factory=dict)
     rank_skips: tuple[int, ...] = ()  # per task: the finite outcomes of the dates before it
     token: str = field(default_factory=lambda: uuid.uuid4().hex)  # the evaluation's: its store opened once
@@ -243,15 +245,15 @@ def score_dates(job: LeadJob, k: int) -> Part:
     dates = slice(start, min(start + DATES_PER_TASK, job.n_dates))
     store = _opened(job)
     with chunk_named(job.store, list(job.arrays)):
-        ver = verification_dataset(store, schema.target(job.target), job.split, step_h=job.step_h, dates=dates)
+        ver = verification_dataset(store, job.target, job.split, step_h=job.step_h, dates=dates)
         families: dict[str, FamilyForecast] = {}
-        for name, path in job.checkpoints:
-            _, _, times, dist = predict_opened(path, job.store, store, job.split, DATES_PER_TASK, dates)
+        for name, ckpt in job.checkpoints:
+            times, dist = predict_opened(ckpt, job.store, store, job.split, DATES_PER_TASK, dates)
             if not np.array_equal(times, ver[schema.INIT_TIME].values):
-                msg = f"{name}: predicted init times differ from the verification dates of {job.target}"
+                msg = f"{name}: predicted init times differ from the verification dates of {job.target.name}"
                 raise BadInputError(msg)
             raw = [ver[k].sel(forecast=RAW).values for k in ("mu", "sigma")]
-            check_finite(name, path, dist, np.isfinite(raw[0]) & np.isfinite(raw[1]))
+            check_finite(name, ckpt, dist, np.isfinite(raw[0]) & np.isfinite(raw[1]))
             if isinstance(dist, distributions.Gaussian):  # the closed forms of every release so far
                 ver = add_forecast(ver, name, dist.mu.numpy(), dist.sigma.numpy())
             else:
@@ -265,7 +267,7 @@ def score_dates(job: LeadJob, k: int) -> Part:
 
 def rank_skips(store: xr.Dataset, job: LeadJob) -> tuple[int, ...]:
     """Per task: the finite outcomes of the lead's dates before it (where its rank tie-breaks go on)."""
-    tg = schema.target(job.target)
+    tg = job.target
     rows = contract.split_rows(store, job.split, target=tg, step_h=job.step_h)
     truth = step_field(store, contract.truth_name(tg.name), job.step_h, tg.level)
     counts = [

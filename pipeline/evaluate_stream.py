@@ -30,12 +30,11 @@ import numpy as np
 import xarray as xr
 
 from postcast.pipeline import metrics, verification
-from postcast.pipeline.chunk import ENSEMBLE, Chunk
+from postcast.pipeline.chunk import ENSEMBLE, PREDICTIVE, Chunk
 from postcast.pipeline.outcomes import OutcomeSample
 from postcast.pipeline.verification import (
     DECOMPOSITION,
     PIT_BINS,
-    PREDICTIVE,
     PROB_BINS,
     REGIONS,
     WEIGHTINGS,
@@ -95,7 +94,7 @@ def part_of(
     pit_skip = start * lat.size * lon.size  # the point-mass draws of the dates before
     pits = [
         np.histogram(verification.pit(c, skip=pit_skip), bins=PIT_BINS, range=(0.0, 1.0))[0]
-        if c.kind in PREDICTIVE
+        if c.kind == PREDICTIVE
         else np.zeros(PIT_BINS, dtype=np.int64)
         for c in chunks
     ]

@@ -11,7 +11,7 @@ import xarray as xr
 
 from postcast.pipeline import verification
 from postcast.pipeline.chunk import ENSEMBLE as ENSEMBLE_KIND
-from postcast.pipeline.chunk import GAUSSIAN
+from postcast.pipeline.chunk import PREDICTIVE
 from postcast.pipeline.gather import ENSEMBLE, ORACLE
 
 ENSEMBLE_KEYS = {"crps": "crps_fair"}  # metrics.json names the members' fair CRPS beside crps_standard
@@ -38,7 +38,7 @@ def _events(res: xr.Dataset) -> list[str]:
 
 
 def _region_summary(res: xr.Dataset, f: str, region: str) -> dict[str, Any]:
-    out: dict[str, Any] = _metric_values(res["score"].sel(forecast=f, region=region), GAUSSIAN, _events(res))
+    out: dict[str, Any] = _metric_values(res["score"].sel(forecast=f, region=region), PREDICTIVE, _events(res))
     raw = float(res["score"].sel(forecast=res.attrs["baseline"], region=region, metric="crps", weighting="none"))
     out["skill_vs_raw"] = 1.0 - out["crps"] / raw
     if ORACLE in res["forecast"].values:

@@ -56,7 +56,6 @@ from postcast.pipeline.archive import (
     DEFAULT_QUANTILES,
     EXTENSIONS,
     FALLBACK,
-    GAUSSIAN,
     GIVEN,
     OWN,
     POSTPROCESSED,
@@ -467,7 +466,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         quantiles=cfg.quantiles,
         thresholds=run.thresholds,
         attrs=attrs,
-        law=None if family == GAUSSIAN else Law.of(family, params, cfg.quantiles, run.thresholds),
+        law=Law.of(family, params, cfg.quantiles, run.thresholds),
         members=members,
     )
     for path in paths[product]:

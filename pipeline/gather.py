@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -207,7 +209,48 @@ def open_checkpoint(path: str) -> tuple[PostProcessor, dict[str, Any]]:
         raise BadInputError(msg) from err
 
 
-def check_finite(name: str, path: str, dist: distributions.Distribution, inputs: np.ndarray) -> None:
+@dataclass(frozen=True, eq=False)
+class OpenedCheckpoint:
+    """A checkpoint read once (torch.load, checksum, network built: :func:`open_checkpoint`) and handed down as
+    this object: its path, model and sample spec. Pickled (to a dask worker process) it travels as its path and
+    token, and each process reads it once (:func:`reopened`), however many tasks there predict with it."""
+
+    path: str
+    model: PostProcessor
+    spec: SampleSpec
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def open(cls, path: str, token: str | None = None) -> OpenedCheckpoint:
+        model, meta = open_checkpoint(path)
+        opened = cls(path, model, SampleSpec.from_dict(meta["sample"]), token or uuid.uuid4().hex)
+        _OPENED_CHECKPOINTS[opened.token] = opened
+        while len(_OPENED_CHECKPOINTS) > CHECKPOINTS_KEPT:
+            _OPENED_CHECKPOINTS.popitem(last=False)  # the one opened first
+        return opened
+
+    @property
+    def family(self) -> str:
+        """The predictive family it was trained with (:mod:`postcast.models.distributions`)."""
+        return str(self.model.hparams["distribution"])
+
+    def __reduce__(self) -> tuple[Callable[[str, str], OpenedCheckpoint], tuple[str, str]]:
+        return reopened, (self.path, self.token)
+
+
+# this process's checkpoints opened last, by token: a worker may receive a job more than once (dask fetches a
+# scattered value again from a peer), and each copy finds its checkpoint here
+_OPENED_CHECKPOINTS: OrderedDict[str, OpenedCheckpoint] = OrderedDict()
+CHECKPOINTS_KEPT = 4
+
+
+def reopened(path: str, token: str) -> OpenedCheckpoint:
+    """The checkpoint ``token`` opened in this process: the one already open, else read here once."""
+    opened = _OPENED_CHECKPOINTS.get(token)
+    return opened if opened is not None else OpenedCheckpoint.open(path, token)
+
+
+def check_finite(name: str, ckpt: OpenedCheckpoint, dist: distributions.Distribution, inputs: np.ndarray) -> None:
     """BadInputError (65) naming the parameters a checkpoint predicts NaN or infinite where its inputs, the raw
     ensemble's mean and spread, are finite (``inputs``: (T, lat, lon) bool), and its non-finite weights (a
     diverged training): the scores of such a forecast are not numbers (its NaN probabilities were binned,
@@ -219,12 +262,11 @@ def check_finite(name: str, path: str, dist: distributions.Distribution, inputs:
             bad[key] = n
     if not bad:
         return
-    model, _ = load_checkpoint(path)
-    weights = [k for k, w in model.state_dict().items() if w.is_floating_point() and not torch.isfinite(w).all()]
+    weights = [k for k, w in ckpt.model.state_dict().items() if w.is_floating_point() and not torch.isfinite(w).all()]
     shown = ", ".join(f"{k} at {n}" for k, n in bad.items())
     held = f"non-finite weights in {', '.join(weights[:5])}" if weights else "finite weights (an overflow?)"
     msg = (
-        f"{name} ({path}): the checkpoint predicts non-finite values ({shown} of {int(inputs.sum())} points "
+        f"{name} ({ckpt.path}): the checkpoint predicts non-finite values ({shown} of {int(inputs.sum())} points "
         f"where the raw ensemble is finite); it holds {held}: retrain it, or evaluate another checkpoint"
     )
     raise BadInputError(msg)
@@ -248,30 +290,33 @@ def one_thread() -> Iterator[None]:
 
 @torch.no_grad()
 def predict_opened(
-    path: str, store_path: str, store: xr.Dataset, split: str, batch_size: int = 4, dates: slice = slice(None)
-) -> tuple[schema.Target, int, np.ndarray, distributions.Distribution]:
-    """(target, lead in hours, init_times, predictive distribution (T, lat, lon) in float64) of a
-    checkpoint on one split of the store at ``store_path`` (``store``: it opened), any family: samples as its
-    sample spec declares, in physical units (the model normalises them with the statistics it carries).
-    ``dates``: those positions of the split's samples only (batches of ``batch_size`` from the first)."""
-    model, meta = open_checkpoint(path)
-    cfg = DataConfig(store=store_path, sample=SampleSpec.from_dict(meta["sample"]))  # the target resolved here
-    check_fits(path, dict(model.hparams), cfg.sample, store)
-    data = StoreDataset(cfg, split, store=store)
+    ckpt: OpenedCheckpoint,
+    store_path: str,
+    store: xr.Dataset,
+    split: str,
+    batch_size: int = 4,
+    dates: slice = slice(None),
+) -> tuple[np.ndarray, distributions.Distribution]:
+    """(init_times, predictive distribution (T, lat, lon) in float64) of an opened checkpoint on one split of the
+    store at ``store_path`` (``store``: it opened; the checkpoint checked against it by :func:`check_fits`), any
+    family: samples as its sample spec declares, in physical units (the model normalises them with the statistics
+    it carries). ``dates``: those positions of the split's samples only (batches of ``batch_size`` from the
+    first)."""
+    data = StoreDataset(DataConfig(store=store_path, sample=ckpt.spec), split, store=store)
     positions = range(len(data))[dates]
     if not positions:
-        msg = f"{path}: no sample of split {split!r} at positions {dates.start}..{dates.stop}"
+        msg = f"{ckpt.path}: no sample of split {split!r} at positions {dates.start}..{dates.stop}"
         raise MissingInputError(msg)
     parts = []
     for start in range(0, len(positions), batch_size):
         items = [data[i] for i in positions[start : start + batch_size]]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
         with one_thread():  # the same bits wherever the batch is predicted
-            parts.append(model.predictive(batch))  # parameters (B, lat, lon)
+            parts.append(ckpt.model.predictive(batch))  # parameters (B, lat, lon)
     family = type(parts[0])
     dist = family(**{k: torch.cat([p.params[k] for p in parts]).double() for k in parts[0].params})
     times = store[schema.INIT_TIME].values[np.asarray(data.indices)[positions.start : positions.stop]]
-    return cfg.sample.resolved_target, cfg.sample.step_h, times, dist
+    return times, dist
 
 
 def check_fits(path: str, hparams: dict[str, Any], spec: SampleSpec, store: xr.Dataset) -> None:
@@ -306,8 +351,10 @@ def predict_checkpoint(
     path: str, store_path: str, split: str, batch_size: int = 4
 ) -> tuple[schema.Target, np.ndarray, np.ndarray, np.ndarray]:
     """(target, init_times, mu, sigma) of a Gaussian checkpoint on one split (its own lead)."""
-    target, _, times, dist = predict_opened(path, store_path, contract.open_store(store_path), split, batch_size)
+    ckpt, store = OpenedCheckpoint.open(path), contract.open_store(store_path)
+    check_fits(path, dict(ckpt.model.hparams), ckpt.spec, store)
+    times, dist = predict_opened(ckpt, store_path, store, split, batch_size)
     if not isinstance(dist, distributions.Gaussian):
         msg = f"{path} predicts a {dist.name!r} distribution, not (mu, sigma): score it with postcast evaluate"
         raise BadInputError(msg)
-    return target, times, dist.mu.numpy(), dist.sigma.numpy()
+    return ckpt.spec.resolved_target, times, dist.mu.numpy(), dist.sigma.numpy()

@@ -32,7 +32,6 @@ from typing import Any, Literal
 import numpy as np
 from scipy import special
 
-from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.core.geo import latitude_weights as latitude_weights  # re-exported: one implementation
 
@@ -350,12 +349,6 @@ def rank_histogram(x: np.ndarray, y: np.ndarray, *, axis: int = -1, seed: int = 
     rng = generator_after(seed, skip)
     rank = below + np.floor(rng.random(yv.size) * (ties + 1)).astype(int)
     return np.bincount(rank, minlength=xm.shape[-1] + 1)
-
-
-def pit_gaussian(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Probability integral transform Phi((y - mu) / sigma) (the Gaussian law's cdf): uniform for a calibrated
-    forecast."""
-    return laws.get(laws.Gaussian.name).cdf({"mu": np.asarray(mu), "sigma": np.asarray(sigma)}, np.asarray(y))
 
 
 # --- extreme forecast index and EECRPS (ENS-10, docs/ens10.md) ------------------------------------

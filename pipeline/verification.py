@@ -27,12 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from postcast.datasets import laws
 from postcast.datasets.core.geo import latitude_weights
 from postcast.pipeline import metrics
-from postcast.pipeline.chunk import DISTRIBUTION, ENSEMBLE, GAUSSIAN, Chunk
+from postcast.pipeline.chunk import ENSEMBLE, PREDICTIVE, Chunk
 
-PREDICTIVE = (GAUSSIAN, DISTRIBUTION)  # the forecast kinds that are a distribution
 QUANTILE_EVENTS = ("below_q10", "above_q90")  # y below / above the training climate's 10 / 90 % quantile, per point
 THRESHOLD_EVENTS = ("above_t1", "above_t2")  # y above the target's 1st / 2nd threshold (tp24: 1, 10 mm)
 EVENTS = QUANTILE_EVENTS + THRESHOLD_EVENTS
@@ -88,7 +86,7 @@ class Metric:
     description: str
     statistics: Callable[[Chunk], Stats]
     finalize: Callable[[Stats], np.ndarray] = lambda s: s["value"]
-    kinds: tuple[str, ...] = (*PREDICTIVE, ENSEMBLE)
+    kinds: tuple[str, ...] = (PREDICTIVE, ENSEMBLE)
     units: bool = True  # False: dimensionless
     weighted: bool = False
     fmt: str = ".4g"
@@ -194,7 +192,7 @@ METRICS: tuple[Metric, ...] = (
         "coverage 80 %",
         "fraction of outcomes inside the central 80 % interval [Q(0.1), Q(0.9)] (0.8 = calibrated)",
         lambda c: {"value": ((c.quantile(0.1) <= c.truth) & (c.truth <= c.quantile(0.9))).astype(np.float64)},
-        kinds=PREDICTIVE,
+        kinds=(PREDICTIVE,),
         units=False,
         fmt=".3f",
     ),
@@ -246,12 +244,6 @@ def score_chunk(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndar
 
 
 # --- diagnostics ------------------------------------------------------------------------------
-def quantile_members(mu: np.ndarray, sigma: np.ndarray, n: int = QUANTILE_MEMBERS) -> np.ndarray:
-    """The n quantiles at levels (i - 1/2)/n of N(mu, sigma^2), sorted, on a new axis 1."""
-    tau = ((np.arange(n) + 0.5) / n).reshape(1, n, *([1] * (mu.ndim - 1)))  # (1, n, 1, ...)
-    return laws.get(laws.Gaussian.name).quantile({"mu": mu[:, None], "sigma": sigma[:, None]}, tau)
-
-
 def hersbach_sums(sorted_x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The additive part of the Hersbach (2000) decomposition over K cases, (2 (N + 1) + 3,): the weighted
     sums of the bin widths alpha_i (part of bin i below the outcome) and beta_i (above), of 1{y < x_1} and
@@ -338,13 +330,9 @@ def sorted_ensembles(chunk: Chunk) -> Callable[[int], np.ndarray]:
     Gaussian's or another family's QUANTILE_MEMBERS quantile ensemble (levels (i - 1/2)/N)."""
     if chunk.members is not None:
         return lambda t: chunk.sorted_members[t]
-    if chunk.dist is not None:
-        levels = (np.arange(QUANTILE_MEMBERS) + 0.5) / QUANTILE_MEMBERS
-        xs = np.stack([chunk.quantile(tau) for tau in levels], axis=1)  # (T, N, lat, lon)
-        return lambda t: xs[t]
-    assert chunk.mu is not None and chunk.sigma is not None
-    mu, sigma = chunk.mu, chunk.sigma
-    return lambda t: quantile_members(mu[t : t + 1], sigma[t : t + 1])[0]
+    levels = (np.arange(QUANTILE_MEMBERS) + 0.5) / QUANTILE_MEMBERS
+    xs = np.stack([chunk.quantile(tau) for tau in levels], axis=1)  # (T, N, lat, lon)
+    return lambda t: xs[t]
 
 
 def decomposition_sums(chunk: Chunk, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
@@ -390,11 +378,8 @@ def exceedance(chunk: Chunk, threshold: np.ndarray, above: bool) -> np.ndarray:
     """Forecast probability (T, lat, lon) of y > threshold (above) or y < threshold (lat, lon)."""
     if chunk.dist is not None:
         return chunk.dist.sf(threshold) if above else chunk.dist.cdf_left(threshold)
-    if chunk.members is not None:
-        p_below = (chunk.members < threshold).mean(axis=1)
-    else:
-        assert chunk.mu is not None and chunk.sigma is not None
-        p_below = laws.get(laws.Gaussian.name).cdf({"mu": chunk.mu, "sigma": chunk.sigma}, threshold)
+    assert chunk.members is not None
+    p_below = (chunk.members < threshold).mean(axis=1)
     return np.asarray(1.0 - p_below if above else p_below)
 
 
@@ -430,9 +415,7 @@ def pit(chunk: Chunk, seed: int = 0, skip: int = 0) -> np.ndarray:
     """PIT values (T, lat, lon) of a distribution (at a point mass a uniform draw in [F(y-), F(y)], the
     draws of the generator seeded ``seed`` after its first ``skip``: a chunk of dates starting at date d
     of a split skips d * lat * lon); randomised rank / M for an ensemble is the rank histogram."""
-    if chunk.dist is not None:
-        u = metrics.generator_after(seed, skip).uniform(size=chunk.truth.shape)
-        low, high = chunk.dist.cdf_left(chunk.truth), chunk.dist.cdf(chunk.truth)
-        return np.asarray(low + u * (high - low))
-    assert chunk.mu is not None and chunk.sigma is not None
-    return metrics.pit_gaussian(chunk.mu, chunk.sigma, chunk.truth)
+    assert chunk.dist is not None
+    u = metrics.generator_after(seed, skip).uniform(size=chunk.truth.shape)
+    low, high = chunk.dist.cdf_left(chunk.truth), chunk.dist.cdf(chunk.truth)
+    return np.asarray(low + u * (high - low))

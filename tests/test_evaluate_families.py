@@ -68,7 +68,7 @@ def test_family_chunk_scores_match_scipy_and_scoringrules(chunk_case):
     dist = gather.FamilyForecast(D.TruncNormal(torch.from_numpy(mu), torch.from_numpy(sigma)))
     c = chunk.Chunk(y, np.zeros_like(y), dist=dist, thresholds={"above_q90": t, "below_q10": t})
     cdf, ppf = scipy_law("truncnormal", {"mu": mu, "sigma": sigma})
-    assert c.kind == chunk.DISTRIBUTION
+    assert c.kind == chunk.PREDICTIVE
     np.testing.assert_allclose(c.crps, sr.crps_tnormal(y, mu, sigma, lower=0.0), rtol=1e-9)
     np.testing.assert_allclose(verification.exceedance(c, t, True), 1 - cdf(t), rtol=1e-9)
     np.testing.assert_allclose(verification.pit(c), cdf(y), rtol=1e-9)
@@ -98,7 +98,7 @@ def test_every_family_goes_through_the_registry(family, chunk_case):
     c = chunk.Chunk(y, np.zeros_like(y), dist=ff)
     events = {"above_q90": t, "below_q10": t}
     res = evaluate_stream.as_dataset([family], [c], lat, lon, np.arange(y.shape[0]), events)
-    applies = [m.name for m in verification.METRICS if chunk.DISTRIBUTION in m.kinds and m.event in ("", *events)]
+    applies = [m.name for m in verification.METRICS if chunk.PREDICTIVE in m.kinds and m.event in ("", *events)]
     assert np.isfinite(res["score"].sel(metric=applies).values).all() and int(res["pit_histogram"].sum()) == y.size
 
     def cdf(z: np.ndarray) -> np.ndarray:  # Bernstein's cdf takes points of shape S only
@@ -130,7 +130,7 @@ def _tw_sr(y: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
 def test_gaussian_tail_scores_and_raw_members(chunk_case):
     mu, sigma, y, t = chunk_case
     events = {"above_q90": t, "below_q10": t}
-    g = chunk.Chunk(y, np.zeros_like(y), mu=mu, sigma=sigma, thresholds=events)
+    g = chunk.Chunk(y, np.zeros_like(y), dist=chunk.GaussianForecast(mu, sigma), thresholds=events)
     law = stats.norm(mu, sigma)
     np.testing.assert_allclose(
         g.tail_scores["twcrps_above_q90"], tw_crps_integral(law.cdf, law.ppf, y, t), rtol=2e-3, atol=1e-4
@@ -155,7 +155,8 @@ def test_gaussian_tail_scores_and_raw_members(chunk_case):
 def test_old_gaussian_numbers_are_unchanged(chunk_case):
     """The Gaussian path keeps its closed forms: CRPS, variance, PIT as before (scoringrules, scipy)."""
     mu, sigma, y, _ = chunk_case
-    g = chunk.Chunk(y, np.zeros_like(y), mu=mu, sigma=sigma)
+    g = chunk.Chunk(y, np.zeros_like(y), dist=chunk.GaussianForecast(mu, sigma))
+    assert g.kind == chunk.PREDICTIVE  # scored by the same code as every other family
     np.testing.assert_allclose(g.crps, sr.crps_normal(y, mu, sigma), rtol=1e-12)
     assert np.array_equal(g.variance, sigma**2) and np.array_equal(verification.pit(g), special.ndtr((y - mu) / sigma))
 

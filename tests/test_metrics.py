@@ -16,6 +16,7 @@ from postcast.compression.metrics import field_errors
 from postcast.datasets.core import geo
 from postcast.models import losses
 from postcast.pipeline import metrics
+from postcast.pipeline.chunk import GaussianForecast
 
 ENGINES = ["numpy", "numba"]
 
@@ -190,7 +191,7 @@ def test_calibration_diagnostics_detect_underdispersion():
     assert flat.sum() == n and flat.size == m + 1 and flat.max() / flat.min() < 1.3
     u = metrics.rank_histogram(narrow, truth)
     assert u[0] + u[-1] > 0.5 * n  # U-shaped: the truth falls outside a too-narrow ensemble
-    pit = metrics.pit_gaussian(np.zeros(n), np.ones(n), truth)
+    pit = GaussianForecast(np.zeros(n), np.ones(n)).cdf(truth)  # the Gaussian's PIT
     assert np.histogram(pit, bins=10, range=(0, 1))[0].min() > 0.08 * n
 
 

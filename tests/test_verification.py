@@ -15,7 +15,7 @@ import xarray as xr
 from postcast.datasets import contract, schema
 from postcast.datasets.core import geo
 from postcast.pipeline import evaluate, gather, significance, verification
-from postcast.pipeline.chunk import Chunk
+from postcast.pipeline.chunk import Chunk, GaussianForecast
 
 LAT = np.array([-75.0, -45.0, -15.0, 15.0, 45.0, 75.0])
 LON = np.arange(0.0, 360.0, 45.0)
@@ -176,7 +176,8 @@ def test_a_gaussian_is_decomposed_as_its_quantile_ensemble_close_to_the_closed_f
     rng = np.random.default_rng(8)
     mu, sigma = rng.normal(size=(2, 3, 4)), rng.uniform(0.5, 2, (2, 3, 4))
     y = mu + sigma * rng.normal(size=mu.shape)
-    q = verification.quantile_members(mu, sigma)  # (2, 50, 3, 4)
+    ensemble = verification.sorted_ensembles(Chunk(y, np.zeros_like(y), dist=GaussianForecast(mu, sigma)))
+    q = np.stack([ensemble(t) for t in range(2)])  # (2, 50, 3, 4)
     std = properscoring.crps_ensemble(y, np.moveaxis(q, 1, -1))
     np.testing.assert_allclose(std, scoringrules.crps_normal(y, mu, sigma), rtol=0.02)
 
@@ -238,7 +239,7 @@ def test_reliability_of_a_calibrated_gaussian_follows_the_diagonal():
     shape = (300, LAT.size, LON.size)
     mu, sigma = rng.normal(size=shape) * 2, rng.uniform(0.5, 1.5, shape)
     y = mu + sigma * rng.normal(size=shape)
-    c = Chunk(y, np.zeros(shape), mu=mu, sigma=sigma)
+    c = Chunk(y, np.zeros(shape), dist=GaussianForecast(mu, sigma))
     q = np.full(shape[1:], 1.0)
     p = verification.exceedance(c, q, above=True)
     np.testing.assert_allclose(p, 1 - scipy_norm_cdf(q, mu, sigma), rtol=1e-12)
