@@ -320,10 +320,11 @@ def network_rows(agg: dict[str, dict[str, dict[str, float]]], a: argparse.Namesp
         out = a.out / "regimes"
         path = out / "runs.json"
         done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        epochs = a.regime_epochs or a.epochs
         regimes = skill_nets.run_regimes(
-            lambda m, seed, st, o: train_missing(m, a.regime_target, seed, st, o, a.epochs, done),
+            lambda m, seed, st, o: train_missing(m, a.regime_target, seed, st, o, epochs, done),
             lambda seeds, pairs, o, st: evaluate_seeds(
-                seeds, pairs, [a.regime_target], o, st, done, f"_e{a.epochs or 'preset'}"
+                seeds, pairs, [a.regime_target], o, st, done, f"_e{epochs or 'preset'}"
             ),
             a.seeds,
             a.regime_target,
@@ -356,6 +357,7 @@ def main() -> None:
     p.add_argument("--reference-points", type=int, default=200, help="points of the scipy EMOS reference (0: all)")
     p.add_argument("--regimes", action=argparse.BooleanOptionalAction, default=True, help="the regime world's row")
     p.add_argument("--regime-target", default="t2m", choices=("z500", "t850", "t2m"))
+    p.add_argument("--regime-epochs", type=int, help="max_epochs of the regime world's runs (default: --epochs)")
     p.add_argument(
         "--regime-store", help=f"a regime-world store (default {skill_nets.REGIME_STORE}, built when absent)"
     )
