@@ -76,26 +76,27 @@ def batches(n: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def test_the_fused_seeds_benchmark_trains_each_member_as_its_sequential_twin():
-    """2 LeNets with an embedding, 4 Adam steps each way, on batches with a NaN truth: every member's predictions
-    equal its sequential twin's to round-off (the speed-up compares the same training). The untrained members
-    differ (their own seeds)."""
+NETS = [("lenet", {"embedding": 2}), ("unet", {"base_filters": 4, "embedding": 2})]
+
+
+@pytest.mark.parametrize(("family", "net"), NETS, ids=[f for f, _ in NETS])
+def test_the_fused_seeds_benchmark_trains_each_member_as_its_sequential_twin(family, net):
+    """2 networks with an embedding, 4 Adam steps each way, on batches with a NaN truth: every member's
+    predictions equal its sequential twin's to round-off (the speed-up compares the same training). The untrained
+    members differ (their own seeds). Compared in training mode (fused_seeds.largest_difference says why)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         nets = []
         for seed in (0, 1):
             torch.manual_seed(seed)
-            nets.append(PostProcessor("lenet", net={"embedding": 2}, sample=SPEC, grid=(H, W)).train())
+            nets.append(PostProcessor(family, net=net, sample=SPEC, grid=(H, W)).train())
         data = batches(4)
         array = FusedArray([n.net for n in nets]).train()
         assert not torch.equal(array.stacked[1][0], array.stacked[1][1])  # [0]: the embedding, zero
-        start = fused_seeds.largest_difference(array, nets, data[0], "gaussian")  # leaves them in eval mode
-        for net in nets:
-            net.train()
+        start = fused_seeds.largest_difference(array, nets, data[0], "gaussian")
         fused_seeds.sequential(nets, data, 0.01, "gaussian")
         assert fused_seeds.largest_difference(array, nets, data[0], "gaussian") > 100 * start + 1e-3  # they trained
-        array.train()
         fused_seeds.fused(array, nets[0], data, 0.01, "gaussian")
         assert fused_seeds.largest_difference(array, nets, data[0], "gaussian") < 1e-4
     finally:
