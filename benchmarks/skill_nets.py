@@ -72,14 +72,16 @@ def regime_store(store: str | None) -> str:
 
 
 def per_date_crps(out: Path, seeds: list[int], target: str, forecasts: tuple[str, ...]) -> xr.DataArray:
-    """Global, unweighted (as gap closed) CRPS per test date, averaged over the seeds: (forecast, init_time)."""
+    """Global, unweighted (as gap closed) CRPS per test date at the trained lead, averaged over the seeds:
+    (forecast, init_time)."""
     per_seed = []
     for seed in seeds:
         with xr.open_dataset(out / f"eval_s{seed}" / "results.nc") as ds:
             per_seed.append(
                 ds["score_per_date"]
                 .sel(target=target, region="global", weighting="none", metric="crps", forecast=list(forecasts))
-                .squeeze(drop=True)
+                .dropna("lead", how="all")  # the presets' lead (+48 h); the others are NaN
+                .squeeze("lead", drop=True)
                 .load()
             )
     return xr.concat(per_seed, dim="seed").mean("seed")
