@@ -76,10 +76,16 @@ def batches(n: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-NETS = [("lenet", {"embedding": 2}), ("unet", {"base_filters": 4, "embedding": 2})]
+# The U-Net's fused members drift from their sequential twins over several steps (6e-4 here after 4 steps, 0.48 K
+# on T2m after 16: docs/benchmarks.md, issue 55); tests/test_fused.py shows one step's equality only. Open.
+UNET_DRIFT = pytest.mark.xfail(strict=True, reason="fused U-Net members drift from sequential training over steps")
+NETS = [
+    pytest.param("lenet", {"embedding": 2}, id="lenet"),
+    pytest.param("unet", {"base_filters": 4, "embedding": 2}, id="unet", marks=UNET_DRIFT),
+]
 
 
-@pytest.mark.parametrize(("family", "net"), NETS, ids=[f for f, _ in NETS])
+@pytest.mark.parametrize(("family", "net"), NETS)
 def test_the_fused_seeds_benchmark_trains_each_member_as_its_sequential_twin(family, net):
     """2 networks with an embedding, 4 Adam steps each way, on batches with a NaN truth: every member's
     predictions equal its sequential twin's to round-off (the speed-up compares the same training). The untrained
