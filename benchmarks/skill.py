@@ -21,6 +21,12 @@ emos_minus_standard_<t>=<x> emos_wins_<t>=<k>/<n> for the location-scale targets
 postcast's local EMOS (its form and pooling chosen on validation) minus the standard form (a + b mean,
 c^2 + d^2 variance) fitted per point by scipy, area-weighted test CRPS at the same sampled points, and the test
 dates it wins (benchmarks/emos_standard.py).
+Then the network keys (benchmarks/skill_nets.py, issue 55; ``n/a`` where the row was not run):
+unet_minus_best_min=<x>: min over the targets of the best U-Net-family (unet, unet_smoe) gap closed minus the best
+model's; smoe_minus_unet_regimes=<x> smoe_regimes_p=<x>: on the regime world (its own store, built on demand;
+--no-regimes skips it) the U-Net + SMoE minus the U-Net in gap closed (mean over seeds) and the Diebold-Mariano
+p-value of their per-date CRPS; fused_seeds_speedup=<x>: the U-Net preset's --fused-seeds trained as one fused
+array against one after another on the same batches (benchmarks/fused_seeds.py; --no-fused skips it).
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import fused_seeds
 import numpy as np
+import skill_nets
 import xarray as xr
 from common import ROOT, TARGETS_RUN, TARGETS_STORE, require_store
 from emos_reference import compare, print_reference
@@ -94,6 +102,48 @@ def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs:
         "train_s": time.perf_counter() - t0,
         "inputs": inputs,
     }  # type: ignore[union-attr, arg-type]
+
+
+def train_missing(
+    model: str, target: str, seed: int, store: str, out: Path, epochs: int | None, done: dict[str, Any]
+) -> None:
+    """Train one run unless ``done`` (OUT/runs.json) holds it with its checkpoint and the same inputs."""
+    key = f"{model}_{target}_s{seed}_e{epochs or 'preset'}"
+    row = done.get(key)
+    if row and Path(row["checkpoint"]).exists() and row.get("inputs") == inputs_of(model, target, store):
+        return
+    done[key] = train_one(model, target, seed, store, out, epochs)
+    io.write_json(out / "runs.json", done)
+    r = done[key]
+    print(f"trained {key}: val_crps={r['val_crps']:.4g} in {r['train_s']:.0f} s", flush=True)
+
+
+def evaluate_seeds(
+    seeds: list[int],
+    pairs: list[tuple[str, str]],
+    targets: list[str],
+    out: Path,
+    store: str,
+    done: dict[str, Any],
+    suffix: str,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each seed's runs evaluated together on the test split (OUT/eval_s<seed>), aggregated over the seeds."""
+    evals = {}
+    for seed in seeds:
+        keys = [f"{m}_{t}_s{seed}{suffix}" for m, t in pairs]
+        ckpts = [done[k]["checkpoint"] for k in keys]
+        names = {done[k]["checkpoint"]: done[k]["model"] for k in keys}
+        evals[seed] = evaluate(
+            EvalConfig(
+                store=store,
+                checkpoints=tuple(ckpts),
+                targets=tuple(targets),
+                out=str(out / f"eval_s{seed}"),
+                names=names,
+                bootstrap=200,
+            )
+        )
+    return aggregate(evals)
 
 
 def aggregate(evals: dict[int, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -259,6 +309,42 @@ def emos_standards(
     return out
 
 
+def network_rows(agg: dict[str, dict[str, dict[str, float]]], a: argparse.Namespace) -> dict[str, Any]:
+    """The network keys of the RESULT line (``n/a`` for a row not requested or without its models): the
+    U-Net family against the best model, the regime world's SMoE minus U-Net, the fused seeds' speed-up."""
+    gap = skill_nets.unet_minus_best(agg)
+    result: dict[str, Any] = {"unet_minus_best_min": "n/a" if gap is None else gap}
+    regimes = fused = None
+    if a.regimes:
+        store = skill_nets.regime_store(a.regime_store)
+        out = a.out / "regimes"
+        path = out / "runs.json"
+        done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        epochs = a.regime_epochs or a.epochs
+        regimes = skill_nets.run_regimes(
+            lambda m, seed, st, o: train_missing(m, a.regime_target, seed, st, o, epochs, done),
+            lambda seeds, pairs, o, st: evaluate_seeds(
+                seeds, pairs, [a.regime_target], o, st, done, f"_e{epochs or 'preset'}"
+            ),
+            a.seeds,
+            a.regime_target,
+            store,
+            out,
+        )
+    result["smoe_minus_unet_regimes"] = regimes["smoe_minus_unet_gap"] if regimes else "n/a"
+    result["smoe_regimes_p"] = regimes["dm_p_value"] if regimes else "n/a"
+    target = next((t for t in a.targets if (ROOT / f"configs/train/unet_{t}.yaml").exists()), None)
+    if a.fused and target is not None:
+        fused = fused_seeds.measure("unet", target, a.store, a.fused_seeds, a.fused_steps)
+        print(
+            f"\nfused seeds {a.fused_seeds}, unet_{target}, {fused['steps']} steps: sequential "
+            f"{fused['sequential_s']:.1f} s, fused {fused['fused_s']:.1f} s, largest difference "
+            f"{fused['max_abs_difference']:.2g}"
+        )
+    result["fused_seeds_speedup"] = fused["speedup"] if fused else "n/a"
+    return {"result": result, "regimes": regimes, "fused": fused}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--store", default=str(TARGETS_STORE))
@@ -269,6 +355,15 @@ def main() -> None:
     p.add_argument("--epochs", type=int, help="override every preset's max_epochs")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/skill"))
     p.add_argument("--reference-points", type=int, default=200, help="points of the scipy EMOS reference (0: all)")
+    p.add_argument("--regimes", action=argparse.BooleanOptionalAction, default=True, help="the regime world's row")
+    p.add_argument("--regime-target", default="t2m", choices=("z500", "t850", "t2m"))
+    p.add_argument("--regime-epochs", type=int, help="max_epochs of the regime world's runs (default: --epochs)")
+    p.add_argument(
+        "--regime-store", help=f"a regime-world store (default {skill_nets.REGIME_STORE}, built when absent)"
+    )
+    p.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True, help="fused seeds' speed-up")
+    p.add_argument("--fused-seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--fused-steps", type=int, default=16, help="training batches of the fused comparison")
     a = p.parse_args()
     a.store = require_store(a.store, TARGETS_STORE, TARGETS_RUN)
     logging.basicConfig(level=logging.WARNING)
@@ -280,38 +375,15 @@ def main() -> None:
     suffix = f"_e{a.epochs or 'preset'}"
     for seed in a.seeds:
         for model, target in pairs:
-            key = f"{model}_{target}_s{seed}{suffix}"
-            if (
-                key in done
-                and Path(done[key]["checkpoint"]).exists()
-                and done[key].get("inputs") == inputs_of(model, target, a.store)
-            ):
-                continue
-            done[key] = train_one(model, target, seed, a.store, a.out, a.epochs)
-            io.write_json(done_path, done)
-            r = done[key]
-            print(f"trained {key}: val_crps={r['val_crps']:.4g} in {r['train_s']:.0f} s", flush=True)
-    evals = {}
-    for seed in a.seeds:
-        keys = [f"{m}_{t}_s{seed}{suffix}" for m, t in pairs]
-        ckpts = [done[k]["checkpoint"] for k in keys]
-        names = {done[k]["checkpoint"]: done[k]["model"] for k in keys}
-        evals[seed] = evaluate(
-            EvalConfig(
-                store=a.store,
-                checkpoints=tuple(ckpts),
-                targets=tuple(a.targets),
-                out=str(a.out / f"eval_s{seed}"),
-                names=names,
-                bootstrap=200,
-            )
-        )
-    agg = aggregate(evals)
+            train_missing(model, target, seed, a.store, a.out, a.epochs, done)
+    agg = evaluate_seeds(a.seeds, pairs, a.targets, a.out, a.store, done, suffix)
     print_table(agg)
     tp24 = censored_vs_gaussian(a.out, a.seeds) if (GAUSSIAN_TP24, "tp24") in pairs else None
     if tp24 is not None:
         print_comparison(tp24)
     res, beat = summary(agg, tp24)
+    nets = network_rows(agg, a)
+    res.update(nets["result"])
     reference = emos_references(done, pairs, a, suffix)
     if reference:
         print_reference(reference)
@@ -335,6 +407,8 @@ def main() -> None:
             "train_seconds": train_s,
             "emos_reference": reference,
             "emos_standard": standard,
+            "regimes": nets["regimes"],
+            "fused_seeds": nets["fused"],
             "seeds": a.seeds,
             "epochs": a.epochs,
         },
