@@ -11,9 +11,9 @@ default tier (``pytest``) runs everything but those markers and ``system``, the 
 ``pytest -m system`` runs the tests of ``SYSTEM_FILES`` (and the tests marked ``system`` where they are
 written): real processes killed, interrupted, starved of disk or fed the bad-input battery, the pipeline
 rerun, the wheel installed into a new environment, the GPU script's dry run, and the trainings of minutes
-(models trained to convergence to show what they learn, compressors fitted twice, every docs/api.md block). They take about 9
-CPU-minutes, so they run as their own tier, after the default tier in ``.ci/run``, which keeps the
-default tier within 10 minutes on an idle 2-core machine.
+(models trained to convergence to show what they learn, compressors fitted twice, every docs/api.md block).
+They run as their own tier, after the default tier in ``.ci/run``, which keeps the default tier within 10
+minutes on an idle 2-core machine.
 """
 
 from __future__ import annotations
