@@ -31,6 +31,7 @@ def test_top_level_help_lists_exit_codes(cli):
     assert " 66  missing input" in out
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_presets_validate(cli):
     files = sorted(str(p) for p in (ROOT / "configs").rglob("*.yaml"))
     assert len(files) >= 4
@@ -247,6 +248,7 @@ def test_progress_bars_only_on_a_terminal(synth_zarr, tmp_path):
     assert all(ln[:4].isdigit() for ln in text.splitlines() if ln.strip()), text[-2000:]  # every line a log line
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_lightning_logs_each_line_once_without_adverts(store, tmp_path):
     """A real `postcast train fit` process: Lightning printed each line twice (its own handler and the
     root's), advertised litlogger/litmodels and passed on a torch deprecation about its own code."""
@@ -310,6 +312,7 @@ class _Payload:
         return (open, (self.target, "w"))
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_train_ckpt_path_goes_through_the_checkpoint_gate(cli, store, tmp_path):
     """`train fit/test --ckpt_path` used tampered checkpoints (no checksum check) and answered a crafted
     pickle with a traceback; it now refuses them like forecast and evaluate do: one line, exit 65."""

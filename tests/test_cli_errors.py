@@ -27,6 +27,7 @@ class PlantedBug(Callback):
 '''
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_a_bug_inside_train_fit_is_an_internal_error(store, tmp_path):
     """`train fit` answered every ValueError as bad usage (exit 2, "postcast: error: planted bug"), bugs
     included; a real process with a callback that raises one now exits 70 with the traceback in a log."""

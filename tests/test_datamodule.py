@@ -86,6 +86,7 @@ def test_bad_config():
         DataConfig(store="x", loader="fast")
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 @pytest.mark.parametrize("kind", ["mlp", "emos"])
 def test_pointwise_models_learn_to_beat_the_raw_ensemble(cfg, kind):
     torch.manual_seed(0)

@@ -264,6 +264,7 @@ def t2m_checkpoint(store, tmp_path_factory):
     return Path(run.trainer.checkpoint_callback.best_model_path)
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 @pytest.mark.parametrize("form", ["netcdf", "grib"])
 @pytest.mark.parametrize("target", ["t2m", "t850"])
 def test_every_target_from_every_input_form(request, target, form, checkpoint, t2m_checkpoint, synth_zarr, tmp_path):

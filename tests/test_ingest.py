@@ -128,6 +128,7 @@ def test_rerun_is_a_no_op(store, synth_zarr):
     assert res.skipped and (store / "zarr.json").stat().st_mtime_ns == before
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_grib_source_matches_zarr_source(synth_grib, store, tmp_path):
     """The GRIB path ends in the same store as the zarr path, within 16-bit packing error."""
     out = tmp_path / "g.zarr"
@@ -145,6 +146,7 @@ def test_grib_source_matches_zarr_source(synth_grib, store, tmp_path):
     assert all(len(v) == 0 for v in g.attrs["truth_missing_at_48h"].values())
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_netcdf_source(tmp_path, tiny_cfg):
     from postcast.datasets.synth import synthfiles
 
@@ -537,6 +539,7 @@ def test_inspect_cli(store, cli):
     assert info["statistics"]["fields"]["t@850"]["min"] < info["statistics"]["fields"]["t@850"]["max"]
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_own_netcdf_form_with_many_dates_equals_the_zarr_store(synth_netcdf, store, tmp_path):
     """Issue 15: `postcast synth --format netcdf` writes one file pair per month-day holding every year;
     ingest refused it ("monotonic global indexes along dimension time") as soon as there was more than one

@@ -156,6 +156,7 @@ def t2m_checkpoint(store, tmp_path_factory):
     return Path(run.trainer.checkpoint_callback.best_model_path)
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_grib2_control_plus_50_members_ingests_on_its_own_grid(tmp_path, capsys):
     """51 members (0 = control, cf; 1..50 pf), steps every 6 h, GRIB2 at 5 deg: the store holds exactly
     what the source has, equal to the written values within packing error."""

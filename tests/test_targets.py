@@ -223,6 +223,7 @@ def _raw_val_crps(store: Path, target: str) -> float:
     return float(crps_ensemble(np.moveaxis(x, 1, -1), y).mean())
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 @pytest.mark.parametrize("target", ["ws10", "tp24"])
 def test_one_epoch_of_emos_beats_the_raw_members(derived_store, target, tmp_path):
     """The tiny preset (the target's family: truncnormal, csg) after one epoch scores below the members."""
@@ -274,6 +275,7 @@ def test_train_a_derived_target_on_a_store_without_its_truth(store, tmp_path, ca
     assert res.code == 66 and "truth_ws10" in res.error_lines[0]
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_an_ens10_store_is_evaluated_and_labelled_with_its_own_targets(store, cli, tmp_path):
     """A store with truth for the ENS-10 three names those three (not every registered target), and
     `evaluate` without checkpoints scores those (it asked for ws10's truth: exit 66)."""
