@@ -12,8 +12,9 @@ HANG_CEILING_S = 300.0
 
 
 def get(url: str, **kwargs: Any) -> httpx.Response:
-    return httpx.get(url, timeout=HANG_CEILING_S, **kwargs)
+    """httpx.get with the hang ceiling unless the caller gives its own ``timeout`` (a poll of a starting server)."""
+    return httpx.get(url, **{"timeout": HANG_CEILING_S, **kwargs})
 
 
 def post(url: str, **kwargs: Any) -> httpx.Response:
-    return httpx.post(url, timeout=HANG_CEILING_S, **kwargs)
+    return httpx.post(url, **{"timeout": HANG_CEILING_S, **kwargs})
