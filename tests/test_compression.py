@@ -44,6 +44,7 @@ def fitted() -> tuple[xr.Dataset, Artefact]:
     return ds, Artefact.build(to_fields(ds), FAST, progress=False)
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_round_trip_within_the_stated_error(fitted, tmp_path):
     ds, art = fitted
     path = tmp_path / "f.pcnf"
@@ -60,6 +61,7 @@ def test_round_trip_within_the_stated_error(fitted, tmp_path):
     assert all(a.dtype == np.float16 for k, a in art.arrays.items() if k.startswith("w.") and a.ndim == 2)
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_the_artefact_alone_reproduces_the_decode(fitted, tmp_path):
     _, art = fitted
     first = art.decode_array()
@@ -71,6 +73,7 @@ def test_the_artefact_alone_reproduces_the_decode(fitted, tmp_path):
     np.testing.assert_array_equal(Artefact.load(moved).decode_array(), first)
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_points_and_regridding_agree_with_the_grid_decode(fitted):
     _, art = fitted
     grid = art.decode_array()  # (V, T, L, H, W)
@@ -82,6 +85,7 @@ def test_points_and_regridding_agree_with_the_grid_decode(fitted):
     np.testing.assert_allclose(fine["t"].values[:, ::2, ::2], grid[0, :, 0], rtol=1e-6, atol=1e-3)
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_int8_weights_are_smaller_and_still_decode(fitted):
     ds, _ = fitted
     art = Artefact.build(
@@ -125,6 +129,7 @@ def test_per_variable_bounds_leave_unbounded_variables_to_the_network(tmp_path):
         FieldConfig(error_bounds={"t": -1.0})
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_bad_artefacts_give_clean_errors(fitted, tmp_path, cli):
     _, art = fitted
     good = art.to_bytes()

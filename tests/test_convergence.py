@@ -133,6 +133,7 @@ def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path,
     assert summary["reason"] == ("converged" if settled else "fit_max_iter") and fit["converged_points"] > 0
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_summary_says_why_training_stopped(store, tmp_path):
     """A 2-epoch run ends at max_epochs and warns that its best epoch is its last; an early-stopping run
     (patience 0 and a min_delta no epoch can beat) ends after its second validation; the EMOS preset ends

@@ -228,6 +228,7 @@ def wide_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "s.zarr"
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 @pytest.mark.distributed
 def test_climate_thresholds_on_a_cluster_leave_the_training_truth_on_the_workers(wide_store):
     """The training truth's quantiles, a latitude band per task on a 1-worker LocalCluster: the values computed
@@ -255,6 +256,7 @@ def test_climate_thresholds_on_a_cluster_leave_the_training_truth_on_the_workers
     assert peak < truth_bytes / 3, (peak, truth_bytes)  # the quantiles themselves: 1 / 24 of it
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_the_efi_holds_its_climate_band_once(wide_store):
     """The EFI of one test date against its model climate (one latitude band: the whole window here): the
     band's float64 values are filled a group of dates at a time and partitioned in place by the quantiles, so
@@ -285,6 +287,7 @@ def _month_days(store: xr.Dataset) -> list[tuple[int, int]]:
     return sorted(set(zip(times.month, times.day, strict=True)))
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_the_efi_decodes_each_window_date_once_whatever_the_bands(wide_store, monkeypatch):
     """The EFI of a task's 4 test dates with latitude bands of 16 rows (5 bands a date): each store chunk of the
     members of a date in any of their climate windows is read once (counted by the backing store), and the EFI

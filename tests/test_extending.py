@@ -35,6 +35,7 @@ def wind_speed(monkeypatch):
     return var
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_a_new_variable_goes_from_the_schema_to_training(wind_speed, cli, tmp_path):
     synth, store, runs = tmp_path / "synth", tmp_path / "store.zarr", tmp_path / "runs"
     cli(

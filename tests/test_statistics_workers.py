@@ -139,6 +139,7 @@ def tasks_held(synth_zarr: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     return seen, merges
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_ingest_holds_a_window_of_date_tasks_however_many_dates(tasks_held):
     """Issue 37 item 4: ingest submitted every date task at once, so the partials of the dates finished before
     the client folded them in waited on the workers, more of them the more dates. Now a date task is submitted
@@ -152,6 +153,7 @@ def test_ingest_holds_a_window_of_date_tasks_however_many_dates(tasks_held):
     assert 1 <= seen.most <= ingest_budget.DATES_AHEAD_PER_THREAD + 2, seen.most
 
 
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_a_merged_date_is_let_go_before_the_next_date_is_submitted(tasks_held):
     """The loop that hands finished date tasks to the merge (``progress.Finishing`` and ``merge.in_order``, two
     generators) kept the last future it handed over in a local variable until the next task finished, so the

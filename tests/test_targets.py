@@ -301,6 +301,7 @@ def test_evaluate_with_too_few_bootstrap_resamples(store, tmp_path, capsys, n):
 @pytest.mark.parametrize(
     ("preset", "target", "family"), [("emos_global_t2m", "ws10", "truncnormal"), ("transformer_t2m", "tp24", "csg")]
 )
+@pytest.mark.system  # minutes of CPU: a whole-process run or training (tests/tiers.py)
 def test_models_reading_the_members_take_a_derived_target(derived_store, preset, target, family, tmp_path):
     """Global EMOS and the Transformer read the target's own members: a derived target's are one more member
     variable after the inputs' (it was an IndexError, exit 70), equal to the members derived from the store."""

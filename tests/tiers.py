@@ -64,6 +64,7 @@ SYSTEM_FILES = frozenset(
         "test_packaging.py",
         "test_pipeline.py",
         "test_pipeline_record.py",
+        "test_report_page.py",
         "test_resume.py",
         "test_serve_hardening.py",
     }
