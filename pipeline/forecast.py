@@ -22,7 +22,7 @@ are its own. Writes are atomic; a file that
 exists is kept (idempotent reruns) unless ``overwrite``.
 
 The layout, the CF content (:func:`products`: mean, std and the law -> CF dataset) and the atomic
-writes are the archive's contract, ``pipeline/archive.py``, which ``postcast serve`` reads with;
+writes are the archive's contract, ``pipeline/products/archive.py``, which ``postcast serve`` reads with;
 drivers here: :func:`forecast` and the CLI.
 """
 
@@ -51,7 +51,7 @@ from postcast.datasets.sources import regrid
 from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor
-from postcast.pipeline.archive import (
+from postcast.pipeline.products.archive import (
     CLIMATE,
     DEFAULT_QUANTILES,
     EXTENSIONS,
@@ -65,8 +65,8 @@ from postcast.pipeline.archive import (
     products,
     write_product,
 )
-from postcast.pipeline.evaluate_dates import client_for, in_order
-from postcast.pipeline.gather import one_thread, open_checkpoint
+from postcast.pipeline.verify.forecasts import one_thread, open_checkpoint
+from postcast.pipeline.verify.tasks import client_for, in_order
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -470,7 +470,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         members=members,
     )
     for path in paths[product]:
-        write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)
+        write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/products/archive.py)
         result.written.append(str(path))
         if product == FALLBACK:
             result.fallback.append(str(path))

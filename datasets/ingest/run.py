@@ -43,14 +43,14 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets import contract, integrity, io, schema, sources
-from postcast.datasets.core import config
+from postcast.datasets.core import cluster, config
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.core.version import __version__
 from postcast.datasets.ingest import budget as ingest_budget
-from postcast.datasets.ingest import cluster, planning
 from postcast.datasets.ingest import layout as ingest_layout
 from postcast.datasets.ingest import lock as ingest_lock
 from postcast.datasets.ingest import merge as ingest_merge
+from postcast.datasets.ingest import planning
 from postcast.datasets.ingest import progress as ingest_progress
 from postcast.datasets.ingest import tasks as ingest_tasks
 

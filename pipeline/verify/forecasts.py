@@ -2,7 +2,7 @@
 Gaussian forecasts of every entry (:func:`verification_dataset`, dims ``forecast, init_time, latitude,
 longitude``), checkpoints of another predictive family (:class:`FamilyForecast`), and the predictions of
 a checkpoint over the store (:func:`predict_checkpoint`), with a checkpoint that does not fit the store
-named before anything is predicted (:func:`check_fits`). Scoring is :mod:`postcast.pipeline.evaluate`."""
+named before anything is predicted (:func:`check_fits`). Scoring is :mod:`postcast.pipeline.verify.evaluate`."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def add_forecast(ver: xr.Dataset, name: str, mu: np.ndarray, sigma: np.ndarray) 
 @dataclass(frozen=True)
 class FamilyForecast:
     """A predictive distribution of :mod:`postcast.models.distributions` (parameters (T, lat, lon)) as
-    numpy float64 in and out: the :class:`postcast.pipeline.chunk.Predictive` of a checkpoint. Its
+    numpy float64 in and out: the :class:`postcast.pipeline.verify.chunk.Predictive` of a checkpoint. Its
     CRPS is the family's closed form in torch; its cdf, survival function, quantiles and moments are the
     law's (:mod:`postcast.datasets.laws`) on the same parameters."""
 
