@@ -44,6 +44,7 @@ import torch
 import xarray as xr
 
 from postcast.datasets import io, laws, schema, sources
+from postcast.datasets.core.cluster import client_for, in_order
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
@@ -66,7 +67,6 @@ from postcast.pipeline.products.archive import (
     write_product,
 )
 from postcast.pipeline.verify.forecasts import one_thread, open_checkpoint
-from postcast.pipeline.verify.tasks import client_for, in_order
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))

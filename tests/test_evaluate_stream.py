@@ -234,7 +234,7 @@ def test_climate_thresholds_on_a_cluster_leave_the_training_truth_on_the_workers
     in this process, bit for bit, while this process (the driver, traced) holds a small part of the training
     truth's float64 copy. Before, the driver read the whole band of every training date itself: its memory
     grew with the training dates (evaluate's driver 0.96 -> 1.12 GB from 8 to 32 training dates at 0.5 deg)."""
-    from postcast.pipeline.verify.tasks import client_for
+    from postcast.datasets.core.cluster import client_for
 
     store, tg = contract.open_store(wide_store), schema.target("t850")
     here = evaluate.climate_thresholds(store, tg, 48)
@@ -326,7 +326,7 @@ def test_one_pipeline_runs_through_every_lead(store):
     from dask.distributed import Client, LocalCluster
     from dask_plugins import TasksHeld
 
-    from postcast.pipeline.verify import tasks
+    from postcast.datasets.core.cluster import TASKS_AHEAD_PER_WORKER
 
     opened = contract.open_store(store)
     t850 = schema.target("t850")
@@ -339,5 +339,5 @@ def test_one_pipeline_runs_through_every_lead(store):
         cluster.scheduler.add_plugin(seen)
         on_cluster = evaluate.score_target(opened, t850, "val", [], 20, store_path=str(store), client=client)
     assert seen.emptied == 1, seen.emptied
-    assert tasks.TASKS_AHEAD_PER_WORKER <= seen.most <= tasks.TASKS_AHEAD_PER_WORKER + 1, seen.most
+    assert TASKS_AHEAD_PER_WORKER <= seen.most <= TASKS_AHEAD_PER_WORKER + 1, seen.most
     xr.testing.assert_identical(on_cluster, evaluate.score_target(opened, t850, "val", [], 20, store_path=str(store)))

@@ -9,7 +9,8 @@ stages, each reading one :class:`IngestRun`. The rest is by concern:
 * ``ingest_budget``: memory sizes, dates per task and the one-pass statistics decision;
 * ``ingest_progress``: the progress meter (log lines) and bar;
 * ``ingest_lock``: one ingest per store at a time (``OUT.lock``);
-* ``cluster``: the dask client (address, scheduler file or LocalCluster) and worker process set-up.
+* ``datasets/core/cluster.py``: the dask client (address, scheduler file or LocalCluster) and worker process set-up,
+  shared with evaluate and forecast.
 
 Execution: a dask.distributed cluster (a local one by default, an existing one with
 ``scheduler=ADDRESS`` or ``scheduler=SCHEDULER_FILE``) runs one task per init date (or a few dates on

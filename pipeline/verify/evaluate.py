@@ -37,6 +37,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import contract, io, reads, schema
+from postcast.datasets.core.cluster import client_for
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.pipeline.verify import metrics, significance
 from postcast.pipeline.verify.accumulate import Accumulator, part_of
@@ -55,7 +56,6 @@ from postcast.pipeline.verify.tasks import (
     LeadJob,
     chunk_named,
     chunks_of,
-    client_for,
     climate_thresholds,
     efi_fields,
     lead_parts,

@@ -23,18 +23,17 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
 from postcast.datasets import contract, reads, schema
-from postcast.datasets.core import cluster
+from postcast.datasets.core.cluster import in_order
 from postcast.datasets.core.errors import BadInputError, PostcastError
 from postcast.models import distributions
 from postcast.pipeline.verify import metrics, scores
@@ -59,8 +58,6 @@ DATES_PER_TASK = 4  # a checkpoint's prediction batch: a task predicts the same 
 TILE_BYTES = 512 << 20  # float64 bytes of one latitude band of the training truth (:func:`climate_thresholds`)
 EFI_TILE_BYTES = 128 << 20  # ... of an EFI climate window (read back from its scratch: more bands cost no decoding)
 READ_BYTES = 64 << 20  # float32 bytes of the whole-grid fields one read of the store decodes (:func:`_date_groups`)
-T = TypeVar("T")
-TASKS_AHEAD_PER_WORKER = 2  # tasks in flight per worker: parts wait in the driver for the ones before them
 
 
 def _bands(n_lat: int, row_bytes: int, tile_bytes: int) -> list[slice]:
@@ -276,37 +273,6 @@ def rank_skips(store: xr.Dataset, job: LeadJob) -> tuple[int, ...]:
         for s in range(0, rows.size, DATES_PER_TASK)
     ]
     return tuple(int(c) for c in np.cumsum([0, *counts[:-1]]))
-
-
-def in_order(client: Any, fn: Callable[..., T], shared: Any, n: int) -> Iterator[T]:
-    """``fn(shared, k)`` for k = 0 .. n - 1 on the cluster, yielded in order, with at most
-    TASKS_AHEAD_PER_WORKER tasks per worker in flight (``shared`` is sent to each worker once), so that the
-    driver holds a few results at a time however many there are."""
-    shared = client.scatter(shared, broadcast=True)
-    ahead = TASKS_AHEAD_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
-    pending = deque(client.submit(fn, shared, k, pure=False) for k in range(min(ahead, n)))
-    submitted = len(pending)
-    while pending:
-        future = pending.popleft()
-        result = future.result()
-        future.release()
-        if submitted < n:
-            pending.append(client.submit(fn, shared, submitted, pure=False))
-            submitted += 1
-        yield result
-
-
-@contextlib.contextmanager
-def client_for(scheduler: str | None, workers: int, processes: bool = True) -> Iterator[Any | None]:
-    """A dask client of the scheduler given (an address or a scheduler file, as ingest takes them), else of a
-    LocalCluster of ``workers`` (checked against this machine), else (no scheduler, 0 workers) None: work here."""
-    if scheduler is None and workers == 0:
-        yield None
-        return
-    if scheduler is None:
-        cluster.check_local_workers(workers)
-    with cluster.dask_client(scheduler, workers, processes) as client:
-        yield client
 
 
 def lead_parts(jobs: list[LeadJob], client: Any | None) -> Iterator[tuple[int, Part]]:
