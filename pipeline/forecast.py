@@ -52,6 +52,7 @@ from postcast.datasets.sources import regrid
 from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor
+from postcast.pipeline.checkpoints import one_thread, open_checkpoint
 from postcast.pipeline.products.archive import (
     CLIMATE,
     DEFAULT_QUANTILES,
@@ -66,7 +67,6 @@ from postcast.pipeline.products.archive import (
     products,
     write_product,
 )
-from postcast.pipeline.verify.forecasts import one_thread, open_checkpoint
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -374,7 +374,7 @@ def _current(path: Path, run: _Run) -> bool:
 
 def _predict(run: _Run, day: xr.Dataset) -> Params:
     """The model's predictive law on ``day``: its family's parameters, float64, (lat, lon) [coef (K, lat, lon)]."""
-    with torch.no_grad(), one_thread():  # the same bits in this process and on any worker (gather.one_thread)
+    with torch.no_grad(), one_thread():  # the same bits in this process and on any worker (checkpoints.one_thread)
         batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
         dist = run.model.predictive(batch)  # physical inputs in, parameters (1, H, W) [(1, H, W, K)] out
     return {

@@ -39,6 +39,7 @@ import xarray as xr
 from postcast.datasets import contract, io, reads, schema
 from postcast.datasets.core.cluster import client_for
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
+from postcast.pipeline.checkpoints import OpenedCheckpoint
 from postcast.pipeline.verify import metrics, significance
 from postcast.pipeline.verify.accumulate import Accumulator, part_of
 from postcast.pipeline.verify.forecasts import (
@@ -46,7 +47,6 @@ from postcast.pipeline.verify.forecasts import (
     ORACLE,
     RAW,
     FamilyForecast,
-    OpenedCheckpoint,
     baseline,
     check_fits,
     oracle_forecast,

@@ -36,6 +36,7 @@ from postcast.datasets import contract, reads, schema
 from postcast.datasets.core.cluster import in_order
 from postcast.datasets.core.errors import BadInputError, PostcastError
 from postcast.models import distributions
+from postcast.pipeline.checkpoints import OpenedCheckpoint
 from postcast.pipeline.verify import metrics, scores
 from postcast.pipeline.verify.accumulate import Part, part_of
 from postcast.pipeline.verify.chunk import Chunk, GaussianForecast
@@ -43,7 +44,6 @@ from postcast.pipeline.verify.forecasts import (
     ENSEMBLE,
     RAW,
     FamilyForecast,
-    OpenedCheckpoint,
     add_forecast,
     check_finite,
     check_shape,
