@@ -148,7 +148,7 @@ def test_latitude_weights_equal_the_closed_form_band_areas(step):
 
 
 def test_one_latitude_weight_implementation():
-    """pipeline.metrics re-exports the data core's function; compression weights with its cos kind."""
+    """pipeline.verify.scores re-exports the data core's function; compression weights with its cos kind."""
     assert scores.latitude_weights is geo.latitude_weights
     rng = np.random.default_rng(5)
     lat = np.linspace(90.0, -90.0, 19)
