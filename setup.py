@@ -27,6 +27,6 @@ setup(
     package_data={
         "postcast": ["py.typed"],
         "postcast.serve": ["static/*"],  # the forecast page's HTML, script and style
-        "postcast.pipeline": ["geo/*.npz"],  # the coastline (pipeline/maps.py)
+        "postcast.pipeline.products": ["geo/*.npz"],  # the coastline (pipeline/products/maps.py)
     },
 )

@@ -48,18 +48,18 @@ def kernels(x: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], np.ndarray]]
     import xarray as xr
     import xskillscore
 
-    from postcast.pipeline import metrics
+    from postcast.pipeline.verify import scores
 
     obs, fct = xr.DataArray(y, dims=["p"]), xr.DataArray(x, dims=["p", "member"])
     xs = np.sort(x, axis=1)
     out: dict[str, Callable[[], np.ndarray]] = {
-        "postcast_fair": lambda: metrics.crps_ensemble(x, y, estimator="fair"),
-        "postcast_standard": lambda: metrics.crps_ensemble(x, y, estimator="standard"),
-        "postcast_block_kernel": lambda: metrics.crps_ensemble_pair(x, y, kernel="block")[0],
-        "postcast_numpy_fair": lambda: metrics.crps_ensemble(x, y, estimator="fair", engine="numpy"),
+        "postcast_fair": lambda: scores.crps_ensemble(x, y, estimator="fair"),
+        "postcast_standard": lambda: scores.crps_ensemble(x, y, estimator="standard"),
+        "postcast_block_kernel": lambda: scores.crps_ensemble_pair(x, y, kernel="block")[0],
+        "postcast_numpy_fair": lambda: scores.crps_ensemble(x, y, estimator="fair", engine="numpy"),
         "properscoring": lambda: properscoring.crps_ensemble(y, x),
         "xskillscore": lambda: xskillscore.crps_ensemble(obs, fct, dim=[]).values,
-        "presorted_postcast": lambda: metrics.crps_ensemble_pair(xs, y, presorted=True)[0],
+        "presorted_postcast": lambda: scores.crps_ensemble_pair(xs, y, presorted=True)[0],
         "presorted_scoringrules_pwm": lambda: scoringrules.crps_ensemble(
             y, xs, estimator="pwm", sorted_ensemble=True, backend="numba"
         ),

@@ -51,9 +51,9 @@ from emos_standard import CLOSED, compare_standard, print_standard
 from postcast.datasets import io
 from postcast.models import registry
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import significance
-from postcast.pipeline.evaluate import EvalConfig, evaluate
 from postcast.pipeline.train import run as train
+from postcast.pipeline.verify import significance
+from postcast.pipeline.verify.evaluate import EvalConfig, evaluate
 
 TARGETS = ("z500", "t850", "t2m", "ws10", "tp24")
 MODELS = ("emos", "mlp", "unet")  # a preset each per target (configs/train/<model>_<target>.yaml)

@@ -19,7 +19,7 @@ import numpy as np
 import xarray as xr
 from common import ROOT
 
-from postcast.pipeline import significance
+from postcast.pipeline.verify import significance
 
 UNET_FAMILY = ("unet", "unet_smoe")
 BASELINES = ("raw", "oracle", "raw_ensemble")  # skill.py's: not models

@@ -1,4 +1,5 @@
-"""``postcast evaluate``: score checkpoints, the raw ensemble and the oracle (:mod:`postcast.pipeline.evaluate`)."""
+"""``postcast evaluate``: score checkpoints, the raw ensemble and the oracle
+(:mod:`postcast.pipeline.verify.evaluate`)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def run(a: argparse.Namespace) -> int:
         msg = f"not found: {', '.join(missing)}"
         raise MissingInputError(msg)
 
-    from postcast.pipeline.evaluate import EvalConfig, evaluate
+    from postcast.pipeline.verify.evaluate import EvalConfig, evaluate
 
     cfg = EvalConfig(
         store=a.store,

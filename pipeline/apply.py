@@ -23,7 +23,7 @@ from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler
 from postcast.datasets.statistics import ensemble_statistics
 from postcast.models.module import PostProcessor
-from postcast.pipeline.archive import DEFAULT_QUANTILES
+from postcast.pipeline.products.archive import DEFAULT_QUANTILES
 
 Params = dict[str, np.ndarray]  # a law's parameters by name: (T, H, W) each (a vector parameter: (K, T, H, W))
 

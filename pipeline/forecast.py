@@ -22,7 +22,7 @@ are its own. Writes are atomic; a file that
 exists is kept (idempotent reruns) unless ``overwrite``.
 
 The layout, the CF content (:func:`products`: mean, std and the law -> CF dataset) and the atomic
-writes are the archive's contract, ``pipeline/archive.py``, which ``postcast serve`` reads with;
+writes are the archive's contract, ``pipeline/products/archive.py``, which ``postcast serve`` reads with;
 drivers here: :func:`forecast` and the CLI.
 """
 
@@ -44,6 +44,7 @@ import torch
 import xarray as xr
 
 from postcast.datasets import io, laws, schema, sources
+from postcast.datasets.core.cluster import client_for, in_order
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import to_tensors
 from postcast.datasets.sample import Sampler, SampleSpec
@@ -51,7 +52,8 @@ from postcast.datasets.sources import regrid
 from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor
-from postcast.pipeline.archive import (
+from postcast.pipeline.checkpoints import one_thread, open_checkpoint
+from postcast.pipeline.products.archive import (
     CLIMATE,
     DEFAULT_QUANTILES,
     EXTENSIONS,
@@ -65,8 +67,6 @@ from postcast.pipeline.archive import (
     products,
     write_product,
 )
-from postcast.pipeline.evaluate_dates import client_for, in_order
-from postcast.pipeline.gather import one_thread, open_checkpoint
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -374,7 +374,7 @@ def _current(path: Path, run: _Run) -> bool:
 
 def _predict(run: _Run, day: xr.Dataset) -> Params:
     """The model's predictive law on ``day``: its family's parameters, float64, (lat, lon) [coef (K, lat, lon)]."""
-    with torch.no_grad(), one_thread():  # the same bits in this process and on any worker (gather.one_thread)
+    with torch.no_grad(), one_thread():  # the same bits in this process and on any worker (checkpoints.one_thread)
         batch = {k: v[None] for k, v in to_tensors(run.sampler.sample(day)).items()}
         dist = run.model.predictive(batch)  # physical inputs in, parameters (1, H, W) [(1, H, W, K)] out
     return {
@@ -470,7 +470,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         members=members,
     )
     for path in paths[product]:
-        write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/archive.py)
+        write_product(ds, path)  # atomic; the layout is the archive's contract (pipeline/products/archive.py)
         result.written.append(str(path))
         if product == FALLBACK:
             result.fallback.append(str(path))

@@ -18,8 +18,8 @@ from postcast.pipeline.jobs import CompressJob, DownloadJob
 
 if TYPE_CHECKING:
     from postcast.datasets.ingest.run import IngestConfig
-    from postcast.pipeline.evaluate import EvalConfig
     from postcast.pipeline.forecast import ForecastConfig
+    from postcast.pipeline.verify.evaluate import EvalConfig
 
 
 @config.register("pipeline")
@@ -91,7 +91,7 @@ def ingest_config(cfg: PipelineConfig, progress: bool = False) -> IngestConfig:
 
 def eval_config(cfg: PipelineConfig, checkpoints: list[str]) -> EvalConfig:
     """The evaluate stage's config (the report in WORKDIR/report; each checkpoint named after its preset)."""
-    from postcast.pipeline.evaluate import EvalConfig
+    from postcast.pipeline.verify.evaluate import EvalConfig
 
     names = {c: Path(p).stem for c, p in zip(checkpoints, cfg.train, strict=True)}
     return EvalConfig(

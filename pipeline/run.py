@@ -207,7 +207,7 @@ def _train(cfg: PipelineConfig, preset: str, progress: bool, fresh: bool) -> lis
 
 
 def _evaluate(cfg: PipelineConfig, checkpoints: list[str]) -> list[str]:
-    from postcast.pipeline.evaluate import evaluate
+    from postcast.pipeline.verify.evaluate import evaluate
 
     out = cfg.root / "report"
     evaluate(pipeline_config.eval_config(cfg, checkpoints))

@@ -1,4 +1,5 @@
-"""Check postcast's import graph: no import cycle, and nothing below the CLI imports the CLI package.
+"""Check postcast's import graph: no import cycle, nothing below the CLI imports the CLI package, and each room
+(:data:`ROOMS`) imports only its own modules and the rooms it stands on.
 
     python scripts/check_imports.py [ROOT]
 
@@ -8,9 +9,10 @@ every import counts, at the top, in a function or under ``if TYPE_CHECKING:``. `
 edge to ``X.Y`` when that is a module, else (a name defined in ``X``) to ``X`` itself: a package's
 ``__init__`` is a node only where names are imported from it. Relative imports are resolved.
 
-Prints each cycle (a strongly connected component, with one cycle through it and the lines that make it)
-and each import of the CLI package (``postcast`` itself or a module of ``cli/``) by a module of a layer;
-exits 1 if there is any, else prints a summary and exits 0. tests/test_quality.py runs it.
+Prints each cycle (a strongly connected component, with one cycle through it and the lines that make it),
+each import of the CLI package (``postcast`` itself or a module of ``cli/``) by a module of a layer and each
+import out of a room to a module it does not stand on; exits 1 if there is any, else prints a summary and exits
+0. tests/test_quality.py runs it (the direction between layers is its ``upward_imports``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,20 @@ from pathlib import Path, PurePosixPath
 
 CLI = "cli"  # the folder of the package `postcast`
 LAYERS = ("datasets", "models", "compression", "pipeline", "serve")  # `postcast.<layer>`
+# rooms inside the layers, and what each stands on besides itself (a module or package and all below it)
+ROOMS = {
+    # the forecast files' contract and the maps: the data layer only (no torch), so the service needs no more
+    "postcast.pipeline.products": ("postcast.datasets",),
+    # the service: the forecast products, not the pipeline that makes them
+    "postcast.serve": ("postcast.datasets", "postcast.pipeline.products"),
+    # the verification stage: the data, the models, an opened checkpoint and the maps, not training or forecast
+    "postcast.pipeline.verify": (
+        "postcast.datasets",
+        "postcast.models",
+        "postcast.pipeline.checkpoints",
+        "postcast.pipeline.products",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -181,6 +197,20 @@ def cli_imports(edges: list[Edge]) -> list[Edge]:
     return [e for e in edges if not _is_cli(e.source) and _is_cli(e.target)]
 
 
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def room_imports(edges: list[Edge]) -> list[tuple[Edge, str]]:
+    """(edge, room) for each import by a module of a room of a module outside it and outside what it stands on."""
+    return [
+        (e, room)
+        for e in edges
+        for room, base in ROOMS.items()
+        if _within(e.source, room) and not any(_within(e.target, r) for r in (room, *base))
+    ]
+
+
 def report(root: Path) -> tuple[list[str], int, int]:
     """(problems as lines, modules, edges) of the tree at ``root``."""
     known, edges = graph(root)
@@ -189,6 +219,10 @@ def report(root: Path) -> tuple[list[str], int, int]:
         chain = " -> ".join([cycle[0].source, *(f"{e.target} ({e.where})" for e in cycle)])
         lines.append(f"import cycle: {chain}")
     lines += [f"the CLI package imported below it: {e.where} imports {e.target}" for e in cli_imports(edges)]
+    lines += [
+        f"{e.where}: imports {e.target}, but {room} stands on {', '.join(ROOMS[room])} only"
+        for e, room in room_imports(edges)
+    ]
     return lines, len(known), len(edges)
 
 
@@ -199,7 +233,10 @@ def main(argv: list[str]) -> int:
         print(line)
     if problems:
         return 1
-    print(f"no import cycle, and no import of the CLI package below it: {n_modules} modules, {n_edges} imports")
+    print(
+        f"no import cycle, no import of the CLI package below it and no room standing on more than it may "
+        f"({', '.join(ROOMS)}): {n_modules} modules, {n_edges} imports"
+    )
     return 0
 
 

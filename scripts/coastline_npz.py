@@ -1,7 +1,7 @@
-"""Build pipeline/geo/coastline_110m.npz from Natural Earth's 1:110m land (public domain) as the npm
+"""Build pipeline/products/geo/coastline_110m.npz from Natural Earth's 1:110m land (public domain) as the npm
 package world-atlas 2.0.2 ships it (land-110m.json, TopoJSON; `npm pack world-atlas@2.0.2`).
 
-Usage: python scripts/coastline_npz.py PATH/TO/land-110m.json pipeline/geo/coastline_110m.npz
+Usage: python scripts/coastline_npz.py PATH/TO/land-110m.json pipeline/products/geo/coastline_110m.npz
 
 The land outline's arcs, decoded (delta-encoded, quantised) to degrees, as one (N, 2) float32 array of
 (longitude, latitude) with a NaN row between lines; the edges the polygons have only to close the map

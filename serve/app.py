@@ -1,5 +1,5 @@
 """The forecast service: FastAPI over the forecast archive that ``postcast forecast`` writes
-(``pipeline/archive.py`` is the contract: layout, content, atomic writes, scores).
+(``pipeline/products/archive.py`` is the contract: layout, content, atomic writes, scores).
 
 Endpoints (OpenAPI document at ``/openapi.json``, docs at ``/docs``):
 
@@ -55,7 +55,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from postcast.datasets import schema
 from postcast.datasets.core.version import __version__
-from postcast.pipeline import archive
+from postcast.pipeline.products import archive
 from postcast.serve.auth import Gate, bearer_ok
 from postcast.serve.catalog import Catalog
 from postcast.serve.grid import as_asked, box_columns

@@ -18,8 +18,8 @@ from fastapi import HTTPException
 
 from postcast.datasets import schema
 from postcast.datasets.core.errors import BadInputError
-from postcast.pipeline import archive
-from postcast.pipeline.archive import Product, Skipped
+from postcast.pipeline.products import archive
+from postcast.pipeline.products.archive import Product, Skipped
 from postcast.serve.grid import Served
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from postcast.datasets import laws
-from postcast.pipeline.archive import Field, Product, UnreadableProduct
+from postcast.pipeline.products.archive import Field, Product, UnreadableProduct
 
 
 def _nearest(values: np.ndarray, x: float, periodic: bool = False) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 
 from postcast.datasets import laws, schema
 from postcast.datasets.contract import CLIMATE_QUANTILES
-from postcast.pipeline.archive import CLIMATE, GIVEN, OWN, Field
+from postcast.pipeline.products.archive import CLIMATE, GIVEN, OWN, Field
 
 QUANTITIES = ("mean", "spread", "quantile", "probability")
 

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from fastapi import HTTPException, Response
 
-from postcast.pipeline import maps
-from postcast.pipeline.archive import Field, Product
+from postcast.pipeline.products import maps
+from postcast.pipeline.products.archive import Field, Product
 from postcast.serve import law
 from postcast.serve.catalog import Catalog
 

@@ -33,7 +33,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import schema
-from postcast.pipeline.archive import (
+from postcast.pipeline.products.archive import (
     DEFAULT_QUANTILES,
     EXTENSIONS,
     POSTPROCESSED,
@@ -77,7 +77,7 @@ def write_forecasts(
     formats: tuple[str, ...] = ("netcdf",),
 ) -> list[Path]:
     """``n`` daily forecasts of ``target`` on a regular grid, written like ``postcast forecast`` does
-    (through the archive's contract, ``pipeline/archive.py``), in each of ``formats``."""
+    (through the archive's contract, ``pipeline/products/archive.py``), in each of ``formats``."""
     grid = schema.Grid(resolution)
     lat = grid.latitudes()
     rng = np.random.default_rng(seed)

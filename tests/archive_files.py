@@ -1,5 +1,5 @@
 """A small forecast archive of several targets, models and predictive families, written through the
-archive's contract (``pipeline/archive.py``) as ``postcast forecast`` writes it, with evaluate's scores
+archive's contract (``pipeline/products/archive.py``) as ``postcast forecast`` writes it, with evaluate's scores
 beside it: what the page and browser tests serve."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets import laws, schema
-from postcast.pipeline.archive import DEFAULT_QUANTILES, POSTPROCESSED, Law, product_path, write_product
+from postcast.pipeline.products.archive import DEFAULT_QUANTILES, POSTPROCESSED, Law, product_path, write_product
 from postcast.serve.testing import postprocessed
 
 CLIMATE_T2M = (258.0, 284.5, 302.3)  # training-climate 10/50/90 % quantiles, as a checkpoint carries them

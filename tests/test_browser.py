@@ -209,7 +209,7 @@ def test_the_api_docs_render_offline(server, browser):
 
 @pytest.fixture(scope="module")
 def report(derived_store, tmp_path_factory):
-    from postcast.pipeline.evaluate import EvalConfig, evaluate
+    from postcast.pipeline.verify.evaluate import EvalConfig, evaluate
 
     out = tmp_path_factory.mktemp("browser_report")
     evaluate(

@@ -21,9 +21,9 @@ import pytest
 
 from postcast.cli import main
 from postcast.datasets import contract
+from postcast.datasets.core.cluster import dask_client
 from postcast.datasets.core.errors import MissingInputError
 from postcast.datasets.ingest import run as ingest
-from postcast.datasets.ingest.cluster import dask_client
 from postcast.datasets.ingest.run import IngestConfig
 
 DASK = shutil.which("dask", path=Path(sys.executable).parent)

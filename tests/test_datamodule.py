@@ -13,7 +13,7 @@ from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, St
 from postcast.datasets.sample import SampleSpec
 from postcast.models.losses import crps_gaussian as metrics_torch_crps
 from postcast.models.module import PostProcessor
-from postcast.pipeline import metrics
+from postcast.pipeline.verify import scores
 
 GRID = (19, 36)
 
@@ -100,7 +100,7 @@ def test_pointwise_models_learn_to_beat_the_raw_ensemble(cfg, kind):
 
     with torch.no_grad():
         raw = float(crps())  # zero-initialised head = raw ensemble
-    ref = metrics.crps_gaussian(batch["m"].numpy(), np.maximum(batch["s"].numpy(), 1e-6), batch["y"].numpy()).mean()
+    ref = scores.crps_gaussian(batch["m"].numpy(), np.maximum(batch["s"].numpy(), 1e-6), batch["y"].numpy()).mean()
     assert raw == pytest.approx(ref, rel=1e-4)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     for _ in range(150):

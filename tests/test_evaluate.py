@@ -10,7 +10,7 @@ import torch
 
 from postcast.datasets import contract, schema
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import evaluate, gather, metrics
+from postcast.pipeline.verify import evaluate, forecasts, scores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,20 +136,20 @@ def test_evaluate_rejects_bad_checkpoints(cli, store, tmp_path):
 def test_score_matches_the_metric_definitions(store, backend):
     ds = contract.open_store(store)
     ds = ds.load() if backend == "numpy" else ds
-    ver = gather.verification_dataset(ds, schema.target("t2m"), "test")
+    ver = forecasts.verification_dataset(ds, schema.target("t2m"), "test")
     y = ver["truth"].values
     shifted = ver["mu"].sel(forecast="raw").values + 0.5
-    ver = gather.add_forecast(ver, "shifted", shifted, ver["sigma"].sel(forecast="raw").values)
+    ver = forecasts.add_forecast(ver, "shifted", shifted, ver["sigma"].sel(forecast="raw").values)
     efi = evaluate.efi_fields(ds, ver)
     assert efi.shape == y.shape and np.abs(efi).max() <= 1
     res = evaluate.score(ver, efi, bootstrap=50)
-    raw = metrics.crps_gaussian(ver["mu"].sel(forecast="raw").values, ver["sigma"].sel(forecast="raw").values, y)
+    raw = scores.crps_gaussian(ver["mu"].sel(forecast="raw").values, ver["sigma"].sel(forecast="raw").values, y)
     assert res["forecasts"]["raw"]["global"]["crps"] == pytest.approx(raw.mean())
     assert res["forecasts"]["raw"]["global"]["eecrps"] == pytest.approx(
-        np.mean([metrics.eecrps(raw[i], efi[i]) for i in range(len(raw))])
+        np.mean([scores.eecrps(raw[i], efi[i]) for i in range(len(raw))])
     )
     members = np.moveaxis(ver["members"].values, 1, -1)
-    want = metrics.crps_ensemble_reference(members, y, estimator="fair").mean()
+    want = scores.crps_ensemble_reference(members, y, estimator="fair").mean()
     assert res["raw_ensemble"]["global"]["crps_fair"] == pytest.approx(want)
     s = res["forecasts"]["shifted"]["global"]
     orc = res["forecasts"]["oracle"]["global"]["crps"]
@@ -164,7 +164,7 @@ def test_a_bug_inside_evaluate_is_an_internal_error_with_a_log(
     cli, trained, store, tmp_path, monkeypatch, internal_error
 ):
     planted_bug, assert_internal_error = internal_error
-    monkeypatch.setattr("postcast.pipeline.evaluate.stream_leads", planted_bug)
+    monkeypatch.setattr("postcast.pipeline.verify.evaluate.stream_leads", planted_bug)
     proc = cli(
         "evaluate",
         str(store),

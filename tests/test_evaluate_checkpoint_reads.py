@@ -17,7 +17,7 @@ import pytest
 
 from postcast.datasets import contract
 from postcast.models import module
-from postcast.pipeline.evaluate import EvalConfig, evaluate
+from postcast.pipeline.verify.evaluate import EvalConfig, evaluate
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the spies below run in the worker processes too
 

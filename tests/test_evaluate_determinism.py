@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from postcast.pipeline import train
-from postcast.pipeline.evaluate import EvalConfig, evaluate
+from postcast.pipeline.verify.evaluate import EvalConfig, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 

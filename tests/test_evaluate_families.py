@@ -16,7 +16,7 @@ from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions as D
 from postcast.models.module import load_checkpoint
-from postcast.pipeline import chunk, evaluate, evaluate_stream, gather, verification
+from postcast.pipeline.verify import accumulate, chunk, evaluate, forecasts, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("truncnormal", "csg")
@@ -65,13 +65,13 @@ def chunk_case():
 
 def test_family_chunk_scores_match_scipy_and_scoringrules(chunk_case):
     mu, sigma, y, t = chunk_case
-    dist = gather.FamilyForecast(D.TruncNormal(torch.from_numpy(mu), torch.from_numpy(sigma)))
+    dist = forecasts.FamilyForecast(D.TruncNormal(torch.from_numpy(mu), torch.from_numpy(sigma)))
     c = chunk.Chunk(y, np.zeros_like(y), dist=dist, thresholds={"above_q90": t, "below_q10": t})
     cdf, ppf = scipy_law("truncnormal", {"mu": mu, "sigma": sigma})
     assert c.kind == chunk.PREDICTIVE
     np.testing.assert_allclose(c.crps, sr.crps_tnormal(y, mu, sigma, lower=0.0), rtol=1e-9)
-    np.testing.assert_allclose(verification.exceedance(c, t, True), 1 - cdf(t), rtol=1e-9)
-    np.testing.assert_allclose(verification.pit(c), cdf(y), rtol=1e-9)
+    np.testing.assert_allclose(metrics.exceedance(c, t, True), 1 - cdf(t), rtol=1e-9)
+    np.testing.assert_allclose(metrics.pit(c), cdf(y), rtol=1e-9)
     tw = c.tail_scores["twcrps_above_q90"]
     np.testing.assert_allclose(tw, tw_crps_integral(cdf, ppf, y, t), rtol=2e-3, atol=1e-4)
     levels = ((np.arange(4000) + 0.5) / 4000).reshape(-1, 1, 1, 1)
@@ -93,12 +93,12 @@ def test_every_family_goes_through_the_registry(family, chunk_case):
     y = np.where(y < 0.5, 0.0, y)  # rain-like: some outcomes exactly at the censoring point
     raw = torch.from_numpy(np.random.default_rng(5).normal(0.0, 0.5, (*y.shape, D.get(family).n_raw)))
     m, s = torch.full(y.shape, 1.0, dtype=torch.float64), torch.full(y.shape, 0.8, dtype=torch.float64)
-    ff = gather.FamilyForecast(D.get(family).from_raw(raw, m, s))
+    ff = forecasts.FamilyForecast(D.get(family).from_raw(raw, m, s))
     lat, lon = np.linspace(-60.0, 60.0, y.shape[1]), np.linspace(0.0, 270.0, y.shape[2])
     c = chunk.Chunk(y, np.zeros_like(y), dist=ff)
     events = {"above_q90": t, "below_q10": t}
-    res = evaluate_stream.as_dataset([family], [c], lat, lon, np.arange(y.shape[0]), events)
-    applies = [m.name for m in verification.METRICS if chunk.PREDICTIVE in m.kinds and m.event in ("", *events)]
+    res = accumulate.as_dataset([family], [c], lat, lon, np.arange(y.shape[0]), events)
+    applies = [m.name for m in metrics.METRICS if chunk.PREDICTIVE in m.kinds and m.event in ("", *events)]
     assert np.isfinite(res["score"].sel(metric=applies).values).all() and int(res["pit_histogram"].sum()) == y.size
 
     def cdf(z: np.ndarray) -> np.ndarray:  # Bernstein's cdf takes points of shape S only
@@ -135,7 +135,7 @@ def test_gaussian_tail_scores_and_raw_members(chunk_case):
     np.testing.assert_allclose(
         g.tail_scores["twcrps_above_q90"], tw_crps_integral(law.cdf, law.ppf, y, t), rtol=2e-3, atol=1e-4
     )
-    brier = verification.METRICS[[m.name for m in verification.METRICS].index("brier_above_q90")]
+    brier = metrics.METRICS[[m.name for m in metrics.METRICS].index("brier_above_q90")]
     np.testing.assert_allclose(
         brier.statistics(g)["value"], sr.brier_score((y > t).astype(float), law.sf(t)), rtol=1e-9, atol=1e-12
     )
@@ -158,7 +158,7 @@ def test_old_gaussian_numbers_are_unchanged(chunk_case):
     g = chunk.Chunk(y, np.zeros_like(y), dist=chunk.GaussianForecast(mu, sigma))
     assert g.kind == chunk.PREDICTIVE  # scored by the same code as every other family
     np.testing.assert_allclose(g.crps, sr.crps_normal(y, mu, sigma), rtol=1e-12)
-    assert np.array_equal(g.variance, sigma**2) and np.array_equal(verification.pit(g), special.ndtr((y - mu) / sigma))
+    assert np.array_equal(g.variance, sigma**2) and np.array_equal(metrics.pit(g), special.ndtr((y - mu) / sigma))
 
 
 # --- end to end: train a tiny checkpoint of each family, evaluate it through the CLI ---------------
@@ -214,7 +214,7 @@ def test_evaluate_cli_scores_non_gaussian_checkpoints(cli, family_checkpoints, s
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads((out / "metrics.json").read_text())["targets"]["t2m"]
     ds = contract.open_store(str(store))
-    ver = gather.verification_dataset(ds, schema.target("t2m"), "test", step_h=res["lead_h"])
+    ver = forecasts.verification_dataset(ds, schema.target("t2m"), "test", step_h=res["lead_h"])
     y, t = ver["truth"].values, evaluate.climate_thresholds(ds, schema.target("t2m"), res["lead_h"])["above_q90"]
     report = (out / "report.md").read_text()
     for name, path in family_checkpoints.items():

@@ -16,8 +16,8 @@ import xarray as xr
 
 from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import ConfigError
-from postcast.pipeline import evaluate, metrics, outcomes, verification
-from postcast.pipeline.evaluate import EvalConfig
+from postcast.pipeline.verify import evaluate, metrics, outcomes, scores
+from postcast.pipeline.verify.evaluate import EvalConfig
 
 REFERENCE = Path(__file__).parent / "reference_results"
 REGROUPED = ("decomposition", "reliability", "mean_abs_efi")  # sums over cases in another grouping: not bitwise
@@ -73,7 +73,7 @@ def test_streamed_scores_equal_the_in_memory_evaluate(request, fixture, referenc
 
 def test_dates_on_a_dask_cluster_give_the_same_bits(derived_store):
     """The dates of a lead on a 2-worker LocalCluster (threads) and in this process: identical results."""
-    from postcast.datasets.ingest import cluster
+    from postcast.datasets.core import cluster
 
     with cluster.dask_client(None, 2, processes=False) as client:
         on_cluster = _lead(derived_store, "t2m", "val", client)
@@ -104,15 +104,15 @@ def test_chunked_hersbach_sums_and_climatology_match_the_whole_sample():
     g = np.random.default_rng(1)
     x, y, w = np.sort(g.normal(size=(300, 7)), axis=1), g.normal(size=300), g.uniform(0.5, 1.5, 300)
     y[::10] = np.round(y[::10])  # ties in the sample
-    whole = verification.hersbach(x, y, w)
-    sums = sum(verification.hersbach_sums(x[s : s + 64], y[s : s + 64], w[s : s + 64]) for s in range(0, 300, 64))
-    sample = verification.value_weights(y[:100], w[:100])
-    sample = verification.merge_value_weights(sample, verification.value_weights(y[100:], w[100:]))
-    parts = verification.hersbach_terms(sums, verification.sample_crps(sample))
+    whole = metrics.hersbach(x, y, w)
+    sums = sum(metrics.hersbach_sums(x[s : s + 64], y[s : s + 64], w[s : s + 64]) for s in range(0, 300, 64))
+    sample = metrics.value_weights(y[:100], w[:100])
+    sample = metrics.merge_value_weights(sample, metrics.value_weights(y[100:], w[100:]))
+    parts = metrics.hersbach_terms(sums, metrics.sample_crps(sample))
     assert parts == pytest.approx(whole, rel=1e-12)
     wn = w / w.sum()
     pairwise = 0.5 * (wn[:, None] * wn[None, :] * np.abs(y[:, None] - y[None, :])).sum()
-    assert verification.sample_crps(sample) == pytest.approx(pairwise, rel=1e-12)
+    assert metrics.sample_crps(sample) == pytest.approx(pairwise, rel=1e-12)
 
 
 def test_the_outcome_sample_holds_a_bounded_number_of_values_and_scores_the_whole():
@@ -121,19 +121,19 @@ def test_the_outcome_sample_holds_a_bounded_number_of_values_and_scores_the_whol
     equals sample_crps of every part merged in memory to 1e-12 (the merged sample held every outcome of the split:
     about 4 MB per 0.5 deg test date and region, the growth of evaluate's process in benchmarks/scale.py)."""
     g = np.random.default_rng(3)
-    whole: verification.ValueWeights = (np.empty(0), np.empty(0))
+    whole: metrics.ValueWeights = (np.empty(0), np.empty(0))
     sample = outcomes.OutcomeSample(spill_values=500)
     for _ in range(40):
         y, w = np.round(g.normal(280.0, 10.0, 120), 2), g.uniform(0.2, 1.0, 120)  # ties: 0.01 K steps
-        part = verification.value_weights(y, w)
-        whole = verification.merge_value_weights(whole, part)
+        part = metrics.value_weights(y, w)
+        whole = metrics.merge_value_weights(whole, part)
         sample.add(part)
         assert sample.held[0].size <= 500 + 120
     assert len(sample.runs) >= 5 and whole[0].size > 1000
-    assert sample.crps() == pytest.approx(verification.sample_crps(whole), rel=1e-12, abs=0)
+    assert sample.crps() == pytest.approx(metrics.sample_crps(whole), rel=1e-12, abs=0)
     small = outcomes.OutcomeSample()
     small.add(whole)  # under the cap: no run, the in-memory value
-    assert small.crps() == verification.sample_crps(whole) and not small.runs
+    assert small.crps() == metrics.sample_crps(whole) and not small.runs
 
 
 def test_the_outcome_sample_needs_as_much_memory_for_one_part_as_for_many():
@@ -141,13 +141,13 @@ def test_the_outcome_sample_needs_as_much_memory_for_one_part_as_for_many():
     outcomes. The memory that adding a part takes (held values and the merge's transients, traced) is the same
     for the fourth part as for the first, so evaluate's driver does not grow between 4 and 16 test dates (with a
     2 M-value cap it merged 2 M held values with the next part's 1 M: 2.4 times the first part's peak)."""
-    from postcast.pipeline.evaluate_dates import DATES_PER_TASK
+    from postcast.pipeline.verify.tasks import DATES_PER_TASK
 
     g = np.random.default_rng(4)
     sample, peaks = outcomes.OutcomeSample(), []
     for _ in range(4):
         y = g.normal(270.0, 15.0, (DATES_PER_TASK, 361 * 720)).astype(np.float32).astype(np.float64)
-        part = verification.value_weights(y, np.ones_like(y))  # (values, weights), each about 1 M
+        part = metrics.value_weights(y, np.ones_like(y))  # (values, weights), each about 1 M
         del y
         tracemalloc.start()
         sample.add(part)
@@ -162,8 +162,8 @@ def test_skipped_draws_continue_the_generator():
     """A chunk's random draws after ``skip`` are those the whole sample would draw there (rank tie-breaks)."""
     g = np.random.default_rng(2)
     x, y = np.round(g.normal(size=(50, 5)), 0), np.round(g.normal(size=50), 0)  # many ties
-    whole = metrics.rank_histogram(x, y)
-    halves = metrics.rank_histogram(x[:20], y[:20]) + metrics.rank_histogram(x[20:], y[20:], skip=20)
+    whole = scores.rank_histogram(x, y)
+    halves = scores.rank_histogram(x[:20], y[:20]) + scores.rank_histogram(x[20:], y[20:], skip=20)
     np.testing.assert_array_equal(halves, whole)
 
 
@@ -235,7 +235,7 @@ def test_climate_thresholds_on_a_cluster_leave_the_training_truth_on_the_workers
     in this process, bit for bit, while this process (the driver, traced) holds a small part of the training
     truth's float64 copy. Before, the driver read the whole band of every training date itself: its memory
     grew with the training dates (evaluate's driver 0.96 -> 1.12 GB from 8 to 32 training dates at 0.5 deg)."""
-    from postcast.pipeline.evaluate_dates import client_for
+    from postcast.datasets.core.cluster import client_for
 
     store, tg = contract.open_store(wide_store), schema.target("t850")
     here = evaluate.climate_thresholds(store, tg, 48)
@@ -262,11 +262,11 @@ def test_the_efi_holds_its_climate_band_once(wide_store):
     band's float64 values are filled a group of dates at a time and partitioned in place by the quantiles, so
     the traced peak stays under twice the band (it was 2.7 times: a float32 read, its float64 copy and the
     quantiles' own copy; 893 -> 684 MB at 0.5 deg with 16 window dates)."""
-    from postcast.pipeline.evaluate_dates import efi_fields, verification_dataset
+    from postcast.pipeline.verify.tasks import efi_fields, verification_dataset
 
     store, tg = contract.open_store(wide_store), schema.target("t850")
     ver = verification_dataset(store, tg, "test", step_h=48, dates=slice(6, 7))
-    window = metrics.climate_window(
+    window = scores.climate_window(
         store[schema.INIT_TIME].values, ver[schema.INIT_TIME].values[0], month_days=_month_days(store)
     )
     band = int(window.sum()) * store.sizes[schema.MEMBER] * store.sizes[schema.LAT] * store.sizes[schema.LON] * 8
@@ -297,21 +297,21 @@ def test_the_efi_decodes_each_window_date_once_whatever_the_bands(wide_store, mo
     from zarr.storage import LocalStore
 
     from postcast.datasets import io, reads
-    from postcast.pipeline import evaluate_dates
+    from postcast.pipeline.verify import tasks
 
     store, tg = contract.open_store(wide_store), schema.target("t850")
-    ver = evaluate_dates.verification_dataset(store, tg, "test", step_h=48, dates=slice(4, 8))
+    ver = tasks.verification_dataset(store, tg, "test", step_h=48, dates=slice(4, 8))
     times, mds = store[schema.INIT_TIME].values, _month_days(store)
-    windows = [np.flatnonzero(metrics.climate_window(times, t, month_days=mds)) for t in ver[schema.INIT_TIME].values]
-    one_band = evaluate_dates.efi_fields(store, ver)
+    windows = [np.flatnonzero(scores.climate_window(times, t, month_days=mds)) for t in ver[schema.INIT_TIME].values]
+    one_band = tasks.efi_fields(store, ver)
     n_member, n_lat, n_lon = (store.sizes[d] for d in (schema.MEMBER, schema.LAT, schema.LON))
     tile = 16 * max(w.size for w in windows) * n_member * n_lon * 8
-    monkeypatch.setattr(evaluate_dates, "EFI_TILE_BYTES", tile)
-    assert min(len(evaluate_dates._bands(n_lat, w.size * n_member * n_lon * 8, tile)) for w in windows) >= 4
+    monkeypatch.setattr(tasks, "EFI_TILE_BYTES", tile)
+    assert min(len(tasks._bands(n_lat, w.size * n_member * n_lon * 8, tile)) for w in windows) >= 4
     counting = reads.CountingStore(LocalStore(str(wide_store), read_only=True))
     opened = io.open_zarr(counting)  # type: ignore[arg-type]
     counting.gets.clear()
-    banded = evaluate_dates.efi_fields(opened, ver)
+    banded = tasks.efi_fields(opened, ver)
     member_reads = {int(k.split("/")[2]): n for k, n in counting.gets.items() if k.startswith("t/c/")}
     wanted = set(np.concatenate(windows).tolist())
     assert len(wanted) == 60 and sum(w.size for w in windows) == 180
@@ -329,7 +329,7 @@ def test_one_pipeline_runs_through_every_lead(store):
     from dask.distributed import Client, LocalCluster
     from dask_plugins import TasksHeld
 
-    from postcast.pipeline import evaluate_dates
+    from postcast.datasets.core.cluster import TASKS_AHEAD_PER_WORKER
 
     opened = contract.open_store(store)
     t850 = schema.target("t850")
@@ -342,5 +342,5 @@ def test_one_pipeline_runs_through_every_lead(store):
         cluster.scheduler.add_plugin(seen)
         on_cluster = evaluate.score_target(opened, t850, "val", [], 20, store_path=str(store), client=client)
     assert seen.emptied == 1, seen.emptied
-    assert evaluate_dates.TASKS_AHEAD_PER_WORKER <= seen.most <= evaluate_dates.TASKS_AHEAD_PER_WORKER + 1, seen.most
+    assert TASKS_AHEAD_PER_WORKER <= seen.most <= TASKS_AHEAD_PER_WORKER + 1, seen.most
     xr.testing.assert_identical(on_cluster, evaluate.score_target(opened, t850, "val", [], 20, store_path=str(store)))

@@ -14,8 +14,8 @@ import xarray as xr
 from scipy import special
 
 from postcast.datasets import contract, schema
-from postcast.pipeline.chunk import Chunk
-from postcast.pipeline.evaluate import EvalConfig, evaluate
+from postcast.pipeline.verify.chunk import Chunk
+from postcast.pipeline.verify.evaluate import EvalConfig, evaluate
 
 
 def _at(ds: xr.Dataset, name: str, rows: np.ndarray, h: int) -> np.ndarray:
@@ -62,7 +62,7 @@ def test_tp24_scores_against_scoringrules(derived_store, evaluated):
 def test_the_scorecard_measures_each_target_against_its_baseline(evaluated):
     """results.nc names each target's baseline, and the report's scorecard shows skill against it (it took the
     raw Gaussian for every target, beside significance marks tested against the members)."""
-    from postcast.pipeline import report
+    from postcast.pipeline.verify import report
 
     summary, results, _ = evaluated
     assert dict(zip(results["target"].values, results["baseline"].values, strict=True)) == {
@@ -123,7 +123,7 @@ def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
     from test_evaluate_families import tw_crps_integral
 
     from postcast.models import distributions as D
-    from postcast.pipeline import evaluate as ev
+    from postcast.pipeline.verify import evaluate as ev
 
     rng = np.random.default_rng(11)
     shape = (6, 3, 4)  # (T, lat, lon)

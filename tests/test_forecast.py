@@ -11,7 +11,7 @@ import pytest
 import web
 import xarray as xr
 
-from postcast.pipeline import gather
+from postcast.pipeline.verify import forecasts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     members = raw.transpose("number", "time", "latitude", "longitude").values  # read with xarray alone
     np.testing.assert_allclose(ds["t850_raw_member"].values, members, rtol=1e-6)  # the input's, beside the law
     # the same model through the evaluation path on the store gives the same mean and std
-    _, times, mu, sigma = gather.predict_checkpoint(str(checkpoint), str(store), "test")
+    _, times, mu, sigma = forecasts.predict_checkpoint(str(checkpoint), str(store), "test")
     np.testing.assert_allclose(ds["t850_mean"].sel(forecast_reference_time=times).values, mu, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(ds["t850_std"].sel(forecast_reference_time=times).values, sigma, rtol=1e-4, atol=1e-5)
     z = xr.open_zarr(out / "postprocessed/mlp/t850" / files[0].name.replace(".nc", ".zarr"), consolidated=False)
@@ -484,8 +484,8 @@ def test_on_input_grid_with_a_regional_checkpoint_is_cut_to_its_area(regional_ck
     reader takes it (it was the whole globe, 95% NaN, refused by the reader)."""
     from test_layouts import INIT, write_ecmwf
 
-    from postcast.pipeline import archive
     from postcast.pipeline.forecast import ForecastConfig, forecast
+    from postcast.pipeline.products import archive
 
     src = write_ecmwf(tmp_path / "glob.grib2", grid=("ll", 1.0, (90, -90, 0, 359)), members=range(5), steps=(48,))
     res = forecast(

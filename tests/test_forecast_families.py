@@ -16,7 +16,7 @@ from scipy import integrate, interpolate, optimize, stats
 
 from postcast.datasets import laws
 from postcast.models import distributions
-from postcast.pipeline import archive
+from postcast.pipeline.products import archive
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)

@@ -653,7 +653,7 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     the heap: page faults counted by the kernel, not timed."""
     code = (
         "import resource, numpy as np\n"
-        "from postcast.datasets.ingest import cluster\n"
+        "from postcast.datasets.core import cluster\n"
         "def faults():\n"
         "    n = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    for _ in range(50):\n"
@@ -681,7 +681,7 @@ def test_a_freed_field_partial_goes_back_to_the_kernel():
     once (before: it stayed, 0 MB went back)."""
     code = (
         "import os, numpy as np\n"
-        "from postcast.datasets.ingest import cluster\n"
+        "from postcast.datasets.core import cluster\n"
         "def rss():\n"
         "    return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
         "tuned = cluster.keep_freed_memory()\n"

@@ -16,7 +16,7 @@ STRESS = textwrap.dedent(
     """
     import sys, threading
     from pathlib import Path
-    from postcast.pipeline import archive
+    from postcast.pipeline.products import archive
     from postcast.serve.testing import write_forecasts
 
     root = Path(sys.argv[1])

@@ -79,7 +79,7 @@ def _figure(client, archive, target, model, shown):
 
 
 def test_the_map_has_coastlines_axes_a_fitting_scale_and_names_its_law(client, archive):
-    from postcast.pipeline import maps
+    from postcast.pipeline.products import maps
     from postcast.serve.rendering import Shown
 
     fig = _figure(client, archive, "tp24", "emos_csg", Shown("probability", None, 10.0))
@@ -107,7 +107,7 @@ def test_the_map_has_coastlines_axes_a_fitting_scale_and_names_its_law(client, a
     ],
 )
 def test_the_coastline_passes_known_capes(lon, lat, name):
-    from postcast.pipeline import maps
+    from postcast.pipeline.products import maps
 
     for lon_min in (-180.0, 0.0):
         x, y = maps.coastline(lon_min)

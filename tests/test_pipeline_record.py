@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from postcast.pipeline import report
+from postcast.pipeline.verify import report
 
 
 def _config(tmp: Path) -> Path:

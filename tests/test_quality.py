@@ -1,5 +1,6 @@
 """Static checks run with the tests: ruff and mypy clean, imports go one way between layers, the data core
-stays free of torch, no import cycle (scripts/check_imports.py), no module over 500 lines, a small top level
+stays free of torch, no import cycle and each room (the service, the forecast products, verification) standing
+on what it may only (scripts/check_imports.py), no module over 500 lines, a small top level
 of datasets/, and the target table read through the schema's functions."""
 
 import ast
@@ -275,6 +276,38 @@ def test_import_check_finds_the_cli_imported_below_it(tmp_path, line):
     assert len(found) == 1 and found[0].startswith(
         "the CLI package imported below it: datasets/sources/registry.py:"
     ), problems
+
+
+@pytest.mark.parametrize(
+    ("where", "line", "room"),
+    [
+        ("serve/law.py", "from postcast.pipeline import forecast", "postcast.serve"),  # the whole pipeline again
+        ("serve/catalog.py", "from postcast.pipeline.verify import summary", "postcast.serve"),
+        ("pipeline/products/archive.py", "import postcast.models.module", "postcast.pipeline.products"),  # torch
+        (
+            "pipeline/products/maps.py",
+            "from postcast.pipeline.verify.report import palette",
+            "postcast.pipeline.products",
+        ),
+        ("pipeline/verify/tasks.py", "from postcast.pipeline.forecast import forecast", "postcast.pipeline.verify"),
+    ],
+)
+def test_import_check_finds_a_room_standing_on_more_than_it_may(tmp_path, where, line, room):
+    """The service stands on the forecast products and the data layer only, the products on the data layer only,
+    the verification stage on what it needs (not the forecast or training): the command exits 1 naming the line."""
+    root = _copy_package(tmp_path)
+    target = root / where
+    target.write_text(target.read_text() + f"\n{line}\n")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_imports.py"), str(root)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{where}:")]
+    assert len(found) == 1 and f"{room} stands on " in found[0], proc.stdout
 
 
 def test_no_module_over_500_lines():

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from postcast.datasets import schema
-from postcast.pipeline.archive import EXTENSIONS, POSTPROCESSED, product_path, write_product
+from postcast.pipeline.products.archive import EXTENSIONS, POSTPROCESSED, product_path, write_product
 from postcast.serve.app import create_app
 from postcast.serve.testing import postprocessed
 

@@ -14,7 +14,7 @@ import xarray as xr
 from matplotlib.colors import to_rgba
 
 from postcast.datasets import schema
-from postcast.pipeline.evaluate import EvalConfig, evaluate
+from postcast.pipeline.verify.evaluate import EvalConfig, evaluate
 
 TARGETS = ("t2m", "tp24")  # a Gaussian target (baseline: raw) and a non-Gaussian one (raw_ensemble)
 
@@ -75,7 +75,7 @@ def test_each_target_is_measured_against_its_own_baseline_named(evaluated):
 
 
 def test_rain_has_no_below_q10_event(evaluated):
-    from postcast.pipeline import report
+    from postcast.pipeline.verify import report
 
     summary, results, out = evaluated
     sections = _sections((out / "report.html").read_text())
@@ -96,7 +96,7 @@ def _line_colours(fig) -> dict[str, tuple]:
 
 
 def test_one_colour_per_forecast_in_every_figure_and_target(evaluated):
-    from postcast.pipeline import report
+    from postcast.pipeline.verify import report
 
     summary, results, _ = evaluated
     colours = report.palette(results)
@@ -116,7 +116,8 @@ def test_one_colour_per_forecast_in_every_figure_and_target(evaluated):
 
 
 def test_maps_have_coastlines_and_axes_and_colour_bars_labels(evaluated):
-    from postcast.pipeline import maps, report
+    from postcast.pipeline.products import maps
+    from postcast.pipeline.verify import report
 
     summary, results, _ = evaluated
     fig = report.crps_maps(schema.target("tp24"), results, summary["targets"]["tp24"]["lead_h"])

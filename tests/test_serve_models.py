@@ -15,7 +15,7 @@ import web
 from fastapi.testclient import TestClient
 
 from postcast.datasets import contract, schema
-from postcast.pipeline import evaluate, gather
+from postcast.pipeline.verify import evaluate, forecasts
 from postcast.serve.app import create_app
 from postcast.serve.testing import running_server, write_forecasts
 
@@ -31,9 +31,9 @@ def summary(store):
     """evaluate's summary of two forecasts of t2m on the test split: GOOD is the raw-ensemble Gaussian,
     BAD the same shifted by 10 K (so its CRPS is clearly worse)."""
     ds = contract.open_store(store).load()
-    ver = gather.verification_dataset(ds, schema.target(TARGET), "test")
+    ver = forecasts.verification_dataset(ds, schema.target(TARGET), "test")
     mu, sigma = ver["mu"].sel(forecast="raw").values, ver["sigma"].sel(forecast="raw").values
-    ver = gather.add_forecast(gather.add_forecast(ver, GOOD, mu, sigma), BAD, mu + 10.0, sigma)
+    ver = forecasts.add_forecast(forecasts.add_forecast(ver, GOOD, mu, sigma), BAD, mu + 10.0, sigma)
     return {"split": "test", "targets": {TARGET: evaluate.score(ver, evaluate.efi_fields(ds, ver), bootstrap=20)}}
 
 

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from postcast.datasets import schema
-from postcast.pipeline.archive import (
+from postcast.pipeline.products.archive import (
     DEFAULT_QUANTILES,
     EXTENSIONS,
     POSTPROCESSED,

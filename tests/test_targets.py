@@ -22,7 +22,7 @@ from postcast.datasets.synth import synthetic, synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
 from postcast.models import distributions
 from postcast.pipeline import train
-from postcast.pipeline.metrics import crps_ensemble
+from postcast.pipeline.verify.scores import crps_ensemble
 
 # 2 years x 8 dates on the 10 deg grid, with the derived targets' truths (built in the tests: opt in)
 SMALL = {

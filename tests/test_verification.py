@@ -14,15 +14,15 @@ import xarray as xr
 
 from postcast.datasets import contract, schema
 from postcast.datasets.core import geo
-from postcast.pipeline import evaluate, gather, significance, verification
-from postcast.pipeline.chunk import Chunk, GaussianForecast
+from postcast.pipeline.verify import evaluate, forecasts, metrics, significance
+from postcast.pipeline.verify.chunk import Chunk, GaussianForecast
 
 LAT = np.array([-75.0, -45.0, -15.0, 15.0, 45.0, 75.0])
 LON = np.arange(0.0, 360.0, 45.0)
 
 
 def make_ver(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray, members: np.ndarray) -> xr.Dataset:
-    """A verification dataset as :func:`gather.verification_dataset` returns it: one Gaussian
+    """A verification dataset as :func:`forecasts.verification_dataset` returns it: one Gaussian
     forecast "raw" (T, lat, lon), members (T, M, lat, lon) and the truth."""
     t = np.arange(y.shape[0]).astype("datetime64[D]")
     dims = ("init_time", "latitude", "longitude")
@@ -152,7 +152,7 @@ def test_hersbach_decomposition_sums_to_the_standard_crps_of_properscoring():
     x = np.sort(rng.normal(size=(400, 7)) + 0.3, axis=1)  # biased, under-dispersed cases
     y = rng.normal(size=400) * 1.5
     w = rng.uniform(0.2, 1.0, 400)
-    d = verification.hersbach(x, y, w)
+    d = metrics.hersbach(x, y, w)
     assert d["crps"] == pytest.approx(np.average(properscoring.crps_ensemble(y, x), weights=w), rel=1e-12)
     assert d["crps"] == pytest.approx(d["reliability"] - d["resolution"] + d["uncertainty"], rel=1e-12)
     assert d["crps_potential"] == pytest.approx(d["crps"] - d["reliability"], rel=1e-12)
@@ -166,7 +166,7 @@ def test_hersbach_reliability_is_small_for_a_perfect_ensemble_and_large_for_a_bi
     x = np.sort(mu[:, None] + rng.normal(size=(20000, 9)), axis=1)
     y = mu + rng.normal(size=20000)  # drawn from the members' law
     w = np.ones(20000)
-    perfect, biased = verification.hersbach(x, y, w), verification.hersbach(x + 1.0, y, w)
+    perfect, biased = metrics.hersbach(x, y, w), metrics.hersbach(x + 1.0, y, w)
     assert perfect["reliability"] < 0.03 * perfect["crps"]  # finite M leaves a little (Hersbach 2000)
     assert biased["reliability"] > 0.2 * biased["crps"]
     assert biased["crps_potential"] == pytest.approx(perfect["crps_potential"], rel=0.05)  # a shift is reliability
@@ -176,7 +176,7 @@ def test_a_gaussian_is_decomposed_as_its_quantile_ensemble_close_to_the_closed_f
     rng = np.random.default_rng(8)
     mu, sigma = rng.normal(size=(2, 3, 4)), rng.uniform(0.5, 2, (2, 3, 4))
     y = mu + sigma * rng.normal(size=mu.shape)
-    ensemble = verification.sorted_ensembles(Chunk(y, np.zeros_like(y), dist=GaussianForecast(mu, sigma)))
+    ensemble = metrics.sorted_ensembles(Chunk(y, np.zeros_like(y), dist=GaussianForecast(mu, sigma)))
     q = np.stack([ensemble(t) for t in range(2)])  # (2, 50, 3, 4)
     std = properscoring.crps_ensemble(y, np.moveaxis(q, 1, -1))
     np.testing.assert_allclose(std, scoringrules.crps_normal(y, mu, sigma), rtol=0.02)
@@ -227,8 +227,8 @@ def test_unbiased_spread_skill_is_one_for_a_perfect_small_ensemble():
     members = mu[:, None] + rng.normal(size=(t, m, *shape[1:]))
     y = mu + rng.normal(size=shape)
     c = Chunk(y, np.zeros(shape), members=members)
-    total, _ = verification.score_chunk(c, LAT, LON)
-    i = [mm.name for mm in verification.METRICS].index("spread_skill")
+    total, _ = metrics.score_chunk(c, LAT, LON)
+    i = [mm.name for mm in metrics.METRICS].index("spread_skill")
     written = np.sqrt((m + 1) / m * members.var(axis=1, ddof=1).mean()) / np.sqrt(((members.mean(1) - y) ** 2).mean())
     assert total[i, 0, 0] == pytest.approx(written, rel=1e-12)
     assert total[i, 0, 0] == pytest.approx(1.0, abs=0.02)
@@ -241,9 +241,9 @@ def test_reliability_of_a_calibrated_gaussian_follows_the_diagonal():
     y = mu + sigma * rng.normal(size=shape)
     c = Chunk(y, np.zeros(shape), dist=GaussianForecast(mu, sigma))
     q = np.full(shape[1:], 1.0)
-    p = verification.exceedance(c, q, above=True)
+    p = metrics.exceedance(c, q, above=True)
     np.testing.assert_allclose(p, 1 - scipy_norm_cdf(q, mu, sigma), rtol=1e-12)
-    rel = verification.reliability(p, y > q, np.ones(shape[1:]))
+    rel = metrics.reliability(p, y > q, np.ones(shape[1:]))
     ok = rel[2] > 500
     np.testing.assert_allclose(rel[1][ok], rel[0][ok], atol=0.03)
     assert rel[2].sum() == y.size
@@ -304,29 +304,29 @@ def test_a_registered_metric_reaches_metrics_json_results_nc_and_the_report(stor
     value of a hand computation."""
     import json
 
-    mae = verification.Metric(
+    mae = metrics.Metric(
         "mae",
         "MAE",
         "mean absolute error of the forecast mean",
         lambda c: {"value": np.abs(c.mean - c.truth)},
         weighted=True,
     )
-    monkeypatch.setattr(verification, "METRICS", (*verification.METRICS, mae))
+    monkeypatch.setattr(metrics, "METRICS", (*metrics.METRICS, mae))
     out = tmp_path / "eval"
     evaluate.evaluate(evaluate.EvalConfig(store=str(store), targets=("t850",), out=str(out), bootstrap=20))
     summary = json.loads((out / "metrics.json").read_text())["targets"]["t850"]
-    ver = gather.verification_dataset(
+    ver = forecasts.verification_dataset(
         contract.open_store(store), schema.target("t850"), "test", step_h=summary["lead_h"]
     )
     y, units = ver["truth"].values, ver.attrs["units"]
     errors = {
         "raw": np.abs(ver["mu"].sel(forecast="raw").values - y),
-        gather.ENSEMBLE: np.abs(ver["members"].values.mean(axis=1) - y),
+        forecasts.ENSEMBLE: np.abs(ver["members"].values.mean(axis=1) - y),
     }
     want = {f: e.mean() for f, e in errors.items()}
     want_w = {f: weighted_mean(e, ver["latitude"].values) for f, e in errors.items()}
 
-    in_json = {"raw": summary["forecasts"]["raw"]["global"], gather.ENSEMBLE: summary[gather.ENSEMBLE]["global"]}
+    in_json = {"raw": summary["forecasts"]["raw"]["global"], forecasts.ENSEMBLE: summary[forecasts.ENSEMBLE]["global"]}
     ds = xr.open_dataset(out / "results.nc")
     in_nc = ds["score"].sel(target="t850", lead=summary["lead_h"], region="global", metric="mae")
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()

@@ -3,7 +3,7 @@ other spacing or regional area), latitude weights for area-weighted means, and t
 coordinates (:func:`coordinate_problems`: finite, in range, each once, monotonic) that ingest, the forecast
 archive's reader and the service share.
 
-One implementation for the whole project: :mod:`postcast.pipeline.metrics` re-exports
+One implementation for the whole project: :mod:`postcast.pipeline.verify.scores` re-exports
 :func:`latitude_weights` (evaluation scores) and :mod:`postcast.compression.metrics` weights its
 errors with it (the ``cos`` kind).
 """

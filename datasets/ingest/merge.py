@@ -17,8 +17,8 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import contract, io, schema, sources, statistics
+from postcast.datasets.core.cluster import keep_freed_memory
 from postcast.datasets.ingest import partials
-from postcast.datasets.ingest.cluster import keep_freed_memory
 from postcast.datasets.ingest.tasks import marker_name
 
 STATS_DIR = "stats"  # OUT.partial/stats/merged.npz: the merged partials of the training dates it lists

@@ -9,7 +9,8 @@ stages, each reading one :class:`IngestRun`. The rest is by concern:
 * ``ingest_budget``: memory sizes, dates per task and the one-pass statistics decision;
 * ``ingest_progress``: the progress meter (log lines) and bar;
 * ``ingest_lock``: one ingest per store at a time (``OUT.lock``);
-* ``cluster``: the dask client (address, scheduler file or LocalCluster) and worker process set-up.
+* ``datasets/core/cluster.py``: the dask client (address, scheduler file or LocalCluster) and worker process set-up,
+  shared with evaluate and forecast.
 
 Execution: a dask.distributed cluster (a local one by default, an existing one with
 ``scheduler=ADDRESS`` or ``scheduler=SCHEDULER_FILE``) runs one task per init date (or a few dates on
@@ -43,14 +44,14 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets import contract, integrity, io, schema, sources
-from postcast.datasets.core import config
+from postcast.datasets.core import cluster, config
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.core.version import __version__
 from postcast.datasets.ingest import budget as ingest_budget
-from postcast.datasets.ingest import cluster, planning
 from postcast.datasets.ingest import layout as ingest_layout
 from postcast.datasets.ingest import lock as ingest_lock
 from postcast.datasets.ingest import merge as ingest_merge
+from postcast.datasets.ingest import planning
 from postcast.datasets.ingest import progress as ingest_progress
 from postcast.datasets.ingest import tasks as ingest_tasks
 

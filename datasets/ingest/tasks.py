@@ -13,8 +13,8 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import contract, integrity, io, plausibility, schema, sources, statistics
+from postcast.datasets.core.cluster import keep_freed_memory
 from postcast.datasets.core.errors import BadInputError
-from postcast.datasets.ingest.cluster import keep_freed_memory
 
 
 def ingest_dates(

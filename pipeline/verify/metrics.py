@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from postcast.datasets.core.geo import latitude_weights
-from postcast.pipeline import metrics
-from postcast.pipeline.chunk import ENSEMBLE, PREDICTIVE, Chunk
+from postcast.pipeline.verify import scores
+from postcast.pipeline.verify.chunk import ENSEMBLE, PREDICTIVE, Chunk
 
 QUANTILE_EVENTS = ("below_q10", "above_q90")  # y below / above the training climate's 10 / 90 % quantile, per point
 THRESHOLD_EVENTS = ("above_t1", "above_t2")  # y above the target's 1st / 2nd threshold (tp24: 1, 10 mm)
@@ -416,6 +416,6 @@ def pit(chunk: Chunk, seed: int = 0, skip: int = 0) -> np.ndarray:
     draws of the generator seeded ``seed`` after its first ``skip``: a chunk of dates starting at date d
     of a split skips d * lat * lon); randomised rank / M for an ensemble is the rank histogram."""
     assert chunk.dist is not None
-    u = metrics.generator_after(seed, skip).uniform(size=chunk.truth.shape)
+    u = scores.generator_after(seed, skip).uniform(size=chunk.truth.shape)
     low, high = chunk.dist.cdf_left(chunk.truth), chunk.dist.cdf(chunk.truth)
     return np.asarray(low + u * (high - low))

@@ -1,15 +1,15 @@
 """The evaluation report: ``report.md`` and ``report.html`` with PNG figures, read from the results
-Dataset (``results.nc``, :func:`postcast.pipeline.evaluate.results_dataset`) and its JSON summary.
+Dataset (``results.nc``, :func:`postcast.pipeline.verify.evaluate.results_dataset`) and its JSON summary.
 
 The page reads top to bottom: a contents list, the notes and metrics, the scorecard, then a section
 per target. Figures: a scorecard (CRPS skill against each target's baseline, the raw Gaussian or, for a
 non-Gaussian target, the raw members, for every forecast, target and lead, a ``*`` where the difference
 is significant at 95 % by Diebold-Mariano; its colour bar labelled), skill against lead time, CRPS maps
-(coastlines, latitude/longitude axes: :mod:`postcast.pipeline.maps`), reliability diagrams of the tail
+(coastlines, latitude/longitude axes: :mod:`postcast.pipeline.products.maps`), reliability diagrams of the tail
 events that fit the target (no "below the 10 % quantile" for a target with dry days: that quantile is
 0 mm), the CRPS decomposition, and calibration (spread/skill, the raw ensemble's rank histogram, PIT).
 Every forecast keeps one colour in every figure of every target (:func:`palette`). Tables: every
-metric of :data:`postcast.pipeline.verification.METRICS` (a row each, with its label, units and
+metric of :data:`postcast.pipeline.verify.metrics.METRICS` (a row each, with its label, units and
 format; their descriptions in the legend; a column per forecast, a non-Gaussian one labelled with
 its predictive family), the CRPS against the target's own baseline (named), the CRPS at every lead
 and its decomposition. Markdown's inline code is rendered in the HTML.
@@ -26,8 +26,9 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import io, schema
-from postcast.pipeline import maps, verification
-from postcast.pipeline.gather import ENSEMBLE, RAW
+from postcast.pipeline.products import maps
+from postcast.pipeline.verify import metrics
+from postcast.pipeline.verify.forecasts import ENSEMBLE, RAW
 
 FIG_DPI = 90
 BASELINES = {  # a target's baseline (results' ``baseline``) as the report names it
@@ -182,7 +183,7 @@ def reliability_diagrams(target: schema.Target, ds: xr.Dataset, lead: int, colou
 def _event_label(target: schema.Target, event: str) -> str:
     """``above q90 (training climate)`` or ``above 10 mm`` (a target's own threshold)."""
     side, q = event.split("_")
-    own = dict(zip(verification.THRESHOLD_EVENTS, target.thresholds, strict=False))
+    own = dict(zip(metrics.THRESHOLD_EVENTS, target.thresholds, strict=False))
     return f"{side} {own[event]:g} {target.units}" if event in own else f"{side} {q} (training climate)"
 
 
@@ -237,7 +238,7 @@ def _score_table(target: schema.Target, ds: xr.Dataset, res: dict[str, Any]) -> 
     names = [*res["forecasts"], ENSEMBLE]
     scores = ds["score"].sel(target=target.name, lead=res["lead_h"], region="global", forecast=names)
     rows = []
-    for m in verification.METRICS:
+    for m in metrics.METRICS:
         units = str(ds["metric_units"].sel(target=target.name, metric=m.name).values)
         for w in ("none", "area") if m.weighted else ("none",):
             values = scores.sel(metric=m.name, weighting=w).values
@@ -335,7 +336,7 @@ NOTES = (
 
 def _legend() -> list[str]:
     """``label: description`` of every registered metric."""
-    return [f"{m.label}: {m.description}" for m in verification.METRICS]
+    return [f"{m.label}: {m.description}" for m in metrics.METRICS]
 
 
 class _Page:

@@ -1,18 +1,19 @@
 """Streaming verification: one lead's results accumulated over chunks of init dates.
 
-A chunk of dates (a few :class:`~postcast.pipeline.chunk.Chunk` s: every forecast on those dates) becomes a
+A chunk of dates (a few :class:`~postcast.pipeline.verify.chunk.Chunk` s: every forecast on those dates) becomes a
 :class:`Part`, what those dates add to the lead's results, and an :class:`Accumulator` merges the parts in
 date order and makes the results Dataset at the end (:meth:`Accumulator.finish`). Every score is a sum and a
 count (WeatherBench 2 averages its per-chunk metrics the same way), so memory does not depend on the number of
 dates beyond the per-date series that the significance tests need (T numbers per score):
 
 * scores: the per-date region means of each metric's statistics (region, weighting, T), finalised as
-  :func:`postcast.pipeline.verification.finalize_means` does for the whole split, so per-date and all-dates
+  :func:`postcast.pipeline.verify.metrics.finalize_means` does for the whole split, so per-date and all-dates
   values are those of the in-memory computation;
 * CRPS maps: the pointwise CRPS summed date by date, in date order (the same additions as a mean over dates);
-* the Hersbach decomposition: per region the additive sums of :func:`~postcast.pipeline.verification.hersbach_sums`
+* the Hersbach decomposition: per region the additive sums of :func:`~postcast.pipeline.verify.metrics.hersbach_sums`
   and the outcomes' weighted sample as distinct values and weights (its climatological CRPS, the uncertainty),
-  written to sorted runs under TMPDIR beyond a fixed size and merged at the end (:mod:`postcast.pipeline.outcomes`);
+  written to sorted runs under TMPDIR beyond a fixed size and merged at the end
+  (:mod:`~postcast.pipeline.verify.outcomes`);
 * reliability bins (weights, weighted probabilities and outcomes, counts), PIT and rank histograms (counts; the
   random tie-breaks and point-mass draws are the generator's draws at the chunk's offset, so the counts are
   those of one pass over the split), the mean |EFI| (sum and count).
@@ -29,10 +30,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import xarray as xr
 
-from postcast.pipeline import metrics, verification
-from postcast.pipeline.chunk import ENSEMBLE, PREDICTIVE, Chunk
-from postcast.pipeline.outcomes import OutcomeSample
-from postcast.pipeline.verification import (
+from postcast.pipeline.verify import metrics, scores
+from postcast.pipeline.verify.chunk import ENSEMBLE, PREDICTIVE, Chunk
+from postcast.pipeline.verify.metrics import (
     DECOMPOSITION,
     PIT_BINS,
     PROB_BINS,
@@ -41,6 +41,7 @@ from postcast.pipeline.verification import (
     Means,
     ValueWeights,
 )
+from postcast.pipeline.verify.outcomes import OutcomeSample
 
 
 @dataclass
@@ -66,8 +67,8 @@ class Part:
 def _reliability(chunk: Chunk, thresholds: dict[str, np.ndarray], glob: np.ndarray) -> np.ndarray:
     """(event, 4, PROB_BINS) reliability sums of the chunk's forecast at each event's threshold."""
     rows = [
-        verification.reliability_sums(
-            verification.exceedance(chunk, q, name.startswith("above")),
+        metrics.reliability_sums(
+            metrics.exceedance(chunk, q, name.startswith("above")),
             (chunk.truth > q) if name.startswith("above") else (chunk.truth < q),
             glob,
         )
@@ -93,14 +94,14 @@ def part_of(
     glob = REGIONS[0].weights(lat, lon, "area")
     pit_skip = start * lat.size * lon.size  # the point-mass draws of the dates before
     pits = [
-        np.histogram(verification.pit(c, skip=pit_skip), bins=PIT_BINS, range=(0.0, 1.0))[0]
+        np.histogram(metrics.pit(c, skip=pit_skip), bins=PIT_BINS, range=(0.0, 1.0))[0]
         if c.kind == PREDICTIVE
         else np.zeros(PIT_BINS, dtype=np.int64)
         for c in chunks
     ]
     ens = [c for c in chunks if c.kind == ENSEMBLE]
     rank = (
-        metrics.rank_histogram(ens[0].members, ens[0].truth, axis=1, skip=rank_skip)
+        scores.rank_histogram(ens[0].members, ens[0].truth, axis=1, skip=rank_skip)
         if ens and ens[0].members is not None
         else None
     )
@@ -108,12 +109,12 @@ def part_of(
     return Part(
         start=start,
         names=list(names),
-        means=[verification.chunk_means(c, lat, lon) for c in chunks],
+        means=[metrics.chunk_means(c, lat, lon) for c in chunks],
         crps=[np.asarray(c.crps) for c in chunks],
-        decomposition=[verification.decomposition_sums(c, lat, lon) for c in chunks],
+        decomposition=[metrics.decomposition_sums(c, lat, lon) for c in chunks],
         reliability=[_reliability(c, thresholds, glob) for c in chunks],
         pit=np.stack(pits).astype(np.int64),
-        samples=verification.region_samples(chunks[0].truth, lat, lon),
+        samples=metrics.region_samples(chunks[0].truth, lat, lon),
         rank=rank,
         efi_abs=(float(np.abs(efi).sum()), int(efi.size)),
     )
@@ -174,7 +175,7 @@ class Accumulator:
     def _scores(self, f: int) -> tuple[np.ndarray, np.ndarray]:
         parts = self.means[f]
         joined = {i: {s: np.concatenate([p[i][s] for p in parts], axis=-1) for s in parts[0][i]} for i in parts[0]}
-        return verification.finalize_means(joined)
+        return metrics.finalize_means(joined)
 
     def finish(
         self, lat: np.ndarray, lon: np.ndarray, init_time: np.ndarray, events: list[str], *, extras: bool = True
@@ -186,7 +187,7 @@ class Accumulator:
         unc = [s.crps() for s in self.samples]
         decomp = [
             np.stack(
-                [[verification.hersbach_terms(d[j], unc[j])[c] for c in DECOMPOSITION] for j in range(len(REGIONS))],
+                [[metrics.hersbach_terms(d[j], unc[j])[c] for c in DECOMPOSITION] for j in range(len(REGIONS))],
                 axis=-1,
             )
             for d in self.decomposition
@@ -201,10 +202,7 @@ class Accumulator:
                 "reliability": (
                     ("forecast", "event", "quantity", "prob_bin"),
                     np.stack(
-                        [
-                            verification.reliability_rows(r.transpose(1, 0, 2)).transpose(1, 0, 2)
-                            for r in self.reliability
-                        ]
+                        [metrics.reliability_rows(r.transpose(1, 0, 2)).transpose(1, 0, 2) for r in self.reliability]
                     ),
                 ),
                 "pit_histogram": (("forecast", "pit_bin"), self.pit),
@@ -221,9 +219,9 @@ def _coords(
 ) -> dict[str, object]:
     return {
         "forecast": names,
-        "metric": [m.name for m in verification.METRICS],  # the registry as it is now (a metric may be added)
-        "metric_label": ("metric", [m.label for m in verification.METRICS]),
-        "metric_description": ("metric", [m.description for m in verification.METRICS]),
+        "metric": [m.name for m in metrics.METRICS],  # the registry as it is now (a metric may be added)
+        "metric_label": ("metric", [m.label for m in metrics.METRICS]),
+        "metric_description": ("metric", [m.description for m in metrics.METRICS]),
         "region": [r.name for r in REGIONS],
         "weighting": list(WEIGHTINGS),
         "init_time": init_time,

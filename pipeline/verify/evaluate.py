@@ -1,15 +1,15 @@
 """Evaluation: score the raw ensemble, trained post-processors and the oracle side by side.
 
-Pure core: :func:`~postcast.pipeline.gather.verification_dataset` gathers, for one target, lead and
+Pure core: :func:`~postcast.pipeline.verify.forecasts.verification_dataset` gathers, for one target, lead and
 split, the truth, the raw members and the Gaussian forecasts of every entry (dims ``forecast, init_time, latitude,
 longitude``); a checkpoint of another predictive family (``model.distribution``) joins as a
 :class:`FamilyForecast` beside it; :func:`score_lead` turns them into a results Dataset (metrics and regions of
-:mod:`postcast.pipeline.verification`, significance of :mod:`postcast.pipeline.significance`),
-:func:`score_target` scores every lead with truth a chunk of dates at a time (:mod:`postcast.pipeline.evaluate_dates`,
-here or on a dask cluster; the sums of :mod:`postcast.pipeline.evaluate_stream`: memory that does not grow with
+:mod:`postcast.pipeline.verify.metrics`, significance of :mod:`postcast.pipeline.verify.significance`),
+:func:`score_target` scores every lead with truth a chunk of dates at a time (:mod:`postcast.pipeline.verify.tasks`,
+here or on a dask cluster; the sums of :mod:`postcast.pipeline.verify.accumulate`: memory that does not grow with
 the dates) and stacks the leads, :func:`summary` is its JSON summary. Drivers:
 :func:`evaluate` (checkpoints + store -> ``results.nc``, ``metrics.json`` and the report, see
-:mod:`postcast.pipeline.report`) and ``postcast evaluate``.
+:mod:`postcast.pipeline.verify.report`) and ``postcast evaluate``.
 
 Conventions (docs/verification.md): CRPS and EECRPS unweighted (ENS-10) and area-weighted
 (WeatherBench 2: sum_t sum_p w_p s_tp / (T sum_p w_p)); EFI from the forecasts' own model climate
@@ -37,29 +37,29 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import contract, io, reads, schema
+from postcast.datasets.core.cluster import client_for
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
-from postcast.pipeline import significance, verification
-from postcast.pipeline.evaluate_dates import (
-    LeadJob,
-    chunk_named,
-    chunks_of,
-    client_for,
-    climate_thresholds,
-    efi_fields,
-    lead_parts,
-    rank_skips,
-)
-from postcast.pipeline.evaluate_stream import Accumulator, part_of
-from postcast.pipeline.evaluate_summary import summary
-from postcast.pipeline.gather import (
+from postcast.pipeline.checkpoints import OpenedCheckpoint
+from postcast.pipeline.verify import metrics, significance
+from postcast.pipeline.verify.accumulate import Accumulator, part_of
+from postcast.pipeline.verify.forecasts import (
     ENSEMBLE,
     ORACLE,
     RAW,
     FamilyForecast,
-    OpenedCheckpoint,
     baseline,
     check_fits,
     oracle_forecast,
+)
+from postcast.pipeline.verify.summary import summary
+from postcast.pipeline.verify.tasks import (
+    LeadJob,
+    chunk_named,
+    chunks_of,
+    climate_thresholds,
+    efi_fields,
+    lead_parts,
+    rank_skips,
 )
 
 __all__ = ["climate_thresholds", "efi_fields"]  # re-exported: where evaluation's callers find them
@@ -97,7 +97,7 @@ class EvalConfig:
             raise ConfigError(msg)
 
 
-# --- scoring: one lead -> a results Dataset (postcast.pipeline.verification) -------------------
+# --- scoring: one lead -> a results Dataset (postcast.pipeline.verify.metrics) -------------------
 def _significance(res: xr.Dataset, bootstrap: int) -> xr.Dataset:
     """Paired per-date CRPS differences of every forecast against the baseline (:func:`baseline`; the
     variable names say ``raw``), per region and weighting: mean, stationary-bootstrap 95 % interval,
@@ -247,8 +247,8 @@ def score_target(
     client: Any | None = None,
 ) -> xr.Dataset:
     """Results of ``target`` at every lead with truth (dim ``lead``, hours); models at their own lead. Each
-    lead's dates are scored a chunk at a time (:mod:`postcast.pipeline.evaluate_dates`), on ``client``'s
-    cluster when given, and accumulated (:mod:`postcast.pipeline.evaluate_stream`)."""
+    lead's dates are scored a chunk at a time (:mod:`postcast.pipeline.verify.tasks`), on ``client``'s
+    cluster when given, and accumulated (:mod:`postcast.pipeline.verify.accumulate`)."""
     per_lead = []
     leads = leads_with_truth(store, target, split)
     if not leads:
@@ -301,7 +301,7 @@ def results_dataset(per_target: dict[str, xr.Dataset]) -> xr.Dataset:
     out = out.assign_coords(
         units=("target", units),
         baseline=("target", baselines),
-        metric_units=(("target", "metric"), [[u if m.units else "1" for m in verification.METRICS] for u in units]),
+        metric_units=(("target", "metric"), [[u if m.units else "1" for m in metrics.METRICS] for u in units]),
     )
     out["lead"].attrs["units"] = "hours"
     out.attrs = {}
@@ -336,7 +336,7 @@ def _target_summary(res: xr.Dataset, lead: int, target: schema.Target) -> dict[s
         latitude=res[schema.LAT].values.tolist(),
         longitude=res[schema.LON].values.tolist(),
         baseline=res.attrs["baseline"],
-        thresholds=dict(zip(verification.THRESHOLD_EVENTS, target.thresholds, strict=False)),
+        thresholds=dict(zip(metrics.THRESHOLD_EVENTS, target.thresholds, strict=False)),
     )
     crps = res["score"].sel(metric="crps", region="global")
     out["leads"] = {
@@ -404,7 +404,7 @@ def cluster_for(cfg: EvalConfig, store: xr.Dataset) -> Iterator[Any | None]:
 def evaluate(cfg: EvalConfig, progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> dict[str, Any]:
     """Score every checkpoint plus raw ensemble and oracle at every lead with truth; writes
     ``results.nc`` (the results Dataset), ``metrics.json`` (its summary) and the report."""
-    from postcast.pipeline import report
+    from postcast.pipeline.verify import report
 
     store = contract.open_store(cfg.store)  # the one open of this evaluation: read below and by every checkpoint
     entries = checkpoint_entries(cfg, store, progress)

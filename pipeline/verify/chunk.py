@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from postcast.datasets import laws
-from postcast.pipeline import metrics
+from postcast.pipeline.verify import scores
 
 PREDICTIVE, ENSEMBLE = "predictive", "ensemble"  # the kinds of forecast: a distribution, or members
 TAIL_LEVELS = 400  # quantile levels (i - 1/2)/n of a distribution's twCRPS
@@ -21,7 +21,7 @@ TAIL_LEVELS = 400  # quantile levels (i - 1/2)/n of a distribution's twCRPS
 # --- one forecast on one lead -----------------------------------------------------------------
 class Predictive(Protocol):
     """A predictive distribution, parameters of shape S = (T, lat, lon), numpy float64 in and out
-    (``postcast.pipeline.gather.FamilyForecast`` wraps ``postcast.models.distributions``)."""
+    (``postcast.pipeline.verify.forecasts.FamilyForecast`` wraps ``postcast.models.distributions``)."""
 
     @property
     def name(self) -> str: ...
@@ -45,7 +45,7 @@ class Predictive(Protocol):
 class GaussianForecast:
     """N(mu, sigma^2), ``mu`` and ``sigma`` of shape S = (T, lat, lon), as a :class:`Predictive` in float64 numpy:
     the raw ensemble's (its members' mean and spread), the oracle's and a Gaussian checkpoint's. Its CRPS is the
-    closed form of :func:`postcast.pipeline.metrics.crps_gaussian`, its cdf and quantiles the law's
+    closed form of :func:`postcast.pipeline.verify.scores.crps_gaussian`, its cdf and quantiles the law's
     (:mod:`postcast.datasets.laws`); a continuous law, so P(Y < x) = P(Y <= x)."""
 
     mu: np.ndarray
@@ -58,7 +58,7 @@ class GaussianForecast:
         return {"mu": self.mu, "sigma": self.sigma}
 
     def crps(self, y: np.ndarray) -> np.ndarray:
-        return metrics.crps_gaussian(self.mu, self.sigma, y)
+        return scores.crps_gaussian(self.mu, self.sigma, y)
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
         return laws.get(self.name).cdf(self.params, x)
@@ -149,7 +149,7 @@ class Chunk:
     @cached_property
     def tail_scores(self) -> dict[str, np.ndarray]:
         """twCRPS (T, lat, lon) per event, as ``twcrps_<event>``: members, the chained fair CRPS
-        (:func:`postcast.pipeline.metrics.twcrps_ensemble`; below: of the negated values); a
+        (:func:`postcast.pipeline.verify.scores.twcrps_ensemble`; below: of the negated values); a
         distribution, its quantile ensemble (:meth:`quantile_twcrps`)."""
         if not self.thresholds:
             return {}
@@ -158,7 +158,7 @@ class Chunk:
         out = {}
         for e, t in self.thresholds.items():
             sign = 1.0 if e.startswith("above") else -1.0
-            out[f"twcrps_{e}"] = metrics.twcrps_ensemble(sign * self.members, sign * self.truth, sign * t, axis=1)
+            out[f"twcrps_{e}"] = scores.twcrps_ensemble(sign * self.members, sign * self.truth, sign * t, axis=1)
         return out
 
     @cached_property
@@ -172,9 +172,9 @@ class Chunk:
         """Fair and standard ensemble CRPS (T, lat, lon) from one pass over the members."""
         assert self.members is not None
         x = np.moveaxis(self.members, 1, -1)  # (T, lat, lon, M)
-        if not metrics.numba_available():  # the numpy kernel, once per estimator
-            return {e: metrics.crps_ensemble(x, self.truth, estimator=e) for e in ("fair", "standard")}
-        fair, std = metrics.crps_ensemble_pair(x.reshape(-1, x.shape[-1]), self.truth.reshape(-1))
+        if not scores.numba_available():  # the numpy kernel, once per estimator
+            return {e: scores.crps_ensemble(x, self.truth, estimator=e) for e in ("fair", "standard")}
+        fair, std = scores.crps_ensemble_pair(x.reshape(-1, x.shape[-1]), self.truth.reshape(-1))
         return {"fair": fair.reshape(self.truth.shape), "standard": std.reshape(self.truth.shape)}
 
     @cached_property

@@ -6,8 +6,9 @@
   decoded bands x window times a date, quadratic in the window);
 * :func:`climate_thresholds`: the training truth's 10 / 90 % quantiles per point, a band at a time (a task
   each on a cluster: the driver never holds the training truth);
-* :class:`LeadJob` and :func:`score_dates`: one target's lead, and the :class:`~postcast.pipeline.evaluate_stream.Part`
-  of :data:`DATES_PER_TASK` of its dates (truth, members and each checkpoint's prediction of those dates only);
+* :class:`LeadJob` and :func:`score_dates`: one target's lead, and the
+  :class:`~postcast.pipeline.verify.accumulate.Part` of :data:`DATES_PER_TASK` of its dates (truth, members and each
+  checkpoint's prediction of those dates only);
 * :func:`parts`: the parts of a lead in date order, from a dask client (:func:`in_order`: a bounded number of
   tasks in flight, so the driver holds a few parts at a time; ``postcast forecast`` uses it too) or here.
 
@@ -22,28 +23,27 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
 from postcast.datasets import contract, reads, schema
+from postcast.datasets.core.cluster import in_order
 from postcast.datasets.core.errors import BadInputError, PostcastError
-from postcast.datasets.ingest import cluster
 from postcast.models import distributions
-from postcast.pipeline import metrics, verification
-from postcast.pipeline.chunk import Chunk, GaussianForecast
-from postcast.pipeline.evaluate_stream import Part, part_of
-from postcast.pipeline.gather import (
+from postcast.pipeline.checkpoints import OpenedCheckpoint
+from postcast.pipeline.verify import metrics, scores
+from postcast.pipeline.verify.accumulate import Part, part_of
+from postcast.pipeline.verify.chunk import Chunk, GaussianForecast
+from postcast.pipeline.verify.forecasts import (
     ENSEMBLE,
     RAW,
     FamilyForecast,
-    OpenedCheckpoint,
     add_forecast,
     check_finite,
     check_shape,
@@ -58,8 +58,6 @@ DATES_PER_TASK = 4  # a checkpoint's prediction batch: a task predicts the same 
 TILE_BYTES = 512 << 20  # float64 bytes of one latitude band of the training truth (:func:`climate_thresholds`)
 EFI_TILE_BYTES = 128 << 20  # ... of an EFI climate window (read back from its scratch: more bands cost no decoding)
 READ_BYTES = 64 << 20  # float32 bytes of the whole-grid fields one read of the store decodes (:func:`_date_groups`)
-T = TypeVar("T")
-TASKS_AHEAD_PER_WORKER = 2  # tasks in flight per worker: parts wait in the driver for the ones before them
 
 
 def _bands(n_lat: int, row_bytes: int, tile_bytes: int) -> list[slice]:
@@ -79,13 +77,13 @@ def _date_groups(n: int, date_bytes: int) -> list[slice]:
 
 def efi_fields(store: xr.Dataset, ver: xr.Dataset) -> np.ndarray:
     """EFI (init_time, lat, lon) of the raw ensemble against the model climate of each date (the members of
-    the init dates in its ENS-10 climate window, :func:`postcast.pipeline.metrics.climate_window`); the
+    the init dates in its ENS-10 climate window, :func:`postcast.pipeline.verify.scores.climate_window`); the
     quantiles are per point, so a band of latitudes at a time gives the same values. The members of each date
     in any of the windows are decoded once (the windows of ``ver``'s dates overlap), into ``.npy`` files of a
     temporary directory (TMPDIR; removed on return), and each band is read back from there."""
     times = store[schema.INIT_TIME].values
     mds = sorted(set(zip(pd.DatetimeIndex(times).month, pd.DatetimeIndex(times).day, strict=True)))
-    windows = [np.flatnonzero(metrics.climate_window(times, t, month_days=mds)) for t in ver[schema.INIT_TIME].values]
+    windows = [np.flatnonzero(scores.climate_window(times, t, month_days=mds)) for t in ver[schema.INIT_TIME].values]
     out = np.empty(ver["truth"].shape)  # (T, lat, lon)
     with tempfile.TemporaryDirectory(prefix="postcast-efi-") as scratch:
         files = _decoded(store, ver, np.unique(np.concatenate([np.empty(0, int), *windows])), Path(scratch))
@@ -119,8 +117,8 @@ def _efi_of_date(members: np.ndarray, window: list[Path]) -> np.ndarray:
         clim = np.empty((len(window), n_members, band.stop - band.start, n_lon))  # (n, M, band, lon) float64
         for k, path in enumerate(window):
             clim[k] = np.load(path, mmap_mode="r")[:, band]  # the memmap is dropped (unmapped) at once
-        q = np.quantile(clim.reshape(-1, *clim.shape[2:]), metrics.EFI_LEVELS, axis=0, overwrite_input=True)
-        out[band] = metrics.efi(q, members[:, band])
+        q = np.quantile(clim.reshape(-1, *clim.shape[2:]), scores.EFI_LEVELS, axis=0, overwrite_input=True)
+        out[band] = scores.efi(q, members[:, band])
     return out
 
 
@@ -134,7 +132,7 @@ def climate_thresholds(
     ``store_path``, so that the driver never holds the training truth."""
     tg = target
     shape = (store.sizes[schema.LAT], store.sizes[schema.LON])
-    fixed = {e: np.full(shape, t) for e, t in zip(verification.THRESHOLD_EVENTS, tg.thresholds, strict=False)}
+    fixed = {e: np.full(shape, t) for e, t in zip(metrics.THRESHOLD_EVENTS, tg.thresholds, strict=False)}
     rows = contract.split_rows(store, "train", target=tg, step_h=step_h)
     if not rows.size:
         return fixed
@@ -144,7 +142,7 @@ def climate_thresholds(
         q = [job.quantiles(store, band) for band in bands]
     else:
         q = list(in_order(client, threshold_band, job, len(bands)))
-    return dict(zip(verification.QUANTILE_EVENTS, np.concatenate(q, axis=1), strict=True)) | fixed
+    return dict(zip(metrics.QUANTILE_EVENTS, np.concatenate(q, axis=1), strict=True)) | fixed
 
 
 @dataclass(frozen=True)
@@ -275,37 +273,6 @@ def rank_skips(store: xr.Dataset, job: LeadJob) -> tuple[int, ...]:
         for s in range(0, rows.size, DATES_PER_TASK)
     ]
     return tuple(int(c) for c in np.cumsum([0, *counts[:-1]]))
-
-
-def in_order(client: Any, fn: Callable[..., T], shared: Any, n: int) -> Iterator[T]:
-    """``fn(shared, k)`` for k = 0 .. n - 1 on the cluster, yielded in order, with at most
-    TASKS_AHEAD_PER_WORKER tasks per worker in flight (``shared`` is sent to each worker once), so that the
-    driver holds a few results at a time however many there are."""
-    shared = client.scatter(shared, broadcast=True)
-    ahead = TASKS_AHEAD_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
-    pending = deque(client.submit(fn, shared, k, pure=False) for k in range(min(ahead, n)))
-    submitted = len(pending)
-    while pending:
-        future = pending.popleft()
-        result = future.result()
-        future.release()
-        if submitted < n:
-            pending.append(client.submit(fn, shared, submitted, pure=False))
-            submitted += 1
-        yield result
-
-
-@contextlib.contextmanager
-def client_for(scheduler: str | None, workers: int, processes: bool = True) -> Iterator[Any | None]:
-    """A dask client of the scheduler given (an address or a scheduler file, as ingest takes them), else of a
-    LocalCluster of ``workers`` (checked against this machine), else (no scheduler, 0 workers) None: work here."""
-    if scheduler is None and workers == 0:
-        yield None
-        return
-    if scheduler is None:
-        cluster.check_local_workers(workers)
-    with cluster.dask_client(scheduler, workers, processes) as client:
-        yield client
 
 
 def lead_parts(jobs: list[LeadJob], client: Any | None) -> Iterator[tuple[int, Part]]:

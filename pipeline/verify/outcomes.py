@@ -6,7 +6,7 @@ about 4 MB per test date and region (distinct float64 values and their weights).
 holds at most ``spill_values`` distinct values in memory; beyond that it writes them, sorted, as a *run* to a
 scratch folder under TMPDIR, and :meth:`OutcomeSample.crps` merges the runs in windows of ascending values
 (at most ``spill_values`` values read at once), accumulating the same sum as
-:func:`postcast.pipeline.verification.sample_crps` over the merged sample. Tied values need not be merged:
+:func:`postcast.pipeline.verify.metrics.sample_crps` over the merged sample. Tied values need not be merged:
 each tied entry's term, with the cumulative weight up to it, adds up to the merged value's term.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from postcast.pipeline.verification import ValueWeights, merge_value_weights, sample_crps, value_weights
+from postcast.pipeline.verify.metrics import ValueWeights, merge_value_weights, sample_crps, value_weights
 
 SPILL_VALUES = 1 << 18  # distinct values held in memory per region (2 x 8 B each: 4 MB) before a run is written
 EMPTY: ValueWeights = (np.empty(0), np.empty(0))

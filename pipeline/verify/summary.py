@@ -1,7 +1,7 @@
 """The JSON summary of one lead's results (``metrics.json``): per forecast and region every registered metric
 that applies (area-weighted beside unweighted), skill against the baseline, the gap to the oracle closed, the
 significance of the CRPS difference and its decomposition; the raw members' scores; per-date CRPS and the CRPS
-map (:func:`summary`, from :func:`postcast.pipeline.evaluate.score_lead`'s Dataset)."""
+map (:func:`summary`, from :func:`postcast.pipeline.verify.evaluate.score_lead`'s Dataset)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import xarray as xr
 
-from postcast.pipeline import verification
-from postcast.pipeline.chunk import ENSEMBLE as ENSEMBLE_KIND
-from postcast.pipeline.chunk import PREDICTIVE
-from postcast.pipeline.gather import ENSEMBLE, ORACLE
+from postcast.pipeline.verify import metrics
+from postcast.pipeline.verify.chunk import ENSEMBLE as ENSEMBLE_KIND
+from postcast.pipeline.verify.chunk import PREDICTIVE
+from postcast.pipeline.verify.forecasts import ENSEMBLE, ORACLE
 
 ENSEMBLE_KEYS = {"crps": "crps_fair"}  # metrics.json names the members' fair CRPS beside crps_standard
 
@@ -23,7 +23,7 @@ def _metric_values(
     """Every registered metric that applies to ``kind``, from the scores (metric, weighting) of one
     forecast and region: unweighted under its name (or ``keys[name]``), then the area-weighted values
     of the ``weighted`` metrics under that key + ``_weighted``."""
-    applies = [m for m in verification.METRICS if kind in m.kinds and (not m.event or m.event in events)]
+    applies = [m for m in metrics.METRICS if kind in m.kinds and (not m.event or m.event in events)]
     key = {m.name: (keys or {}).get(m.name, m.name) for m in applies}
     out = {key[m.name]: float(scores.sel(metric=m.name, weighting="none")) for m in applies}
     out.update(

@@ -1,8 +1,12 @@
-"""The dask.distributed cluster ingest runs on, and the set-up of its worker processes.
+"""The dask.distributed cluster that ingest, evaluate and forecast run on, and the set-up of its worker processes.
 
 * :func:`check_local_workers`: a local cluster no larger than the machine (cores, memory);
 * :func:`dask_client`: a client of the scheduler at an address or named by a scheduler file (what
   ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi write), or of a LocalCluster;
+* :func:`client_for`: the same, or none (work in this process) when neither a scheduler nor workers are given
+  (evaluate and forecast);
+* :func:`in_order`: ``fn(shared, k)`` for k = 0 .. n - 1 on the cluster, yielded in order with a bounded number
+  of tasks in flight (evaluate's dates and forecast's init times);
 * :func:`quiet_task_failures`: a failed task is reported once, by the driver, not by every worker;
 * :func:`keep_freed_memory`: glibc's allocator tuned for the few-MB temporaries of a date task;
 * :func:`worker_memory_gb`: the memory the smallest worker may use (the one-pass statistics budget).
@@ -20,16 +24,18 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from postcast.datasets.core.errors import ConfigError, MissingInputError, PostcastError
 
 log = logging.getLogger(__name__)
 WORKERS_PER_CORE = 2  # local workers run one task each: more than this per core only queue for the CPU
 MIN_WORKER_GB = 0.5  # what a worker process holds before its first task (interpreter, dask, numpy, zarr)
+TASKS_AHEAD_PER_WORKER = 2  # tasks in flight per worker (in_order): results wait in the driver for those before them
+T = TypeVar("T")
 
 
 def check_local_workers(workers: int) -> None:
@@ -82,6 +88,37 @@ def dask_client(
         quiet_task_failures()  # this process (thread workers): a failed task is reported once, by the driver
         if processes:  # and our own worker processes
             client.run(quiet_task_failures)
+        yield client
+
+
+def in_order(client: Any, fn: Callable[..., T], shared: Any, n: int) -> Iterator[T]:
+    """``fn(shared, k)`` for k = 0 .. n - 1 on the cluster, yielded in order, with at most
+    TASKS_AHEAD_PER_WORKER tasks per worker in flight (``shared`` is sent to each worker once), so that the
+    driver holds a few results at a time however many there are."""
+    shared = client.scatter(shared, broadcast=True)
+    ahead = TASKS_AHEAD_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
+    pending = collections.deque(client.submit(fn, shared, k, pure=False) for k in range(min(ahead, n)))
+    submitted = len(pending)
+    while pending:
+        future = pending.popleft()
+        result = future.result()
+        future.release()
+        if submitted < n:
+            pending.append(client.submit(fn, shared, submitted, pure=False))
+            submitted += 1
+        yield result
+
+
+@contextmanager
+def client_for(scheduler: str | None, workers: int, processes: bool = True) -> Iterator[Any | None]:
+    """A dask client of the scheduler given (an address or a scheduler file, as ingest takes them), else of a
+    LocalCluster of ``workers`` (checked against this machine), else (no scheduler, 0 workers) None: work here."""
+    if scheduler is None and workers == 0:
+        yield None
+        return
+    if scheduler is None:
+        check_local_workers(workers)
+    with dask_client(scheduler, workers, processes) as client:
         yield client
 
 
