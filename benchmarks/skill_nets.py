@@ -91,7 +91,7 @@ def regime_row(
     agg: dict[str, dict[str, dict[str, float]]], out: Path, seeds: list[int], target: str
 ) -> dict[str, float]:
     """U-Net + SMoE minus U-Net on the regime world: gap closed (mean over seeds; > 0: the SMoE better) and
-    the paired Diebold-Mariano test of their per-date CRPS (HAC variance; pipeline/significance.py)."""
+    the paired Diebold-Mariano test of their per-date CRPS (HAC variance; pipeline/verify/significance.py)."""
     smoe, unet = REGIME_MODELS[1], REGIME_MODELS[0]
     dated = per_date_crps(out, seeds, target, (smoe, unet))
     pair = significance.paired(dated.sel(forecast=smoe).values, dated.sel(forecast=unet).values)

@@ -150,6 +150,12 @@ def _parser_error(text: str) -> str:
     return " ".join(lines[start:])[:1000]
 
 
+def built(args: Sequence[str]) -> PostcastCLI:
+    """The model and data module ``postcast train fit ARGS`` would train (``.model``, ``.datamodule``), built
+    without training: for benchmarks that time one part of a training."""
+    return _cli(args, subcommands=False)
+
+
 def data_config(args: Sequence[str] | dict[str, Any]) -> DataConfig:
     """The DataConfig a training run with ``args`` (e.g. ``["-c", preset]``, or their :func:`resolve`d
     configuration) would read."""
