@@ -177,6 +177,12 @@ def _copy_package(dest: Path) -> Path:
     return dest
 
 
+def _run_import_check(root: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """scripts/check_imports.py on the package copy ``root``, as a process."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "check_imports.py"), str(root)]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+
+
 def test_no_import_cycle_and_no_import_of_the_cli_below_it():
     """The command that checks it: ``python scripts/check_imports.py`` (exit 1 and the cycles otherwise)."""
     proc = subprocess.run(
@@ -245,13 +251,7 @@ def test_import_check_finds_a_planted_cycle(tmp_path):
     path.write_text(
         path.read_text() + f"\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import {edge.source}\n"
     )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_imports.py"), str(root)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _run_import_check(root, tmp_path)
     assert proc.returncode == 1, proc.stdout
     (line,) = proc.stdout.splitlines()
     assert line.startswith("import cycle: ") and edge.source in line and edge.target in line, line
@@ -298,13 +298,7 @@ def test_import_check_finds_a_room_standing_on_more_than_it_may(tmp_path, where,
     root = _copy_package(tmp_path)
     target = root / where
     target.write_text(target.read_text() + f"\n{line}\n")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_imports.py"), str(root)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _run_import_check(root, tmp_path)
     assert proc.returncode == 1, proc.stdout
     found = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{where}:")]
     assert len(found) == 1 and f"{room} stands on " in found[0], proc.stdout
