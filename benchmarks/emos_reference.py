@@ -18,7 +18,7 @@ from scipy import optimize
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models import emos_fit, emos_training
+from postcast.models import emos_fit, emos_forms, emos_training
 from postcast.models.emos_fit import PointData, crps_per_point
 from postcast.models.module import load_checkpoint
 from postcast.models.postprocessors import LocalEMOS
@@ -54,11 +54,11 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
     rng = np.random.default_rng(seed)
     chosen = has_truth if points is None else rng.choice(has_truth, size=min(points, has_truth.size), replace=False)
     ours = model.net.theta().double()  # (P, n)
-    form = "standard" if model.net.form == "standard" else "spread"
+    form = "spread" if model.net.form == "auto" else model.net.form
     start = (
         emos_fit.moment_start(train, ours.shape[1], form)
         if family in emos_fit.LOCATION_SCALE
-        else torch.zeros_like(ours)
+        else emos_forms.raw_start(n_points, ours.shape[1], form, ours)
     )
     t0 = time.perf_counter()
     ref = ours.clone()

@@ -6,6 +6,14 @@ here in numpy (independent of postcast's). The textbook truncated-normal CRPS ca
 -5 (docs/distributions.md): a non-finite or negative value there counts as no fit (1e30), so the search stays
 where the closed form holds. Both are scored on the test dates at the same sampled points: the area-weighted
 CRPS of each test date, their difference, the dates postcast wins and a paired t-test over the dates.
+
+For tp24's censored shifted gamma the operational form is Scheuerer and Hamill's (2015): Y = max(0, X - delta),
+X a gamma of mean mu and std sigma, delta the point's climatological shift (a censored shifted gamma fitted to its
+training truths alone, then held), mu = softplus(a + b * ensemble mean) (linear above a few mm, positive) and
+sigma = sqrt(c^2 + d^2 * ensemble variance). Their scale reads the members' mean absolute difference; the
+store's samples hold the members' std per point, which is used here in its place. The censored-shifted-gamma
+CRPS is their closed form in numpy (:func:`crps_csgd`); it cancels at shapes of order 1e6 and more, where a
+non-finite or negative value again counts as no fit.
 """
 
 from __future__ import annotations
@@ -39,7 +47,28 @@ def crps_tnormal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray
     return sigma / p**2 * (inner - special.ndtr(np.sqrt(2.0) * mu / sigma) / np.sqrt(np.pi))
 
 
-CLOSED = {"gaussian": crps_normal, "truncnormal": crps_tnormal}
+def crps_csgd(shape: np.ndarray, scale: np.ndarray, shift: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Y = max(0, X - shift), X ~ Gamma(shape k, scale theta), y >= 0 (Scheuerer and Hamill 2015): with
+    u = (y + shift) / theta, c = shift / theta and P_k the regularised lower incomplete gamma,
+    theta [u (2 P_k(u) - 1) - c P_k(c)^2 + k (1 + 2 P_k(c) P_k+1(c) - P_k(c)^2 - 2 P_k+1(u))
+           - k / pi B(1/2, k + 1/2) (1 - P_2k(2 c))]."""
+    k, u, c = shape, (y + shift) / scale, shift / scale
+    pu, pc = special.gammainc(k, u), special.gammainc(k, c)
+    inner = (
+        u * (2.0 * pu - 1.0)
+        - c * pc**2
+        + k * (1.0 + 2.0 * pc * special.gammainc(k + 1.0, c) - pc**2 - 2.0 * special.gammainc(k + 1.0, u))
+        - k / np.pi * special.beta(0.5, k + 0.5) * (1.0 - special.gammainc(2.0 * k, 2.0 * c))
+    )
+    return scale * inner
+
+
+def csgd_of(mu: np.ndarray, sigma: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shape, scale, shift) of the gamma of mean mu and std sigma."""
+    return (mu / sigma) ** 2, sigma**2 / mu, shift
+
+
+CLOSED = {"gaussian": crps_normal, "truncnormal": crps_tnormal, "csg": crps_csgd}
 
 
 def operational_law(x: np.ndarray, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -47,26 +76,71 @@ def operational_law(x: np.ndarray, m: np.ndarray, s: np.ndarray) -> tuple[np.nda
     return x[0] + x[1] * m, np.sqrt(x[2] ** 2 + x[3] ** 2 * s**2)
 
 
-def fit_point(m: np.ndarray, s: np.ndarray, y: np.ndarray, w: np.ndarray, family: str) -> np.ndarray:
-    """One point's (a, b, c, d): Nelder-Mead from least squares, then BFGS, on its mean training CRPS."""
-    crps, keep = CLOSED[family], w > 0
+def scheuerer_hamill(x: np.ndarray, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shape, scale, shift) of coefficients x = (a, b, c, d, delta): mu = softplus(a + b m),
+    sigma = sqrt(c^2 + d^2 s^2), delta held from the climatological fit."""
+    mu = np.logaddexp(0.0, x[0] + x[1] * m)
+    return csgd_of(mu, np.sqrt(x[2] ** 2 + x[3] ** 2 * s**2), np.full_like(m, x[4]))
 
-    def f(x: np.ndarray) -> float:
-        with np.errstate(all="ignore"):
-            v = crps(*operational_law(x, m[keep], s[keep]), y[keep])
-        return float(np.sum(w[keep] * v)) if np.all(np.isfinite(v)) and np.all(v >= 0) else 1e30
 
-    b, a = np.polyfit(m[keep], y[keep], 1)
-    x0 = np.array([a, b, max(float(np.std(y[keep] - a - b * m[keep])) / 2.0, 1e-3), 1.0])
+def _minimised(f: Any, x0: np.ndarray) -> np.ndarray:
+    """Nelder-Mead from x0, then BFGS from there; the lower of the two."""
     nm = optimize.minimize(f, x0, method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-11, "maxiter": 20000})
     bfgs = optimize.minimize(f, nm.x, method="BFGS", options={"gtol": 1e-9})
     return np.asarray(bfgs.x if bfgs.fun <= nm.fun else nm.x)
 
 
+def _objective(crps: Any, law: Any, m: np.ndarray, s: np.ndarray, y: np.ndarray, w: np.ndarray) -> Any:
+    """The weighted training CRPS of coefficients x; 1e30 where the closed form fails (non-finite, negative)."""
+
+    def f(x: np.ndarray) -> float:
+        with np.errstate(all="ignore"):
+            v = crps(*law(x, m, s), y)
+        return float(np.sum(w * v)) if np.all(np.isfinite(v)) and np.all(v >= 0) else 1e30
+
+    return f
+
+
+def _climatological_shift(y: np.ndarray, w: np.ndarray) -> float:
+    """The shift of the censored shifted gamma (mu, sigma, delta) fitted to the training truths alone."""
+    wet = y[y > 0]
+    mean, std = (float(wet.mean()), float(wet.std())) if wet.size > 1 else (1.0, 1.0)
+
+    def law(z: np.ndarray, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return csgd_of(np.full_like(m, abs(z[0])), np.full_like(m, abs(z[1])), np.full_like(m, abs(z[2])))
+
+    f = _objective(crps_csgd, law, y, y, y, w)
+    z = _minimised(f, np.array([mean, max(std, 1e-3), 0.5 * mean]))
+    return abs(float(z[2]))
+
+
+def fit_point(m: np.ndarray, s: np.ndarray, y: np.ndarray, w: np.ndarray, family: str) -> np.ndarray:
+    """One point's coefficients on its mean training CRPS: (a, b, c, d) of the standard form, or (a, b, c, d,
+    delta) of Scheuerer and Hamill's for csg, Nelder-Mead from least squares, then BFGS."""
+    keep = w > 0
+    m, s, y, w = m[keep], s[keep], y[keep], w[keep]
+    b, a = np.polyfit(m, y, 1)
+    c = max(float(np.std(y - a - b * m)) / 2.0, 1e-3)
+    if family != "csg":
+        return _minimised(_objective(CLOSED[family], operational_law, m, s, y, w), np.array([a, b, c, 1.0]))
+    delta = _climatological_shift(y, w)
+
+    def f(x: np.ndarray) -> float:
+        return _objective(crps_csgd, scheuerer_hamill, m, s, y, w)(np.append(x, delta))
+
+    return np.append(_minimised(f, np.array([a + delta, b, c, 1.0])), delta)
+
+
+def reference_crps(x: np.ndarray, m: np.ndarray, s: np.ndarray, y: np.ndarray, family: str) -> np.ndarray:
+    """The per-date CRPS of a point's reference fit x at ensemble means m, spreads s and truths y."""
+    law = scheuerer_hamill if family == "csg" else operational_law
+    return CLOSED[family](*law(x, m, s), y)
+
+
 def _ours(model: Any, d: PointData, family: str) -> np.ndarray:
     """postcast's per-date CRPS (P, N) on ``d`` through the checkpoint's own form and coefficients."""
     net = model.net
-    form = "standard" if net.form == "standard" else "spread"
+    form = "spread" if net.form == "auto" else net.form
     with torch.no_grad():
         raw = emos_forms.raw(net.theta().double(), d, form)  # (P, N, K)
         crps = distributions.get(family).from_raw(raw, d.m, d.s).crps(d.y)
@@ -93,7 +167,7 @@ def compare_standard(checkpoint: str, store: str, points: int | None, seed: int 
     ref = np.empty((chosen.size, test.y.shape[1]))
     for i, p in enumerate(chosen):
         x = fit_point(*(t[p].numpy() for t in (train.m, train.s, train.y, train.w)), family)
-        ref[i] = CLOSED[family](*operational_law(x, test.m[p].numpy(), test.s[p].numpy()), test.y[p].numpy())
+        ref[i] = reference_crps(x, test.m[p].numpy(), test.s[p].numpy(), test.y[p].numpy(), family)
     fit_s = time.perf_counter() - t0
     ours = _ours(model, test, family)[chosen]  # (A, N)
     ok = test.w.numpy()[chosen] > 0

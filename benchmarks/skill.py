@@ -17,10 +17,11 @@ censored_beats_gaussian_tp24=<yes|no> emos_minus_reference_crps=<x> emos_fit_spe
 the first seed beside a scipy per-point fit of the same model on the same data (benchmarks/emos_reference.py,
 on --reference-points sampled points): the largest test-CRPS difference postcast minus scipy over the targets,
 and the smallest ratio of scipy's fit time (extrapolated to every point) to postcast's;
-emos_minus_standard_<t>=<x> emos_wins_<t>=<k>/<n> for the location-scale targets (t2m, ws10, z500, t850):
-postcast's local EMOS (its form and pooling chosen on validation) minus the standard form (a + b mean,
-c^2 + d^2 variance) fitted per point by scipy, area-weighted test CRPS at the same sampled points, and the test
-dates it wins (benchmarks/emos_standard.py).
+emos_minus_standard_<t>=<x> emos_wins_<t>=<k>/<n> for each target with an EMOS run: postcast's local EMOS
+(its form and pooling chosen on validation) minus the operational form fitted per point by scipy (the standard
+form, a + b mean and c^2 + d^2 variance, for t2m, ws10, z500, t850; Scheuerer and Hamill's censored shifted
+gamma for tp24), area-weighted test CRPS at the same sampled points, and the test dates it wins
+(benchmarks/emos_standard.py).
 Then the network keys (benchmarks/skill_nets.py, issue 55; ``n/a`` where the row was not run):
 unet_minus_best_min=<x>: min over the targets of the best U-Net-family (unet, unet_smoe) gap closed minus the best
 model's; smoe_minus_unet_regimes=<x> smoe_regimes_p=<x>: on the regime world (its own store, built on demand;
@@ -299,7 +300,7 @@ def family_of(row: dict[str, Any]) -> str:
 def emos_standards(
     done: dict[str, Any], pairs: list[tuple[str, str]], a: argparse.Namespace, suffix: str
 ) -> dict[str, dict[str, Any]]:
-    """Each location-scale target's local EMOS (first seed) beside the standard form fitted per point by scipy
+    """Each target's local EMOS (first seed) beside the operational form fitted per point by scipy
     (benchmarks/emos_standard.py)."""
     out = {}
     for model, target in pairs:

@@ -112,9 +112,9 @@ class Model:
 
     def __post_init__(self) -> None:
         emos_forms.check(self.form)
-        if self.form != "spread" and self.family not in LOCATION_SCALE:
-            families = list(LOCATION_SCALE)
-            msg = f"the {self.form} EMOS form is for the location-scale families {families}, not {self.family!r}"
+        families = {"spread": None, "standard": LOCATION_SCALE, "sh": ("csg",)}[self.form]
+        if families is not None and self.family not in families:
+            msg = f"the {self.form} EMOS form is for the families {list(families)}, not {self.family!r}"
             raise ValueError(msg)
 
 
@@ -199,8 +199,8 @@ def _starts(d: PointData, model: Model, n: int) -> list[torch.Tensor]:
     if model.family not in LOCATION_SCALE:
         near, far = zero.clone(), zero.clone()
         near[:, 4] = NEAR_SHIFT
-        far[:, 2], far[:, 4] = moment_start(d, 4)[:, 2], FAR_SHIFT
-        return [zero, near, far] if model.family == "csg" else [zero]
+        far[:, 2:4], far[:, 4] = moment_start(d, 4, model.form)[:, 2:4], FAR_SHIFT
+        return [zero, near, far, *emos_forms.nudged(zero, model.form)] if model.family == "csg" else [zero]
     tries = [zero, moment_start(d, n, model.form), *emos_forms.nudged(zero, model.form)]
     with torch.no_grad():
         f = torch.stack([crps_per_point(t, d, model.family, model.form) for t in tries]).nan_to_num(torch.inf)
@@ -382,14 +382,14 @@ def fit(
     limit, gap = torch.zeros_like(best.done), torch.zeros_like(best.f)
     if family == "csg":  # the far basin, then (a second walk from where it ended) its points still short
         far = _far(best)
-        best, limit, gap = _toward_the_limit(best, d, settings, far, limit, gap)
-        best, limit, gap = _toward_the_limit(best, d, settings, far & ~best.done & ~limit, limit, gap)
+        best, limit, gap = _toward_the_limit(best, d, model, settings, far, limit, gap)
+        best, limit, gap = _toward_the_limit(best, d, model, settings, far & ~best.done & ~limit, limit, gap)
     best = _polished(best, d, model, settings)
     limit &= ~best.done
     best = _restarted(best, d, model, settings, limit)
     if family == "csg":  # a restart can carry a point into the far basin, where it walks to the limit
         short = _far(best) & ~best.done & ~best.stalled & ~limit
-        best, limit, gap = _toward_the_limit(best, d, settings, short, limit, gap)
+        best, limit, gap = _toward_the_limit(best, d, model, settings, short, limit, gap)
     report = FitReport(
         method="levenberg-marquardt, then BFGS line searches (per point: finite-difference Hessian, float64)",
         iterations=best.iterations,
@@ -416,7 +416,13 @@ def _far(best: _Descent) -> torch.Tensor:
 
 
 def _toward_the_limit(
-    best: _Descent, d: PointData, settings: FitSettings, todo: torch.Tensor, limit: torch.Tensor, gap: torch.Tensor
+    best: _Descent,
+    d: PointData,
+    model: Model,
+    settings: FitSettings,
+    todo: torch.Tensor,
+    limit: torch.Tensor,
+    gap: torch.Tensor,
 ) -> tuple[_Descent, torch.Tensor, torch.Tensor]:
     """The points ``todo`` (P,) of the csg's far basin, whose optimum can be the censored-normal limit (an
     infinite shift): the shift times RAY, the best, a descent from it. Also which points (P,) are at the limit
@@ -430,14 +436,14 @@ def _toward_the_limit(
         for factor in RAY:  # a0 and a1 divided by as much as the shift grows: the location kept to first order
             scaled = theta[:, :2] * (1.0 + F.softplus(c)) / (1.0 + F.softplus(c * factor))
             ray = torch.cat([scaled, theta[:, 2:4], c * factor], dim=1)
-            f_before, f_ray = f_ray, crps_per_point(ray, at, "csg")
+            f_before, f_ray = f_ray, crps_per_point(ray, at, "csg", model.form)
             tried, f = torch.where((f_ray < f)[:, None], ray, tried), torch.where(f_ray < f, f_ray, f)
     falling = (f_ray == f) & (f_ray < f_before)  # (F,): the last factor (the farthest) the lowest, still falling
     limit, gap = limit.clone(), gap.clone()
     gap[far] = torch.where(falling, f_before - f_ray, 0.0)
     limit[far] = falling & (gap[far] <= settings.tol_limit * _scale(f))
     keep = f < best.f[far]
-    done = _descend(tried[keep], d.take(far[keep]), Model("csg"), settings, settings.max_iter) if keep.any() else None
+    done = _descend(tried[keep], d.take(far[keep]), model, settings, settings.max_iter) if keep.any() else None
     return (best if done is None else best.replaced(far[keep], done)), limit, gap
 
 

@@ -16,6 +16,15 @@ With x_mean, x_std the target's normalised ensemble mean and std (per point, the
     -inf, its gradient decaying like exp(2 b0), and hit its iteration ceiling on the targets world), and the raw
     ensemble is theta = (0, 0, 0, 1) exactly.
 
+``sh`` (after Scheuerer and Hamill 2015, the censored shifted gamma's operational form): the gamma X of
+    Y = max(0, X - shift) has mean (max(m, 0) + shift) (1 + max(x_mean, 0))^a1 exp(a0), std sqrt(c^2 + d^2 s^2)
+    (c = u b0, d = b1, as the standard form's scale) and shift u softplus(c2), a constant of the point. The
+    spread form's shift s softplus(c2) and std s exp(b) both collapse on a date whose members agree (all dry),
+    where this form keeps the point's floor; and its mean grows like exp(a1 x_mean), which ran away at the wet
+    test dates, where this form's grows like a power of the ensemble mean (Scheuerer and Hamill's is linear in
+    it). Its raw outputs: a = a0 + a1 log(1 + max(x_mean, 0)), b as the standard form's and
+    c = softplus^-1((u / s) softplus(c2)), so that the head's shift s softplus(c) is u softplus(c2).
+
 In raw outputs the standard form is a = (u / s)(a0 + a1 x_mean) (linear in the coefficients) and
 b = log(sqrt(c^2 + d^2 s^2) / s) (not linear in b0, b1): :func:`columns` gives each coefficient's column of the
 Jacobian d raw / d theta at a date, :func:`curvature` the second-derivative term that b adds to the Hessian,
@@ -30,7 +39,7 @@ from typing import Protocol
 
 import torch
 
-FORMS = ("spread", "standard")
+FORMS = ("spread", "standard", "sh")
 Column = tuple[int, torch.Tensor | None]  # (raw output, its factor per date (P, N); None for 1)
 
 
@@ -50,7 +59,7 @@ class Data(Protocol):
 def raw_start(points: int, n: int, form: str, like: torch.Tensor) -> torch.Tensor:
     """Coefficients (points, n) whose law is the raw ensemble's: 0, and d = 1 in the standard form."""
     theta = torch.zeros(points, n, dtype=torch.float64, device=like.device)
-    if form == "standard":
+    if form != "spread":
         theta[:, 3] = 1.0
     return theta
 
@@ -59,7 +68,7 @@ def nudged(raw: torch.Tensor, form: str) -> list[torch.Tensor]:
     """The standard form's raw start moved off b0 = 0 (c = u / 10), or none: at b0 = 0 the CRPS is even in b0,
     so its gradient there is 0 and a descent from the raw ensemble never takes up the constant c^2 (one point of
     the targets world's t2m stayed at 0.6352 for 100 iterations, where its optimum is lower)."""
-    if form != "standard":
+    if form == "spread":
         return []
     out = raw.clone()
     out[:, 2] = 0.1
@@ -73,8 +82,13 @@ def check(form: str) -> str:
     return form
 
 
+def auto(family: str) -> list[str]:
+    """The forms ``form: auto`` fits for ``family``: the spread form and the family's operational one."""
+    return ["spread", "sh" if family == "csg" else "standard"]
+
+
 def unit_of(d: Data) -> torch.Tensor:
-    """The standard form's unit per sample, (P, N): the data's own ``u``, which the fit sets from the training
+    """The standard and sh forms' unit per sample, (P, N): the data's own ``u``, which the fit sets from the training
     spread (:func:`rms_spread`)."""
     if d.u is None:
         msg = "the standard form needs each point's unit u (PointData.with_unit)"
@@ -103,11 +117,43 @@ def _scale(theta: torch.Tensor, d: Data) -> _Scale:
     return _Scale(0.5 * torch.log(v) - torch.log(d.s), u2 / v, s2 / v)
 
 
+@dataclass(frozen=True)
+class _Shift:
+    """The sh form's raw shift c = softplus^-1(r), r = k softplus(c2), k = u / s, at each date, each (P, N), and
+    its derivatives in c2: dc = k sigmoid(c2) / q and d2c = k sigmoid (1 - sigmoid) / q - (k sigmoid)^2 e^-r / q^2,
+    q = 1 - e^-r."""
+
+    c: torch.Tensor
+    dc: torch.Tensor
+    d2c: torch.Tensor
+
+
+def _shift(theta: torch.Tensor, d: Data) -> _Shift:
+    k, c2 = unit_of(d) / d.s, theta[:, 4:5]  # (P, N), (P, 1)
+    sig = torch.sigmoid(c2)
+    r = (k * torch.nn.functional.softplus(c2)).clamp_min(1e-300)
+    q = -torch.expm1(-r)
+    big, small = r.clamp_min(30.0), r.clamp_max(30.0)  # each branch finite where the other is chosen (autograd)
+    c = torch.where(r > 30.0, big + torch.log1p(-torch.exp(-big)), torch.log(torch.expm1(small)))
+    d2c = k * sig * (1.0 - sig) / q - (k * sig) ** 2 * torch.exp(-r) / q**2
+    return _Shift(c, k * sig / q, d2c)
+
+
+def _log_mean(d: Data) -> torch.Tensor:
+    """The sh form's predictor of the location, log(1 + max(x_mean, 0)) (P, N): the gamma's mean is then a power
+    of the ensemble mean's, (1 + x_mean)^a1, where exp(a1 x_mean) ran away at wet dates."""
+    return torch.log1p(d.xm.clamp_min(0.0))
+
+
 def raw(theta: torch.Tensor, d: Data, form: str) -> torch.Tensor:
     """The head's raw outputs (P, N, K) for coefficients theta (P, 4 + K - 2) in ``form``."""
     if form == "spread":
         a = theta[:, 0:1] + theta[:, 1:2] * d.xm  # (P, N)
         b = theta[:, 2:3] + theta[:, 3:4] * d.xs
+    elif form == "sh":
+        a = theta[:, 0:1] + theta[:, 1:2] * _log_mean(d)
+        b = _scale(theta, d).b
+        return torch.stack([a, b, _shift(theta, d).c], dim=-1)
     else:
         a = unit_of(d) / d.s * (theta[:, 0:1] + theta[:, 1:2] * d.xm)
         b = _scale(theta, d).b
@@ -120,16 +166,20 @@ def columns(theta: torch.Tensor, d: Data, k: int, form: str) -> list[Column]:
     extra: list[Column] = [(j, None) for j in range(2, k)]
     if form == "spread":
         return [(0, None), (0, d.xm), (1, None), (1, d.xs), *extra]
-    ratio = unit_of(d) / d.s  # (P, N)
     sc = _scale(theta, d)
-    return [(0, ratio), (0, ratio * d.xm), (1, sc.uu * theta[:, 2:3]), (1, sc.ss * theta[:, 3:4]), *extra]
+    scale: list[Column] = [(1, sc.uu * theta[:, 2:3]), (1, sc.ss * theta[:, 3:4])]
+    if form == "sh":
+        return [(0, None), (0, _log_mean(d)), *scale, (2, _shift(theta, d).dc)]
+    ratio = unit_of(d) / d.s  # (P, N)
+    return [(0, ratio), (0, ratio * d.xm), *scale, *extra]
 
 
 def curvature(theta: torch.Tensor, d: Data, grad: torch.Tensor, form: str) -> torch.Tensor | None:
     """The Hessian's second-derivative term sum_t dCRPS/db_t d^2 b_t / dtheta^2, (P, n, n), from the gradient in
     the raw outputs ``grad`` (P, N, K); None where the raw outputs are linear in theta (the spread form).
     Standard form, with db/db0 = uu b0 and db/db1 = ss b1: d^2 b / db0^2 = uu (1 - 2 uu b0^2),
-    d^2 b / db1^2 = ss (1 - 2 ss b1^2), d^2 b / db0 db1 = -2 uu ss b0 b1."""
+    d^2 b / db1^2 = ss (1 - 2 ss b1^2), d^2 b / db0 db1 = -2 uu ss b0 b1; the sh form's shift adds
+    dCRPS/dc_t d^2 c_t / dc2^2 (:class:`_Shift`)."""
     if form == "spread":
         return None
     sc, b0, b1 = _scale(theta, d), theta[:, 2:3], theta[:, 3:4]
@@ -138,6 +188,8 @@ def curvature(theta: torch.Tensor, d: Data, grad: torch.Tensor, form: str) -> to
     out[:, 2, 2] = (gb * sc.uu * (1.0 - 2.0 * sc.uu * b0**2)).sum(1)
     out[:, 3, 3] = (gb * sc.ss * (1.0 - 2.0 * sc.ss * b1**2)).sum(1)
     out[:, 2, 3] = out[:, 3, 2] = (gb * -2.0 * sc.uu * sc.ss * b0 * b1).sum(1)
+    if form == "sh":
+        out[:, 4, 4] = (grad[..., 2] * _shift(theta, d).d2c).sum(1)
     return out
 
 

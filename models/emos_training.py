@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.loaders.datamodule import StoreDataset
-from postcast.models import emos_bands, emos_fit, emos_select, postprocessors
+from postcast.models import emos_bands, emos_fit, emos_forms, emos_select, postprocessors
 from postcast.models.emos_pool import Pooling
 
 
@@ -81,7 +81,7 @@ def candidates(model: PostProcessor) -> tuple[list[str], list[Pooling]]:
     weights)."""
     opts = model.hparams["net"] or {}
     form = opts.get("form", "spread")
-    forms = ["spread", "standard"] if form == "auto" else [form]
+    forms = emos_forms.auto(model.hparams["distribution"]) if form == "auto" else [form]
     return forms, [Pooling(r, w) for r in opts.get("radii", ()) for w in opts.get("weights", ())]
 
 

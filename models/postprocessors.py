@@ -89,7 +89,8 @@ class LocalEMOS(nn.Module):
     normalised ensemble mean and std channels) in ``form`` (:mod:`postcast.models.emos_forms`): ``spread``,
     location m + s (a0 + a1 x_mean) and scale s exp(b0 + b1 x_std); ``standard``, location m + u (a0 + a1 x_mean)
     and scale sqrt(c^2 + d^2 s^2) with c = u b0, d = b1, u the point's ``unit`` (a buffer, set by
-    the fit). A family with more than two head outputs gets one more constant per point for each. ``solver``:
+    the fit); ``sh`` (the censored shifted gamma's), the standard scale and a shift bounded in units of u. A family
+    with more than two head outputs gets one more constant per point for each. ``solver``:
     ``newton`` fits every point to its training-CRPS optimum before the first epoch
     (:mod:`postcast.models.emos_fit`); ``gradient`` leaves the coefficients to the epochs' optimiser; ``auto``
     (the default) is ``newton`` for the location-scale families and ``gradient`` for the others
@@ -109,7 +110,7 @@ class LocalEMOS(nn.Module):
         self.coef = nn.Parameter(torch.zeros(4, *grid))  # (a0, a1, b0, b1) per point
         self.extra = nn.Parameter(torch.zeros(outputs - 2, *grid)) if outputs > 2 else None  # (K - 2, H, W)
         self.unit: torch.Tensor | None
-        if form == "standard":
+        if form in ("standard", "sh"):
             self.register_buffer("unit", torch.ones(*grid))  # (H, W), target units
         else:
             self.unit = None
@@ -124,7 +125,7 @@ class LocalEMOS(nn.Module):
 
         u = None if self.unit is None else self.unit.flatten()[:, None].expand(-1, b).to(s)
         fields = _PointFields(points(x[:, self.mean_channel]), points(x[:, self.std_channel]), points(s), u)
-        form = "standard" if self.form == "standard" else "spread"
+        form = "spread" if self.form == "auto" else self.form
         raw = emos_forms.raw(self._theta(), fields, form)  # (P, B, K)
         return tuple(raw.permute(2, 1, 0).reshape(-1, b, h, w).unbind(0))  # K x (B, H, W)
 
@@ -190,7 +191,7 @@ def crps_loss(model: nn.Module, batch: Batch, distribution: str = "gaussian") ->
 
 
 SOLVERS = ("auto", "newton", "gradient")
-FORMS = ("spread", "standard", "auto")  # auto: the candidates fitted, the lowest validation CRPS kept
+FORMS = ("spread", "standard", "sh", "auto")  # auto: the candidates fitted, the lowest validation CRPS kept
 # Families whose local EMOS is fitted by ``newton`` under ``solver: auto``: the location-scale ones (ws10 at 5 deg,
 # truncated normal: 10 s alone on 2 cores, within 2e-7 of scipy's per-point optimum on the test split). The
 # censored shifted gamma keeps the gradient epochs under ``auto``: its mean is (m + shift) exp(a0 + a1 x_mean),
@@ -209,7 +210,7 @@ class LocalEMOSArchitecture:
     """Local EMOS: 4 coefficients per grid point on the target's normalised ensemble mean and std."""
 
     solver: str = "auto"  # newton: full-batch fit to the CRPS optimum at fit start; gradient: the epochs' optimiser
-    form: str = "spread"  # spread | standard | auto (both, kept on validation): docs/models.md
+    form: str = "spread"  # spread | standard | sh (csg) | auto (spread and the family's other, kept on validation)
     radii: tuple[int, ...] = ()  # pooling candidates: neighbours within these grid cells (models/emos_pool.py) ...
     weights: tuple[float, ...] = ()  # ... counted with these weights relative to a point's own dates
 
@@ -231,6 +232,9 @@ class LocalEMOSArchitecture:
             raise ConfigError(msg)
 
     def build(self, io: NetIO) -> nn.Module:
+        if {"standard": 2, "sh": 3}.get(self.form, io.outputs) != io.outputs:  # the families' head outputs
+            msg = f"model.net.form {self.form!r}: sh is the csg's form, standard the location-scale families' (or auto)"
+            raise ConfigError(msg)
         return LocalEMOS(io.grid, *io.target_channels, io.outputs, self.solver, self.form)
 
 

@@ -6,6 +6,7 @@ overfits alone and gets a finite, calibrated fit through pooling chosen on valid
 
 import numpy as np
 import pytest
+import scoringrules as sr
 import torch
 from scipy import optimize, stats
 from test_convergence import fit_preset
@@ -201,3 +202,76 @@ def test_a_standard_form_checkpoint_predicts_what_it_was_fitted_to(derived_store
         net = model.predictive(batch).crps(batch["y"]).double()  # (N, H, W)
     ok = torch.isfinite(batch["y"]).all(0).flatten()
     torch.testing.assert_close(net.flatten(1).mean(0)[ok], fitted[ok], rtol=1e-4, atol=1e-5)
+
+
+def sh_law(theta: torch.Tensor, d: PointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sh form's censored shifted gamma (shape, scale, shift) per the docs: X of mean
+    (max(m, 0) + shift) (1 + max(x_mean, 0))^a1 exp(a0), std sqrt((u b0)^2 + (b1 s)^2), shift u softplus(c2)."""
+    t, u, s, m, xm = (v.numpy() for v in (theta, d.u, d.s, d.m, d.xm))
+    shift = u * np.logaddexp(0.0, t[:, 4:5])
+    mean = (np.maximum(m, 0.0) + shift) * (1.0 + np.maximum(xm, 0.0)) ** t[:, 1:2] * np.exp(t[:, 0:1])
+    std = np.sqrt((u * t[:, 2:3]) ** 2 + (t[:, 3:4] * s) ** 2)
+    return (mean / std) ** 2, std**2 / mean, shift
+
+
+SH_THETA = torch.tensor(
+    [[0.1, 0.2, 0.3, 0.8, 0.5], [-0.2, 0.1, 0.5, 0.6, -6.0], [0.3, -0.1, 0.2, 1.1, 40.0]], dtype=torch.float64
+)  # a shift of 0.97, 0.0025 and 40 units
+
+
+def test_the_sh_forms_crps_is_scoringrules_of_its_law():
+    """crps_per_point in the sh form is scoringrules' censored-shifted-gamma CRPS of the law docs/models.md
+    gives it (Scheuerer and Hamill 2015's closed form, written independently of postcast's)."""
+    d = with_unit(synthetic("csg", points=3, dates=30, seed=4))
+    with torch.no_grad():
+        ours = crps_per_point(SH_THETA, d, "csg", "sh").numpy()
+    shape, scale, shift = sh_law(SH_THETA, d)
+    expected = (d.w.numpy() * sr.crps_csg0(d.y.numpy(), shape, scale=scale, shift=shift)).sum(1)
+    np.testing.assert_allclose(ours, expected, rtol=1e-8)
+
+
+def test_the_sh_forms_jacobian_and_curvature_are_autograds():
+    """The solver's pieces of the sh form (each coefficient's column of d raw / d theta, and the curvature term
+    sum_t g_t . d^2 raw_t / d theta^2 for any per-date gradient g) against autograd through the raw outputs. The
+    CRPS's own Hessian in the raw outputs is finite differences for every family (torch has no derivative of
+    the incomplete gamma in its shape, so autograd cannot check the whole Hessian here)."""
+    d = with_unit(synthetic("csg", points=3, dates=40, seed=1))
+    g = torch.randn(3, 40, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    jac = torch.autograd.functional.jacobian(lambda t: emos_forms.raw(t, d, "sh"), SH_THETA)  # (P, N, K, P, n)
+    for j, (k, factor) in enumerate(emos_forms.columns(SH_THETA, d, 3, "sh")):
+        ours = torch.ones_like(d.s) if factor is None else factor  # (P, N)
+        auto = torch.stack([jac[p, :, k, p, j] for p in range(3)])
+        torch.testing.assert_close(ours, auto, rtol=1e-10, atol=1e-12)
+    hess = torch.autograd.functional.hessian(lambda t: (emos_forms.raw(t, d, "sh") * g).sum(), SH_THETA)
+    auto = torch.stack([hess[p, :, p, :] for p in range(3)])  # (P, n, n)
+    torch.testing.assert_close(emos_forms.curvature(SH_THETA, d, g, "sh"), auto, rtol=1e-9, atol=1e-11)
+
+
+def test_the_sh_form_reaches_scipys_fit_of_its_law():
+    """At every point postcast's sh fit has a training CRPS at most scipy's (Nelder-Mead, then BFGS, on the same
+    law through scoringrules) + 1e-5."""
+    d = with_unit(synthetic("csg", points=4, dates=60, seed=2))
+    theta, report = fit(d, "csg", form="sh")
+    with torch.no_grad():
+        ours = crps_per_point(theta, d, "csg", "sh").numpy()
+    for p in range(4):
+        at = d.take(torch.tensor([p]))
+
+        def f(x: np.ndarray, at: PointData = at) -> float:
+            shape, scale, shift = sh_law(torch.as_tensor(x[None]), at)
+            with np.errstate(all="ignore"):
+                v = sr.crps_csg0(at.y.numpy(), shape, scale=scale, shift=shift)
+            return float((at.w.numpy() * v).sum()) if np.all(np.isfinite(v)) else 1e30
+
+        nm = optimize.minimize(f, np.array([0.0, 0.0, 0.3, 1.0, 0.0]), method="Nelder-Mead",
+                               options={"xatol": 1e-10, "fatol": 1e-13, "maxiter": 20000})  # fmt: skip
+        reference = min(nm.fun, optimize.minimize(f, nm.x, method="BFGS", options={"gtol": 1e-10}).fun)
+        assert ours[p] <= reference + TOL, (p, ours[p], reference)
+    assert report.converged_points + report.stalled_points + report.limit_points == report.points
+
+
+def test_the_sh_form_is_the_censored_shifted_gammas_only():
+    with pytest.raises(ValueError, match="sh EMOS form is for the families"):
+        emos_fit.Model("gaussian", "sh")
+    with pytest.raises(ValueError, match="standard EMOS form is for the families"):
+        emos_fit.Model("csg", "standard")

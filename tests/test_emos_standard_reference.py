@@ -1,0 +1,57 @@
+"""The skill benchmark's operational reference for tp24 (benchmarks/emos_standard.py): Scheuerer and Hamill's
+censored-shifted-gamma CRPS, written out in numpy there, against numerical integration of its distribution
+function and against scoringrules; and its per-point fit, which must reach at least the training CRPS of the law
+that made the data."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scoringrules as sr
+from scipy import integrate, special
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmark's own module
+
+import emos_standard
+
+
+def crps_by_integration(k: float, theta: float, shift: float, y: float) -> float:
+    """int_0^inf (F(x) - 1{x >= y})^2 dx with F(x) = P_k((x + shift) / theta), split at y."""
+
+    def cdf(x: float) -> float:
+        return float(special.gammainc(k, (x + shift) / theta))
+
+    below = integrate.quad(lambda x: cdf(x) ** 2, 0.0, y, epsabs=1e-13, limit=200)[0] if y > 0 else 0.0
+    above = integrate.quad(lambda x: (1.0 - cdf(x)) ** 2, y, np.inf, epsabs=1e-13, limit=200)[0]
+    return below + above
+
+
+def test_the_references_csgd_crps_is_the_integral_of_its_distribution_function():
+    cases = [(0.5, 2.0, 0.3, 0.0), (0.5, 2.0, 0.3, 1.7), (3.0, 0.7, 1.5, 0.0), (3.0, 0.7, 1.5, 4.2)]
+    cases.append((12.0, 0.2, 0.1, 2.0))
+    k, theta, shift, y = (np.array(c) for c in zip(*cases, strict=True))
+    ours = emos_standard.crps_csgd(k, theta, shift, y)
+    expected = [crps_by_integration(*c) for c in cases]
+    np.testing.assert_allclose(ours, expected, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(ours, sr.crps_csg0(y, k, scale=theta, shift=shift), rtol=1e-8)
+
+
+@pytest.mark.system  # scipy's fit: 15 s on 2 cores
+def test_the_scheuerer_hamill_fit_reaches_the_law_that_made_the_data():
+    """Dates drawn from Scheuerer and Hamill's law at known coefficients: the fitted point's training CRPS is at
+    most that of the true coefficients (with their shift held at the climatological one the fit uses)."""
+    g = np.random.default_rng(3)
+    n, truth = 200, np.array([-0.5, 1.2, 0.4, 0.8, 0.6])
+    m = g.gamma(0.8, 3.0, n)
+    s = m * g.uniform(0.3, 1.0, n) + 0.05
+    k, theta, shift = emos_standard.scheuerer_hamill(truth, m, s)
+    y = np.maximum(0.0, g.gamma(k, theta) - shift)
+    w = np.ones(n)
+    x = emos_standard.fit_point(m, s, y, w, "csg")
+    fitted = emos_standard.reference_crps(x, m, s, y, "csg").mean()
+    at_truth = emos_standard.reference_crps(np.append(truth[:4], x[4]), m, s, y, "csg").mean()
+    assert np.isfinite(fitted) and fitted <= at_truth + 1e-9
+    assert x[4] >= 0.0
