@@ -102,13 +102,13 @@ def point_crps(family: str, theta: np.ndarray, d: dict[str, np.ndarray]) -> np.n
 )
 def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path, preset, family):
     """A local EMOS preset's checkpoint (solver auto; the spread form, local, which this test writes out: the
-    standard form's optimum is checked in tests/test_emos_standard.py): at each sampled point, its training CRPS
+    standard and sh forms' optima are checked in tests/test_emos_standard.py): at each sampled point, its training CRPS
     (the family's CRPS written out in numpy, or scoringrules') is within 1e-5 of scipy's minimum of the same
     objective, or lower. The 20-epoch AdamW fit the Gaussian preset ran before missed it by ~1e-3, the truncated
     normal's until it was fitted by the full-batch solver by default, and the censored shifted gamma's (tp24)
     until it was too (ISSUE 39: its test CRPS was 5e-3 above scipy's per-point fit in benchmarks/skill.py)."""
     local_spread = ("--model.net.form", "spread", "--model.net.radii", "[]", "--model.net.weights", "[]")
-    ckpt, summary = fit_preset(derived_store, tmp_path / "runs", preset, *(local_spread if family != "csg" else ()))
+    ckpt, summary = fit_preset(derived_store, tmp_path / "runs", preset, *local_spread)
     coef, d = training_points(ckpt, derived_store)
     d["s"] = np.maximum(d["s"], 1e-6)
     ok = np.isfinite(d["y"])
