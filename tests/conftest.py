@@ -7,6 +7,7 @@ import fcntl
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import traceback
@@ -31,6 +32,12 @@ pytest_plugins = ["tiers"]  # tests/tiers.py: the unit tier
 ROOT = Path(__file__).resolve().parents[1]
 TINY = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3, levels=(500, 850))
 
+
+# A runner started in the background by a non-interactive shell (`.ci/run &`, nohup) has SIGINT ignored, and
+# every process it starts inherits that: the tests that interrupt a postcast process with SIGINT then saw it
+# run on to the end (exit 0, or a training killed after 300 s). The tests' processes get Ctrl-C as a terminal's.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 MYPY: list[subprocess.Popen[str]] = []  # the mypy run of test_quality.py::test_mypy_clean, once started
 
