@@ -24,6 +24,8 @@ from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models.postprocessors import Batch, Outputs, zero_init
 from postcast.models.registry import NetIO, architecture
 
+NORMS = ("batch", "group", "none")  # the U-Net blocks' normalisation (model.net.norm)
+
 
 def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right: int = -1) -> torch.Tensor:
     """Pad (B, C, H, W): periodic in longitude (W), replicated in latitude (H).
@@ -63,6 +65,13 @@ def check_embedding(name: str, embedding: int) -> None:
     """An architecture's ``embedding`` option: a count >= 0 (ConfigError naming it otherwise)."""
     if embedding < 0:
         msg = f"model.net ({name}) embedding={embedding}: give the learned numbers per grid point, >= 0 (0: none)"
+        raise ConfigError(msg)
+
+
+def check_norm(name: str, norm: str) -> None:
+    """An architecture's ``norm`` option: one of :data:`NORMS` (ConfigError naming it otherwise)."""
+    if norm not in NORMS:
+        msg = f"model.net ({name}) norm={norm!r}: choose one of {', '.join(NORMS)}"
         raise ConfigError(msg)
 
 
@@ -113,13 +122,23 @@ class EarthConv(nn.Conv2d):
         return super().forward(earth_pad(x, 1))  # (B, C_out, H, W)
 
 
-def _block(c_in: int, c_out: int) -> nn.Sequential:
+def _norm(kind: str, channels: int) -> nn.Module:
+    """BatchNorm (statistics of the batch), GroupNorm (of each sample's groups of 8 channels: the same in
+    training and evaluation, whatever the batch size) or none."""
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "group":
+        return nn.GroupNorm(max(1, channels // 8), channels)
+    return nn.Identity()
+
+
+def _block(c_in: int, c_out: int, norm: str = "batch") -> nn.Sequential:
     return nn.Sequential(
         EarthConv(c_in, c_out),
-        nn.BatchNorm2d(c_out),
+        _norm(norm, c_out),
         nn.ReLU(),
         EarthConv(c_out, c_out),
-        nn.BatchNorm2d(c_out),
+        _norm(norm, c_out),
         nn.ReLU(),
     )
 
@@ -141,6 +160,7 @@ class UNetTrunk(nn.Module):
         grid: tuple[int, int] = (0, 0),
         embedding: int = 0,
         between: Callable[[int, tuple[int, int]], nn.Module] | None = None,
+        norm: str = "batch",
     ):
         super().__init__()
         self.embedding = PointEmbedding(embedding, grid)
@@ -148,9 +168,9 @@ class UNetTrunk(nn.Module):
         self.depth = depth
         chans = [base * 2**i for i in range(depth + 1)]
         self.down = nn.ModuleList(
-            [_block(in_channels, chans[0])] + [_block(chans[i], chans[i + 1]) for i in range(depth)]
+            [_block(in_channels, chans[0], norm)] + [_block(chans[i], chans[i + 1], norm) for i in range(depth)]
         )
-        self.up = nn.ModuleList([_block(chans[i + 1] + chans[i], chans[i]) for i in reversed(range(depth))])
+        self.up = nn.ModuleList([_block(chans[i + 1] + chans[i], chans[i], norm) for i in reversed(range(depth))])
         f = 2**depth
         padded = (grid[0] + -grid[0] % f, grid[1] + -grid[1] % f)
         self.between = nn.ModuleList(
@@ -179,8 +199,27 @@ class UNetTrunk(nn.Module):
         return torch.cat([x[..., ph // 2 : ph // 2 + h, pw // 2 : pw // 2 + w], own], dim=1)  # (B, base + E, H, W)
 
 
+class PointHead(nn.Module):
+    """A pointwise head: the trunk's features and the point's own inputs -> 2 hidden layers (ReLU, 1 x 1)
+    -> K outputs, the last layer zero at the start."""
+
+    def __init__(self, c_features: int, c_inputs: int, hidden: int, outputs: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(c_features + c_inputs, hidden, 1),
+            nn.ReLU(),
+            nn.Conv2d(hidden, hidden, 1),
+            nn.ReLU(),
+            zero_init(nn.Conv2d(hidden, outputs, 1)),
+        )
+
+    def forward(self, features: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([features, x], dim=1))  # (B, K, H, W)
+
+
 class UNet(nn.Module):
-    """U-Net post-processor: trunk features -> final 3 x 3 convolution to the K head outputs."""
+    """U-Net post-processor: trunk features -> final 3 x 3 convolution to the K head outputs, or with
+    ``head`` > 0 a pointwise head of that many hidden units reading the features and the inputs."""
 
     def __init__(
         self,
@@ -191,13 +230,19 @@ class UNet(nn.Module):
         *,
         grid: tuple[int, int] = (0, 0),
         embedding: int = 0,
+        norm: str = "batch",
+        head: int = 0,
     ):
         super().__init__()
-        self.trunk = UNetTrunk(in_channels, base, depth, grid=grid, embedding=embedding)
-        self.head = zero_init(EarthConv(self.trunk.out_channels, outputs))
+        self.trunk = UNetTrunk(in_channels, base, depth, grid=grid, embedding=embedding, norm=norm)
+        c = self.trunk.out_channels
+        self.head = PointHead(c, in_channels, head, outputs) if head else zero_init(EarthConv(c, outputs))
 
     def forward(self, batch: Batch) -> Outputs:
-        return tuple(self.head(self.trunk(batch["x"])).unbind(1))  # K x (B, H, W)
+        x = batch["x"]  # (B, C, H, W)
+        feats = self.trunk(x)  # (B, base + E, H, W)
+        out = self.head(feats, x) if isinstance(self.head, PointHead) else self.head(feats)  # (B, K, H, W)
+        return tuple(out.unbind(1))  # K x (B, H, W)
 
 
 # --- architectures ------------------------------------------------------------------------------
@@ -222,9 +267,20 @@ class UNetArchitecture:
 
     base_filters: int = 32
     embedding: int = 0  # learned numbers per grid point joined to the inputs (0: none; the model is then grid-free)
+    norm: str = "batch"  # normalisation in each block: batch, group or none
+    head: int = 0  # hidden units of a pointwise head on the features and inputs (0: a 3 x 3 convolution)
 
     def __post_init__(self) -> None:
         check_embedding("unet", self.embedding)
+        check_norm("unet", self.norm)
 
     def build(self, io: NetIO) -> nn.Module:
-        return UNet(io.in_channels, self.base_filters, outputs=io.outputs, grid=io.grid, embedding=self.embedding)
+        return UNet(
+            io.in_channels,
+            self.base_filters,
+            outputs=io.outputs,
+            grid=io.grid,
+            embedding=self.embedding,
+            norm=self.norm,
+            head=self.head,
+        )

@@ -38,9 +38,9 @@ import torch
 from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
-from postcast.models import distributions, emos_training, postprocessors, registry
+from postcast.models import distributions, emos_fit, emos_training, postprocessors, registry, spread_blend
 from postcast.models.distributions import Distribution
-from postcast.models.losses import crps_gaussian
+from postcast.models.losses import crps_gaussian, distribution_head
 from postcast.models.smoe import SMoEHead
 
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
@@ -50,6 +50,9 @@ CHECKPOINT_FORMAT_VERSION = 4  # 3: a content checksum in checkpoint["postcast"]
 Batch = dict[str, torch.Tensor]
 NO_STEP_WARNING = "`training_step` returned `None`"  # Lightning's, for a step without optimisation: on purpose here
 log = logging.getLogger(__name__)
+# Parameters with one value per grid point (a network's embedding, the blend's exponents, a latent gate's map):
+# they learn at lr * point_lr, as each point's own coefficients learn from its own dates only.
+PER_POINT = re.compile(r"(^|\.)(embedding(\.weight)?|blend\.exponent|gate\.map)$")
 
 
 class PostProcessor(L.LightningModule):
@@ -72,6 +75,9 @@ class PostProcessor(L.LightningModule):
             optimum before the first epoch (:mod:`postcast.models.emos_fit`) and takes no optimiser steps.
         distribution: the predictive family (``postcast.models.distributions.names()``: gaussian,
             truncnormal, clogistic, csg, bernstein); the loss is its CRPS (docs/distributions.md).
+        scale: ``spread`` (the ENS-10 head: outputs in units of the date's spread) or ``blend`` (in units of
+            u^lambda s^(1 - lambda), a learned exponent per point: :mod:`postcast.models.spread_blend`).
+        point_lr: the learning rate of the per-point parameters (:data:`PER_POINT`) relative to ``lr``.
     """
 
     def __init__(
@@ -87,6 +93,8 @@ class PostProcessor(L.LightningModule):
         lr_patience: int = 2,
         grid_area: tuple[float, float, float, float] | None = None,
         distribution: str | None = None,
+        scale: str = "spread",
+        point_lr: float = 1.0,
     ):
         super().__init__()
         spec = SampleSpec.from_dict(sample or {})
@@ -96,6 +104,9 @@ class PostProcessor(L.LightningModule):
             raise ConfigError(msg)
         if distribution not in distributions.names():
             msg = f"model.distribution {distribution!r}: choose one of {distributions.names()}"
+            raise ConfigError(msg)
+        if scale not in spread_blend.SCALES:
+            msg = f"model.scale {scale!r}: choose one of {list(spread_blend.SCALES)}"
             raise ConfigError(msg)
         arch = registry.make(family, net)
         if arch.needs_members and not spec.members:
@@ -116,6 +127,9 @@ class PostProcessor(L.LightningModule):
             outputs=distributions.get(distribution).n_raw,
         )
         self.net = arch.build(io)
+        self.std_channel = io.target_channels[1]  # the target's ensemble-std field: its norm_mean is the unit
+        location = distribution in emos_fit.LOCATION_SCALE
+        self.blend = spread_blend.SpreadBlend(grid, location) if scale == "blend" else None
         self.smoe_layer: SMoEHead | None = getattr(self.net, "smoe", None)
         self.norm_mean: torch.Tensor
         self.norm_std: torch.Tensor
@@ -182,7 +196,11 @@ class PostProcessor(L.LightningModule):
 
     def predictive(self, batch: Batch) -> Distribution:
         """The predictive distribution (``hparams.distribution``), parameters (B, H, W), in physical units."""
-        return postprocessors.predict(self.net, self.normalise(batch), self.hparams["distribution"])
+        view = self.normalise(batch)
+        outs = self.net(view)  # K x (B, H, W)
+        if self.blend is not None:
+            outs = self.blend(outs, view["s"], self.norm_mean[self.std_channel])
+        return distribution_head(outs, view["m"], view["s"], self.hparams["distribution"])
 
     def _step(self, batch: Batch, split: str) -> torch.Tensor:
         dist = self.predictive(batch)
@@ -239,7 +257,11 @@ class PostProcessor(L.LightningModule):
             self.trainer.should_stop = True  # the optimum is reached: one epoch validates and saves it
 
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
+        lr = self.hparams["lr"]
+        point = [p for n, p in self.named_parameters() if PER_POINT.search(n)]
+        rest = [p for n, p in self.named_parameters() if not PER_POINT.search(n)]
+        groups = [{"params": rest}, {"params": point, "lr": lr * self.hparams["point_lr"]}]
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=self.hparams["weight_decay"])
         epochs = self.trainer.max_epochs if self._trainer is not None else None
         schedule = self.hparams["schedule"]
         if schedule == "plateau":
