@@ -151,12 +151,14 @@ def test_paths_live_in_one_file_and_presets_stack():
     assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["max_epochs"] == 12  # fragment + preset
     assert cfg["model"] == {
         "family": "unet",
-        "net": {"base_filters": 32, "embedding": 16},
-        "lr": 0.002,
+        "net": {"base_filters": 32, "embedding": 32, "head": 256},
+        "lr": 0.001,
         "weight_decay": 0.0,
         "schedule": "plateau",
         "lr_patience": 2,
         "distribution": None,
+        "scale": "blend",
+        "point_lr": 1.0,
     }  # None: the target's family (gaussian)
     data = data_config(cfg)
     assert data.store == "runs/quickstart/store.zarr" and data.loader == "clairvoyant" and data.batch_size == 2
