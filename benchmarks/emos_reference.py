@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from scipy import optimize
 
+from postcast.datasets import laws
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import emos_fit, emos_forms, emos_training
@@ -57,7 +58,7 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
     form = "spread" if model.net.form == "auto" else model.net.form
     start = (
         emos_fit.moment_start(train, ours.shape[1], form)
-        if family in emos_fit.LOCATION_SCALE
+        if laws.get(family).location_scale
         else emos_forms.raw_start(n_points, ours.shape[1], form, ours)
     )
     t0 = time.perf_counter()

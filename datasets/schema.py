@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from postcast.datasets import laws
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.core.geo import Grid as Grid  # the grid is geometry: it lives in core/geo.py
 
@@ -277,7 +278,7 @@ class Target:
     unit: str | None = None  # a derived target's units (a variable target has its variable's)
     cf_standard_name: str | None = None  # a derived target's CF standard name (a variable target: its variable's)
     lead_h: int = TARGET_STEP_H
-    family: str = "gaussian"  # the default predictive family (models/distributions.py)
+    family: str = laws.DEFAULT  # the target's predictive family (datasets/laws.py)
     thresholds: tuple[float, ...] = ()  # default exceedance thresholds (units); () = climate quantiles
     dry_below: float | None = None  # a member below this (units) is dry: the dry fraction is a predictor
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from postcast.datasets import laws
 from postcast.models import distributions, emos_bfgs, emos_forms
 from postcast.models.emos_report import FitReport
 
-LOCATION_SCALE = ("gaussian", "truncnormal", "clogistic")  # raw (a, b) = (location offset / s, log scale / s)
 NEAR_SHIFT = -5.0  # the csg's raw shift c of its second start (shift = s softplus(c): 0.007 spreads)
 FAR_SHIFT = 1000.0  # ... of its third (1,000 spreads; from 1e4 the descent fails in float64)
 RAY = tuple(2.0**i for i in range(-4, 0)) + tuple(2.0**i for i in range(1, 11))  # the csg's shift times these:
@@ -112,7 +112,7 @@ class Model:
 
     def __post_init__(self) -> None:
         emos_forms.check(self.form)
-        families = {"spread": None, "standard": LOCATION_SCALE, "sh": ("csg",)}[self.form]
+        families = {"spread": None, "standard": laws.location_scale(), "sh": ("csg",)}[self.form]
         if families is not None and self.family not in families:
             msg = f"the {self.form} EMOS form is for the families {list(families)}, not {self.family!r}"
             raise ValueError(msg)
@@ -196,7 +196,7 @@ def _starts(d: PointData, model: Model, n: int) -> list[torch.Tensor]:
     censored-normal limit. A point's optimum can lie in any of them: 2e-3 apart at one point of the targets
     world, 0.023 at one of tests/test_emos_optimum.py's."""
     zero = emos_forms.raw_start(d.y.shape[0], n, model.form, d.y)
-    if model.family not in LOCATION_SCALE:
+    if not laws.get(model.family).location_scale:
         near, far = zero.clone(), zero.clone()
         near[:, 4] = NEAR_SHIFT
         far[:, 2:4], far[:, 4] = moment_start(d, 4, model.form)[:, 2:4], FAR_SHIFT

@@ -40,7 +40,7 @@ from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInp
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, emos_training, postprocessors, registry
 from postcast.models.distributions import Distribution
-from postcast.models.losses import crps_gaussian
+from postcast.models.kernels import crps_gaussian
 from postcast.models.smoe import SMoEHead
 
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
@@ -148,12 +148,10 @@ class PostProcessor(L.LightningModule):
             warnings.filterwarnings("ignore", message=NO_STEP_WARNING)
 
     def _newton(self) -> bool:
-        """Whether the local EMOS is fitted to its optimum (``solver: newton``, or ``auto`` for a family in
-        :data:`postprocessors.NEWTON_BY_DEFAULT`) rather than by the epochs' optimiser."""
+        """Whether the local EMOS is fitted to its optimum (``solver: newton``, or ``auto`` for a
+        location-scale family: :attr:`laws.Family.location_scale`) rather than by the epochs' optimiser."""
         solver = getattr(self.net, "solver", "gradient")
-        return solver == "newton" or (
-            solver == "auto" and self.hparams["distribution"] in postprocessors.NEWTON_BY_DEFAULT
-        )
+        return solver == "newton" or (solver == "auto" and laws.get(self.hparams["distribution"]).location_scale)
 
     def normalise(self, batch: Batch) -> Batch:
         """The network's view of a physical batch: ``x`` (B, C, H, W) = normalised fields (NaN, e.g.

@@ -5,7 +5,7 @@ import torch
 
 from postcast.datasets.core.errors import ConfigError
 from postcast.models import convnets, registry, smoe, transformer
-from postcast.models.losses import crps_gaussian
+from postcast.models.kernels import crps_gaussian
 from postcast.models.module import PostProcessor
 from postcast.models.smoe import SMoEConfig, SMoEHead, TopKRouting, rc_labels, routing_correct
 
