@@ -281,6 +281,8 @@ class Target:
     family: str = laws.DEFAULT  # the target's predictive family (datasets/laws.py)
     thresholds: tuple[float, ...] = ()  # default exceedance thresholds (units); () = climate quantiles
     dry_below: float | None = None  # a member below this (units) is dry: the dry fraction is a predictor
+    colour_map: str | None = None  # its maps' matplotlib colour map from zero up (a non-negative amount or speed);
+    # None: plasma over the field's range (pipeline/products/maps.py)
 
     @property
     def kind(self) -> TargetKind:
@@ -331,6 +333,7 @@ TARGETS: dict[str, Target] = {
         cf_standard_name="wind_speed",
         family="truncnormal",
         thresholds=(10.0, 20.0),
+        colour_map="viridis",
     ),  # 10 m wind speed, m/s
     "tp24": Target(
         "tp24",
@@ -343,6 +346,7 @@ TARGETS: dict[str, Target] = {
         family="csg",
         thresholds=(1.0, 10.0),
         dry_below=0.1,
+        colour_map="YlGnBu",
     ),  # mm in the 24 h up to the lead (tp in m)
 }
 
