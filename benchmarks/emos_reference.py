@@ -47,7 +47,7 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
         msg = f"{checkpoint}: not a local EMOS"
         raise SystemExit(msg)
     fit = meta.get("fit") or {"solver": "gradient (the epochs' optimiser)", "seconds": train_s}
-    family = model.hparams["distribution"]
+    family = model.meta.family
     cfg = DataConfig(store=store, sample=SampleSpec.from_dict(meta["sample"]))
     train, test = (emos_training.points(model, StoreDataset(cfg, split)) for split in ("train", "test"))
     n_points = train.y.shape[0]

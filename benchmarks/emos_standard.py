@@ -151,7 +151,7 @@ def compare_standard(checkpoint: str, store: str, points: int | None, seed: int 
     """Test CRPS per date (area-weighted over the sampled points) of postcast's EMOS and of the standard form
     fitted per point by scipy; postcast minus standard, dates won, the paired t-test's p."""
     model, meta = load_checkpoint(checkpoint)
-    family = model.hparams["distribution"]
+    family = model.meta.family
     if not isinstance(model.net, LocalEMOS) or family not in CLOSED:
         msg = f"{checkpoint}: not a local EMOS of a family with a standard form ({list(CLOSED)})"
         raise SystemExit(msg)

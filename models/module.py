@@ -40,6 +40,7 @@ from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInp
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, emos_training, postprocessors, registry
 from postcast.models.distributions import Distribution
+from postcast.models.hyperparameters import ModelMeta
 from postcast.models.kernels import crps_gaussian
 from postcast.models.smoe import SMoEHead
 
@@ -125,6 +126,15 @@ class PostProcessor(L.LightningModule):
         # at fit start and carried in the checkpoint's metadata
         self.thresholds: list[float] = []
         self.fit_report: dict[str, Any] | None = None  # how the full-batch EMOS fit ended (in the checkpoint)
+
+    @property
+    def meta(self) -> ModelMeta:
+        """What this model is (network kind, predictive family, grid, ...), typed, from its hyperparameters."""
+        return ModelMeta.of(self.hparams)
+
+    def set_net_option(self, key: str, value: Any) -> None:
+        """One of the network's options (``model.net``) set in the hyperparameters the checkpoint saves."""
+        self.hparams["net"] = {**dict(self.hparams["net"] or {}), key: value}
 
     def set_normalisation(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         """Record the statistics the inputs are normalised with (they travel in the checkpoint)."""

@@ -164,7 +164,7 @@ def _leads(spec: SampleSpec) -> tuple[int, ...]:
 def _expectation(model: PostProcessor, spec: SampleSpec, method: str) -> sources.Expectation:
     """What the checkpoint reads: its leads (:func:`_leads`), on its own grid (inputs on other grids are
     regridded), its member count when the model reads the members (the first N), else every member."""
-    members: str | int = int(model.hparams["n_members"]) if spec.members else "all"
+    members: str | int = model.meta.n_members if spec.members else "all"
     return sources.Expectation(members=members, steps_h=_leads(spec), method=method, exact_grid=model_grid(model))
 
 
@@ -211,11 +211,10 @@ def _check_lead(source: sources.ForecastSource, expect: sources.Expectation, spe
 
 def model_grid(model: PostProcessor) -> schema.Grid:
     """The grid a checkpoint was trained on: global from its (H, W), or regional from its recorded area."""
-    n_lat = int(model.hparams["grid"][0])  # (H, W)
-    area = model.hparams.get("grid_area")
+    n_lat, area = model.meta.grid[0], model.meta.grid_area  # (H, W); (south, north, west, east) or None
     if area is None:
         return schema.Grid(180.0 / (n_lat - 1))
-    south, north, west, east = (float(a) for a in area)
+    south, north, west, east = area
     return schema.Grid(round((north - south) / (n_lat - 1), 6), (south, north, west, east))
 
 
@@ -238,10 +237,10 @@ def _output_grid(plan: sources.Plan, model: PostProcessor) -> schema.Grid:
     regional (outside it the model says nothing: the product would be NaN there, and the service's
     reader refuses a product with NaN)."""
     back = _input_grid(plan)
-    area = model.hparams.get("grid_area")
+    area = model.meta.grid_area
     if area is None:
         return back
-    south, north, west, east = (float(a) for a in area)
+    south, north, west, east = area
     lat = np.round(back.latitudes(), 6)
     lat = lat[(lat >= south - 1e-6) & (lat <= north + 1e-6)]
     lon = np.round(west + np.mod(np.round(back.longitudes() - west, 6), 360.0), 6)  # into [west, west + 360)
@@ -302,7 +301,7 @@ def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
         Sampler(spec, plan.grid.latitudes(), plan.grid.longitudes()),
         found.forecast,
         plan,
-        cfg.name or str(model.hparams["family"]),
+        cfg.name or model.meta.network,
         io.sha256_file(cfg.checkpoint),
         reason,
         cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds),
@@ -424,7 +423,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
     t0 = time.perf_counter()
     day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init, str(cfg.input))
     product, reason = (FALLBACK, run.reason) if run.reason else (POSTPROCESSED, "")
-    family, params = str(run.model.hparams["distribution"]), {}
+    family, params = run.model.meta.family, {}
     if not run.reason:
         params = _predict(run, day)
         if not all(np.isfinite(v).all() for v in params.values()):
@@ -438,7 +437,7 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         "model_name": run.name,
         "checkpoint": str(cfg.checkpoint),
         "checkpoint_sha256": run.ckpt_hash,
-        "model": str(run.model.hparams["family"]),
+        "model": run.model.meta.network,
         "inputs": str(cfg.input),
         "comment": reason or "post-processed with the checkpoint's model",
         "n_members": len(run.plan.members),
