@@ -54,19 +54,15 @@ from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor
 from postcast.pipeline.checkpoints import one_thread, open_checkpoint
 from postcast.pipeline.products.archive import (
-    CLIMATE,
     DEFAULT_QUANTILES,
     EXTENSIONS,
     FALLBACK,
-    GIVEN,
-    OWN,
     POSTPROCESSED,
-    Law,
     product_identity,
     product_path,
-    products,
     write_product,
 )
+from postcast.pipeline.products.content import CLIMATE, GIVEN, OWN, Law, products
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -271,7 +267,7 @@ class _Run:
     ckpt_hash: str
     reason: str  # why the model cannot run ("" when it can)
     thresholds: tuple[float, ...]  # --thresholds, else the checkpoint's climatological defaults
-    threshold_source: str  # where they come from (archive.THRESHOLD_SOURCES)
+    threshold_source: str  # where they come from (content.THRESHOLD_SOURCES)
 
 
 def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
