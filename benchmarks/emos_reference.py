@@ -20,7 +20,7 @@ from postcast.datasets import laws
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import emos_fit, emos_forms, emos_training
-from postcast.models.emos_fit import PointData, crps_per_point
+from postcast.models.emos_objective import PointData, crps_per_point
 from postcast.models.module import load_checkpoint
 from postcast.models.postprocessors import LocalEMOS
 

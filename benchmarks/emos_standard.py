@@ -28,7 +28,7 @@ from scipy import optimize, special, stats
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, emos_forms, emos_training
-from postcast.models.emos_fit import PointData
+from postcast.models.emos_objective import PointData
 from postcast.models.module import load_checkpoint
 from postcast.models.postprocessors import LocalEMOS
 

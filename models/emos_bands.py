@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from postcast.models.emos_fit import PointData
+from postcast.models.emos_objective import PointData
 
 FIT_BYTES = 1 << 30  # what the fit of one band of points may hold, whatever the number of training dates
 # held per (point, date) during a fit: float64 data, autograd's saved tensors, the gradient in the raw outputs and

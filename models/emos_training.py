@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.loaders.datamodule import StoreDataset
 from postcast.models import emos_bands, emos_fit, emos_forms, emos_select, postprocessors
+from postcast.models.emos_objective import PointData
 from postcast.models.emos_pool import Pooling
 from postcast.models.hyperparameters import ModelMeta
 
@@ -69,8 +70,8 @@ def scratch(model: PostProcessor, data: StoreDataset, folder: Path, rows: int | 
     return out
 
 
-def points(model: PostProcessor, data: StoreDataset) -> emos_fit.PointData:
-    """Every sample of ``data`` at every point at once (:class:`emos_fit.PointData`; a small grid's), with the
+def points(model: PostProcessor, data: StoreDataset) -> PointData:
+    """Every sample of ``data`` at every point at once (:class:`emos_objective.PointData`; a small grid's), with the
     standard form's unit of the model when it has one."""
     with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
         d = next(scratch(model, data, Path(tmp), rows=ONE_BAND).bands(emos_fit.FitSettings.min_std, model.device))

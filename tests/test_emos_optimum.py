@@ -12,7 +12,8 @@ import torch
 from scipy import optimize, stats
 
 from postcast.models import emos_bands, emos_fit
-from postcast.models.emos_fit import FitSettings, PointData, crps_per_point, fit
+from postcast.models.emos_fit import FitSettings, fit
+from postcast.models.emos_objective import PointData, crps_per_point
 from postcast.pipeline.stopping import stop_reason
 
 ROOT = Path(__file__).resolve().parents[1]
