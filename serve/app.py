@@ -59,7 +59,7 @@ from postcast.datasets.core.version import __version__
 from postcast.pipeline.products import archive
 from postcast.serve.auth import Gate, bearer_ok
 from postcast.serve.catalog import Catalog
-from postcast.serve.grid import as_asked, box_columns
+from postcast.serve.grid import Served, as_asked, box_columns
 from postcast.serve.law import QUANTITIES, describe
 from postcast.serve.metrics import Stats
 from postcast.serve.openapi import document, offline_docs
@@ -243,6 +243,18 @@ async def forecasts_list(catalog: CatalogOf, refresh: bool = False) -> Response:
     )
 
 
+def _which(target: str, entry: archive.Product, s: Served) -> dict[str, Any]:
+    """What an answer is of: the target and its units, the forecast's start and valid times, product and model."""
+    return {
+        "target": target,
+        "units": s.field.units,
+        "init_time": s.init,
+        "valid_time": s.valid,
+        "product": entry.product,
+        "model": entry.model,
+    }
+
+
 async def point(
     catalog: CatalogOf,
     target: Target,
@@ -260,12 +272,7 @@ async def point(
     i, j = s.lat(lat), s.lon(lon % 360.0)
     mu, sd = float(f.mean[i, j]), float(f.std[i, j])
     out: dict[str, Any] = {
-        "target": target,
-        "units": f.units,
-        "init_time": s.init,
-        "valid_time": s.valid,
-        "product": entry.product,
-        "model": entry.model,
+        **_which(target, entry, s),
         "latitude": float(f.lat[i]),
         "longitude": as_asked(float(f.lon[j]), lon),
         "mean": mu,
@@ -302,12 +309,7 @@ async def bbox(
         )
     return _json(
         {
-            "target": target,
-            "units": f.units,
-            "init_time": s.init,
-            "valid_time": s.valid,
-            "product": entry.product,
-            "model": entry.model,
+            **_which(target, entry, s),
             "latitude": f.lat[rows].tolist(),
             "longitude": shown.tolist(),
             "mean": f.mean[np.ix_(rows, cols)].tolist(),

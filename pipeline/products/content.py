@@ -95,7 +95,7 @@ def products(
     law = law or Law.of(GAUSSIAN, {"mu": mu, "sigma": sigma}, quantiles, thresholds)
     ds = xr.Dataset(
         _law_variables(law, mu, sigma, target),
-        coords=_coordinates(target, init, step_h, lat, lon, quantiles, thresholds),
+        coords={**_times(init, step_h), **_axes(target, lat, lon, quantiles, thresholds)},
         attrs={**_global_attrs(law, target.name), **attrs},
     )
     if members is not None:
@@ -139,17 +139,8 @@ def _law_variables(law: Law, mu: np.ndarray, sigma: np.ndarray, tg: schema.Targe
     }
 
 
-def _coordinates(
-    tg: schema.Target,
-    init: pd.Timestamp,
-    step_h: int,
-    lat: np.ndarray,
-    lon: np.ndarray,
-    quantiles: tuple[float, ...],
-    thresholds: tuple[float, ...],
-) -> dict[str, Any]:
-    """The CF coordinates: the start and valid times, the lead, the quantile levels, the thresholds (target
-    units), latitude and longitude."""
+def _times(init: pd.Timestamp, step_h: int) -> dict[str, Any]:
+    """The CF time coordinates: the forecast's start, its valid time and the lead between them."""
     return {
         "forecast_reference_time": (
             "forecast_reference_time",
@@ -162,9 +153,17 @@ def _coordinates(
             {"standard_name": "time", "long_name": "valid time"},
         ),
         "forecast_period": ((), np.float64(step_h), {"standard_name": "forecast_period", "units": "hours"}),
+    }
+
+
+def _axes(
+    tg: schema.Target, lat: np.ndarray, lon: np.ndarray, levels: tuple[float, ...], thresholds: tuple[float, ...]
+) -> dict[str, Any]:
+    """The CF axes: the quantiles' probability levels, the thresholds (target units), latitude and longitude."""
+    return {
         "quantile": (
             "quantile",
-            np.asarray(quantiles, dtype=np.float64),
+            np.asarray(levels, dtype=np.float64),
             {"long_name": "probability level of the quantile", "units": "1"},
         ),
         "threshold": (
