@@ -43,7 +43,8 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from postcast.datasets import io, laws, schema, sources
+from postcast.datasets import laws, schema, sources
+from postcast.datasets.core import checksums
 from postcast.datasets.core.cluster import client_for, in_order
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import to_tensors
@@ -254,7 +255,7 @@ def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
         found.forecast,
         plan,
         cfg.name or model.meta.network,
-        io.sha256_file(cfg.checkpoint),
+        checksums.sha256_file(cfg.checkpoint),
         reason,
         cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds),
         GIVEN if cfg.thresholds else OWN if tg.thresholds else CLIMATE,
