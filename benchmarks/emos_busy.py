@@ -45,7 +45,7 @@ def child(store: str, target: str, every: int) -> dict[str, Any]:
     d = emos_training.points(cli.model, StoreDataset(cli.datamodule.cfg, "train"))
     d = d.take(torch.arange(0, d.y.shape[0], every))
     t0 = time.perf_counter()
-    _, report = emos_fit.fit(d, cli.model.hparams["distribution"])
+    _, report = emos_fit.fit(d, cli.model.meta.family)
     seconds = time.perf_counter() - t0
     settled = report.converged_points + report.stalled_points + report.limit_points
     return {"seconds": seconds, "crps_fit": report.crps_fit, "points": report.points, "settled": settled,

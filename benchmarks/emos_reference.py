@@ -16,10 +16,11 @@ import numpy as np
 import torch
 from scipy import optimize
 
+from postcast.datasets import laws
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import emos_fit, emos_forms, emos_training
-from postcast.models.emos_fit import PointData, crps_per_point
+from postcast.models.emos_objective import PointData, crps_per_point
 from postcast.models.module import load_checkpoint
 from postcast.models.postprocessors import LocalEMOS
 
@@ -46,7 +47,7 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
         msg = f"{checkpoint}: not a local EMOS"
         raise SystemExit(msg)
     fit = meta.get("fit") or {"solver": "gradient (the epochs' optimiser)", "seconds": train_s}
-    family = model.hparams["distribution"]
+    family = model.meta.family
     cfg = DataConfig(store=store, sample=SampleSpec.from_dict(meta["sample"]))
     train, test = (emos_training.points(model, StoreDataset(cfg, split)) for split in ("train", "test"))
     n_points = train.y.shape[0]
@@ -57,7 +58,7 @@ def compare(checkpoint: str, store: str, points: int | None, seed: int = 0, trai
     form = "spread" if model.net.form == "auto" else model.net.form
     start = (
         emos_fit.moment_start(train, ours.shape[1], form)
-        if family in emos_fit.LOCATION_SCALE
+        if laws.get(family).location_scale
         else emos_forms.raw_start(n_points, ours.shape[1], form, ours)
     )
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ from scipy import optimize, special, stats
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, emos_forms, emos_training
-from postcast.models.emos_fit import PointData
+from postcast.models.emos_objective import PointData
 from postcast.models.module import load_checkpoint
 from postcast.models.postprocessors import LocalEMOS
 
@@ -151,7 +151,7 @@ def compare_standard(checkpoint: str, store: str, points: int | None, seed: int 
     """Test CRPS per date (area-weighted over the sampled points) of postcast's EMOS and of the standard form
     fitted per point by scipy; postcast minus standard, dates won, the paired t-test's p."""
     model, meta = load_checkpoint(checkpoint)
-    family = model.hparams["distribution"]
+    family = model.meta.family
     if not isinstance(model.net, LocalEMOS) or family not in CLOSED:
         msg = f"{checkpoint}: not a local EMOS of a family with a standard form ({list(CLOSED)})"
         raise SystemExit(msg)

@@ -67,7 +67,7 @@ FRAGMENT_SPARSITY = ["prune_magnitude", "sparsity_2to4"]  # the shipped fragment
 
 def val_crps(model: Any, dm: Any) -> float:
     """Mean Gaussian CRPS over every finite grid point of the validation split."""
-    from postcast.models.losses import crps_gaussian
+    from postcast.models.kernels import crps_gaussian
 
     model.eval()
     total, count = 0.0, 0

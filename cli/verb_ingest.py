@@ -29,6 +29,19 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--out", help="store path, e.g. data/store.zarr (optional with -c)")
     p.add_argument("-c", "--config", help="YAML preset (kind: ingest)")
     p.add_argument("--truth", help="ERA5-like truth (netCDF file/directory or zarr); default: found next to SOURCE")
+    _selection_arguments(p)
+    p.add_argument("--train-years", type=year_range, help="statistics/training years (default 1998:2013)")
+    p.add_argument("--val-years", type=year_range, help="validation years (default 2014:2015)")
+    p.add_argument("--test-years", type=year_range, help="test years (default 2016:2017)")
+    _cluster_arguments(p)
+    p.add_argument("--overwrite", action="store_true", default=None, help="rebuild even if OUT is complete")
+    p.add_argument(
+        "--restart", action="store_true", default=None, help="discard an interrupted ingest made with other settings"
+    )
+
+
+def _selection_arguments(p: argparse.ArgumentParser) -> None:
+    """What the store holds of the source: variables, levels, members, steps, and its grid."""
     p.add_argument(
         "--variables", type=str_tuple, help="required variables (default: the ENS-10 variables the source has)"
     )
@@ -51,9 +64,10 @@ def add_parser(sub: Subparsers) -> None:
         choices=("bilinear", "nearest", "conservative"),
         help="regridding when the source is on another grid (default bilinear)",
     )
-    p.add_argument("--train-years", type=year_range, help="statistics/training years (default 1998:2013)")
-    p.add_argument("--val-years", type=year_range, help="validation years (default 2014:2015)")
-    p.add_argument("--test-years", type=year_range, help="test years (default 2016:2017)")
+
+
+def _cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the ingest runs: an existing dask scheduler, or local workers (processes or threads)."""
     p.add_argument(
         "--scheduler",
         metavar="ADDRESS|FILE",
@@ -69,10 +83,6 @@ def add_parser(sub: Subparsers) -> None:
         action="store_false",
         default=None,
         help="run the local dask workers as threads in this process (fast start for small inputs)",
-    )
-    p.add_argument("--overwrite", action="store_true", default=None, help="rebuild even if OUT is complete")
-    p.add_argument(
-        "--restart", action="store_true", default=None, help="discard an interrupted ingest made with other settings"
     )
 
 

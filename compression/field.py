@@ -212,17 +212,11 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
     levels = np.array([np.nan])
     for name in names:
         da = ds[name]
-        other = [d for d in da.dims if d not in (schema.LAT, schema.LON, schema.LEVEL)]
-        if len(other) != 1 or schema.LAT not in da.dims or schema.LON not in da.dims:
-            msg = (
-                f"variable {name!r} has dims {da.dims}: compress fields with one time-like dim, an optional "
-                f"{schema.LEVEL!r} dim, {schema.LAT!r} and {schema.LON!r} (select members/steps first)"
-            )
+        own = _time_dim(da, name)
+        if time_dim not in (None, own):
+            msg = f"variables disagree on the time dim ({time_dim!r} vs {own!r})"
             raise BadInputError(msg)
-        if time_dim not in (None, other[0]):
-            msg = f"variables disagree on the time dim ({time_dim!r} vs {other[0]!r})"
-            raise BadInputError(msg)
-        time_dim = other[0]
+        time_dim = own
         if schema.LEVEL in da.dims:
             levels = da[schema.LEVEL].values.astype(np.float64)
         else:
@@ -233,17 +227,7 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
         msg = f"variables have different shapes {shapes}: compress them separately"
         raise BadInputError(msg)
     data = np.stack(arrays)
-    gaps = [
-        f"{n} ({100 * np.mean(~np.isfinite(a)):.0f}%)"
-        for n, a in zip(names, arrays, strict=True)
-        if not np.isfinite(a).all()
-    ]
-    if gaps:
-        msg = (
-            f"NaN or inf in {', '.join(gaps)}: a neural field fits gap-free fields; "
-            "compress other variables, or fill the gaps first"
-        )
-        raise BadInputError(msg)
+    _check_gap_free(names, arrays)
     lat, lon = ds[schema.LAT].values.astype(np.float64), ds[schema.LON].values.astype(np.float64)
     if lat[0] > lat[-1]:
         lat, data = lat[::-1].copy(), data[..., ::-1, :].copy()
@@ -262,6 +246,33 @@ def to_fields(ds: xr.Dataset, variables: list[str] | None = None) -> Fields:
         lat,
         lon,
     )
+
+
+def _time_dim(da: xr.DataArray, name: str) -> str:
+    """The one time-like dim of the variable ``name`` beside latitude, longitude and an optional level."""
+    other = [d for d in da.dims if d not in (schema.LAT, schema.LON, schema.LEVEL)]
+    if len(other) != 1 or schema.LAT not in da.dims or schema.LON not in da.dims:
+        msg = (
+            f"variable {name!r} has dims {da.dims}: compress fields with one time-like dim, an optional "
+            f"{schema.LEVEL!r} dim, {schema.LAT!r} and {schema.LON!r} (select members/steps first)"
+        )
+        raise BadInputError(msg)
+    return str(other[0])
+
+
+def _check_gap_free(names: list[str], arrays: list[np.ndarray]) -> None:
+    """BadInputError naming each variable with NaN or inf, and its share: a neural field fits gap-free fields."""
+    gaps = [
+        f"{n} ({100 * np.mean(~np.isfinite(a)):.0f}%)"
+        for n, a in zip(names, arrays, strict=True)
+        if not np.isfinite(a).all()
+    ]
+    if gaps:
+        msg = (
+            f"NaN or inf in {', '.join(gaps)}: a neural field fits gap-free fields; "
+            "compress other variables, or fill the gaps first"
+        )
+        raise BadInputError(msg)
 
 
 def interpolate(

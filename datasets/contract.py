@@ -63,11 +63,10 @@ def oracle_std(name: str) -> str:
 
 def oracle_parameters(target: schema.Target) -> dict[str, str]:
     """The store names of the oracle's parameters of ``target`` (synthetic data), by the parameter names
-    of its family: a Gaussian target's are ``oracle_mean_T`` / ``oracle_std_T``; another family's are
-    ``oracle_<parameter>_T`` (``oracle_shape_tp24``), so no reader takes them for a Gaussian's."""
-    if target.family == "gaussian":
-        return {"mu": oracle_mean(target.name), "sigma": oracle_std(target.name)}
-    return {p: f"oracle_{p}_{target.name}" for p in laws.get(target.family).names}
+    of its family: ``oracle_<stem>_T`` with the parameter's oracle stem (:attr:`laws.Parameter.oracle_stem`):
+    a Gaussian target's are ``oracle_mean_T`` / ``oracle_std_T``; another family's are its parameters' names
+    (``oracle_shape_tp24``), so no reader takes them for a Gaussian's."""
+    return {p.name: f"oracle_{p.oracle_stem}_{target.name}" for p in laws.get(target.family).parameters}
 
 
 point_mean = "{}_point_mean".format  # per-grid-point training mean of a field (statistics group)

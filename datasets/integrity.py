@@ -22,6 +22,7 @@ import numpy as np
 import zarr
 
 from postcast.datasets import io
+from postcast.datasets.core import checksums
 from postcast.datasets.core.errors import BadInputError
 
 MANIFEST = "postcast-chunks.json"  # {"version": 1, "chunks": {"<array>/c/i/j/k": {"size": n, "sha256": hex}}}
@@ -35,7 +36,7 @@ def _chunk_files(root: Path) -> list[Path]:
 
 def chunk_record(root: Path, path: Path) -> tuple[str, dict[str, Any]]:
     """(key relative to the store root, {"size", "sha256"}) of one chunk file."""
-    return path.relative_to(root).as_posix(), {"size": path.stat().st_size, "sha256": io.sha256_file(path)}
+    return path.relative_to(root).as_posix(), {"size": path.stat().st_size, "sha256": checksums.sha256_file(path)}
 
 
 def date_chunks(store_path: str | os.PathLike[str], arrays: list[str], index: int) -> dict[str, dict[str, Any]]:
@@ -133,7 +134,7 @@ def verify(store_path: str | os.PathLike[str]) -> Report:
         path = root / key
         if not path.is_file():
             rep.missing.append(key)
-        elif path.stat().st_size != want["size"] or io.sha256_file(path) != want["sha256"]:
+        elif path.stat().st_size != want["size"] or checksums.sha256_file(path) != want["sha256"]:
             rep.damaged.append(key)
     intact = set(recorded) - set(rep.missing) - set(rep.damaged)
     decoded, rep.undecodable = _decode_all(root, skip=intact | set(rep.damaged))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -423,31 +422,3 @@ def open_zarr(path: str | os.PathLike[str], *, group: str | None = None, chunks:
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=RuntimeWarning)
         return xr.open_zarr(path, group=group, chunks=chunks, zarr_format=3)
-
-
-def sha256_file(path: str | os.PathLike[str], *, limit: int | None = None) -> str:
-    """SHA-256 of a file (or of its first ``limit`` bytes), hex."""
-    h = hashlib.sha256()
-    remaining = limit
-    with open(path, "rb") as f:
-        while True:
-            n = 1 << 22 if remaining is None else min(1 << 22, remaining)
-            if n == 0:
-                break
-            buf = f.read(n)
-            if not buf:
-                break
-            h.update(buf)
-            if remaining is not None:
-                remaining -= len(buf)
-    return h.hexdigest()
-
-
-def sha256_tree(path: str | os.PathLike[str]) -> str:
-    """SHA-256 over a directory's relative file names and contents (e.g. a zarr store)."""
-    root = Path(path)
-    h = hashlib.sha256()
-    for p in sorted(q for q in root.rglob("*") if q.is_file()):
-        h.update(str(p.relative_to(root)).encode())
-        h.update(sha256_file(p).encode())
-    return h.hexdigest()

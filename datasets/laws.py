@@ -44,6 +44,11 @@ class Parameter:
     long_name: str
     units: str = TARGET_UNITS
     vector: bool = False
+    oracle: str = ""  # the stem of the synthetic oracle's store variable ``oracle_<stem>_<target>``; "": the name
+
+    @property
+    def oracle_stem(self) -> str:
+        return self.oracle or self.name
 
     def units_of(self, target_units: str) -> str:
         """The CF units of the parameter for a target in ``target_units``."""
@@ -58,6 +63,9 @@ class Family:
     name: ClassVar[str]
     parameters: ClassVar[tuple[Parameter, ...]]
     lower: ClassVar[float | None] = None  # the support's lower bound (a point mass there if censored)
+    # a location-scale law, two raw head outputs (a, b) = (location offset / s, log scale / s): the local EMOS
+    # fits it by Newton under ``solver: auto``, in the standard form too (models/emos_fit.py)
+    location_scale: ClassVar[bool] = False
     moments_from: ClassVar[str] = "its parameters in closed form"  # how the mean and std come (file comment)
 
     @property
@@ -121,6 +129,11 @@ def names() -> list[str]:
     return sorted(_FAMILIES)
 
 
+def location_scale() -> tuple[str, ...]:
+    """The names of the location-scale families (:attr:`Family.location_scale`), sorted."""
+    return tuple(n for n in names() if _FAMILIES[n].location_scale)
+
+
 def get(name: str) -> Family:
     """The family ``name``; :class:`ConfigError` naming the known families for another name."""
     if name not in _FAMILIES:
@@ -144,7 +157,8 @@ class Gaussian(Family):
     """N(mu, sigma^2)."""
 
     name = "gaussian"
-    parameters = (Parameter("mu", "mean"), Parameter("sigma", "standard deviation"))
+    parameters = (Parameter("mu", "mean", oracle="mean"), Parameter("sigma", "standard deviation", oracle="std"))
+    location_scale = True
     moments_from = "the parameters mu and sigma"
 
     def _domain(self, p: Params) -> np.ndarray:
@@ -163,6 +177,9 @@ class Gaussian(Family):
         return p["mu"] + p["sigma"] * special.ndtri(tau)
 
 
+DEFAULT = Gaussian.name  # the predictive family of a target or a model that names none
+
+
 # --- truncated normal ---------------------------------------------------------------------------
 @register
 class TruncNormal(Family):
@@ -174,6 +191,7 @@ class TruncNormal(Family):
         Parameter("sigma", "scale sigma of the normal law before truncation to [0, inf)"),
     )
     lower = 0.0
+    location_scale = True
 
     def _domain(self, p: Params) -> np.ndarray:
         return p["sigma"] > 0
@@ -225,6 +243,7 @@ class CensoredLogistic(Family):
         Parameter("scale", "scale of the logistic law before censoring at 0"),
     )
     lower = 0.0
+    location_scale = True
 
     def _domain(self, p: Params) -> np.ndarray:
         return p["scale"] > 0

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from postcast.datasets import contract, schema
+from postcast.datasets import contract, laws, schema
 from postcast.datasets.core.errors import ConfigError, MissingInputError
 
 Sample = dict[str, np.ndarray]
@@ -322,10 +322,9 @@ class Sampler:
         if members:
             out["members"] = np.stack(members, axis=1).astype(np.float32)  # (M, V', H, W): n_member_variables
         if self.oracle:
-            gaussian = spec.resolved_target.family == "gaussian"
-            for param, name in contract.oracle_parameters(spec.resolved_target).items():
-                key = {"mu": "oracle_mean", "sigma": "oracle_std"}[param] if gaussian else f"oracle_{param}"
-                out[key] = spec.select(day[name]).astype(np.float32)  # (H, W)
+            names = contract.oracle_parameters(spec.resolved_target)
+            for param in laws.get(spec.resolved_target.family).parameters:  # oracle_mean, ...; oracle_shape, ...
+                out[f"oracle_{param.oracle_stem}"] = spec.select(day[names[param.name]]).astype(np.float32)  # (H, W)
         return out
 
     def derived_members(self, day: xr.Dataset) -> np.ndarray | None:

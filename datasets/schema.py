@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from postcast.datasets import laws
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.core.geo import Grid as Grid  # the grid is geometry: it lives in core/geo.py
 
@@ -277,9 +278,11 @@ class Target:
     unit: str | None = None  # a derived target's units (a variable target has its variable's)
     cf_standard_name: str | None = None  # a derived target's CF standard name (a variable target: its variable's)
     lead_h: int = TARGET_STEP_H
-    family: str = "gaussian"  # the default predictive family (models/distributions.py)
+    family: str = laws.DEFAULT  # the target's predictive family (datasets/laws.py)
     thresholds: tuple[float, ...] = ()  # default exceedance thresholds (units); () = climate quantiles
     dry_below: float | None = None  # a member below this (units) is dry: the dry fraction is a predictor
+    colour_map: str | None = None  # its maps' matplotlib colour map from zero up (a non-negative amount or speed);
+    # None: plasma over the field's range (pipeline/products/maps.py)
 
     @property
     def kind(self) -> TargetKind:
@@ -330,6 +333,7 @@ TARGETS: dict[str, Target] = {
         cf_standard_name="wind_speed",
         family="truncnormal",
         thresholds=(10.0, 20.0),
+        colour_map="viridis",
     ),  # 10 m wind speed, m/s
     "tp24": Target(
         "tp24",
@@ -342,6 +346,7 @@ TARGETS: dict[str, Target] = {
         family="csg",
         thresholds=(1.0, 10.0),
         dry_below=0.1,
+        colour_map="YlGnBu",
     ),  # mm in the 24 h up to the lead (tp in m)
 }
 

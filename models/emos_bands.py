@@ -15,20 +15,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from postcast.models.emos_fit import PointData
+from postcast.models import distributions
+from postcast.models.emos_objective import PointData
 
 FIT_BYTES = 1 << 30  # what the fit of one band of points may hold, whatever the number of training dates
-# held per (point, date) during a fit: float64 data, autograd's saved tensors, the gradient in the raw outputs and
-# the Hessian's K columns of it; peak RSS measured with 0.2 M samples (1,000 points, 200 dates): gaussian 620,
-# clogistic 570, truncnormal 940, csg 2,820 bytes (the shifted gamma's CRPS saves most)
-BYTES_PER_SAMPLE = {"gaussian": 768, "clogistic": 768, "truncnormal": 1152, "csg": 4096}
 FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads (PointData.from_fields)
 
 
 def band_rows(family: str, n_dates: int, height: int, width: int, neighbours: int = 1) -> int:
-    """Latitude rows per band, so that a band's fit holds about FIT_BYTES (at least one row): each point's
+    """Latitude rows per band, so that a band's fit holds about FIT_BYTES (at least one row; a sample of the
+    family holds :attr:`~postcast.models.distributions.Distribution.fit_bytes_per_sample`): each point's
     samples are its ``n_dates`` times the ``neighbours`` whose dates it is fitted on (1: its own only)."""
-    per_row = BYTES_PER_SAMPLE.get(family, max(BYTES_PER_SAMPLE.values())) * n_dates * neighbours * width
+    per_row = distributions.get(family).fit_bytes_per_sample * n_dates * neighbours * width
     return max(1, min(height, FIT_BYTES // max(1, per_row)))
 
 

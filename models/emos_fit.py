@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from postcast.datasets import laws
 from postcast.models import distributions, emos_bfgs, emos_forms
+from postcast.models.emos_objective import Model, PointData, crps_per_point, hessian, value_grad
 from postcast.models.emos_report import FitReport
 
-LOCATION_SCALE = ("gaussian", "truncnormal", "clogistic")  # raw (a, b) = (location offset / s, log scale / s)
 NEAR_SHIFT = -5.0  # the csg's raw shift c of its second start (shift = s softplus(c): 0.007 spreads)
 FAR_SHIFT = 1000.0  # ... of its third (1,000 spreads; from 1e4 the descent fails in float64)
 RAY = tuple(2.0**i for i in range(-4, 0)) + tuple(2.0**i for i in range(1, 11))  # the csg's shift times these:
@@ -58,117 +59,6 @@ class FitSettings:
     refresh: int = 10  # iterations between finite-difference Hessians (BFGS updates in between)
     max_step: float = 1.0  # largest change of a coefficient in one iteration, x (1 + the largest |coefficient|)
     min_std: float = 1e-6  # the head's floor on the ensemble std
-
-
-@dataclass(frozen=True)
-class PointData:
-    """Training data per point, points first: each (P, N) float64 (N dates); ``w`` weights each date by
-    1 / (finite truths at the point), 0 where the truth is missing (its ``y`` filled with ``m``); ``u`` the
-    standard form's unit of the point each sample belongs to (:mod:`postcast.models.emos_forms`), or None."""
-
-    xm: torch.Tensor
-    xs: torch.Tensor
-    m: torch.Tensor
-    s: torch.Tensor
-    y: torch.Tensor
-    w: torch.Tensor
-    u: torch.Tensor | None = None
-
-    @classmethod
-    def from_fields(cls, xm: torch.Tensor, xs: torch.Tensor, m: torch.Tensor, s: torch.Tensor, y: torch.Tensor,
-                    min_std: float) -> PointData:  # fmt: skip
-        """From (N, H, W) fields: normalised ensemble mean and std, the raw ensemble's m and s, the truth y."""
-
-        def points(t: torch.Tensor) -> torch.Tensor:
-            return t.detach().double().flatten(1).T.contiguous()  # (N, H, W) -> (P, N)
-
-        yp, mp = points(y), points(m)
-        ok = torch.isfinite(yp)
-        count = ok.sum(1, keepdim=True).clamp_min(1)
-        return cls(
-            points(xm), points(xs), mp, points(s).clamp_min(min_std), torch.where(ok, yp, mp), ok.double() / count
-        )
-
-    def take(self, idx: torch.Tensor) -> PointData:
-        """The points ``idx`` (A,) of each field, (A, N)."""
-        xm, xs, m, s, y, w = (t[idx] for t in (self.xm, self.xs, self.m, self.s, self.y, self.w))
-        return PointData(xm, xs, m, s, y, w, None if self.u is None else self.u[idx])
-
-    def with_unit(self, unit: torch.Tensor) -> PointData:
-        """This data with each point's unit ``unit`` (P,) for every date (fixed from the training spread)."""
-        return replace(self, u=unit.to(self.s)[:, None].expand_as(self.s))
-
-    def training_unit(self, min_std: float = 1e-6) -> torch.Tensor:
-        """Each point's unit from its own dates (P,): the root mean square of its spread."""
-        return emos_forms.rms_spread(self.s, self.w, min_std)
-
-
-@dataclass(frozen=True)
-class Model:
-    """What is fitted: the predictive family and the form of its coefficients (:mod:`emos_forms`)."""
-
-    family: str
-    form: str = "spread"
-
-    def __post_init__(self) -> None:
-        emos_forms.check(self.form)
-        families = {"spread": None, "standard": LOCATION_SCALE, "sh": ("csg",)}[self.form]
-        if families is not None and self.family not in families:
-            msg = f"the {self.form} EMOS form is for the families {list(families)}, not {self.family!r}"
-            raise ValueError(msg)
-
-
-def _raw_crps(raw: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
-    """Mean training CRPS at each point (P,) of the raw outputs (P, N, K)."""
-    crps = distributions.get(family).from_raw(raw, d.m, d.s).crps(d.y)  # (P, N)
-    return (torch.nan_to_num(crps, nan=torch.inf) * d.w).sum(1)
-
-
-def crps_per_point(theta: torch.Tensor, d: PointData, family: str, form: str = "spread") -> torch.Tensor:
-    """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2) in ``form``."""
-    return _raw_crps(emos_forms.raw(theta, d, form), d, family)
-
-
-def _raw_value_grad(raw: torch.Tensor, d: PointData, family: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each point's CRPS (P,) and its gradient in each date's raw outputs (P, N, K), one backward pass."""
-    r = raw.detach().requires_grad_(True)
-    f = _raw_crps(r, d, family)
-    (grad,) = torch.autograd.grad(f.sum(), r)
-    return f.detach(), torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def _times(t: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
-    return t if factor is None else t * factor
-
-
-def _value_grad(theta: torch.Tensor, d: PointData, model: Model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each point's CRPS (P,), gradient (P, n) and gradient in the raw outputs (P, N, K) (the points are
-    independent: one backward pass)."""
-    f, grad = _raw_value_grad(emos_forms.raw(theta, d, model.form), d, model.family)
-    coefs = emos_forms.columns(theta, d, grad.shape[-1], model.form)
-    g = torch.stack([_times(grad[..., k], x).sum(1) for k, x in coefs], dim=1)  # (P, n): sum_t J_t^T grad_t
-    return f, g, grad
-
-
-def _hessian(theta: torch.Tensor, grad: torch.Tensor, d: PointData, model: Model) -> torch.Tensor:
-    """Each point's Hessian (P, n, n), sum_t J_t^T H_t J_t (plus the form's curvature term), with each date's
-    Hessian in its K raw outputs H_t by forward differences of their gradient ``grad`` (P, N, K): K backward
-    passes, not n."""
-    raw = emos_forms.raw(theta, d, model.form)  # (P, N, K)
-    cols = []  # cols[l][..., k]: d grad_k / d raw_l, each (P, N, K)
-    for j in range(raw.shape[-1]):
-        h = 1e-6 * (1.0 + raw[..., j].abs())  # (P, N)
-        step = torch.zeros_like(raw)
-        step[..., j] = h
-        cols.append((_raw_value_grad(raw + step, d, model.family)[1] - grad) / h.unsqueeze(-1))
-    coefs = emos_forms.columns(theta, d, raw.shape[-1], model.form)
-    hess = torch.empty(theta.shape[0], len(coefs), len(coefs), dtype=theta.dtype, device=theta.device)
-    for i, (k, x) in enumerate(coefs):
-        for j, (m, z) in enumerate(coefs[: i + 1]):
-            per_date = 0.5 * (cols[m][..., k] + cols[k][..., m])  # (P, N): H_t[k, m], symmetrised
-            hess[:, i, j] = hess[:, j, i] = _times(_times(per_date, x), z).sum(1)
-    bend = emos_forms.curvature(theta, d, grad, model.form)
-    return hess if bend is None else hess + bend
 
 
 def moment_start(d: PointData, n: int, form: str = "spread") -> torch.Tensor:
@@ -196,7 +86,7 @@ def _starts(d: PointData, model: Model, n: int) -> list[torch.Tensor]:
     censored-normal limit. A point's optimum can lie in any of them: 2e-3 apart at one point of the targets
     world, 0.023 at one of tests/test_emos_optimum.py's."""
     zero = emos_forms.raw_start(d.y.shape[0], n, model.form, d.y)
-    if model.family not in LOCATION_SCALE:
+    if not laws.get(model.family).location_scale:
         near, far = zero.clone(), zero.clone()
         near[:, 4] = NEAR_SHIFT
         far[:, 2:4], far[:, 4] = moment_start(d, 4, model.form)[:, 2:4], FAR_SHIFT
@@ -257,7 +147,7 @@ def _iterate(
     if bool(refresh.any()):
         r = refresh.nonzero().squeeze(1)
         hess = hess.clone()
-        hess[r] = _hessian(theta[r], grad[r], d.take(r), model)
+        hess[r] = hessian(theta[r], grad[r], d.take(r), model)
     step, ok, lam = _newton_step(hess, g, lam)
     cap = settings.max_step * (1.0 + theta.abs().amax(1, keepdim=True))  # (A, 1): grows with the coefficients
     step = step * (cap / step.abs().amax(1, keepdim=True).clamp_min(1e-300)).clamp_max(1.0)
@@ -265,7 +155,7 @@ def _iterate(
     decrement = -0.5 * (g * step).sum(1)
     done = newton & (decrement < settings.tol_decrease * _scale(f))  # no decrease left to find
     trial = theta + torch.where(~done[:, None], step, 0.0)
-    f_trial, g_trial, grad_trial = _value_grad(trial, d, model)
+    f_trial, g_trial, grad_trial = value_grad(trial, d, model)
     better = ~done & ok & torch.isfinite(f_trial) & (f_trial <= f)
     hess = emos_bfgs.hessian_update(hess, trial - theta, g_trial - g, better)
     lam = torch.where(better, lam * 0.2, lam * 10.0).clamp(1e-12, 1e16)
@@ -317,7 +207,7 @@ class _Descent:
 def _descend(theta: torch.Tensor, d: PointData, model: Model, settings: FitSettings, max_iter: int) -> _Descent:
     """Levenberg-Marquardt iterations from theta (P, n); each computes only the points still active (neither
     converged nor stalled), so the last few, whose optimum lies far out, cost little."""
-    f, g, grad = _value_grad(theta, d, model)
+    f, g, grad = value_grad(theta, d, model)
     lam = torch.full_like(f, 1e-3)
     done = torch.zeros_like(f, dtype=torch.bool)
     stalled = torch.zeros_like(done)
@@ -457,10 +347,10 @@ def _polished(best: _Descent, d: PointData, model: Model, settings: FitSettings)
         return best
     at, lam = d.take(idx), torch.full_like(best.f[idx], 1e-3)
     chol = emos_bfgs.damped_cholesky(
-        _hessian(best.theta[idx], _value_grad(best.theta[idx], at, model)[2], at, model), lam
+        hessian(best.theta[idx], value_grad(best.theta[idx], at, model)[2], at, model), lam
     )[0]
     theta, f, g, done = emos_bfgs.polish(
-        best.theta[idx], torch.cholesky_inverse(chol), lambda t, i: _value_grad(t, at.take(i), model)[:2],
+        best.theta[idx], torch.cholesky_inverse(chol), lambda t, i: value_grad(t, at.take(i), model)[:2],
         settings.max_iter_polish, settings.tol_grad * _scale(best.f[idx]),
     )  # fmt: skip
     return best.replaced(idx, _Descent(theta, f, g, done, best.stalled[idx], best.decrement[idx], best.iterations))

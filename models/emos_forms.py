@@ -44,7 +44,7 @@ Column = tuple[int, torch.Tensor | None]  # (raw output, its factor per date (P,
 
 
 class Data(Protocol):
-    """What a form reads of a point's training data, each (P, N): see :class:`emos_fit.PointData`."""
+    """What a form reads of a point's training data, each (P, N): see :class:`emos_objective.PointData`."""
 
     @property
     def xm(self) -> torch.Tensor: ...

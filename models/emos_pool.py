@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from postcast.models.emos_fit import PointData
+from postcast.models.emos_objective import PointData
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import torch
 
 from postcast.models import emos_fit
 from postcast.models.emos_bands import BandScratch
-from postcast.models.emos_fit import FitSettings, PointData
+from postcast.models.emos_fit import FitSettings
+from postcast.models.emos_objective import PointData, crps_per_point
 from postcast.models.emos_pool import Pooling, pooled
 from postcast.models.emos_report import FitReport
 
@@ -85,7 +86,7 @@ def _validation(
 ) -> tuple[float, float]:
     """The weighted sum of the band's points' validation CRPS and of their weights (points with a truth)."""
     with torch.no_grad():
-        crps = emos_fit.crps_per_point(theta, val.with_unit(unit), family, form)  # (A,)
+        crps = crps_per_point(theta, val.with_unit(unit), family, form)  # (A,)
     has = (val.w.sum(1) > 0) & torch.isfinite(crps)
     w = weights * has
     return float((torch.where(has, crps, 0.0) * w).sum()), float(w.sum())

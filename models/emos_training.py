@@ -19,7 +19,9 @@ from torch.utils.data import DataLoader
 from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.loaders.datamodule import StoreDataset
 from postcast.models import emos_bands, emos_fit, emos_forms, emos_select, postprocessors
+from postcast.models.emos_objective import PointData
 from postcast.models.emos_pool import Pooling
+from postcast.models.hyperparameters import ModelMeta
 
 
 class PostProcessor(Protocol):
@@ -29,10 +31,11 @@ class PostProcessor(Protocol):
     net: torch.nn.Module
 
     @property
-    def hparams(self) -> Any: ...
+    def meta(self) -> ModelMeta: ...
     @property
     def device(self) -> torch.device: ...
     def normalise(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+    def set_net_option(self, key: str, value: Any) -> None: ...
 
 
 SCRATCH_BATCH = 4  # samples read at once for the EMOS scratch: a 0.5 deg sample's inputs are about 10 MB
@@ -58,7 +61,7 @@ def scratch(model: PostProcessor, data: StoreDataset, folder: Path, rows: int | 
             fields |= {k: batch[k] for k in ("m", "s", "y")}  # each (B, H, W)
             if out is None:
                 _, h, w = fields["y"].shape
-                rows = rows or emos_bands.band_rows(model.hparams["distribution"], len(data), h, w)
+                rows = rows or emos_bands.band_rows(model.meta.family, len(data), h, w)
                 out = emos_bands.BandScratch(folder, h, rows)
             out.add(fields)
     if out is None:
@@ -67,8 +70,8 @@ def scratch(model: PostProcessor, data: StoreDataset, folder: Path, rows: int | 
     return out
 
 
-def points(model: PostProcessor, data: StoreDataset) -> emos_fit.PointData:
-    """Every sample of ``data`` at every point at once (:class:`emos_fit.PointData`; a small grid's), with the
+def points(model: PostProcessor, data: StoreDataset) -> PointData:
+    """Every sample of ``data`` at every point at once (:class:`emos_objective.PointData`; a small grid's), with the
     standard form's unit of the model when it has one."""
     with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
         d = next(scratch(model, data, Path(tmp), rows=ONE_BAND).bands(emos_fit.FitSettings.min_std, model.device))
@@ -79,9 +82,9 @@ def points(model: PostProcessor, data: StoreDataset) -> emos_fit.PointData:
 def candidates(model: PostProcessor) -> tuple[list[str], list[Pooling]]:
     """The forms and the poolings beside the local fit that the preset names (``model.net``: form, radii,
     weights)."""
-    opts = model.hparams["net"] or {}
+    opts = model.meta.net
     form = opts.get("form", "spread")
-    forms = emos_forms.auto(model.hparams["distribution"]) if form == "auto" else [form]
+    forms = emos_forms.auto(model.meta.family) if form == "auto" else [form]
     return forms, [Pooling(r, w) for r in opts.get("radii", ()) for w in opts.get("weights", ())]
 
 
@@ -89,7 +92,7 @@ def fit(model: PostProcessor, cfg: Any) -> dict[str, Any]:
     """The local EMOS of ``model`` fitted on the training split of ``cfg`` (a DataConfig), a latitude band of
     points at a time (each band's samples of every date read back from a scratch folder under TMPDIR); with
     several candidates, the one of lowest validation CRPS. Returns the fit's report (checkpoint, summary.json)."""
-    family, (forms, pools), net = model.hparams["distribution"], candidates(model), _emos(model)
+    family, (forms, pools), net = model.meta.family, candidates(model), _emos(model)
     train = StoreDataset(cfg, "train")
     with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
         if forms == ["spread"] and not pools:
@@ -98,12 +101,12 @@ def fit(model: PostProcessor, cfg: Any) -> dict[str, Any]:
             net.set_theta(theta.float())
             log.info("local EMOS fitted: %s", report)
             return report.to_dict()
-        (h, w), most = model.hparams["grid"], max((p.neighbours for p in pools), default=1)
+        (h, w), most = model.meta.grid, max((p.neighbours for p in pools), default=1)
         rows = emos_bands.band_rows(family, len(train), h, w, neighbours=most)
         val = StoreDataset(cfg, "val")
         fields = {name: scratch(model, data, Path(tmp) / name, rows) for name, data in (("train", train), ("val", val))}
         weights = torch.from_numpy(np.cos(np.deg2rad(train.sampler.lat)))  # (H,): area per latitude row
-        wrap = model.hparams["grid_area"] is None  # a global grid: longitudes wrap round
+        wrap = model.meta.grid_area is None  # a global grid: longitudes wrap round
         chosen = emos_select.select(fields["train"], fields["val"], family, forms, pools, weights, wrap)
     _use_form(model, chosen.chosen.form)
     _emos(model).set_theta(chosen.theta.float(), chosen.unit.float())
@@ -118,4 +121,4 @@ def _use_form(model: PostProcessor, form: str) -> None:
     grid = (int(net.coef.shape[1]), int(net.coef.shape[2]))
     model.net = postprocessors.LocalEMOS(grid, net.mean_channel, net.std_channel, outputs, net.solver, form)
     model.net.to(model.device)
-    model.hparams["net"] = {**dict(model.hparams["net"] or {}), "form": form}
+    model.set_net_option("form", form)

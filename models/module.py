@@ -38,9 +38,11 @@ import torch
 from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
-from postcast.models import distributions, emos_fit, emos_training, postprocessors, registry, spread_blend
+from postcast.models import distributions, emos_training, postprocessors, registry, spread_blend
 from postcast.models.distributions import Distribution
-from postcast.models.losses import crps_gaussian, distribution_head
+from postcast.models.hyperparameters import ModelMeta
+from postcast.models.kernels import crps_gaussian
+from postcast.models.losses import distribution_head
 from postcast.models.smoe import SMoEHead
 
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
@@ -128,7 +130,7 @@ class PostProcessor(L.LightningModule):
         )
         self.net = arch.build(io)
         self.std_channel = io.target_channels[1]  # the target's ensemble-std field: its norm_mean is the unit
-        location = distribution in emos_fit.LOCATION_SCALE
+        location = laws.get(distribution).location_scale
         self.blend = spread_blend.SpreadBlend(grid, location) if scale == "blend" else None
         self.smoe_layer: SMoEHead | None = getattr(self.net, "smoe", None)
         self.norm_mean: torch.Tensor
@@ -139,6 +141,15 @@ class PostProcessor(L.LightningModule):
         # at fit start and carried in the checkpoint's metadata
         self.thresholds: list[float] = []
         self.fit_report: dict[str, Any] | None = None  # how the full-batch EMOS fit ended (in the checkpoint)
+
+    @property
+    def meta(self) -> ModelMeta:
+        """What this model is (network kind, predictive family, grid, ...), typed, from its hyperparameters."""
+        return ModelMeta.of(self.hparams)
+
+    def set_net_option(self, key: str, value: Any) -> None:
+        """One of the network's options (``model.net``) set in the hyperparameters the checkpoint saves."""
+        self.hparams["net"] = {**dict(self.hparams["net"] or {}), key: value}
 
     def set_normalisation(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         """Record the statistics the inputs are normalised with (they travel in the checkpoint)."""
@@ -162,12 +173,10 @@ class PostProcessor(L.LightningModule):
             warnings.filterwarnings("ignore", message=NO_STEP_WARNING)
 
     def _newton(self) -> bool:
-        """Whether the local EMOS is fitted to its optimum (``solver: newton``, or ``auto`` for a family in
-        :data:`postprocessors.NEWTON_BY_DEFAULT`) rather than by the epochs' optimiser."""
+        """Whether the local EMOS is fitted to its optimum (``solver: newton``, or ``auto`` for a
+        location-scale family: :attr:`laws.Family.location_scale`) rather than by the epochs' optimiser."""
         solver = getattr(self.net, "solver", "gradient")
-        return solver == "newton" or (
-            solver == "auto" and self.hparams["distribution"] in postprocessors.NEWTON_BY_DEFAULT
-        )
+        return solver == "newton" or (solver == "auto" and laws.get(self.hparams["distribution"]).location_scale)
 
     def normalise(self, batch: Batch) -> Batch:
         """The network's view of a physical batch: ``x`` (B, C, H, W) = normalised fields (NaN, e.g.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import emos_forms
 from postcast.models.distributions import Distribution
@@ -93,8 +94,8 @@ class LocalEMOS(nn.Module):
     with more than two head outputs gets one more constant per point for each. ``solver``:
     ``newton`` fits every point to its training-CRPS optimum before the first epoch
     (:mod:`postcast.models.emos_fit`); ``gradient`` leaves the coefficients to the epochs' optimiser; ``auto``
-    (the default) is ``newton`` for the location-scale families and ``gradient`` for the others
-    (:data:`NEWTON_BY_DEFAULT`). ``form: auto`` is the spread form until the fit chooses (:meth:`PostProcessor`)."""
+    (the default) is ``newton`` for the location-scale families (:attr:`postcast.datasets.laws.Family.location_scale`)
+    and ``gradient`` for the others. ``form: auto`` is the spread form until the fit chooses (:meth:`PostProcessor`)."""
 
     def __init__(
         self,
@@ -180,27 +181,26 @@ class GlobalEMOS(nn.Module):
         return (a, b, *constant_outputs(self.extra, a))
 
 
-def predict(model: nn.Module, batch: Batch, distribution: str = "gaussian") -> Distribution:
+def predict(model: nn.Module, batch: Batch, distribution: str = laws.DEFAULT) -> Distribution:
     """The predictive distribution in physical units, parameters (B, H, W), for a batch from
     :class:`StoreDataset` (``gaussian``: ``.mu``, ``.sigma``)."""
     return distribution_head(model(batch), batch["m"], batch["s"], distribution)
 
 
-def crps_loss(model: nn.Module, batch: Batch, distribution: str = "gaussian") -> torch.Tensor:
+def crps_loss(model: nn.Module, batch: Batch, distribution: str = laws.DEFAULT) -> torch.Tensor:
     return CRPSLoss()(predict(model, batch, distribution), batch["y"])
 
 
 SOLVERS = ("auto", "newton", "gradient")
 FORMS = ("spread", "standard", "sh", "auto")  # auto: the candidates fitted, the lowest validation CRPS kept
-# Families whose local EMOS is fitted by ``newton`` under ``solver: auto``: the location-scale ones (ws10 at 5 deg,
-# truncated normal: 10 s alone on 2 cores, within 2e-7 of scipy's per-point optimum on the test split). The
+# ``solver: auto`` fits a location-scale family's local EMOS (laws.Family.location_scale) by ``newton`` (ws10 at
+# 5 deg, truncated normal: 10 s alone on 2 cores, within 2e-7 of scipy's per-point optimum on the test split). The
 # censored shifted gamma keeps the gradient epochs under ``auto``: its mean is (m + shift) exp(a0 + a1 x_mean),
 # and fitted to its optimum on a few training dates it extrapolates: on the 24-date 10 deg test store its
 # validation CRPS was 1.17 against the raw members' 0.99 (one point 77 mm worse: a1 = 2 at a wet date), while 20
 # gradient epochs from the raw ensemble beat the members. The tp24 preset, for stores of 128 training dates and
 # more, names ``solver: newton`` (5 deg: 6.6e-4 below scipy's per-point fit on the test split, where 20 gradient
 # epochs were 5e-3 above).
-NEWTON_BY_DEFAULT = frozenset({"gaussian", "truncnormal", "clogistic"})
 
 
 # --- architectures ------------------------------------------------------------------------------

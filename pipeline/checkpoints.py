@@ -58,7 +58,7 @@ class OpenedCheckpoint:
     @property
     def family(self) -> str:
         """The predictive family it was trained with (:mod:`postcast.models.distributions`)."""
-        return str(self.model.hparams["distribution"])
+        return self.model.meta.family
 
     def __reduce__(self) -> tuple[Callable[[str, str], OpenedCheckpoint], tuple[str, str]]:
         return reopened, (self.path, self.token)

@@ -43,7 +43,8 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from postcast.datasets import io, laws, schema, sources
+from postcast.datasets import laws, schema, sources
+from postcast.datasets.core import checksums
 from postcast.datasets.core.cluster import client_for, in_order
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.loaders.datamodule import to_tensors
@@ -53,20 +54,17 @@ from postcast.datasets.statistics import ensemble_statistics
 from postcast.models import distributions, losses
 from postcast.models.module import PostProcessor
 from postcast.pipeline.checkpoints import one_thread, open_checkpoint
+from postcast.pipeline.forecast_grids import model_grid, output_grid, regrid_params
 from postcast.pipeline.products.archive import (
-    CLIMATE,
     DEFAULT_QUANTILES,
     EXTENSIONS,
     FALLBACK,
-    GIVEN,
-    OWN,
     POSTPROCESSED,
-    Law,
     product_identity,
     product_path,
-    products,
     write_product,
 )
+from postcast.pipeline.products.content import CLIMATE, GIVEN, OWN, Law, products
 
 log = logging.getLogger(__name__)
 Params = dict[str, np.ndarray]  # a family's parameters by name, (lat, lon) each (Bernstein's coef: (K, lat, lon))
@@ -164,7 +162,7 @@ def _leads(spec: SampleSpec) -> tuple[int, ...]:
 def _expectation(model: PostProcessor, spec: SampleSpec, method: str) -> sources.Expectation:
     """What the checkpoint reads: its leads (:func:`_leads`), on its own grid (inputs on other grids are
     regridded), its member count when the model reads the members (the first N), else every member."""
-    members: str | int = int(model.hparams["n_members"]) if spec.members else "all"
+    members: str | int = model.meta.n_members if spec.members else "all"
     return sources.Expectation(members=members, steps_h=_leads(spec), method=method, exact_grid=model_grid(model))
 
 
@@ -209,52 +207,6 @@ def _check_lead(source: sources.ForecastSource, expect: sources.Expectation, spe
         raise MissingInputError(msg)
 
 
-def model_grid(model: PostProcessor) -> schema.Grid:
-    """The grid a checkpoint was trained on: global from its (H, W), or regional from its recorded area."""
-    n_lat = int(model.hparams["grid"][0])  # (H, W)
-    area = model.hparams.get("grid_area")
-    if area is None:
-        return schema.Grid(180.0 / (n_lat - 1))
-    south, north, west, east = (float(a) for a in area)
-    return schema.Grid(round((north - south) / (n_lat - 1), 6), (south, north, west, east))
-
-
-def _input_grid(plan: sources.Plan) -> schema.Grid:
-    """The input's own grid when it is a regular one (global or regional; a CF file here holds no other)."""
-    src = plan.source_grid
-    assert src is not None
-    grid = regrid.default_grid(src)
-    if not src.is_grid(grid):
-        msg = (
-            f"--on-input-grid: the input is on {src.name}, not a regular latitude/longitude grid; "
-            "write on the checkpoint's grid (drop the option)"
-        )
-        raise ConfigError(msg)
-    return grid
-
-
-def _output_grid(plan: sources.Plan, model: PostProcessor) -> schema.Grid:
-    """``--on-input-grid``: the input's grid, cut to the checkpoint's area when the checkpoint is
-    regional (outside it the model says nothing: the product would be NaN there, and the service's
-    reader refuses a product with NaN)."""
-    back = _input_grid(plan)
-    area = model.hparams.get("grid_area")
-    if area is None:
-        return back
-    south, north, west, east = (float(a) for a in area)
-    lat = np.round(back.latitudes(), 6)
-    lat = lat[(lat >= south - 1e-6) & (lat <= north + 1e-6)]
-    lon = np.round(west + np.mod(np.round(back.longitudes() - west, 6), 360.0), 6)  # into [west, west + 360)
-    lon = np.sort(lon[lon <= east + 1e-6])
-    if lat.size < 2 or lon.size < 2:
-        msg = (
-            f"--on-input-grid: the input's grid ({back.describe()}) has fewer than 2 x 2 points in the "
-            f"checkpoint's area {model_grid(model).describe()}; drop the option (products on the checkpoint's grid)"
-        )
-        raise ConfigError(msg)
-    return schema.Grid(back.resolution, (float(lat[0]), float(lat[-1]), float(lon[0]), float(lon[-1])))
-
-
 def _target_only_plan(plan: sources.Plan, spec: SampleSpec) -> sources.Plan:
     return replace(plan, variables=spec.resolved_target.input_variables)
 
@@ -272,7 +224,7 @@ class _Run:
     ckpt_hash: str
     reason: str  # why the model cannot run ("" when it can)
     thresholds: tuple[float, ...]  # --thresholds, else the checkpoint's climatological defaults
-    threshold_source: str  # where they come from (archive.THRESHOLD_SOURCES)
+    threshold_source: str  # where they come from (content.THRESHOLD_SOURCES)
 
 
 def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
@@ -302,8 +254,8 @@ def _prepare(cfg: ForecastConfig) -> tuple[_Run, list[pd.Timestamp]]:
         Sampler(spec, plan.grid.latitudes(), plan.grid.longitudes()),
         found.forecast,
         plan,
-        cfg.name or str(model.hparams["family"]),
-        io.sha256_file(cfg.checkpoint),
+        cfg.name or model.meta.network,
+        checksums.sha256_file(cfg.checkpoint),
         reason,
         cfg.thresholds or tuple(meta.get("thresholds") or tg.thresholds),
         GIVEN if cfg.thresholds else OWN if tg.thresholds else CLIMATE,
@@ -404,12 +356,36 @@ def target_members(sampler: Sampler, day: xr.Dataset) -> np.ndarray | None:
     return spec.select(day[tg.variable]).astype(np.float64) if tg.variable in day else None
 
 
-def _regrid(values: np.ndarray, src: regrid.SourceGrid, back: schema.Grid, method: str) -> np.ndarray:
-    """A parameter map (lat, lon) or (K, lat, lon) on ``back``: each (lat, lon) slice regridded. The
-    methods average with non-negative weights, so positive scales and increasing coefficients stay so."""
-    if values.ndim == 3:
-        return np.stack([_regrid(v, src, back, method) for v in values])
-    return regrid.to_grid(values, src, back, method).astype(np.float64)
+def _law_of_day(run: _Run, day: xr.Dataset, init: pd.Timestamp) -> tuple[str, str, str, Params]:
+    """(product, why it is a fallback, family, parameters (lat, lon) each) of the raw forecast ``day``: the
+    checkpoint's law, else (no model for this input, or non-finite values) the raw ensemble's fallback law."""
+    product, reason = (FALLBACK, run.reason) if run.reason else (POSTPROCESSED, "")
+    family, params = run.model.meta.family, {}
+    if not run.reason:
+        params = _predict(run, day)
+        if not all(np.isfinite(v).all() for v in params.values()):
+            product, reason = FALLBACK, "the model produced non-finite values"
+            log.warning("%s %s: %s (NaN weights?); writing the raw-ensemble fallback", run.cfg.checkpoint, init, reason)
+    if product == FALLBACK:
+        family, params = fallback_law(run.sampler.spec.resolved_target, run.sampler.target_statistics(day))
+    return product, reason, family, params
+
+
+def _file_attrs(run: _Run, product: str, reason: str) -> dict[str, Any]:
+    """The file's attributes: which product, from which checkpoint and inputs, and why a fallback is one."""
+    return {
+        "product": product,
+        "postcast_fallback": int(product == FALLBACK),
+        "model_name": run.name,
+        "checkpoint": str(run.cfg.checkpoint),
+        "checkpoint_sha256": run.ckpt_hash,
+        "model": run.model.meta.network,
+        "inputs": str(run.cfg.input),
+        "comment": reason or "post-processed with the checkpoint's model",
+        "n_members": len(run.plan.members),
+        "threshold_source": run.threshold_source,
+        **run.plan.regridding,
+    }
 
 
 def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
@@ -423,35 +399,15 @@ def _one(run: _Run, init: pd.Timestamp, result: ForecastResult) -> None:
         return
     t0 = time.perf_counter()
     day = _raw_day(run.source, run.plan if not run.reason else _target_only_plan(run.plan, spec), init, str(cfg.input))
-    product, reason = (FALLBACK, run.reason) if run.reason else (POSTPROCESSED, "")
-    family, params = str(run.model.hparams["distribution"]), {}
-    if not run.reason:
-        params = _predict(run, day)
-        if not all(np.isfinite(v).all() for v in params.values()):
-            product, reason = FALLBACK, "the model produced non-finite values"
-            log.warning("%s %s: %s (NaN weights?); writing the raw-ensemble fallback", cfg.checkpoint, init, reason)
-    if product == FALLBACK:
-        family, params = fallback_law(spec.resolved_target, run.sampler.target_statistics(day))
-    attrs = {
-        "product": product,
-        "postcast_fallback": int(product == FALLBACK),
-        "model_name": run.name,
-        "checkpoint": str(cfg.checkpoint),
-        "checkpoint_sha256": run.ckpt_hash,
-        "model": str(run.model.hparams["family"]),
-        "inputs": str(cfg.input),
-        "comment": reason or "post-processed with the checkpoint's model",
-        "n_members": len(run.plan.members),
-        "threshold_source": run.threshold_source,
-        **run.plan.regridding,
-    }
+    product, reason, family, params = _law_of_day(run, day, init)
+    attrs = _file_attrs(run, product, reason)
     lat, lon = run.sampler.lat, run.sampler.lon
     members = target_members(run.sampler, day)  # (M, H, W) target units, shown beside the law
     if cfg.on_input_grid and run.plan.source_grid is not None:  # back from the checkpoint's grid
-        back = _output_grid(run.plan, run.model)
+        back = output_grid(run.plan, run.model)
         src = regrid.SourceGrid.regular(lat, lon)
-        params = {k: _regrid(v, src, back, cfg.regrid_method) for k, v in params.items()}
-        members = None if members is None else _regrid(members, src, back, cfg.regrid_method)
+        params = {k: regrid_params(v, src, back, cfg.regrid_method) for k, v in params.items()}
+        members = None if members is None else regrid_params(members, src, back, cfg.regrid_method)
         lat, lon = back.latitudes(), back.longitudes()
         attrs["output_grid"] = "input"
     mean, std = laws.get(family).moments(params)

@@ -176,7 +176,8 @@ def validate_preset(path: str, args: Sequence[str] = ()) -> str | None:
         cfg = resolve(["--config", path, *args])
         model = cfg.get("model") or {}
         arch = registry.make(model.get("family", "mlp"), model.get("net"))
-        distributions.get(model.get("distribution") or "gaussian")  # None: the target's family (a registered one)
+        if model.get("distribution"):  # None: the target's family (a registered one)
+            distributions.get(model["distribution"])
         spec = data_config(cfg).sample
     except (ValueError, ConfigError) as err:
         return str(err)

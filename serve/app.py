@@ -44,12 +44,13 @@ and page); this module holds the application and its routes.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -58,7 +59,7 @@ from postcast.datasets.core.version import __version__
 from postcast.pipeline.products import archive
 from postcast.serve.auth import Gate, bearer_ok
 from postcast.serve.catalog import Catalog
-from postcast.serve.grid import as_asked, box_columns
+from postcast.serve.grid import Served, as_asked, box_columns
 from postcast.serve.law import QUANTITIES, describe
 from postcast.serve.metrics import Stats
 from postcast.serve.openapi import document, offline_docs
@@ -122,7 +123,7 @@ def create_app(
     _info_routes(
         app, catalog, stats, token, guarded=token is not None, metrics_guarded=token is not None and not public_metrics
     )
-    _forecast_routes(app, catalog, guarded=token is not None)
+    _forecast_routes(app, guarded=token is not None)
     page_routes(app, catalog, guarded=token is not None)
     offline_docs(app)
     for r in app.routes:
@@ -183,123 +184,155 @@ Threshold = Annotated[
 ]
 
 
-def _forecast_routes(app: FastAPI, catalog: Catalog, *, guarded: bool) -> None:
-    @app.get("/forecasts", response_model=Listing, responses=error_answers(401, 422, guarded=guarded))
-    async def forecasts_list(refresh: bool = False) -> Response:
-        """Per target its models, best first, with their scores and the default; then every forecast."""
-        if refresh:
-            catalog.refresh()
-        else:
-            catalog.watch()
-        return _json(
-            {
-                "targets": [
-                    {**tm.listing(t), "units": schema.target(t).units, "score": SCORE_SAYS}
-                    for t, tm in catalog.models.items()
-                ],
-                "forecasts": [
-                    {
-                        "target": e.target,
-                        "init_time": e.init.isoformat(),
-                        "valid_time": e.valid.isoformat(),
-                        "product": e.product,
-                        "model": e.model,
-                    }
-                    for e in catalog.entries
-                ],
-            }
-        )
-
-    @app.get("/forecast/point", response_model=PointAnswer, responses=error_answers(401, 404, 422, guarded=guarded))
-    async def point(
-        target: Target,
-        lat: Lat,
-        lon: Lon,
-        time: Time = None,
-        model: Model = None,
-        threshold: Annotated[
-            float | None, Query(description="exceedance threshold, target units", allow_inf_nan=False)
-        ] = None,
-    ) -> Response:
-        check_threshold(target, threshold)
-        entry, s = catalog.resolve(target, model, parse_time(time))
-        f = s.field
-        i, j = s.lat(lat), s.lon(lon % 360.0)
-        mu, sd = float(f.mean[i, j]), float(f.std[i, j])
-        out: dict[str, Any] = {
-            "target": target,
-            "units": f.units,
-            "init_time": s.init,
-            "valid_time": s.valid,
-            "product": entry.product,
-            "model": entry.model,
-            "latitude": float(f.lat[i]),
-            "longitude": as_asked(float(f.lon[j]), lon),
-            "mean": mu,
-            "std": sd,
-            "quantiles": dict(zip(s.quantile_keys, f.quantiles[:, i, j].tolist(), strict=True)),
-            "exceedance": dict(zip(s.threshold_keys, f.exceedance[:, i, j].tolist(), strict=True)),
-            "law": describe(target, f),
-            "members": None if f.members is None else f.members[:, i, j].tolist(),  # finite: grid.check
-        }
-        if threshold is not None:
-            out["exceedance"][f"{threshold:g}"] = archive.exceedance_at(f, i, j, threshold)  # the file's family
-        return _json(out)
-
-    @app.get("/forecast/bbox", response_model=BoxAnswer, responses=error_answers(401, 404, 422, guarded=guarded))
-    async def bbox(
-        target: Target, lat_min: Lat, lat_max: Lat, lon_min: Lon, lon_max: Lon, time: Time = None, model: Model = None
-    ) -> Response:
-        entry, s = catalog.resolve(target, model, parse_time(time))
-        f = s.field
-        rows = (f.lat >= lat_min) & (f.lat <= lat_max)
-        cols, shown = box_columns(f.lon, lon_min, lon_max)  # west to east, as asked
-        if not rows.any() or not cols.size:  # lat_min > lat_max included: an empty box
-            why = "lat_min must not exceed lat_max" if lat_min > lat_max else _grid_extent(f.lat, f.lon)
-            raise HTTPException(
-                404,
-                f"no grid point inside the box (latitude {lat_min}..{lat_max}, longitude {lon_min}..{lon_max}; {why})",
-            )
-        return _json(
-            {
-                "target": target,
-                "units": f.units,
-                "init_time": s.init,
-                "valid_time": s.valid,
-                "product": entry.product,
-                "model": entry.model,
-                "latitude": f.lat[rows].tolist(),
-                "longitude": shown.tolist(),
-                "mean": f.mean[np.ix_(rows, cols)].tolist(),
-                "std": f.std[np.ix_(rows, cols)].tolist(),
-                "law": describe(target, f),
-            }
-        )
-
-    @app.get(
-        "/map.png",
-        response_class=PNGResponse,
-        responses={
-            200: {
-                "content": {"image/png": {}},
-                "description": "a PNG map of the forecast's mean, spread, a quantile or an exceedance probability",
-            },
-            **error_answers(401, 404, 422, guarded=guarded, json_media=True),
-        },
+def _forecast_routes(app: FastAPI, *, guarded: bool) -> None:
+    """The forecast's routes (:func:`forecasts_list`, :func:`point`, :func:`bbox`, :func:`map_png`) on ``app``,
+    their error answers documented with the token's 401 when ``guarded``."""
+    answers = functools.partial(error_answers, guarded=guarded)
+    app.add_api_route(
+        "/forecasts", forecasts_list, methods=["GET"], response_model=Listing, responses=answers(401, 422)
     )
-    def map_png(
-        target: Target | None = None,
-        time: Time = None,
-        model: Model = None,
-        show: Show = "mean",
-        level: Level = None,
-        threshold: Threshold = None,
-    ) -> PNGResponse:
-        """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given):
-        ``show`` the mean, the spread, the quantile at ``level`` or the probability of exceeding ``threshold``."""
-        target = target or catalog.latest_target(model)
-        png, headers = render_map(catalog, target, model, parse_time(time), Shown(show, level, threshold))
-        return PNGResponse(png, headers=headers)
+    app.add_api_route(
+        "/forecast/point", point, methods=["GET"], response_model=PointAnswer, responses=answers(401, 404, 422)
+    )
+    app.add_api_route(
+        "/forecast/bbox", bbox, methods=["GET"], response_model=BoxAnswer, responses=answers(401, 404, 422)
+    )
+    png = {"content": {"image/png": {}}, "description": MAP_SAYS}
+    app.add_api_route(
+        "/map.png",
+        map_png,
+        methods=["GET"],
+        response_class=PNGResponse,
+        responses={200: png, **answers(401, 404, 422, json_media=True)},
+    )
+
+
+def _catalog(request: Request) -> Catalog:
+    """The app's archive (``app.state.catalog``), handed to each forecast route."""
+    catalog: Catalog = request.app.state.catalog
+    return catalog
+
+
+CatalogOf = Annotated[Catalog, Depends(_catalog)]
+MAP_SAYS = "a PNG map of the forecast's mean, spread, a quantile or an exceedance probability"
+
+
+async def forecasts_list(catalog: CatalogOf, refresh: bool = False) -> Response:
+    """Per target its models, best first, with their scores and the default; then every forecast."""
+    if refresh:
+        catalog.refresh()
+    else:
+        catalog.watch()
+    return _json(
+        {
+            "targets": [
+                {**tm.listing(t), "units": schema.target(t).units, "score": SCORE_SAYS}
+                for t, tm in catalog.models.items()
+            ],
+            "forecasts": [
+                {
+                    "target": e.target,
+                    "init_time": e.init.isoformat(),
+                    "valid_time": e.valid.isoformat(),
+                    "product": e.product,
+                    "model": e.model,
+                }
+                for e in catalog.entries
+            ],
+        }
+    )
+
+
+def _which(target: str, entry: archive.Product, s: Served) -> dict[str, Any]:
+    """What an answer is of: the target and its units, the forecast's start and valid times, product and model."""
+    return {
+        "target": target,
+        "units": s.field.units,
+        "init_time": s.init,
+        "valid_time": s.valid,
+        "product": entry.product,
+        "model": entry.model,
+    }
+
+
+async def point(
+    catalog: CatalogOf,
+    target: Target,
+    lat: Lat,
+    lon: Lon,
+    time: Time = None,
+    model: Model = None,
+    threshold: Annotated[
+        float | None, Query(description="exceedance threshold, target units", allow_inf_nan=False)
+    ] = None,
+) -> Response:
+    check_threshold(target, threshold)
+    entry, s = catalog.resolve(target, model, parse_time(time))
+    f = s.field
+    i, j = s.lat(lat), s.lon(lon % 360.0)
+    mu, sd = float(f.mean[i, j]), float(f.std[i, j])
+    out: dict[str, Any] = {
+        **_which(target, entry, s),
+        "latitude": float(f.lat[i]),
+        "longitude": as_asked(float(f.lon[j]), lon),
+        "mean": mu,
+        "std": sd,
+        "quantiles": dict(zip(s.quantile_keys, f.quantiles[:, i, j].tolist(), strict=True)),
+        "exceedance": dict(zip(s.threshold_keys, f.exceedance[:, i, j].tolist(), strict=True)),
+        "law": describe(target, f),
+        "members": None if f.members is None else f.members[:, i, j].tolist(),  # finite: grid.check
+    }
+    if threshold is not None:
+        out["exceedance"][f"{threshold:g}"] = archive.exceedance_at(f, i, j, threshold)  # the file's family
+    return _json(out)
+
+
+async def bbox(
+    catalog: CatalogOf,
+    target: Target,
+    lat_min: Lat,
+    lat_max: Lat,
+    lon_min: Lon,
+    lon_max: Lon,
+    time: Time = None,
+    model: Model = None,
+) -> Response:
+    entry, s = catalog.resolve(target, model, parse_time(time))
+    f = s.field
+    rows = (f.lat >= lat_min) & (f.lat <= lat_max)
+    cols, shown = box_columns(f.lon, lon_min, lon_max)  # west to east, as asked
+    if not rows.any() or not cols.size:  # lat_min > lat_max included: an empty box
+        why = "lat_min must not exceed lat_max" if lat_min > lat_max else _grid_extent(f.lat, f.lon)
+        raise HTTPException(
+            404,
+            f"no grid point inside the box (latitude {lat_min}..{lat_max}, longitude {lon_min}..{lon_max}; {why})",
+        )
+    return _json(
+        {
+            **_which(target, entry, s),
+            "latitude": f.lat[rows].tolist(),
+            "longitude": shown.tolist(),
+            "mean": f.mean[np.ix_(rows, cols)].tolist(),
+            "std": f.std[np.ix_(rows, cols)].tolist(),
+            "law": describe(target, f),
+        }
+    )
+
+
+def map_png(
+    catalog: CatalogOf,
+    target: Target | None = None,
+    time: Time = None,
+    model: Model = None,
+    show: Show = "mean",
+    level: Level = None,
+    threshold: Threshold = None,
+) -> PNGResponse:
+    """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given):
+    ``show`` the mean, the spread, the quantile at ``level`` or the probability of exceeding ``threshold``."""
+    target = target or catalog.latest_target(model)
+    png, headers = render_map(catalog, target, model, parse_time(time), Shown(show, level, threshold))
+    return PNGResponse(png, headers=headers)
 
 
 def app_from_env() -> FastAPI:

@@ -12,7 +12,8 @@ import numpy as np
 
 from postcast.datasets import laws, schema
 from postcast.datasets.contract import CLIMATE_QUANTILES
-from postcast.pipeline.products.archive import CLIMATE, GIVEN, OWN, Field
+from postcast.pipeline.products.archive import Field
+from postcast.pipeline.products.content import CLIMATE, GIVEN, OWN
 
 QUANTITIES = ("mean", "spread", "quantile", "probability")
 

@@ -33,15 +33,8 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import schema
-from postcast.pipeline.products.archive import (
-    DEFAULT_QUANTILES,
-    EXTENSIONS,
-    POSTPROCESSED,
-    Law,
-    product_path,
-    products,
-    write_product,
-)
+from postcast.pipeline.products.archive import DEFAULT_QUANTILES, EXTENSIONS, POSTPROCESSED, product_path, write_product
+from postcast.pipeline.products.content import Law, products
 
 
 def postprocessed(

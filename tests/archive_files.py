@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets import laws, schema
-from postcast.pipeline.products.archive import DEFAULT_QUANTILES, POSTPROCESSED, Law, product_path, write_product
+from postcast.pipeline.products.archive import DEFAULT_QUANTILES, POSTPROCESSED, product_path, write_product
+from postcast.pipeline.products.content import Law
 from postcast.serve.testing import postprocessed
 
 CLIMATE_T2M = (258.0, 284.5, 302.3)  # training-climate 10/50/90 % quantiles, as a checkpoint carries them

@@ -11,7 +11,7 @@ from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models.losses import crps_gaussian as metrics_torch_crps
+from postcast.models.kernels import crps_gaussian as metrics_torch_crps
 from postcast.models.module import PostProcessor
 from postcast.pipeline.verify import scores
 

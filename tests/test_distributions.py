@@ -19,7 +19,7 @@ from scipy import integrate, interpolate, optimize, special, stats
 from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import distributions as D
-from postcast.models import losses, registry
+from postcast.models import kernels, registry
 from postcast.models.module import PostProcessor
 from postcast.models.postprocessors import crps_loss
 
@@ -469,12 +469,13 @@ def test_gaussian_distribution_reproduces_the_ens10_head(kind):
     with torch.no_grad():
         mu, sigma = model(b)
         a, s = model.net(model.normalise(b))
-        ref_mu, ref_sigma = losses.gaussian_head(a, s, b["m"], b["s"])
+        floor = b["s"].clamp_min(1e-6)  # the head's: mu = m + s a, sigma = s exp(b)
+        ref_mu, ref_sigma = b["m"] + floor * a, floor * torch.exp(s)
     assert torch.equal(mu, ref_mu) and torch.equal(sigma, ref_sigma)
     assert not any(".extra" in k for k in model.state_dict())
     ok = torch.isfinite(b["y"])
     assert torch.equal(
-        model.predictive(b).select(ok).crps(b["y"][ok]), losses.crps_gaussian(mu[ok], sigma[ok], b["y"][ok])
+        model.predictive(b).select(ok).crps(b["y"][ok]), kernels.crps_gaussian(mu[ok], sigma[ok], b["y"][ok])
     )
 
 

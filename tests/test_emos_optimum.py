@@ -11,8 +11,9 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from postcast.models import emos_bands, emos_fit
-from postcast.models.emos_fit import FitSettings, PointData, crps_per_point, fit
+from postcast.models import distributions, emos_bands, emos_fit
+from postcast.models.emos_fit import FitSettings, fit
+from postcast.models.emos_objective import PointData, crps_per_point
 from postcast.pipeline.stopping import stop_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +176,7 @@ def test_a_fit_by_latitude_bands_equals_the_fit_of_every_point_at_once(tmp_path,
     fields = _fields(d, height=4)  # a 4 x 3 grid
     whole = PointData.from_fields(**fields, min_std=1e-6)
     theta_all, report_all = fit(whole, "gaussian")
-    per_sample = emos_bands.BYTES_PER_SAMPLE["gaussian"]
+    per_sample = distributions.get("gaussian").fit_bytes_per_sample
     monkeypatch.setattr(emos_bands, "FIT_BYTES", per_sample * 40 * 3)  # one row of 3 points
     rows = emos_bands.band_rows("gaussian", n_dates=40, height=4, width=3)
     assert rows == 1

@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models import emos_fit, emos_forms, emos_training
+from postcast.models import emos_forms, emos_objective, emos_training
 from postcast.models.emos_bands import BandScratch
-from postcast.models.emos_fit import Model, PointData, crps_per_point, fit
+from postcast.models.emos_fit import fit
+from postcast.models.emos_objective import Model, PointData, crps_per_point
 from postcast.models.emos_pool import Pooling, pooled
 from postcast.models.emos_select import select
 from postcast.models.module import load_checkpoint
@@ -82,8 +83,8 @@ def test_the_solvers_hessian_of_the_standard_form_is_autograds(family):
     Hessians by finite differences) equals the exact Hessian of the point's CRPS in its coefficients."""
     d = with_unit(synthetic(family, points=2, dates=30, seed=4))
     theta = torch.tensor([[0.2, -0.1, -0.3, 0.2], [-0.4, 0.3, 0.5, -0.6]], dtype=torch.float64)
-    _, _, grad = emos_fit._value_grad(theta, d, Model(family, "standard"))
-    ours = emos_fit._hessian(theta, grad, d, Model(family, "standard"))
+    _, _, grad = emos_objective.value_grad(theta, d, Model(family, "standard"))
+    ours = emos_objective.hessian(theta, grad, d, Model(family, "standard"))
     for p in range(2):
         one = d.take(torch.tensor([p]))
         exact = torch.autograd.functional.hessian(
@@ -272,6 +273,6 @@ def test_the_sh_form_reaches_scipys_fit_of_its_law():
 
 def test_the_sh_form_is_the_censored_shifted_gammas_only():
     with pytest.raises(ValueError, match="sh EMOS form is for the families"):
-        emos_fit.Model("gaussian", "sh")
+        Model("gaussian", "sh")
     with pytest.raises(ValueError, match="standard EMOS form is for the families"):
-        emos_fit.Model("csg", "standard")
+        Model("csg", "standard")

@@ -369,7 +369,7 @@ def test_a_rerun_keeps_a_product_only_when_its_inputs_match(cli, checkpoint, syn
 
     import xarray as xr
 
-    from postcast.datasets import io as pio
+    from postcast.datasets.core import checksums
 
     out = tmp_path / "fc"
     args = [
@@ -410,7 +410,7 @@ def test_a_rerun_keeps_a_product_only_when_its_inputs_match(cli, checkpoint, syn
     assert "written 2 (0 fallback), kept 0" in again.stdout
     assert "made with another checkpoint_sha256; rebuilding it" in caplog.text
     for f in sorted((out / "postprocessed/mlp/t850").glob("*.nc")):
-        assert xr.open_dataset(f).attrs["checkpoint_sha256"] == pio.sha256_file(other)
+        assert xr.open_dataset(f).attrs["checkpoint_sha256"] == checksums.sha256_file(other)
     changed = cli(*args, "--checkpoint", str(other), "--thresholds", "280", check=True)
     assert "written 2 (0 fallback), kept 0" in changed.stdout
 

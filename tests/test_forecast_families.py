@@ -16,7 +16,7 @@ from scipy import integrate, interpolate, optimize, stats
 
 from postcast.datasets import laws
 from postcast.models import distributions
-from postcast.pipeline.products import archive
+from postcast.pipeline.products import archive, content
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
@@ -221,7 +221,7 @@ def test_every_family_has_its_file_form_checked_against_scipy(family):
         m, s = _scipy_moments(family, p, i)
         assert mean[0, i] == pytest.approx(m, rel=1e-6, abs=1e-8) and std[0, i] == pytest.approx(s, rel=1e-6)
     thresholds = (-0.5, 0.0, 0.7, 4.0)
-    got = archive.Law.of(family, p, LEVELS, thresholds)
+    got = content.Law.of(family, p, LEVELS, thresholds)
     for i in range(3):
         want = [_scipy_sf(family, p, t, i) for t in thresholds]
         np.testing.assert_allclose(got.exceedance[:, 0, i], want, atol=1e-9)
@@ -246,7 +246,7 @@ def test_every_family_round_trips_through_the_archive(family, tmp_path):
     p = _params(family)
     mean, std = laws.get(family).moments(p)
     thresholds = (-0.5, 0.0, 0.7, 4.0)
-    ds = archive.products(
+    ds = content.products(
         mean,
         std,
         target=schema.target("t2m"),
@@ -257,7 +257,7 @@ def test_every_family_round_trips_through_the_archive(family, tmp_path):
         quantiles=LEVELS,
         thresholds=thresholds,
         attrs={"product": archive.POSTPROCESSED},
-        law=None if family == "gaussian" else archive.Law.of(family, p, LEVELS, thresholds),
+        law=None if family == "gaussian" else content.Law.of(family, p, LEVELS, thresholds),
     )
     for ext in ("nc", "zarr"):
         path = archive.product_path(tmp_path, archive.POSTPROCESSED, "m", "t2m", pd.Timestamp("2017-01-02"), ext)

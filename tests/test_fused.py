@@ -10,7 +10,7 @@ import torch
 from postcast.datasets.core.errors import ConfigError
 from postcast.models.convnets import LeNet, UNet
 from postcast.models.fused import FusedAdam, FusedArray
-from postcast.models.losses import crps_gaussian
+from postcast.models.kernels import crps_gaussian
 
 H, W, C = 8, 12, 5
 LRS = [1e-3, 3e-3, 1e-2]  # a seed each, with a small sweep of learning rates

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from postcast.datasets import io, schema
+from postcast.datasets import schema
+from postcast.datasets.core import checksums
 from postcast.datasets.sources import messages as grib
 from postcast.datasets.synth import synthetic
 
@@ -89,5 +90,5 @@ def test_write_is_atomic(tmp_path, tiny_cfg):
     h = eccodes.codes_grib_new_from_file(open(path, "rb"))  # noqa: SIM115
     assert eccodes.codes_get(h, "bitsPerValue") == grib.BITS_PER_VALUE
     eccodes.codes_release(h)
-    assert io.sha256_file(path)
+    assert checksums.sha256_file(path)
     assert schema.VARIABLES["t2m"].grib_short_name == "2t"

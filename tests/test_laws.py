@@ -148,6 +148,27 @@ def test_each_torch_family_has_a_law_with_its_parameters():
     assert [p.vector for p in laws.get("bernstein").parameters] == [True]  # coef: (K, *S)
 
 
+def test_the_location_scale_families_are_those_whose_head_shifts_and_scales():
+    """laws.location_scale() is the one list (the local EMOS's Newton default and standard form read it): a
+    family is in it when its torch head's two raw outputs (a, b) are a location offset and a log scale in
+    units of s, so raw (a, b) on (m, s) is raw (0, 0) on (m + s a, s exp(b))."""
+    gen = torch.Generator().manual_seed(0)
+    raw, m = torch.randn(5, 2, generator=gen, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    s = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5
+
+    def shifts_and_scales(name: str) -> bool:
+        if D.get(name).n_raw != 2:
+            return False
+        got, want = (
+            D.get(name).from_raw(raw, m, s),
+            D.get(name).from_raw(0 * raw, m + s * raw[:, 0], s * raw[:, 1].exp()),
+        )
+        return all(torch.allclose(getattr(got, f), getattr(want, f)) for f in laws.get(name).names)
+
+    assert laws.location_scale() == ("clogistic", "gaussian", "truncnormal")
+    assert laws.location_scale() == tuple(n for n in laws.names() if shifts_and_scales(n))
+
+
 def test_an_unknown_family_is_a_config_error_naming_the_families():
     with pytest.raises(
         ConfigError,

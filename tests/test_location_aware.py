@@ -7,7 +7,7 @@ import torch
 
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import registry
-from postcast.models.losses import crps_gaussian
+from postcast.models.kernels import crps_gaussian
 from postcast.models.module import PostProcessor
 from postcast.models.smoe import GATES
 

@@ -14,7 +14,7 @@ import torch
 
 from postcast.compression.metrics import field_errors
 from postcast.datasets.core import geo
-from postcast.models import losses
+from postcast.models import distributions, kernels, losses
 from postcast.pipeline.verify import scores
 from postcast.pipeline.verify.chunk import GaussianForecast
 
@@ -90,10 +90,10 @@ def test_torch_crps_matches_numpy_and_gradients_check():
     rng = np.random.default_rng(3)
     mu, sd, y = rng.normal(size=64), rng.uniform(0.2, 2, 64), rng.normal(size=64)
     t = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (mu, sd, y)]
-    np.testing.assert_allclose(losses.crps_gaussian(*t).detach().numpy(), scores.crps_gaussian(mu, sd, y), rtol=1e-12)
-    assert torch.autograd.gradcheck(losses.crps_gaussian, tuple(t))
+    np.testing.assert_allclose(kernels.crps_gaussian(*t).detach().numpy(), scores.crps_gaussian(mu, sd, y), rtol=1e-12)
+    assert torch.autograd.gradcheck(kernels.crps_gaussian, tuple(t))
     # analytic gradients: dCRPS/dmu = -(2 Phi(z) - 1), dCRPS/dsigma = 2 phi(z) - 1/sqrt(pi)
-    out = losses.crps_gaussian(*t).sum()
+    out = kernels.crps_gaussian(*t).sum()
     out.backward()
     z = (y - mu) / sd
     from scipy import stats
@@ -104,12 +104,13 @@ def test_torch_crps_matches_numpy_and_gradients_check():
 
 def test_gaussian_head_and_loss():
     m, s = torch.tensor([10.0, 20.0]), torch.tensor([2.0, 0.0])
-    mu, sigma = losses.gaussian_head(torch.zeros(2), torch.zeros(2), m, s)
-    assert torch.equal(mu, m) and sigma[0] == 2.0 and sigma[1] == pytest.approx(1e-6)  # a=b=0: raw ensemble
-    loss = losses.CRPSGaussianLoss()(mu, torch.tensor([2.0, 1.0]), torch.tensor([11.0, float("nan")]))
+    dist = losses.distribution_head([torch.zeros(2), torch.zeros(2)], m, s, "gaussian")
+    assert isinstance(dist, distributions.Gaussian)
+    assert torch.equal(dist.mu, m) and dist.sigma[0] == 2.0 and dist.sigma[1] == pytest.approx(1e-6)  # a=b=0: raw
+    loss = losses.CRPSLoss()(distributions.Gaussian(m, torch.tensor([2.0, 1.0])), torch.tensor([11.0, float("nan")]))
     assert float(loss) == pytest.approx(float(scores.crps_gaussian(10.0, 2.0, 11.0)), rel=1e-6)
     with pytest.raises(ValueError, match="every target is NaN"):
-        losses.CRPSGaussianLoss()(mu, sigma, torch.tensor([float("nan")] * 2))
+        losses.CRPSLoss()(dist, torch.tensor([float("nan")] * 2))
 
 
 # --- weighting, calibration, EFI/EECRPS, bootstrap ------------------------------------------------

@@ -5,7 +5,7 @@ import torch
 
 from postcast.datasets.core.errors import ConfigError
 from postcast.models import convnets, registry, smoe, transformer
-from postcast.models.losses import crps_gaussian
+from postcast.models.kernels import crps_gaussian
 from postcast.models.module import PostProcessor
 from postcast.models.smoe import SMoEConfig, SMoEHead, TopKRouting, rc_labels, routing_correct
 
@@ -312,3 +312,25 @@ def test_the_mlp_learns_each_points_own_bias_through_its_embedding():
 def test_mlp_options_out_of_range_are_refused_naming_them(options):
     with pytest.raises(ConfigError, match=f"model.net \\(mlp\\) .*{next(iter(options))}"):
         registry.make("mlp", options)
+
+
+def test_the_model_record_names_the_network_and_the_predictive_family_apart(tmp_path):
+    """PostProcessor.meta: the checkpoint's ``family`` key is the network kind (``network``), ``distribution``
+    the predictive law (``family``); a saved and reloaded checkpoint gives the same record."""
+    import lightning as L
+
+    from postcast.models.hyperparameters import ModelMeta
+    from postcast.models.module import load_checkpoint
+
+    model = PostProcessor(
+        "mlp", net={"hidden": 8}, sample=SPEC, grid=(H, W), n_members=M, grid_area=(30, 70, 340, 400),
+        distribution="truncnormal",
+    )  # fmt: skip
+    want = ModelMeta("mlp", model.meta.net, "truncnormal", (H, W), (30.0, 70.0, 340.0, 400.0), M)
+    assert model.meta == want and model.meta.net["hidden"] == 8
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    assert load_checkpoint(str(tmp_path / "m.ckpt"))[0].meta == want
+    model.set_net_option("form", "standard")
+    assert model.meta.net == {**want.net, "form": "standard"} and model.meta.family == "truncnormal"

@@ -18,10 +18,10 @@ from postcast.pipeline.products.archive import (
     DEFAULT_QUANTILES,
     EXTENSIONS,
     POSTPROCESSED,
-    Law,
     product_path,
     write_product,
 )
+from postcast.pipeline.products.content import Law
 from postcast.serve.app import create_app
 from postcast.serve.testing import postprocessed, write_forecasts
 

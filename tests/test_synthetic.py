@@ -9,7 +9,8 @@ import pytest
 import xarray as xr
 from scipy import stats
 
-from postcast.datasets import contract, io, schema
+from postcast.datasets import contract, schema
+from postcast.datasets.core import checksums
 from postcast.datasets.synth import synthetic, synthfiles
 from postcast.datasets.synth.synthetic import SynthConfig
 
@@ -168,10 +169,10 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path, tiny_cfg):
     synthfiles.write_synthetic(cfg, a, progress=False)
     synthfiles.write_synthetic(cfg, b, progress=False)
     for name in ("forecast.zarr", "era5.zarr", "oracle.zarr"):
-        assert io.sha256_tree(a / name) == io.sha256_tree(b / name), name
+        assert checksums.sha256_tree(a / name) == checksums.sha256_tree(b / name), name
     other = SynthConfig(**{**cfg.to_dict(), "seed": cfg.seed + 1, "years": cfg.years, "levels": cfg.levels})
     synthfiles.write_synthetic(other, tmp_path / "c", progress=False)
-    assert io.sha256_tree(a / "forecast.zarr") != io.sha256_tree(tmp_path / "c" / "forecast.zarr")
+    assert checksums.sha256_tree(a / "forecast.zarr") != checksums.sha256_tree(tmp_path / "c" / "forecast.zarr")
 
 
 def test_config_validation():

@@ -376,3 +376,14 @@ def test_an_accumulated_target_before_its_window_is_refused_when_the_spec_is_mad
     with pytest.raises(ConfigError, match=rf"step_h {step_h}: tp24 .*24 h.*step_h 24 or more"):
         SampleSpec(target="tp24", variables=("tp",), step_h=step_h)
     assert SampleSpec(target="tp24", variables=("tp",), step_h=24).step_h == 24
+
+
+def test_a_non_negative_targets_maps_start_at_zero_in_its_own_colour_map():
+    from postcast.pipeline.products import maps
+
+    values = np.array([[2.0, 5.0], [np.nan, 9.0]])
+    assert maps.scale_for("tp24", "mean", values) == maps.Scale("YlGnBu", 0.0, 9.0, "sequential")
+    assert maps.scale_for("ws10", "quantile", values) == maps.Scale("viridis", 0.0, 9.0, "sequential")
+    for name in ("t850", "a_target_this_version_does_not_know"):  # over the field's range
+        assert maps.scale_for(name, "mean", values) == maps.Scale("plasma", None, None, "sequential")
+    assert maps.scale_for("tp24", "probability", values) == maps.PROBABILITY

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets import contract, integrity, io, schema, sources
-from postcast.datasets.core import cluster, config
+from postcast.datasets.core import checksums, cluster, config
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.core.version import __version__
 from postcast.datasets.ingest import budget as ingest_budget
@@ -464,4 +464,4 @@ def _checksum(path: str) -> str:
                 if q.name == "zarr.json":
                     h.update(q.read_bytes())
         return "tree-sha256:" + h.hexdigest()
-    return "sha256:" + io.sha256_file(p)
+    return "sha256:" + checksums.sha256_file(p)

@@ -68,18 +68,8 @@ class GribSource(ForecastSource):
         if expect.steps_h is None:
             _check_same_steps(idx, str(src))
         grids = {f: grib.grid_of(g, f) for f, g in (idx if len(idx) else self.index).groupby("file")}
-        if len({g.name for g in grids.values()}) > 1:
-            detail = ", ".join(f"{Path(f).name}: {g.name}" for f, g in grids.items())
-            msg = f"{self.path}: files on different grids ({detail}); ingest them separately"
-            raise BadInputError(msg)
-        dup = idx.duplicated(["var", "level", "member", "init_time", "step_h"])
-        if dup.any():
-            r = idx[dup].iloc[0]
-            msg = (
-                f"{r.file}: {int(dup.sum())} duplicate messages, e.g. {r['var']} level {r.level} member "
-                f"{r.member} {r.init_time:%Y-%m-%d} step {r.step_h} h"
-            )
-            raise BadInputError(msg)
+        _check_one_grid(grids, str(self.path))
+        _check_no_duplicates(idx)
         on_levels = [v for v in variables if (generic[v] if v in generic else schema.VARIABLES[v]).on_levels]
         pl_rows = idx[idx["var"].isin(on_levels)]
         levels = expect.pick("levels", expect.levels, sorted(int(x) for x in set(pl_rows.level)), "hPa", str(src))
@@ -98,6 +88,13 @@ class GribSource(ForecastSource):
             expect.method,
             generic,
         )
+        self._check_complete(plan, idx, ens10)
+        return plan
+
+    def _check_complete(self, plan: Plan, idx: pd.DataFrame, ens10: bool) -> None:
+        """MissingInputError listing every message of ``plan`` the index ``idx`` lacks, each with the file it
+        belongs in (an ENS-10 file's name), else the file read."""
+        src = self.path
         present = set(zip(idx["init_time"], idx["var"], idx["level"], idx["member"], idx["step_h"], strict=True))
         file_of = dict(zip(zip(idx["init_time"], idx["var"], strict=True), idx["file"], strict=True))
 
@@ -120,7 +117,6 @@ class GribSource(ForecastSource):
             for t, v, lv, m, s in lost
         ]
         raise_missing(missing, str(self.path), fix=_steps_fix(plan.steps_h, {s for *_, s in lost}))
-        return plan
 
     def _ens10_named(self) -> bool:
         """Files named as ENS-10's (``output.pl.2018MMDD``) are defined to hold all 18 variables and steps
@@ -296,6 +292,26 @@ def _generic(rows: pd.DataFrame, name: str) -> schema.Variable:
         str(r.step_type),
         _window(rows),
     )
+
+
+def _check_one_grid(grids: dict[str, regrid.SourceGrid], path: str) -> None:
+    """BadInputError when the files (``grids``: each file's grid) are on different grids."""
+    if len({g.name for g in grids.values()}) > 1:
+        detail = ", ".join(f"{Path(f).name}: {g.name}" for f, g in grids.items())
+        msg = f"{path}: files on different grids ({detail}); ingest them separately"
+        raise BadInputError(msg)
+
+
+def _check_no_duplicates(idx: pd.DataFrame) -> None:
+    """BadInputError naming the first of the messages of the index ``idx`` that say the same field twice."""
+    dup = idx.duplicated(["var", "level", "member", "init_time", "step_h"])
+    if dup.any():
+        r = idx[dup].iloc[0]
+        msg = (
+            f"{r.file}: {int(dup.sum())} duplicate messages, e.g. {r['var']} level {r.level} member "
+            f"{r.member} {r.init_time:%Y-%m-%d} step {r.step_h} h"
+        )
+        raise BadInputError(msg)
 
 
 def _check_time_processing(index: pd.DataFrame, variables: tuple[str, ...], source: str) -> None:

@@ -6,8 +6,9 @@ Layout, one file (netCDF) or directory (zarr) per product, model, target and ini
     ROOT/<product>/<model>/<target>/<target>_<YYYYmmddTHH>.nc      (or .zarr)
 
 ``product`` is ``postprocessed`` or ``fallback_raw``; ``model`` is the forecast's name, so the
-products of two models never share a path. Each file holds the CF dataset :func:`products` builds
-(one predictive law: its family and parameters, mean, std, quantiles and exceedance probabilities) and is written
+products of two models never share a path. Each file holds the CF dataset
+:func:`postcast.pipeline.products.content.products` builds (one predictive law: its family and parameters, mean,
+std, quantiles and exceedance probabilities) and is written
 atomically by :func:`write_product` (a reader sees the old file or the new one, never half of one).
 
 Readers call :func:`scan` (what is there, and which ``.nc``/``.zarr`` entries are foreign, with the
@@ -38,7 +39,7 @@ import xarray as xr
 from postcast.datasets import io, laws, schema
 from postcast.datasets.core.errors import BadInputError, MissingInputError
 from postcast.datasets.core.geo import coordinate_problems
-from postcast.datasets.core.version import __version__
+from postcast.pipeline.products.content import GAUSSIAN, THRESHOLD_SOURCES
 
 POSTPROCESSED, FALLBACK = "postprocessed", "fallback_raw"
 PRODUCTS = (POSTPROCESSED, FALLBACK)
@@ -64,190 +65,6 @@ def write_product(ds: xr.Dataset, path: Path) -> None:
     else:
         with io.atomic_path(path) as tmp:
             io.write_zarr(ds, tmp)
-
-
-# --- the product's content ------------------------------------------------------------------------
-GAUSSIAN = laws.Gaussian.name
-# where a file's exceedance thresholds came from (its attribute threshold_source): the target's own
-# (datasets/schema.py), the training climate's quantiles the checkpoint carries, or `forecast --thresholds`
-THRESHOLD_SOURCES = (OWN, CLIMATE, GIVEN) = ("target", "training_climate", "given")
-# A file carries the parameters of its predictive family (datasets/laws.py: names, long names, units) as
-# variables <target>_<parameter>, shape (lat, lon) (Bernstein's coefficients (coefficient, lat, lon)); a
-# Gaussian file's parameters are its mean and std.
-
-
-@dataclass(frozen=True)
-class Law:
-    """A forecast of any predictive family, evaluated by the writer (no torch here): ``params`` by
-    name, each (lat, lon) or (K, lat, lon); ``quantiles`` (Q, lat, lon) at the levels and ``exceedance``
-    (T, lat, lon) at the thresholds; ``moments``: how the mean and std were computed."""
-
-    family: str
-    params: dict[str, np.ndarray]
-    quantiles: np.ndarray
-    exceedance: np.ndarray
-    moments: str
-
-    @classmethod
-    def of(
-        cls, family: str, params: dict[str, np.ndarray], quantiles: tuple[float, ...], thresholds: tuple[float, ...]
-    ) -> Law:
-        """The forecast of the ``family`` law with ``params`` ((lat, lon) each, Bernstein's coef (K, lat, lon)):
-        its quantiles and exceedance probabilities by the law itself (:mod:`postcast.datasets.laws`), float64."""
-        law = laws.get(family)
-        shape = next(iter(params.values())).shape[-2:]  # (lat, lon)
-        quant = [law.quantile(params, q) for q in quantiles]
-        exceed = [law.sf(params, t) for t in thresholds]
-        return cls(
-            family,
-            params,
-            np.stack(quant) if quant else np.zeros((0, *shape)),  # (Q, lat, lon)
-            np.stack(exceed) if exceed else np.zeros((0, *shape)),
-            law.moments_from,
-        )  # (T, lat, lon)
-
-
-def _parameter_variables(
-    law: Law, target: str, units: str
-) -> dict[str, tuple[tuple[str, ...], np.ndarray, dict[str, Any]]]:
-    """``<target>_<parameter>`` of a non-Gaussian law, with its long name and units (datasets/laws.py)."""
-    out = {}
-    for name, values in law.params.items():
-        param = laws.get(law.family).parameter(name)
-        what, unit = param.long_name, param.units_of(units)
-        dims = (("coefficient",) if values.ndim == 3 else ()) + ("forecast_reference_time", schema.LAT, schema.LON)
-        out[f"{target}_{name}"] = (
-            dims,
-            np.expand_dims(values, -3).astype(np.float64),  # exact: the law's source
-            {"long_name": f"{target} {law.family} parameter {name}: {what}", "units": unit},
-        )
-    return out
-
-
-def products(
-    mu: np.ndarray,
-    sigma: np.ndarray,
-    *,
-    target: schema.Target,
-    init: pd.Timestamp,
-    step_h: int,
-    lat: np.ndarray,
-    lon: np.ndarray,
-    quantiles: tuple[float, ...],
-    thresholds: tuple[float, ...],
-    attrs: dict[str, Any],
-    law: Law | None = None,
-    members: np.ndarray | None = None,
-) -> xr.Dataset:
-    """The CF dataset of one forecast: mean and std ``mu``, ``sigma`` ((lat, lon), target units), ``law``
-    (None: the Gaussian N(mu, sigma^2)) and the raw ensemble's ``members`` of the target ((M, lat, lon),
-    target units; None: not stored), shown beside the law."""
-    tg, t_name = target, target.name
-    law = law or Law.of(GAUSSIAN, {"mu": mu, "sigma": sigma}, quantiles, thresholds)
-    q = np.asarray(quantiles, dtype=np.float64)
-    thr = np.asarray(thresholds, dtype=np.float64)
-    quant, exceed = law.quantiles, law.exceedance  # (Q, lat, lon), (T, lat, lon)
-    dims = ("forecast_reference_time", schema.LAT, schema.LON)
-    std_name = {"standard_name": tg.standard_name} if tg.standard_name else {}  # ws10: wind_speed
-    names = (
-        {"mu": f"{t_name}_mean", "sigma": f"{t_name}_std"}
-        if law.family == GAUSSIAN
-        else {p: f"{t_name}_{p}" for p in law.params}
-    )
-    family = {
-        "predictive_distribution": law.family,
-        "predictive_parameters": " ".join(f"{p}: {v}" for p, v in names.items()),
-    }
-    how = f"{law.family} law, from {law.moments}"
-    ds = xr.Dataset(
-        {
-            f"{t_name}_mean": (
-                dims,
-                mu[None].astype(np.float32),
-                {**std_name, "long_name": f"{t_name} predictive mean", "units": tg.units, "comment": how},
-            ),
-            f"{t_name}_std": (
-                dims,
-                sigma[None].astype(np.float32),
-                {"long_name": f"{t_name} predictive standard deviation", "units": tg.units, "comment": how},
-            ),
-            **({} if law.family == GAUSSIAN else _parameter_variables(law, t_name, tg.units)),
-            f"{t_name}_quantile": (
-                ("quantile", "forecast_reference_time", schema.LAT, schema.LON),
-                quant[:, None].astype(np.float32),
-                {**std_name, "long_name": f"{t_name} predictive quantiles", "units": tg.units},
-            ),
-            f"{t_name}_exceedance_probability": (
-                ("threshold", "forecast_reference_time", schema.LAT, schema.LON),
-                exceed[:, None].astype(np.float32),
-                {
-                    "long_name": f"probability that {t_name} exceeds the threshold",
-                    "units": "1",
-                    "valid_min": np.float32(0.0),
-                    "valid_max": np.float32(1.0),
-                },
-            ),
-        },
-        coords={
-            "forecast_reference_time": (
-                "forecast_reference_time",
-                [init.to_datetime64()],
-                {"standard_name": "forecast_reference_time"},
-            ),
-            "time": (
-                "forecast_reference_time",
-                [(init + pd.Timedelta(hours=step_h)).to_datetime64()],
-                {"standard_name": "time", "long_name": "valid time"},
-            ),
-            "forecast_period": ((), np.float64(step_h), {"standard_name": "forecast_period", "units": "hours"}),
-            "quantile": ("quantile", q, {"long_name": "probability level of the quantile", "units": "1"}),
-            "threshold": ("threshold", thr, {"long_name": f"{t_name} threshold", "units": tg.units}),
-            schema.LAT: (schema.LAT, lat, {"standard_name": "latitude", "units": "degrees_north", "axis": "Y"}),
-            schema.LON: (schema.LON, lon, {"standard_name": "longitude", "units": "degrees_east", "axis": "X"}),
-        },
-        attrs={
-            "Conventions": "CF-1.8",
-            "title": f"postcast calibrated forecast of {t_name}",
-            "institution": "postcast",
-            "source": f"postcast {__version__}",
-            "history": f"{pd.Timestamp.now(tz='UTC'):%Y-%m-%dT%H:%M:%SZ} postcast forecast",
-            **family,
-            **attrs,
-        },
-    )
-    if members is not None:
-        ds = _with_members(ds, members, t_name, tg.units)
-    if tg.level is not None:
-        ds = ds.assign_coords(
-            pressure=((), np.float64(tg.level), {"standard_name": "air_pressure", "units": "hPa", "positive": "down"})
-        )
-        for name in ds.data_vars:
-            ds[name].attrs["coordinates"] = "time forecast_period pressure"
-    else:
-        for name in ds.data_vars:
-            ds[name].attrs["coordinates"] = "time forecast_period"
-    for name in ds.coords:
-        ds[name].encoding["_FillValue"] = None  # CF 2.5.1: no fill values on coordinates
-    for name in ("forecast_reference_time", "time"):
-        ds[name].encoding.update(
-            units="hours since 1970-01-01 00:00:00", calendar="proleptic_gregorian", dtype="float64"
-        )
-    return ds
-
-
-def _with_members(ds: xr.Dataset, members: np.ndarray, t_name: str, units: str) -> xr.Dataset:
-    """``ds`` with the raw members (M, lat, lon) as ``<target>_raw_member`` on a CF ``realization`` axis."""
-    raw = (
-        ("realization", "forecast_reference_time", schema.LAT, schema.LON),
-        members[:, None].astype(np.float32),
-        {"long_name": f"{t_name} of each raw ensemble member (before post-processing)", "units": units},
-    )
-    realization = (
-        "realization",
-        np.arange(members.shape[0], dtype=np.int32),
-        {"standard_name": "realization", "units": "1"},
-    )
-    return ds.assign({f"{t_name}_raw_member": raw}).assign_coords(realization=realization)
 
 
 # --- reading ------------------------------------------------------------------------------------------

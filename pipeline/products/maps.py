@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from postcast.datasets import schema
+
 COASTLINE_FILE = Path(__file__).with_name("geo") / "coastline_110m.npz"
 COASTLINE_GID = "coastline"  # the artist's gid: tests find the drawn coastline by it
 COASTLINE_SOURCE = "Natural Earth 1:110m (public domain)"
@@ -63,23 +65,22 @@ class Scale:
 
 
 PROBABILITY = Scale("YlGnBu", 0.0, 1.0, "sequential")
-SEQUENTIAL_BY_TARGET = {"tp24": "YlGnBu", "ws10": "viridis"}  # amounts and speeds: from zero up
 
 
 def scale_for(target: str, quantity: str, values: np.ndarray) -> Scale:
     """The colour scale for ``quantity`` (mean, spread, quantile, probability) of ``target``: a
-    probability on 0..1; a spread from 0; a non-negative target (rain, wind speed) from 0; any other
-    field sequential over its range (a temperature in K or a geopotential is no anomaly)."""
+    probability on 0..1; a spread from 0; a non-negative target (rain, wind speed) from 0 in its colour map
+    (:attr:`schema.Target.colour_map`); any other field sequential over its range (a temperature in K or a
+    geopotential is no anomaly)."""
     if quantity == "probability":
         return PROBABILITY
     finite = values[np.isfinite(values)]
     hi = float(np.max(finite)) if finite.size else 1.0
     if quantity == "spread":
         return Scale("viridis", 0.0, hi, "sequential")
-    if target in SEQUENTIAL_BY_TARGET:
-        return Scale(
-            SEQUENTIAL_BY_TARGET[target], min(0.0, float(np.min(finite))) if finite.size else 0.0, hi, "sequential"
-        )
+    tg = schema.TARGETS.get(target)  # a file's target may be one this version does not know
+    if tg is not None and tg.colour_map is not None:
+        return Scale(tg.colour_map, min(0.0, float(np.min(finite))) if finite.size else 0.0, hi, "sequential")
     return Scale("plasma", None, None, "sequential")
 
 

@@ -183,7 +183,7 @@ def checkpoint_entries(
     taken: dict[str, set[str]] = {}  # display names are unique per target
     for path in progress(cfg.checkpoints):
         ckpt = OpenedCheckpoint.open(path)
-        check_fits(path, dict(ckpt.model.hparams), ckpt.spec, store)
+        check_fits(path, ckpt.model.meta, ckpt.spec, store)
         target = ckpt.spec.resolved_target
         if cfg.targets and target.name not in cfg.targets:
             given = ",".join(cfg.targets)

@@ -10,7 +10,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +21,7 @@ from postcast.datasets.core.errors import BadInputError, MissingInputError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions
+from postcast.models.hyperparameters import ModelMeta
 from postcast.pipeline.checkpoints import OpenedCheckpoint, one_thread
 
 log = logging.getLogger(__name__)
@@ -242,23 +242,23 @@ def predict_opened(
     return times, dist
 
 
-def check_fits(path: str, hparams: dict[str, Any], spec: SampleSpec, store: xr.Dataset) -> None:
+def check_fits(path: str, meta: ModelMeta, spec: SampleSpec, store: xr.Dataset) -> None:
     """BadInputError naming what differs when a checkpoint was trained on another grid, region or ensemble
     size than the store's, or reads variables the store lacks."""
     grid = (store.sizes[schema.LAT], store.sizes[schema.LON])
     area = schema.Grid.from_coords(store[schema.LAT].values, store[schema.LON].values, regional=True).area
-    trained = hparams.get("grid_area")
+    trained = meta.grid_area
     problems = [
-        *([f"grid {tuple(hparams['grid'])} (lat x lon), the store {grid}"] if tuple(hparams["grid"]) != grid else []),
-        *([f"area {trained}, the store {area}"] if (tuple(trained) if trained else None) != area else []),
+        *([f"grid {meta.grid} (lat x lon), the store {grid}"] if meta.grid != grid else []),
+        *([f"area {trained}, the store {area}"] if trained != area else []),
         *(
             [f"inputs {missing}, which the store lacks"]
             if (missing := [n for n in spec.store_variables() if n not in store])
             else []
         ),
         *(
-            [f"{hparams['n_members']} members, the store {store.sizes[schema.MEMBER]}"]
-            if spec.members and hparams["n_members"] != store.sizes[schema.MEMBER]
+            [f"{meta.n_members} members, the store {store.sizes[schema.MEMBER]}"]
+            if spec.members and meta.n_members != store.sizes[schema.MEMBER]
             else []
         ),
     ]
@@ -275,7 +275,7 @@ def predict_checkpoint(
 ) -> tuple[schema.Target, np.ndarray, np.ndarray, np.ndarray]:
     """(target, init_times, mu, sigma) of a Gaussian checkpoint on one split (its own lead)."""
     ckpt, store = OpenedCheckpoint.open(path), contract.open_store(store_path)
-    check_fits(path, dict(ckpt.model.hparams), ckpt.spec, store)
+    check_fits(path, ckpt.model.meta, ckpt.spec, store)
     times, dist = predict_opened(ckpt, store_path, store, split, batch_size)
     if not isinstance(dist, distributions.Gaussian):
         msg = f"{path} predicts a {dist.name!r} distribution, not (mu, sigma): score it with postcast evaluate"

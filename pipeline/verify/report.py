@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from postcast.datasets import io, schema
+from postcast.datasets import io, laws, schema
 from postcast.pipeline.products import maps
 from postcast.pipeline.verify import metrics
 from postcast.pipeline.verify.forecasts import ENSEMBLE, RAW
@@ -255,9 +255,9 @@ def _score_table(target: schema.Target, ds: xr.Dataset, res: dict[str, Any]) -> 
 
 
 def _family_label(res: dict[str, Any], name: str) -> str:
-    """A forecast's column: its name, with its predictive family in brackets unless Gaussian."""
-    family = res["forecasts"].get(name, {}).get("global", {}).get("distribution", "gaussian")
-    return name if family == "gaussian" else f"{name} [{family}]"
+    """A forecast's column: its name, with its predictive family in brackets unless the default (Gaussian)."""
+    family = res["forecasts"].get(name, {}).get("global", {}).get("distribution", laws.DEFAULT)
+    return name if family == laws.DEFAULT else f"{name} [{family}]"
 
 
 def _crps_vs_raw_table(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
