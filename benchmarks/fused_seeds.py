@@ -35,19 +35,19 @@ def build(model: str, target: str, store: str, seeds: list[int]) -> tuple[list[P
     """One PostProcessor per seed, normalised with the store's statistics, the preset's first training
     batches (``batches`` x batch_size dates, in the store's order) and the preset's learning rate."""
     args = ["-c", str(ROOT / f"configs/train/{model}_{target}.yaml"), "--data.cfg.store", store]
-    hparams, cfg = resolve(args)["model"], data_config(args)
+    options, cfg = resolve(args)["model"], data_config(args)
     dm = StoreDataModule(cfg)
     mean, std = (torch.from_numpy(v) for v in dm.normalisation())
     nets = []
     for seed in seeds:
         torch.manual_seed(seed)
-        net = PostProcessor(**hparams, sample=cfg.sample.to_dict(), grid=dm.grid, n_members=dm.n_members)
+        net = PostProcessor(**options, sample=cfg.sample.to_dict(), grid=dm.grid, n_members=dm.n_members)
         net.set_normalisation(mean, std)
         nets.append(net.train())
     data = StoreDataset(cfg, "train")
     n, b = len(data), cfg.batch_size
     batches = [collate([data[i] for i in range(s, min(s + b, n))]) for s in range(0, n, b)]
-    return nets, batches, float(hparams["lr"])
+    return nets, batches, float(options["lr"])
 
 
 def collate(samples: list[Batch]) -> Batch:
@@ -108,7 +108,7 @@ def measure(model: str, target: str, store: str, seeds: list[int], steps: int) -
     """Sequential and fused training of ``seeds`` on the first ``steps`` training batches (0: one epoch)."""
     nets, batches, lr = build(model, target, store, seeds)
     batches = batches[:steps] if steps else batches
-    family = str(nets[0].hparams["distribution"])
+    family = nets[0].meta.family
     array = FusedArray([n.net for n in nets]).train()  # copies of the untrained members
     t_seq = sequential(nets, batches, lr, family)
     t_fused = fused(array, nets[0], batches, lr, family)

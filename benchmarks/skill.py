@@ -96,7 +96,7 @@ def train_one(model: str, target: str, seed: int, store: str, out: Path, epochs:
     return {
         "model": model,
         "target": target,
-        "family": cli.model.hparams["distribution"],
+        "family": cli.model.meta.family,
         "seed": seed,
         "checkpoint": cb.best_model_path,  # type: ignore[union-attr]
         "val_crps": float(cb.best_model_score),
@@ -294,7 +294,7 @@ def emos_references(
 
 def family_of(row: dict[str, Any]) -> str:
     """The predictive family of a finished run (read from its checkpoint for runs recorded without it)."""
-    return str(row.get("family") or load_checkpoint(row["checkpoint"])[0].hparams["distribution"])
+    return str(row.get("family") or load_checkpoint(row["checkpoint"])[0].meta.family)
 
 
 def emos_standards(
