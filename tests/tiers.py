@@ -38,6 +38,7 @@ UNIT_FILES = frozenset(
         "test_schema.py",
         "test_serve_archive.py",
         "test_smoe_paper.py",
+        "test_spread_blend.py",
         "test_synthetic.py",
         "test_verification.py",
     }
