@@ -76,12 +76,15 @@ def batches(n: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-# The U-Net's fused members drift from their sequential twins over several steps (6e-4 here after 4 steps, 0.48 K
-# on T2m after 16: docs/benchmarks.md, issue 55); tests/test_fused.py shows one step's equality only. Open.
-UNET_DRIFT = pytest.mark.xfail(strict=True, reason="fused U-Net members drift from sequential training over steps")
+# The U-Net with BatchNorm on batches of 2 amplifies round-off: its fused members are 0.08 from their sequential
+# twins after these 4 steps (and 0.48 K on T2m after 16, docs/benchmarks.md); with GroupNorm or no normalisation
+# (the same U-Net otherwise) they stay within 6e-6 and 7e-6. BatchNorm's case is kept as a strict xfail.
+BATCHNORM_DRIFT = pytest.mark.xfail(strict=True, reason="BatchNorm on batches of 2 amplifies round-off over steps")
 NETS = [
     pytest.param("lenet", {"embedding": 2}, id="lenet"),
-    pytest.param("unet", {"base_filters": 4, "embedding": 2}, id="unet", marks=UNET_DRIFT),
+    pytest.param("unet", {"base_filters": 4, "embedding": 2, "norm": "group"}, id="unet-groupnorm"),
+    pytest.param("unet", {"base_filters": 4, "embedding": 2, "norm": "none"}, id="unet-no-norm"),
+    pytest.param("unet", {"base_filters": 4, "embedding": 2}, id="unet-batchnorm", marks=BATCHNORM_DRIFT),
 ]
 
 
