@@ -56,6 +56,7 @@ import eccodes
 # isort: on
 
 from postcast.datasets import contract, download, io, schema, sources, statistics
+from postcast.datasets.core import moments
 from postcast.datasets.ingest import layout as ingest_layout
 from postcast.datasets.ingest import run as ingest
 from postcast.datasets.sources import messages as grib
@@ -219,8 +220,8 @@ def breakdown(src: Path, work: Path) -> dict[str, float]:
     extras = [e.load(t, plan) for e in (found.truth, found.oracle) if e is not None]
     t0 = time.perf_counter()
     for name in ds.data_vars:  # what the task does: ensemble statistics and partials in one sweep per slice
-        mean, std, _ = statistics.ensemble_moments(ds[name].values)
-        statistics.value_partial(mean), statistics.value_partial(std)
+        mean, std, _ = moments.ensemble_moments(ds[name].values)
+        moments.value_partial(mean), moments.value_partial(std)
     out["ens_stats_and_partials"] = time.perf_counter() - t0
     region = {schema.INIT_TIME: slice(0, 1)}
     t0 = time.perf_counter()

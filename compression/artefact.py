@@ -1,23 +1,19 @@
 """The compressed artefact: one self-describing file that alone reproduces the decode.
 
-Layout: ``b"PCNF"``, format version (uint16), header length (uint32), CRC32 of everything after
-the fixed prefix (uint32), then (format 3) one codec byte (0: none, 1: raw LZMA2) and, coded by it,
-a JSON header and the raw arrays it lists (offset, dtype, shape). The
-header holds the format version, the :class:`FieldConfig`, variable names and units, the time
-axis, levels, the grid (a regular-grid spec, or the latitudes when irregular), the per-(variable,
-level) normalisation, the measured error summary and, in the error-bounded mode, the SZ3 residual
-layer and the exact fix-ups. The compression ratio is raw float32 bytes over the file's size.
+The file is a JSON header and named raw arrays in the container of :mod:`postcast.compression.container`
+(its byte layout, checksum and codec; a damaged file is its ``ArtefactError``). The header holds the
+format version, the :class:`FieldConfig`, variable names and units, the time axis, levels, the grid (a
+regular-grid spec, or the latitudes when irregular), the per-(variable, level) normalisation, the measured
+error summary and, in the error-bounded mode, the SZ3 residual layer and the exact fix-ups. The
+compression ratio is raw float32 bytes over the file's size.
 """
 
 from __future__ import annotations
 
 import json
-import lzma
 import math
 import os
-import struct
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -28,18 +24,11 @@ import numpy as np
 import torch
 import xarray as xr
 
-from postcast.compression import field, sz3
+from postcast.compression import container, field, sz3
 from postcast.compression.field import FieldConfig, FieldNet, Fields
 from postcast.datasets import io, schema
-from postcast.datasets.core.errors import BadInputError, ConfigError
+from postcast.datasets.core.errors import ConfigError
 
-MAGIC = b"PCNF"
-FORMAT_VERSION = 3  # 3: a codec byte (0 none, 1 lzma) then the header and arrays, coded together
-READABLE_VERSIONS = (1, 2, 3)  # 2: residual layer one SZ3 stream per variable; 1: one stream for all
-CODECS = {"none": 0, "lzma": 1}
-MAX_PAYLOAD = 2**34  # an lzma payload that expands beyond 16 GiB is refused as corrupt (no decompression bomb)
-SUFFIX = ".pcnf"
-_PREFIX = struct.Struct("<4sHII")  # magic, version, header bytes, crc32
 DECODE_POINTS = 65536  # points per decoder batch (fixed: the error-bounded layer relies on a repeatable decode)
 
 
@@ -60,34 +49,6 @@ def check_resolution(resolution: float, shape: Sequence[int]) -> None:
             f"{MAX_REGRID_BYTES / 2**30:.0f} GiB); choose a coarser resolution"
         )
         raise ConfigError(msg)
-
-
-class ArtefactError(BadInputError):
-    """A file that is not a readable postcast artefact (corrupt, truncated, wrong version): invalid
-    input, exit code 65 (still a ``ValueError``)."""
-
-
-_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
-
-
-def _decode_payload(body: bytes, name: str) -> bytes:
-    """Format 3: codec byte + (header + arrays), lossless-coded as the byte says."""
-    codec = body[0] if body else -1
-    if codec == CODECS["none"]:
-        return body[1:]
-    if codec != CODECS["lzma"]:
-        msg = f"{name}: unknown payload codec {codec}; this postcast knows {CODECS}"
-        raise ArtefactError(msg)
-    dec = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
-    try:
-        out = dec.decompress(body[1:], max_length=MAX_PAYLOAD)
-    except lzma.LZMAError as err:
-        msg = f"{name}: corrupt artefact payload ({err}); recompress the source"
-        raise ArtefactError(msg) from err
-    if not dec.eof:
-        msg = f"{name}: truncated or oversized artefact payload; recompress the source"
-        raise ArtefactError(msg)
-    return out
 
 
 @dataclass
@@ -132,7 +93,7 @@ class Artefact:
         times = fields.times
         is_time = np.issubdtype(times.dtype, np.datetime64)
         header: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
+            "format_version": container.FORMAT_VERSION,
             "config": cfg.to_dict(),
             "variables": fields.variables,
             "units": fields.units,
@@ -160,7 +121,9 @@ class Artefact:
             msg = "this artefact already has a residual layer: start from the network-only artefact"
             raise ConfigError(msg)
         cfg = FieldConfig(**{**self.header["config"], "error_bounds": dict(bounds)})
-        art = Artefact({**self.header, "config": cfg.to_dict(), "format_version": FORMAT_VERSION}, dict(self.arrays))
+        art = Artefact(
+            {**self.header, "config": cfg.to_dict(), "format_version": container.FORMAT_VERSION}, dict(self.arrays)
+        )
         art.add_residual_layer(
             fields.data, self.decode_array(), cfg.bounds_for(fields.variables, spreads(fields.data, fields.lat))
         )
@@ -195,19 +158,7 @@ class Artefact:
 
     # --- file i/o ----------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        table, offset, blobs = {}, 0, []
-        for name, arr in self.arrays.items():
-            raw = np.ascontiguousarray(arr).tobytes()
-            table[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": len(raw)}
-            blobs.append(raw)
-            offset += len(raw)
-        head = json.dumps({**self.header, "arrays": table}, separators=(",", ":")).encode()
-        codec = self.header["config"].get("entropy", "none")
-        payload = head + b"".join(blobs)
-        if codec == "lzma":  # raw LZMA2 stream: no container bytes; settings are fixed by the format
-            payload = lzma.compress(payload, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
-        body = bytes([CODECS[codec]]) + payload
-        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head), zlib.crc32(body)) + body
+        return container.pack(self.header, self.arrays)
 
     def save(self, path: str | os.PathLike[str]) -> int:
         """Write atomically; returns the file size in bytes."""
@@ -229,36 +180,7 @@ class Artefact:
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "artefact") -> Artefact:
-        if len(data) < _PREFIX.size or data[:4] != MAGIC:
-            msg = f"{name}: not a postcast neural-field artefact (bad magic; expected a {SUFFIX} file)"
-            raise ArtefactError(msg)
-        _, version, head_len, crc = _PREFIX.unpack_from(data)
-        if version not in READABLE_VERSIONS:
-            msg = f"{name}: artefact format version {version}; this postcast reads versions {READABLE_VERSIONS}"
-            raise ArtefactError(msg)
-        body = data[_PREFIX.size :]
-        if zlib.crc32(body) != crc:
-            msg = f"{name}: corrupt or truncated artefact (checksum mismatch); recompress the source"
-            raise ArtefactError(msg)
-        if version >= 3:
-            body = _decode_payload(body, name)
-        if len(body) < head_len:
-            msg = f"{name}: corrupt or truncated artefact (header longer than the file); recompress the source"
-            raise ArtefactError(msg)
-        try:  # the header length is outside the checksum: a damaged one shows as an unparsable header
-            header = json.loads(body[:head_len])
-            table = header.pop("arrays")
-            blob = memoryview(body)[head_len:]
-            arrays = {
-                k: np.frombuffer(blob[v["offset"] : v["offset"] + v["nbytes"]], dtype=np.dtype(v["dtype"])).reshape(
-                    v["shape"]
-                )
-                for k, v in table.items()
-            }
-        except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError, UnicodeDecodeError too
-            msg = f"{name}: corrupt artefact header ({type(err).__name__}: {err}); recompress the source"
-            raise ArtefactError(msg) from err
-        return cls(header, arrays, name)
+        return cls(*container.unpack(data, name), name)
 
     @property
     def nbytes(self) -> int:
@@ -469,4 +391,4 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     return Artefact.load(path).header
 
 
-__all__ = ["SUFFIX", "Artefact", "ArtefactError", "grid_arrays", "grid_spec", "read_header", "write_decoded"]
+__all__ = ["Artefact", "grid_arrays", "grid_spec", "read_header", "write_decoded"]

@@ -1,4 +1,5 @@
-"""The ENS-10 schema as code: variables, levels, canonical names, grid, calendar and splits.
+"""The ENS-10 schema as code: variables, levels, canonical names, targets and calendar (the grid and the
+splits by init year are re-exported from :mod:`postcast.datasets.core.geo` and :mod:`postcast.datasets.core.splits`).
 
 Everything that knows what ENS-10 *is* lives here; readers, writers and the generator import it.
 The dataset itself (members, dates, grid, variables, files, targets, splits) is described in
@@ -24,9 +25,8 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -36,6 +36,7 @@ import pandas as pd
 from postcast.datasets import laws
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.core.geo import Grid as Grid  # the grid is geometry: it lives in core/geo.py
+from postcast.datasets.core.splits import Splits as Splits  # the splits by init year: core/splits.py
 
 # --- canonical dimension names -------------------------------------------------------------------
 INIT_TIME = "init_time"
@@ -400,56 +401,3 @@ def init_times(years: tuple[int, ...] | list[int], month_days: list[tuple[int, i
 def file_date_label(month: int, day: int) -> str:
     """The ``2018MMDD`` label of ENS-10 file names (the reforecast-production calendar)."""
     return f"2018{month:02d}{day:02d}"
-
-
-# --- splits --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Splits:
-    """Year ranges (inclusive) of the train / validation / test splits, by init year."""
-
-    train: tuple[int, int] = (1998, 2013)
-    val: tuple[int, int] = (2014, 2015)
-    test: tuple[int, int] = (2016, 2017)
-    names: tuple[str, ...] = field(default=("train", "val", "test"), repr=False)
-
-    def __post_init__(self) -> None:
-        spans = [self.train, self.val, self.test]
-        for name, (a, b) in zip(self.names, spans, strict=True):
-            if a > b:
-                msg = f"split {name!r} has start year {a} after end year {b}"
-                raise ConfigError(msg)
-        ordered = sorted(spans)
-        for (_, b1), (a2, _) in itertools.pairwise(ordered):
-            if a2 <= b1:
-                msg = f"splits overlap: {self.as_dict()}; give each year to one split only"
-                raise ConfigError(msg)
-
-    def as_dict(self) -> dict[str, list[int]]:
-        return {"train": list(self.train), "val": list(self.val), "test": list(self.test)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, list[int]] | None) -> Splits:
-        if not d:
-            return cls()
-        unknown = set(d) - {"train", "val", "test"}
-        if unknown:
-            msg = f"unknown split names {sorted(unknown)}; use train, val, test"
-            raise ConfigError(msg)
-        base = cls()
-        return cls(
-            train=tuple(d.get("train", base.train)),  # type: ignore[arg-type]
-            val=tuple(d.get("val", base.val)),  # type: ignore[arg-type]
-            test=tuple(d.get("test", base.test)),  # type: ignore[arg-type]
-        )
-
-    def split_of(self, year: int) -> str | None:
-        for name, (a, b) in zip(self.names, (self.train, self.val, self.test), strict=True):
-            if a <= year <= b:
-                return name
-        return None
-
-    def mask(self, times: pd.DatetimeIndex | np.ndarray, split: str) -> np.ndarray:
-        """Boolean mask of the init times that fall into ``split``."""
-        a, b = getattr(self, split)
-        years = pd.DatetimeIndex(times).year
-        return np.asarray((years >= a) & (years <= b))

@@ -33,10 +33,9 @@ import torch.nn.functional as F
 from postcast.datasets import laws
 from postcast.datasets.core.errors import ConfigError
 from postcast.models import kernels
+from postcast.models.special import HALF_LOG_2PI, SQRT2, gammainc, k_beta_half, mills, softplus, x_gamma_density
 
-SQRT2 = math.sqrt(2.0)
 SQRT_PI = math.sqrt(math.pi)
-HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 BERNSTEIN_DEGREE = 12
 
 
@@ -160,16 +159,6 @@ def _bisect(
         return 0.5 * (lo + hi)
 
 
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    """log(1 + e^x) to full precision (``F.softplus`` returns x itself above 20, 2e-9 short there)."""
-    return torch.logaddexp(x, torch.zeros_like(x))
-
-
-def mills(x: torch.Tensor) -> torch.Tensor:
-    """Mills ratio M(x) = Phi(-x) / phi(x) through the scaled complementary error function (x >= 0)."""
-    return math.sqrt(math.pi / 2.0) * torch.special.erfcx(x / SQRT2)
-
-
 # --- Gaussian -----------------------------------------------------------------------------------
 @register("gaussian", n_raw=2)
 @dataclass(frozen=True)
@@ -269,89 +258,6 @@ class CensoredLogistic(Distribution):
 
 
 # --- censored shifted gamma ---------------------------------------------------------------------
-class _GammaInc(torch.autograd.Function):
-    """Regularised lower incomplete gamma P(k, x) with a gradient in the shape k too (torch has none):
-    dP/dx = x^(k-1) e^-x / Gamma(k); dP/dk by a central difference (in float64) with step 1e-5 k up to shape 100
-    and 1e-4 sqrt(k) above, where P varies over sqrt(k) in k: a step of 1e-5 k made dCRPS/db 2.5 % wrong at
-    k = 2.5e5 (tests/test_distributions.py)."""
-
-    @staticmethod
-    def forward(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return torch.special.gammainc(k, x)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, x = ctx.saved_tensors
-        h = 1e-5 * torch.minimum(k, 10.0 * k.sqrt())  # P varies over k below shape 1, over sqrt(k) above
-        dk = (torch.special.gammainc(k + h, x) - torch.special.gammainc(k - h, x)) / (2.0 * h)
-        dx = torch.exp(torch.xlogy(k - 1.0, x) - x - torch.lgamma(k))
-        return grad * dk, grad * dx
-
-
-def gammainc(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """P(k, x), differentiable in both arguments."""
-    k, x = torch.broadcast_tensors(k, x)
-    out: torch.Tensor = _GammaInc.apply(k, x)
-    return out
-
-
-def _stirlerr(k: torch.Tensor) -> torch.Tensor:
-    """log Gamma(k + 1) - (k + 1/2) log k + k - log(2 pi) / 2 (Stirling's remainder, k > 0): its series
-    from 15 on (the first term left out is below 3e-16 there), else directly."""
-    big = k.clamp_min(15.0)
-    inv2 = 1.0 / (big * big)
-    series = (1.0 / 12 - inv2 * (1.0 / 360 - inv2 * (1.0 / 1260 - inv2 * (1.0 / 1680 - inv2 / 1188)))) / big
-    small = k.clamp_max(15.0)
-    direct = torch.lgamma(small + 1.0) - (small + 0.5) * torch.log(small) + small - HALF_LOG_2PI
-    return torch.where(k >= 15.0, series, direct)
-
-
-def _x_minus_log1p(e: torch.Tensor) -> torch.Tensor:
-    """e - log(1 + e), e > -1, without cancellation near 0. Below |e| = 1/4, with u = e / (2 + e) (so
-    log(1 + e) = 2 atanh(u) and e - 2u = e u): e u - 2 u^3 sum_n>=0 u^2n / (2n + 3), whose correction is at most
-    4 % of e u (Horner, 11 terms: u^2 <= 0.021, 0.021^11 < 1e-18 relative)."""
-    near = e.clamp(-0.25, 0.25)
-    u = near / (2.0 + near)
-    u2 = u * u
-    acc = torch.full_like(e, 1.0 / 23)
-    for n in range(9, -1, -1):
-        acc = 1.0 / (2 * n + 3) + u2 * acc
-    far = torch.where(e.abs() >= 0.25, e, torch.ones_like(e))  # each branch on inputs valid for it
-    return torch.where(e.abs() < 0.25, near * u - 2.0 * u * u2 * acc, far - torch.log1p(far))
-
-
-def _x_gamma_density(k: torch.Tensor, x: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
-    """x g_k(x) = x^k e^-x / Gamma(k) at x = k + gap (g_k the Gamma(k, 1) density; 0 at x = 0). Below shape
-    1000 directly; above, as k Poisson(k; x) in Loader's saddle-point form sqrt(k / 2 pi) exp(-stirlerr(k) -
-    k (e - log(1 + e))), e = gap / k, where no log of order k log k is formed (exact to rounding for k up
-    to 1e18 and more; the direct form loses 1e-16 k log k: 37 at k = 1e16)."""
-    small = k.clamp_max(1000.0)
-    direct = torch.exp(torch.xlogy(small, x) - x - torch.lgamma(small))
-    big = k.clamp_min(1000.0)
-    e = gap / big
-    inside = e > -1.0
-    safe = torch.where(inside, e, torch.zeros_like(e))
-    saddle = torch.sqrt(big / (2.0 * math.pi)) * torch.exp(-_stirlerr(big) - big * _x_minus_log1p(safe))
-    return torch.where(k < 1000.0, direct, torch.where(inside, saddle, torch.zeros_like(saddle)))
-
-
-def _k_beta_half(k: torch.Tensor) -> torch.Tensor:
-    """k B(1/2, k + 1/2) = sqrt(pi) k Gamma(k + 1/2) / Gamma(k + 1); above k = 1 through Stirling's
-    remainder, sqrt(pi k) exp(stirlerr(k - 1/2) - stirlerr(k) - k (e - log(1 + e))), e = -1 / (2k), where
-    lgamma's difference would lose 1e-16 k log k."""
-    big = k.clamp_min(1.0)
-    stable = (
-        math.sqrt(math.pi)
-        * torch.sqrt(big)
-        * torch.exp(_stirlerr(big - 0.5) - _stirlerr(big) - big * _x_minus_log1p(-0.5 / big))
-    )
-    small = k.clamp_max(1.0)
-    direct = math.sqrt(math.pi) * small * torch.exp(torch.lgamma(small + 0.5) - torch.lgamma(small + 1.0))
-    return torch.where(k > 1.0, stable, direct)
 
 
 @register("csg", n_raw=3)
@@ -390,7 +296,7 @@ class CensoredShiftedGamma(Distribution):
         cancels terms of order k (1e16 for near-identical members: -31.8 for a CRPS of 2e-7). With
         P_k+1(x) = P_k(x) - x g_k(x) / k (g_k the Gamma(k, 1) density) it is, term by term of order sqrt(k),
         (u - k)(2 P_k(u) - 1) + 2 u g_k(u) + P_k(c) ((k - c) P_k(c) - 2 c g_k(c)) - k / pi B (1 - P_2k(2c)),
-        with x g_k(x) and k B(1/2, k + 1/2) through Stirling's remainder (:func:`_x_gamma_density`)."""
+        with x g_k(x) and k B(1/2, k + 1/2) through Stirling's remainder (:mod:`postcast.models.special`)."""
         k, theta = self.shape, self.scale
         u, c = (y + self.shift) / theta, self.shift / theta
         pu, pc = gammainc(k, u), gammainc(k, c)
@@ -398,9 +304,9 @@ class CensoredShiftedGamma(Distribution):
         gap_c = (k * theta - self.shift) / theta  # k - c
         out = (
             gap_u * (2.0 * pu - 1.0)
-            + 2.0 * _x_gamma_density(k, u, gap_u)
-            + pc * (gap_c * pc - 2.0 * _x_gamma_density(k, c, -gap_c))
-            - _k_beta_half(k) / math.pi * (1.0 - gammainc(2.0 * k, 2.0 * c))
+            + 2.0 * x_gamma_density(k, u, gap_u)
+            + pc * (gap_c * pc - 2.0 * x_gamma_density(k, c, -gap_c))
+            - k_beta_half(k) / math.pi * (1.0 - gammainc(2.0 * k, 2.0 * c))
         )
         return theta * out
 

@@ -13,7 +13,8 @@ import torch
 import xarray as xr
 
 from postcast.compression import baselines, report
-from postcast.compression.artefact import Artefact, ArtefactError
+from postcast.compression.artefact import Artefact
+from postcast.compression.container import ArtefactError
 from postcast.compression.field import FieldConfig, to_fields
 from postcast.compression.loader import CompressedDataModule, CompressedDataset, compress_split, split_fields
 from postcast.compression.metrics import relative_wrmse, weighted_std

@@ -208,7 +208,7 @@ def test_csg_crps_for_large_shapes():
 @pytest.mark.parametrize("c", [10.0, 300.0, 1000.0, 3000.0])
 def test_csg_crps_gradient_in_the_head_matches_scoringrules_for_large_shapes(c):
     """The gradient of the CRPS in the head's raw (a, b, c) (autograd; dP/dk by a central difference inside
-    :class:`postcast.models.distributions._GammaInc`) against central differences of scoringrules' crps_csg0
+    :class:`postcast.models.special._GammaInc`) against central differences of scoringrules' crps_csg0
     at the same laws (its P(k, x) is scipy's), near the censored-normal limit where the shape k reaches 1e4 to
     2e6. With a step of 1e-5 k, dP/dk's truncation error (P varies over sqrt(k) in k) reached 2.5 % of
     dCRPS/db at k = 2.5e5 (c = 1000) and 30 % at k = 2.5e7, and the EMOS fit stalled there 1e-4 above scipy."""

@@ -20,6 +20,7 @@ import postcast.datasets.ingest.layout as ingest_layout
 import postcast.datasets.ingest.progress as ingest_progress
 import postcast.datasets.ingest.tasks as ingest_tasks
 from postcast.datasets import contract, integrity, io, schema, sources, statistics
+from postcast.datasets.core import moments
 from postcast.datasets.core.errors import ConfigError
 from postcast.datasets.ingest import partials
 from postcast.datasets.ingest import run as ingest
@@ -369,7 +370,7 @@ def test_auto_statistics_take_the_second_pass_when_a_dates_partials_would_not_fi
     days = [
         ingest_tasks.load_date(found.forecast, found.truth, found.oracle, plan, i, partials=True)[1] for i in (0, 1)
     ]
-    acc = statistics.combine_fields(*days)
+    acc = moments.combine_fields(*days)
     points = plan.grid.shape[0] * plan.grid.shape[1]
     real = sum(
         a.nbytes if any(a.strides) else a.itemsize  # a broadcast count is one number
@@ -431,10 +432,10 @@ def test_partial_moments_merge_associatively_and_match_numpy(tmp_path):
     x[:, :, :, :, 0, :2] = np.nan  # "land": never valid
     x[rng.random(x.shape) < 0.05] = np.nan  # and scattered gaps
     axes = statistics.field_axes(("init_time", "member", "step", "level", "latitude", "longitude"))
-    a, b, c = (statistics.partial(x[i:j], *axes) for i, j in ((0, 1), (1, 4), (4, 6)))
-    left = statistics.combine(statistics.combine(a, b), c)
-    right = statistics.combine(a, statistics.combine(b, c))
-    whole = statistics.partial(x, *axes)
+    a, b, c = (moments.partial(x[i:j], *axes) for i, j in ((0, 1), (1, 4), (4, 6)))
+    left = moments.combine(moments.combine(a, b), c)
+    right = moments.combine(a, moments.combine(b, c))
+    whole = moments.partial(x, *axes)
     x64 = x.astype(np.float64)
     with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning):  # numpy warns about the land points
         want = {
@@ -454,7 +455,7 @@ def test_partial_moments_merge_associatively_and_match_numpy(tmp_path):
         np.testing.assert_allclose(got["pmean"][ok], want["pmean"][ok], rtol=1e-14)
         np.testing.assert_allclose(np.sqrt(got["pm2"][ok] / got["pn"][ok]), want["pstd"][ok], rtol=1e-12)
         np.testing.assert_array_equal(got["pmin"][ok], want["pmin"][ok])
-    one_date = statistics.partial(
+    one_date = moments.partial(
         x[:1, 0], *statistics.field_axes(("init_time", "step", "level", "latitude", "longitude"))
     )  # an ensemble statistic
     partials.save_partials({"t": left, "ens_mean_t": one_date}, tmp_path / "p.npz", dates=["20120101T00"])
@@ -590,7 +591,7 @@ def test_progress_is_logged_during_an_ingest(synth_zarr, tmp_path, caplog):
 
 def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
     """Issue 18: the task computes ensemble mean/std and the training partials in one sweep per slice
-    (`statistics.ensemble_moments`). Its mean/std are the bits numpy's float64 mean/std(ddof=0) give and
+    (`moments.ensemble_moments`). Its mean/std are the bits numpy's float64 mean/std(ddof=0) give and
     the bits `ensemble_statistics` (the forecast path) gives; its partials equal the general kernel's
     (`dataset_partials`) to float64 round-off, SST's land NaNs included."""
     src = sources.discover(str(synth_zarr)).forecast
@@ -599,7 +600,7 @@ def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
     ref = statistics.ensemble_statistics(day)
     for name in ("t", "sst"):
         x = day[name].values
-        mean, std, part = statistics.ensemble_moments(x)
+        mean, std, part = moments.ensemble_moments(x)
         x64 = x.astype(np.float64)
         np.testing.assert_array_equal(mean, np.mean(x, axis=1, dtype=np.float64).astype(np.float32))
         np.testing.assert_array_equal(std, np.std(x, axis=1, dtype=np.float64).astype(np.float32))
@@ -615,7 +616,7 @@ def test_fused_ensemble_moments_match_numpy_and_the_forecast_path(synth_zarr):
             else:  # m2 of a slice is ~1e8 x a value: an absolute float64 round-off floor
                 np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-9 * scale, err_msg=key)
         for stat, values in (("ens_mean", mean), ("ens_std", std)):
-            got = statistics.value_partial(values)
+            got = moments.value_partial(values)
             exp = statistics.dataset_partials(
                 xr.Dataset({"f": (("init_time", *ref[f"{stat}_{name}"].dims[1:]), values)})
             )["f"]

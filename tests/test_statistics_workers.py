@@ -17,6 +17,7 @@ import pytest
 from dask_plugins import TasksHeld
 
 from postcast.datasets import contract, io, schema, sources, statistics
+from postcast.datasets.core import moments
 from postcast.datasets.ingest import budget as ingest_budget
 from postcast.datasets.ingest import run as ingest
 from postcast.datasets.ingest.run import IngestConfig
@@ -90,7 +91,7 @@ def test_the_running_merge_folds_the_dates_in_date_order_whatever_finishes_first
     assert not _same_bits(_fold(parts[::-1]), in_date_order)  # the order matters: this test can fail
 
 
-def _partials_after_event(store: str, index: int, event: str) -> statistics.FieldPartials:
+def _partials_after_event(store: str, index: int, event: str) -> moments.FieldPartials:
     from dask.distributed import Event
 
     from postcast.datasets.ingest import merge
@@ -99,15 +100,15 @@ def _partials_after_event(store: str, index: int, event: str) -> statistics.Fiel
     return merge.stored_partials(store, index)
 
 
-def _fold(parts: list[statistics.FieldPartials]) -> statistics.FieldPartials:
+def _fold(parts: list[moments.FieldPartials]) -> moments.FieldPartials:
     acc = None
     for p in parts:
-        acc = statistics.combine_fields(acc, p)
+        acc = moments.combine_fields(acc, p)
     assert acc is not None
     return acc
 
 
-def _same_bits(a: statistics.FieldPartials, b: statistics.FieldPartials) -> bool:
+def _same_bits(a: moments.FieldPartials, b: moments.FieldPartials) -> bool:
     return a.keys() == b.keys() and all(
         a[f].keys() == b[f].keys() and all(np.array_equal(a[f][k], b[f][k]) for k in a[f]) for f in a
     )

@@ -17,6 +17,7 @@ import numpy as np
 import xarray as xr
 
 from postcast.datasets import contract, io, schema, sources, statistics
+from postcast.datasets.core import moments
 from postcast.datasets.core.cluster import keep_freed_memory
 from postcast.datasets.ingest import partials
 from postcast.datasets.ingest.tasks import marker_name
@@ -73,7 +74,7 @@ class Merger:
         self.acc = (
             fut
             if self.acc is None
-            else self.client.submit(statistics.combine_fields, self.acc, fut, pure=False, priority=MERGE_PRIORITY)
+            else self.client.submit(moments.combine_fields, self.acc, fut, pure=False, priority=MERGE_PRIORITY)
         )
         self.covered += stamps
         self.unsaved += len(stamps)
@@ -106,8 +107,8 @@ def in_order(done: Iterable[Any], keys: list[str]) -> Iterator[Any]:
 
 
 def checkpoint_partials(
-    parts: statistics.FieldPartials | None, path: str, dates: list[str]
-) -> statistics.FieldPartials | None:
+    parts: moments.FieldPartials | None, path: str, dates: list[str]
+) -> moments.FieldPartials | None:
     """Save merged partials (and the dates they cover) atomically; returns ``parts`` (a pass-through link
     in the chain of merges)."""
     if parts is not None:
@@ -116,7 +117,7 @@ def checkpoint_partials(
     return parts
 
 
-def stored_partials(store_path: str, index: int) -> statistics.FieldPartials:
+def stored_partials(store_path: str, index: int) -> moments.FieldPartials:
     """The partial statistics of init date ``index`` read back from the store: a resumed ingest's training
     dates finished after its last checkpoint of merged partials (the same float32 values, the same
     partials as the task that wrote them computed)."""
@@ -133,7 +134,7 @@ def statistics_template(store_path: Path) -> None:
 
 
 def write_statistics(
-    parts: statistics.FieldPartials | None, store_path: str, train_times: np.ndarray, splits: schema.Splits
+    parts: moments.FieldPartials | None, store_path: str, train_times: np.ndarray, splits: schema.Splits
 ) -> None:
     """Write the statistics group from the merged partials (a task: it runs where they are) into the arrays
     :func:`statistics_template` created."""
@@ -163,7 +164,7 @@ def statistics_on_workers(store_path: Path, read_chunks: dict[str, int], splits:
     io.write_into(xr.Dataset(attrs=attrs), store_path, group=contract.STATISTICS_GROUP)
 
 
-def write_field(parts: statistics.Partial, name: str, dims: tuple[str, ...], store_path: str) -> None:
+def write_field(parts: moments.Partial, name: str, dims: tuple[str, ...], store_path: str) -> None:
     """Write field ``name``'s statistics from its merged partial into the group's arrays (a task on the worker
     holding ``parts``; the group's attributes are written once, by the caller)."""
     io.write_into(

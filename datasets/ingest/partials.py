@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from postcast.datasets.statistics import PREFIXES, FieldPartials, Partial
+from postcast.datasets.core.moments import PREFIXES, FieldPartials, Partial
 
 
 def save_partials(parts: FieldPartials, path: str | os.PathLike[str], *, dates: list[str] | None = None) -> None:

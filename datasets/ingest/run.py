@@ -9,6 +9,7 @@ stages, each reading one :class:`IngestRun`. The rest is by concern:
 * ``ingest_budget``: memory sizes, dates per task and the one-pass statistics decision;
 * ``ingest_progress``: the progress meter (log lines) and bar;
 * ``ingest_lock``: one ingest per store at a time (``OUT.lock``);
+* ``provenance``: what the finished store records about how it was made (checksums, code version, attributes);
 * ``datasets/core/cluster.py``: the dask client (address, scheduler file or LocalCluster) and worker process set-up,
   shared with evaluate and forecast.
 
@@ -27,12 +28,10 @@ always complete.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import hashlib
 import json
 import logging
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
@@ -44,14 +43,13 @@ import numpy as np
 import pandas as pd
 
 from postcast.datasets import contract, integrity, io, schema, sources
-from postcast.datasets.core import checksums, cluster, config
+from postcast.datasets.core import cluster, config
 from postcast.datasets.core.errors import ConfigError
-from postcast.datasets.core.version import __version__
 from postcast.datasets.ingest import budget as ingest_budget
 from postcast.datasets.ingest import layout as ingest_layout
 from postcast.datasets.ingest import lock as ingest_lock
 from postcast.datasets.ingest import merge as ingest_merge
-from postcast.datasets.ingest import planning
+from postcast.datasets.ingest import planning, provenance
 from postcast.datasets.ingest import progress as ingest_progress
 from postcast.datasets.ingest import tasks as ingest_tasks
 
@@ -260,13 +258,15 @@ def _build(run: IngestRun) -> list[int]:
     n = len(run.plan.init_times)
     log.info("%d of %d init dates to ingest (%d already done)", len(resume.todo), n, n - len(resume.todo))
     t_dates = time.perf_counter()
-    sums = _source_checksums(run)  # on the workers, after the dates (lower priority)
+    sums = provenance.source_checksums(
+        run.client, run.plan, run.found
+    )  # on the workers, after the dates (lower priority)
     merged = _run_tasks(run, resume, ingest_tasks.batches(resume.todo, _dates_per_task(run)))
     t_written = time.perf_counter()
     _statistics(run, merged)
     del merged
     t_stats = time.perf_counter()
-    _finalise(run, dict(zip(sums[0], run.client.gather(sums[1]), strict=True)), _written_chunks(run.done_dir))
+    _finalise(run, dict(zip(sums[0], run.client.gather(sums[1]), strict=True)), provenance.written_chunks(run.done_dir))
     log.info(
         "dates written in %.1f s; statistics group %.1f s; checksums and metadata %.1f s",
         t_written - t_dates,
@@ -390,78 +390,12 @@ def _statistics(run: IngestRun, merged: Any) -> None:
         log.warning("no init date in the training years %s: the store gets no statistics", run.cfg.splits.train)
 
 
-def _source_checksums(run: IngestRun) -> tuple[list[str], list[Any]]:
-    """(source paths, futures of their checksums), computed on the workers after the date tasks."""
-    files = list(run.plan.files)
-    if run.found.truth is not None:
-        files += list(run.found.truth.paths)
-    if run.found.oracle is not None:
-        files += list(run.found.oracle.paths)
-    files = [str(f) for f in files]
-    return files, run.client.map(_checksum, files, pure=False, priority=-ingest_merge.MERGE_PRIORITY)
-
-
-def _written_chunks(done_dir: Path) -> dict[str, dict[str, Any]]:
-    """The chunk checksums the date tasks left in their done-markers (written atomically as JSON)."""
-    out: dict[str, dict[str, Any]] = {}
-    for marker in done_dir.iterdir():
-        if marker.name.startswith("."):
-            continue
-        try:
-            out.update(json.loads(marker.read_text()).get("chunks", {}))
-        except (ValueError, AttributeError):  # unreadable: that date's chunks are hashed at the end instead
-            continue
-    return out
-
-
 def _finalise(run: IngestRun, sums: dict[str, str], written: dict[str, dict[str, Any]]) -> None:
     """Mark the partial store complete: provenance (source checksums ``sums``), the plan and the options in
     its attributes, consolidated metadata, and the chunk manifest (``written``: the date tasks' checksums)."""
-    cfg, plan, found = run.cfg, run.plan, run.found
-    attrs = {
-        contract.VERSION_ATTR: contract.FORMAT_VERSION,
-        contract.COMPLETE_ATTR: True,
-        "title": "postcast training store (ENS-10 schema)",
-        "Conventions": "CF-1.10",
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "code_version": _code_version(),
-        "source_kind": found.forecast.kind,
-        "sources": sums,
-        "plan": {k: v for k, v in plan.to_dict().items() if k not in ("init_times", "files")},
-        **plan.regridding,
-        "n_init_times": len(plan.init_times),
-        "splits": cfg.splits.as_dict(),
-        "targets": [t for t in schema.TARGETS if contract.truth_name(t) in run.truth_vars],  # those with truth
-        "truth_missing_at_48h": found.truth.coverage(plan) if found.truth is not None else {},
-        "ingest_config": {k: v for k, v in asdict(cfg).items() if k not in ("progress",)},
-        "ingest_fingerprint": cfg.fingerprint(),
-    }
-    if found.oracle is not None:
-        attrs["has_oracle"] = True
+    cfg = run.cfg
+    options = {k: v for k, v in asdict(cfg).items() if k not in ("progress",)}
+    attrs = provenance.attributes(run.plan, run.found, run.truth_vars, cfg.splits, options, cfg.fingerprint(), sums)
     io.update_zarr_attrs(run.store, json.loads(json.dumps(attrs, default=str)))
     io.consolidate(run.store)
     integrity.record(run.store, written)  # chunk checksums for `postcast inspect --verify`
-
-
-def _code_version() -> str:
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=False
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+g{sha}" if sha else __version__
-
-
-def _checksum(path: str) -> str:
-    p = Path(path)
-    if p.is_dir():  # zarr store: hash the metadata and chunk sizes (cheap, detects changes)
-        h = hashlib.sha256()
-        for q in sorted(p.rglob("*")):
-            if q.is_file():
-                h.update(f"{q.relative_to(p)}:{q.stat().st_size}".encode())
-                if q.name == "zarr.json":
-                    h.update(q.read_bytes())
-        return "tree-sha256:" + h.hexdigest()
-    return "sha256:" + checksums.sha256_file(p)

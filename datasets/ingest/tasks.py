@@ -13,6 +13,7 @@ import pandas as pd
 import xarray as xr
 
 from postcast.datasets import contract, integrity, io, plausibility, schema, sources, statistics
+from postcast.datasets.core import moments
 from postcast.datasets.core.cluster import keep_freed_memory
 from postcast.datasets.core.errors import BadInputError
 
@@ -26,7 +27,7 @@ def ingest_dates(
     store_path: str,
     done_dir: str,
     train: frozenset[int] = frozenset(),
-) -> statistics.FieldPartials | None:
+) -> moments.FieldPartials | None:
     """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks), then
     mark each done (the marker holds the checksums of the date's chunk files). Returns the merged partial
     statistics of this batch's training dates (in ``train``; None: none of them), computed from the values
@@ -36,10 +37,10 @@ def ingest_dates(
     parts = [day for day, _ in loaded]
     full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
     io.write_region(full, store_path, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
-    merged: statistics.FieldPartials | None = None
+    merged: moments.FieldPartials | None = None
     arrays = [str(n) for n in full.data_vars]
     for i, (_, mine) in zip(indices, loaded, strict=True):
-        merged = statistics.combine_fields(merged, mine)
+        merged = moments.combine_fields(merged, mine)
         chunks = integrity.date_chunks(store_path, arrays, i)  # hashed now, while in the page cache
         io.write_json(Path(done_dir) / marker_name(plan.init_times[i]), {"chunks": chunks})
     return merged
@@ -53,28 +54,28 @@ def load_date(
     i: int,
     *,
     partials: bool = False,
-) -> tuple[xr.Dataset, statistics.FieldPartials | None]:
+) -> tuple[xr.Dataset, moments.FieldPartials | None]:
     """One init date as the store holds it (members, their ensemble statistics, truth and oracle) and, with
     ``partials``, the partial statistics of its fields (from the float32 values the store gets)."""
     t = plan.init_times[i]
     ds = forecast.load(t, plan)
     ens: dict[str, xr.Variable] = {}
-    parts: statistics.FieldPartials = {}
+    parts: moments.FieldPartials = {}
     for name, x in ds.data_vars.items():
         name = str(name)
         if x.dims[1] != schema.MEMBER or x.dims[-2:] != (schema.LAT, schema.LON):
             msg = f"{name}: dims {x.dims}, expected (init_time, member, ..., latitude, longitude)"
             raise AssertionError(msg)
         # x (1, member, step[, level], lat, lon) -> mean, std (1, step[, level], lat, lon)
-        mean, std, p = statistics.ensemble_moments(np.asarray(x.values, dtype=np.float32), with_partial=partials)
+        mean, std, p = moments.ensemble_moments(np.asarray(x.values, dtype=np.float32), with_partial=partials)
         dims = tuple(d for d in x.dims if d != schema.MEMBER)
         ens[contract.ens_mean(name)] = xr.Variable(dims, mean)
         ens[contract.ens_std(name)] = xr.Variable(dims, std)
         if p is not None:
             parts |= {
                 name: p,
-                contract.ens_mean(name): statistics.value_partial(mean),
-                contract.ens_std(name): statistics.value_partial(std),
+                contract.ens_mean(name): moments.value_partial(mean),
+                contract.ens_std(name): moments.value_partial(std),
             }
     pieces = [ds, xr.Dataset(ens)]
     pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
