@@ -26,19 +26,17 @@ import json
 import logging
 import os
 import pickle
-import random
 import re
 import warnings
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 
 from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
 from postcast.datasets.sample import SampleSpec
-from postcast.models import distributions, emos_training, postprocessors, registry, spread_blend
+from postcast.models import distributions, emos_training, postprocessors, registry, rng, spread_blend
 from postcast.models.distributions import Distribution
 from postcast.models.hyperparameters import ModelMeta
 from postcast.models.kernels import crps_gaussian
@@ -290,38 +288,12 @@ class PostProcessor(L.LightningModule):
             **({"fit": self.fit_report} if self.fit_report is not None else {}),
         }
         checkpoint["postcast"] = {**meta, "checksum": content_checksum(checkpoint, meta)}
-        checkpoint["rng_states"] = rng_states()  # training state, like the optimiser's: not in the checksum
+        checkpoint["rng_states"] = rng.states()  # training state, like the optimiser's: not in the checksum
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.thresholds = list(checkpoint.get("postcast", {}).get("thresholds", []))
         if "rng_states" in checkpoint:  # a resumed fit draws what the uninterrupted one would have drawn
-            restore_rng_states(checkpoint["rng_states"])
-
-
-def rng_states() -> dict[str, Any]:
-    """This process's random streams (torch, CUDA, numpy, Python) as tensors and plain containers, so that a
-    checkpoint holding them still loads with ``weights_only=True``. The plain loader's shuffle draws from
-    torch's stream at each epoch: a resume restores it to where the saved epoch left it."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    assert isinstance(keys, np.ndarray)  # (624,) uint32: the legacy Mersenne Twister's key
-    states: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng_states(states: dict[str, Any]) -> None:
-    """Undo :func:`rng_states` (a CUDA state is restored only where CUDA is)."""
-    torch.set_rng_state(states["torch"])
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    random.setstate(states["python"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+            rng.restore_states(checkpoint["rng_states"])
 
 
 def _check_finite(batch: Batch, ok: torch.Tensor, split: str) -> None:
