@@ -120,3 +120,44 @@ def test_a_local_emos_fit_prints_no_lightning_warning(store_850, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "log_every_n_steps" not in proc.stderr and "returned `None`" not in proc.stderr, proc.stderr[-3000:]
+
+
+def _degc_labelled_kelvin(path: Path, dates: int, bad: tuple[int, ...]) -> None:
+    """A netCDF of ``dates`` daily 48 h t2m fields (5 members, 5 deg), the dates ``bad`` in degC labelled K."""
+    import pandas as pd
+    import xarray as xr
+
+    lat, lon = np.linspace(-90, 90, 37), np.arange(72) * 5.0
+    kelvin = 280.0 + 10.0 * np.cos(np.radians(lat))[:, None] * np.ones(lon.size)  # (lat, lon)
+    data = np.repeat(np.stack([kelvin] * dates)[:, None], 5, axis=1)  # (time, number, lat, lon)
+    data[list(bad)] -= 273.15
+    xr.Dataset(
+        {"t2m": (("time", "number", "latitude", "longitude"), data, {"units": "K"})},
+        coords={
+            "time": pd.date_range("2017-01-03", periods=dates, freq="1D"),
+            "number": range(5),
+            "latitude": lat,
+            "longitude": lon,
+            "step": np.timedelta64(48, "h"),
+        },
+    ).to_netcdf(path)
+
+
+def test_a_refused_ingest_on_thread_workers_prints_no_cancelled_error(tmp_path):
+    """A date refused while other dates ran on a threaded cluster printed distributed's "Async instruction for
+    <Task cancelled ...> ended with CancelledError" warnings (one per task cut short as the cluster closed)
+    before the error line, at the default log level: now the error line alone."""
+    _degc_labelled_kelvin(tmp_path / "bad.nc", 60, bad=(3, 30))
+    out = tmp_path / "out.zarr"
+    proc = subprocess.run(
+        [sys.executable, "-m", "postcast", "--no-progress", "ingest", str(tmp_path / "bad.nc")]
+        + ["--out", str(out), "--threads"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    res = Outcome(proc.returncode, proc.stderr, frozenset({65}))
+    assert_ok("ingest: a date refused on thread workers", res, not out.exists())
+    noise = [ln for ln in proc.stderr.splitlines() if " INFO " not in ln and not ln.startswith("postcast: error:")]
+    assert noise == [], proc.stderr[-3000:]

@@ -313,17 +313,24 @@ def scheduler_file_address(path: str) -> str:
 
 class _NoTaskFailureReports(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(("Compute Failed", "Failed to communicate with scheduler"))
+        msg = str(record.msg)
+        return not (
+            msg.startswith(("Compute Failed", "Failed to communicate with scheduler"))
+            or (msg.startswith("Async instruction for") and msg.endswith("ended with CancelledError"))
+        )
 
 
 def quiet_task_failures() -> None:
-    """Drop two multi-line reports of distributed's in a worker process: "Compute Failed ... Traceback" (the
-    driver re-raises the task's error and reports it as one line) and "Failed to communicate with scheduler
-    during heartbeat ... Traceback" (a scheduler slow to answer on a loaded machine, or closed by the driver
-    at an interrupt: the worker retries, and a scheduler lost for good ends the ingest in the driver)."""
-    worker_log = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, _NoTaskFailureReports) for f in worker_log.filters):
-        worker_log.addFilter(_NoTaskFailureReports())
+    """Drop three reports of distributed's in a worker: "Compute Failed ... Traceback" (the driver re-raises
+    the task's error and reports it as one line), "Failed to communicate with scheduler during heartbeat ...
+    Traceback" (a scheduler slow to answer on a loaded machine, or closed by the driver at an interrupt: the
+    worker retries, and a scheduler lost for good ends the ingest in the driver) and "Async instruction for
+    <Task cancelled ...> ended with CancelledError" (a task cut short as the worker closes: after a refused
+    date, the driver closes the cluster with the other dates still running)."""
+    for name in ("distributed.worker", "distributed.worker.state_machine"):
+        worker_log = logging.getLogger(name)
+        if not any(isinstance(f, _NoTaskFailureReports) for f in worker_log.filters):
+            worker_log.addFilter(_NoTaskFailureReports())
 
 
 # glibc mallopt parameters (malloc.h)
