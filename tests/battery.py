@@ -1,7 +1,11 @@
 """The battery's machinery, shared by every file that adds cases to it: run a CLI case (in-process or as a
 real process), judge it (an exit code in {2, 65, 66} or 74 for a full disk, exactly one ``postcast: error:``
-line, no traceback, nothing marked complete) and record it in the tally that ``test_battery_count``
-prints (conftest runs that test last, after every file's cases)."""
+line, no traceback, nothing marked complete) and record it in the tally.
+
+It is also a pytest plugin (conftest's ``pytest_plugins``): at the end of the run it prints the whole run's
+tally, ``BATTERY cases=.. clean=.. data_safe=..``, gathered from every pytest-xdist worker (each sends its
+cases to the controller as it ends). Every test that records a case carries the ``battery`` mark, so
+``pytest -m battery`` runs the whole battery, across the tiers, in one run."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import resource
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -92,3 +97,32 @@ def assert_ok(case: str, out: Outcome, safe: bool = True) -> None:
     assert "Traceback" not in out.err, f"{case}:\n{out.err[-3000:]}"
     assert len(out.error_lines) == 1, f"{case}: error lines {out.error_lines}\n{out.err[-3000:]}"
     assert safe, f"{case}: something was left marked complete"
+
+
+# --- the tally of the whole run (a pytest plugin) ---------------------------------------------------------
+WORKERS_TALLY: dict[str, tuple[bool, bool]] = {}  # the controller's: the cases each xdist worker ran
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker sends its cases to the controller (``workeroutput`` travels with its last report)."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["battery"] = {case: list(cs) for case, cs in TALLY.items()}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
+def pytest_testnodedown(node: Any, error: object) -> None:
+    for case, (clean, safe) in getattr(node, "workeroutput", {}).get("battery", {}).items():
+        WORKERS_TALLY[case] = (clean, safe)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The tally line (each case also failed its own test where it was not clean or not data safe)."""
+    tally = {**WORKERS_TALLY, **TALLY}
+    if not tally:
+        return
+    clean = sum(c for c, _ in tally.values())
+    safe = sum(s for _, s in tally.values())
+    terminalreporter.write_line(f"BATTERY cases={len(tally)} clean={clean} data_safe={safe}")
+    for case, (c, s) in sorted(tally.items()):
+        if not (c and s):
+            terminalreporter.write_line(f"  BAD {case}")

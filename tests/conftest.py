@@ -27,7 +27,7 @@ from postcast.datasets.synth.synthetic import SynthConfig
 
 # Small but complete: 10 deg grid (19 x 36), 2 levels, 6 years x 3 month-days (Feb, Jul, Oct) = 18 dates,
 # covering the train (2012-2013), val (2014-2015) and test (2016-2017) splits.
-pytest_plugins = ["tiers"]  # tests/tiers.py: the unit tier
+pytest_plugins = ["tiers", "battery"]  # tests/tiers.py: the unit tier; tests/battery.py: the battery's tally
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = SynthConfig(seed=3, resolution=10.0, years=(2012, 2017), dates_per_year=3, levels=(500, 850))
@@ -51,11 +51,8 @@ def start_mypy() -> subprocess.Popen[str]:
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The battery's tally (tests/battery.py) counts the cases of every file: it runs after all of them.
-    mypy, when its test is selected, starts now in its own process: on a cold cache it takes about 25 s of a
-    core, which it spends beside the tests instead of after them (test_mypy_clean collects the result).
-    Under pytest-xdist the tally counts the cases its worker ran (each case asserts itself as well)."""
-    items.sort(key=lambda item: item.name == "test_battery_count")
+    """mypy, when its test is selected, starts now in its own process: on a cold cache it takes about 25 s of a
+    core, which it spends beside the tests instead of after them (test_mypy_clean collects the result)."""
     xdist_worker = "PYTEST_XDIST_WORKER" in os.environ  # every worker collects every test: none starts it early
     if not xdist_worker and any(item.nodeid.endswith("test_quality.py::test_mypy_clean") for item in items):
         MYPY.append(start_mypy())

@@ -111,6 +111,7 @@ def ckpt48(cli, store, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # --- 1: a model's lead the data lacks ---------------------------------------------------------------
+@pytest.mark.battery
 def test_train_at_a_lead_the_store_lacks_is_refused_naming_its_lead(files, tmp_path, capsys):
     """Was internal error (70) ``KeyError: Timedelta('2 days')`` from SampleSpec.select (normalisation)."""
     res = in_process(
@@ -135,6 +136,7 @@ def test_train_at_a_lead_the_store_lacks_is_refused_naming_its_lead(files, tmp_p
     assert res.code == 2 and "+48 h" in line and "+78 h" in line and "--data.cfg.sample.step_h 78" in line, line
 
 
+@pytest.mark.battery
 def test_evaluate_a_checkpoint_at_a_lead_the_store_lacks(files, ckpt78, tmp_path, capsys):
     """Was internal error (70) ``KeyError: "not all values found in index 'step'"`` from store.split_rows."""
     out = tmp_path / "eval"
@@ -146,6 +148,7 @@ def test_evaluate_a_checkpoint_at_a_lead_the_store_lacks(files, ckpt78, tmp_path
     assert res.code == 2 and "+78 h" in line and "holds +48 h" in line, line
 
 
+@pytest.mark.battery
 def test_compress_at_a_lead_the_store_lacks(files, tmp_path, capsys):
     """Was internal error (70) ``KeyError: "not all values found in index 'step'"`` from compression/report.py."""
     out = tmp_path / "t48.pcnf"
@@ -169,6 +172,7 @@ def test_compress_at_a_lead_the_store_lacks(files, tmp_path, capsys):
     assert res.code == 2 and "holds +78 h" in line and "--step-hours 78" in line, line
 
 
+@pytest.mark.battery
 def test_forecast_a_checkpoint_at_a_lead_the_file_lacks(files, ckpt78, tmp_path, capsys):
     """Refused (66) but advising ingest's option: "1 items missing: step 78 h (the source has 48 h: pass
     --steps 48 or omit it)"; forecast has no --steps, the fix is a checkpoint trained at the input's lead."""

@@ -2,8 +2,8 @@
 ``INVALID``) line on stderr, no traceback, and nothing marked complete.
 
 Most cases run in-process through :func:`postcast.cli.main` (the one place errors become exit codes);
-the full-disk cases run as real processes under ``ulimit -f`` (RLIMIT_FSIZE). ``test_battery_count``
-prints the tally (cases, clean, data safe) that the closing note of issue 17 quotes.
+the full-disk cases run as real processes under ``ulimit -f`` (RLIMIT_FSIZE). The tally of the run (cases,
+clean, data safe) is printed at its end (tests/battery.py); ``pytest -m battery`` runs every file's cases.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def no_store(out: Path) -> bool:
 
 
 # --- ingest -----------------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_ingest_unreadable_file(src, tmp_path, capsys):
     (src / SFC).unlink()
     (src / SFC).symlink_to(src / "gone.grib")  # listed, but cannot be opened (root reads any mode bits)
@@ -61,6 +62,7 @@ def test_ingest_unreadable_file(src, tmp_path, capsys):
     )
 
 
+@pytest.mark.battery
 def test_ingest_flipped_grib_magic_is_corrupt_not_missing(src, tmp_path, capsys):
     data = bytearray((src / SFC).read_bytes())
     data[0] ^= 0x01  # "GRIB" -> "FRIB"
@@ -71,6 +73,7 @@ def test_ingest_flipped_grib_magic_is_corrupt_not_missing(src, tmp_path, capsys)
     assert_ok("ingest: flipped GRIB magic", res, no_store(out))
 
 
+@pytest.mark.battery
 def test_ingest_missing_source(tmp_path, capsys):
     out = tmp_path / "out.zarr"
     assert_ok(
@@ -80,12 +83,14 @@ def test_ingest_missing_source(tmp_path, capsys):
     )
 
 
+@pytest.mark.battery
 def test_ingest_disk_full(grib_src, tmp_path):
     out = tmp_path / "out.zarr"
     res = subprocess_case(["ingest", str(grib_src), "--out", str(out), "--threads"], fsize=64 * 1024)
     assert_ok("ingest: disk full (ulimit -f)", res, no_store(out) and not out.exists())
 
 
+@pytest.mark.battery
 def test_ingest_bad_data_found_on_a_worker_process(tmp_path):
     """The default cluster runs the date tasks in worker processes: a date refused there used to add
     distributed's multi-line 'Compute Failed ... Traceback:' log to the one error line."""
@@ -112,6 +117,7 @@ def test_ingest_bad_data_found_on_a_worker_process(tmp_path):
 
 
 # --- inspect ----------------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_inspect_missing_and_incomplete(store, tmp_path, capsys):
     assert_ok("inspect: missing store", in_process(["inspect", str(tmp_path / "nope.zarr")], capsys))
     copy = tmp_path / "s.zarr"
@@ -141,6 +147,7 @@ def test_inspect_missing_and_incomplete(store, tmp_path, capsys):
 
 
 # --- config / train -------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_config_validate_unknown_target(tmp_path, capsys):
     preset = tmp_path / "t999.yaml"
     preset.write_text("model: {family: emos}\ndata: {cfg: {sample: {target: t999}}}\n")
@@ -149,6 +156,7 @@ def test_config_validate_unknown_target(tmp_path, capsys):
     assert "t999" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_train_bad_target_and_missing_store(store, tmp_path, capsys):
     preset = str(ROOT / "configs/train/tiny_emos_t2m.yaml")
     assert_ok(
@@ -199,6 +207,7 @@ def _flipped(ckpt: Path, tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.battery
 def test_evaluate_bad_checkpoints(store, t2m_ckpt, tmp_path, capsys):
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint at all")
@@ -214,6 +223,7 @@ def test_evaluate_bad_checkpoints(store, t2m_ckpt, tmp_path, capsys):
         assert_ok(case, res, not (out / "metrics.json").exists())
 
 
+@pytest.mark.battery
 def test_forecast_bad_inputs(t2m_ckpt, synth_zarr, tmp_path, capsys):
     out = tmp_path / "fc"
     base = ["forecast", "--checkpoint", str(t2m_ckpt), "--init-time", "2017-02-01", "--out", str(out)]
@@ -241,6 +251,7 @@ def test_forecast_bad_inputs(t2m_ckpt, synth_zarr, tmp_path, capsys):
     assert not list(out.rglob("*.nc"))
 
 
+@pytest.mark.battery
 def test_forecast_disk_full_leaves_nothing_and_stale_temporaries_go(t2m_ckpt, synth_zarr, tmp_path):
     """Disk full while writing: one line, no product; a killed writer's .tmp-PID is removed by the next run."""
     out = tmp_path / "fc"
@@ -292,6 +303,7 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
 
 
 # --- compression ------------------------------------------------------------------------------------
+@pytest.mark.battery
 @pytest.mark.parametrize("resolution", ["0", "nan", "0.001", "-1"])
 def test_decompress_absurd_resolution(artefact, tmp_path, capsys, resolution):
     out = tmp_path / "d.nc"
@@ -300,6 +312,7 @@ def test_decompress_absurd_resolution(artefact, tmp_path, capsys, resolution):
     assert res.code == 2
 
 
+@pytest.mark.battery
 def test_decompress_damaged_artefacts(artefact, tmp_path, capsys):
     data = bytearray(artefact.read_bytes())
     data[8] ^= 0x02  # the header-length field (outside the body's crc32)
@@ -315,6 +328,7 @@ def test_decompress_damaged_artefacts(artefact, tmp_path, capsys):
     assert_ok("compress-report: truncated artefact", in_process(["compress-report", str(truncated)], capsys))
 
 
+@pytest.mark.battery
 def test_compress_bad_options(store, tmp_path, capsys):
     out = tmp_path / "x.pcnf"
     assert_ok(
@@ -330,6 +344,7 @@ def test_compress_bad_options(store, tmp_path, capsys):
 
 
 # --- synth / run / serve ----------------------------------------------------------------------------
+@pytest.mark.battery
 def test_synth_and_run_bad_options(tmp_path, capsys):
     assert_ok(
         "synth: resolution nan",
@@ -364,6 +379,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.battery
 def test_serve_bad_folders(tmp_path, capsys):
     assert_ok("serve: missing folder", in_process(["serve", str(tmp_path / "nope")], capsys))
     folder = tmp_path / "fc" / "postprocessed" / "emos" / "t850"
@@ -382,15 +398,3 @@ def test_serve_bad_folders(tmp_path, capsys):
         assert "Traceback" not in err, err[-3000:]
         return
     assert_ok("serve: badly named file", Outcome(proc.returncode, proc.stderr.read() if proc.stderr else ""))
-
-
-def test_battery_count():
-    """Runs last in the session (conftest orders it): the tally quoted in the closing note (cases, clean, data safe)."""
-    if not TALLY:
-        pytest.skip("no battery case ran in this session: the tally counts the cases of the files run")
-    clean = sum(c for c, _ in TALLY.values())
-    safe = sum(s for _, s in TALLY.values())
-    print(f"\nBATTERY cases={len(TALLY)} clean={clean} data_safe={safe}")
-    for case, (c, s) in sorted(TALLY.items()):
-        print(f"  {'ok ' if c and s else 'BAD'} {case}")
-    assert clean == safe == len(TALLY), {case: cs for case, cs in TALLY.items() if not all(cs)}

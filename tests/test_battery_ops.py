@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # --- download ---------------------------------------------------------------------------------------
+@pytest.mark.battery
 @pytest.mark.parametrize("url", ["../../", "ftp://example.org/ens10/", "http://"])
 def test_download_base_url_not_an_address(tmp_path, capsys, url):
     out = tmp_path / "d"
@@ -34,6 +35,7 @@ def test_download_base_url_not_an_address(tmp_path, capsys, url):
 
 
 # --- ingest -----------------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_ingest_more_workers_than_the_machine_holds(synth_zarr, tmp_path, capsys):
     """--workers 1000 started for minutes (and exhausted the memory); refused before anything starts,
     naming the bound (2 per core): no partial store, so no date was started."""
@@ -44,6 +46,7 @@ def test_ingest_more_workers_than_the_machine_holds(synth_zarr, tmp_path, capsys
     assert res.code == 2 and f"1..{bound}" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_a_second_ingest_into_one_store_is_refused_and_a_dead_ones_lock_taken_over(synth_zarr, tmp_path, capsys):
     """Process A ingests and is stopped (SIGSTOP) half way, holding the store; process B, the same
     command, is refused with one line naming A; A is then killed, and the next run takes its stale lock
@@ -68,6 +71,7 @@ def test_a_second_ingest_into_one_store_is_refused_and_a_dead_ones_lock_taken_ov
 
 
 # --- decompress / compress -----------------------------------------------------------------------------
+@pytest.mark.battery
 def test_decompress_to_zarr_on_a_full_disk_leaves_nothing_openable(artefact, tmp_path):
     out = tmp_path / "d.zarr"
     res = subprocess_case(["decompress", str(artefact), "--out", str(out)], fsize=16 * 1024)
@@ -77,6 +81,7 @@ def test_decompress_to_zarr_on_a_full_disk_leaves_nothing_openable(artefact, tmp
     assert not list(tmp_path.iterdir())  # nor a temporary beside it
 
 
+@pytest.mark.battery
 def test_decompress_on_a_full_disk_prints_one_line_not_the_pending_writes(artefact, tmp_path, monkeypatch):
     """zarr-python's own pipeline (POSTCAST_ZARRS=0) writes chunks concurrently on its event loop; on a
     full disk the writes still pending were destroyed at exit, each printing a traceback ('Task was
@@ -88,6 +93,7 @@ def test_decompress_on_a_full_disk_prints_one_line_not_the_pending_writes(artefa
     assert res.err.strip().splitlines() == res.error_lines, res.err[-2000:]
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("member", ["99", "10", "-1", "abc"])
 def test_compress_member_out_of_range(store, tmp_path, capsys, member):
     out = tmp_path / "m.pcnf"
@@ -116,6 +122,7 @@ def test_compress_member_out_of_range(store, tmp_path, capsys, member):
     assert res.code == 2 and "0..9" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_pipeline_compress_stage_of_a_preset_reading_sst(tmp_path, capsys, monkeypatch):
     """The compress stage with a T2m preset (it reads SST, NaN over land): refused before any stage runs."""
     monkeypatch.chdir(tmp_path)
@@ -136,6 +143,7 @@ def test_pipeline_compress_stage_of_a_preset_reading_sst(tmp_path, capsys, monke
     assert not (tmp_path / "work" / "synth").exists()  # no stage ran
 
 
+@pytest.mark.battery
 def test_pipeline_compress_stage_of_a_derived_target(tmp_path, capsys, monkeypatch):
     """The compress stage with a tp24 preset: the artefact holds ensemble statistics, not the tp members tp24 is
     derived from, so compressed training cannot use it (its sampler asks for the members: KeyError 'tp', exit 70).
@@ -171,6 +179,7 @@ def test_pipeline_compress_stage_of_a_derived_target(tmp_path, capsys, monkeypat
 
 
 # --- forecast ---------------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_forecast_from_a_store_with_a_deleted_chunk(t2m_ckpt, store, tmp_path, capsys):
     """A chunk of the last date deleted: damaged input (65), and the fix names forecast's own options
     (it said 'pass --members without 1', exit 66)."""

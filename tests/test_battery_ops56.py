@@ -28,6 +28,7 @@ TINY_SYNTH = {"seed": 3, "resolution": 10.0, "years": [2012, 2017], "dates_per_y
 
 
 # --- --scheduler --------------------------------------------------------------------------------------
+@pytest.mark.battery
 @pytest.mark.parametrize("verb", ["ingest", "evaluate", "forecast"])
 def test_a_scheduler_address_of_another_protocol(verb, synth_zarr, store, t2m_ckpt, tmp_path, capsys):
     """``--scheduler http://...`` was exit 70 "unknown address scheme"; now 2 naming the forms accepted."""
@@ -69,6 +70,7 @@ def lone_scheduler(tmp_path: Path):
         proc.wait()
 
 
+@pytest.mark.battery
 def test_a_scheduler_without_a_worker(synth_zarr, lone_scheduler, tmp_path, capsys, monkeypatch):
     """A live scheduler with no worker: the ingest waited forever, silently; now a warning after a short wait
     and exit 66 after a bounded one (shortened here to 3 s)."""
@@ -81,6 +83,7 @@ def test_a_scheduler_without_a_worker(synth_zarr, lone_scheduler, tmp_path, caps
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.battery
 def test_the_scheduler_dies_during_an_ingest(synth_zarr, lone_scheduler, tmp_path):
     """A real scheduler and worker; the scheduler is killed once the ingest has started its dates: exit 70
     "internal error: FutureCancelledError ... scheduler-connection-lost" with distributed's tracebacks; now one
@@ -124,6 +127,7 @@ SYNTH_BAD = {
 }
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("case", list(SYNTH_BAD))
 @pytest.mark.parametrize("verb", ["config validate", "run --dry-run"])
 def test_bad_synth_values(tmp_path, capsys, monkeypatch, case, verb):
@@ -138,6 +142,7 @@ def test_bad_synth_values(tmp_path, capsys, monkeypatch, case, verb):
     assert res.code == 2 and case.split()[0] in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_bad_synth_values_all_at_once(tmp_path, capsys):
     cfg = {"kind": "pipeline", "synth": {**TINY_SYNTH, **{k: v for d in SYNTH_BAD.values() for k, v in d.items()}}}
     path = tmp_path / "p.yaml"
@@ -156,6 +161,7 @@ PIPELINE_BAD = {  # key -> (value, a word of the line)
 }
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("case", list(PIPELINE_BAD))
 def test_pipeline_keys_the_stages_refuse(tmp_path, capsys, case):
     """`config validate` said "ok" for each; the stage refused it only after training and evaluation had run."""
@@ -179,6 +185,7 @@ def _resigned(src: Path, out: Path, change) -> Path:
     return out
 
 
+@pytest.mark.battery
 def test_evaluate_a_checkpoint_whose_weights_are_nan(t2m_ckpt, store, tmp_path, capsys):
     """A diverged training's weights (NaN): exit 70 in the reliability binning; now 65 naming the outputs."""
 
@@ -202,6 +209,7 @@ def _layout(ckpt):
         sample["variables"] = ["t2m", "msl"]  # 2 input fields: the statistics of 2, not of every variable
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("what", ["family", "layout"])
 def test_a_checkpoint_whose_settings_contradict_its_weights(t2m_ckpt, store, synth_zarr, tmp_path, capsys, what):
     """Settings re-signed over another model's weights: "size mismatch for norm_mean", 'Missing key(s)
@@ -243,6 +251,7 @@ def read_only(tmp_path: Path) -> Path:
     return ro
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("verb", ["evaluate", "forecast"])
 def test_out_on_a_read_only_filesystem(verb, read_only, store, synth_zarr, t2m_ckpt):
     """``--out`` on a read-only filesystem (OSError EROFS) was exit 70; now 74 naming the folder."""

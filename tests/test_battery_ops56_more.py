@@ -45,6 +45,7 @@ def test_evaluate_picks_the_targets_the_store_holds(store_850, tmp_path, capsys)
     assert "t850" in scored and "z500" not in scored, scored
 
 
+@pytest.mark.battery
 def test_evaluate_of_a_target_whose_level_the_store_lacks(store_850, tmp_path, capsys):
     """``--targets z500`` on a store with level 850 only: one line naming the level, the levels there and the fix."""
     out = tmp_path / "eval"
@@ -55,6 +56,7 @@ def test_evaluate_of_a_target_whose_level_the_store_lacks(store_850, tmp_path, c
     assert "500" in line and "850" in line and "--targets" in line, line
 
 
+@pytest.mark.battery
 def test_inspect_verify_reports_the_infinities_of_an_older_store(store_850, tmp_path, capsys):
     """A store written before ingest refused infinities (its truth holds +-Inf, its checksums recorded over them,
     as that ingest did): ``inspect --verify`` passed; now it fails (65) naming the array and the count."""
@@ -87,6 +89,7 @@ def _in_a_full_tmpdir(argv: list[str], tmp: Path, cwd: Path) -> Outcome:
     return Outcome(proc.returncode, proc.stderr, frozenset({74}))
 
 
+@pytest.mark.battery
 def test_a_full_tmpdir_during_the_emos_fit_names_the_scratch_folder(store_850, tmp_path):
     """The local EMOS's fit spills its bands to a scratch folder under TMPDIR; that filesystem full was "cannot
     write the output: No space left on device" (74), blaming an output that was never written. Now 74 naming
@@ -143,15 +146,16 @@ def _degc_labelled_kelvin(path: Path, dates: int, bad: tuple[int, ...]) -> None:
     ).to_netcdf(path)
 
 
+@pytest.mark.battery
 def test_a_refused_ingest_on_thread_workers_prints_no_cancelled_error(tmp_path):
     """A date refused while other dates ran on a threaded cluster printed distributed's "Async instruction for
     <Task cancelled ...> ended with CancelledError" warnings (one per task cut short as the cluster closed)
     before the error line, at the default log level: now the error line alone."""
     _degc_labelled_kelvin(tmp_path / "bad.nc", 60, bad=(3, 30))
     out = tmp_path / "out.zarr"
+    argv = ["ingest", str(tmp_path / "bad.nc"), "--out", str(out), "--threads"]
     proc = subprocess.run(
-        [sys.executable, "-m", "postcast", "--no-progress", "ingest", str(tmp_path / "bad.nc")]
-        + ["--out", str(out), "--threads"],
+        [sys.executable, "-m", "postcast", "--no-progress", *argv],
         capture_output=True,
         text=True,
         timeout=600,

@@ -131,6 +131,7 @@ def _evaluate(store: Path, out: Path, *extra: str) -> list[str]:
 
 
 # --- train --------------------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_train_store_without_a_variable_the_preset_reads(no_sst, tmp_path, capsys):
     """Before: internal error, KeyError: "No variable named 'ens_mean_sst_point_mean'"."""
     res = in_process(_train(no_sst, tmp_path), capsys)
@@ -138,6 +139,7 @@ def test_train_store_without_a_variable_the_preset_reads(no_sst, tmp_path, capsy
     assert res.code == 66 and "ens_mean_sst" in res.error_lines[0] and "data.cfg.sample.variables" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_train_truncated_and_undecodable_chunks(store, tmp_path, capsys):
     """Before: a traceback of RuntimeError: blosc encoded value is invalid (plain loader), or a hang."""
     row = _train_row(store)
@@ -154,6 +156,7 @@ def test_train_truncated_and_undecodable_chunks(store, tmp_path, capsys):
     assert res.code == 65 and "cannot be decoded" in res.error_lines[0] and "ens_mean_t2m/c/" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_train_deleted_chunk_of_a_store_without_manifest(store, tmp_path, capsys):
     """Without ingest's chunk manifest a deleted chunk reads as NaN: the training step's finiteness check
     (models/module.py) still stops it, with one line and exit 65."""
@@ -166,6 +169,7 @@ def test_train_deleted_chunk_of_a_store_without_manifest(store, tmp_path, capsys
     assert res.code == 65 and "non-finite m" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_train_yaml_alias_bomb(store, tmp_path, capsys):
     """Before (5 levels: 10**5 strings): parsed, expanded and passed to the model (9 levels: a traceback)."""
     preset = tmp_path / "bomb.yaml"
@@ -177,6 +181,7 @@ def test_train_yaml_alias_bomb(store, tmp_path, capsys):
 
 
 # --- evaluate -------------------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_evaluate_deleted_damaged_and_undecodable_chunks(store, tmp_path, capsys):
     """Before: deleted: internal error "'list' argument must have no negative elements"; undecodable
     (--split train): internal error RuntimeError: blosc encoded value is invalid."""
@@ -198,6 +203,7 @@ def test_evaluate_deleted_damaged_and_undecodable_chunks(store, tmp_path, capsys
         assert res.code == code and says in res.error_lines[0] and "ens_mean_t2m/c/" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_evaluate_checkpoint_that_does_not_fit_the_store(ckpt, coarse, no_sst, tmp_path, capsys):
     """Before: internal errors, "The size of tensor a (18) must match ..." and KeyError 'ens_mean_sst'."""
     for case, bad, says in (
@@ -215,6 +221,7 @@ class _Payload:
         return (os.system, ("true",))
 
 
+@pytest.mark.battery
 def test_evaluate_crafted_pickle_gets_no_advice_to_unpickle(store, tmp_path, capsys):
     """Before: the refusal quoted torch: "Re-running `torch.load` with `weights_only` set to `False` will
     likely succeed"."""
@@ -229,6 +236,7 @@ def test_evaluate_crafted_pickle_gets_no_advice_to_unpickle(store, tmp_path, cap
 
 
 # --- config validate ------------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_config_validate_bomb_big_and_non_utf8(tmp_path, capsys):
     """Before: non-UTF-8: internal error UnicodeDecodeError; the bomb and the big file were read whole."""
     bomb, big, latin1 = tmp_path / "bomb.yaml", tmp_path / "big.yaml", tmp_path / "latin1.yaml"

@@ -490,6 +490,7 @@ def test_unknown_distribution_in_a_model_is_a_config_error():
         _model("emos", "weibull")
 
 
+@pytest.mark.battery
 def test_train_with_an_unknown_distribution_is_a_usage_error(store, tmp_path, capsys):
     assert_ok(
         "train fit: distribution weibull",
@@ -511,6 +512,7 @@ def test_train_with_an_unknown_distribution_is_a_usage_error(store, tmp_path, ca
     )
 
 
+@pytest.mark.battery
 def test_config_validate_names_an_unknown_distribution(tmp_path, capsys):
     preset = tmp_path / "weibull.yaml"
     preset.write_text("model: {family: emos, distribution: weibull}\ndata: {cfg: {sample: {target: t2m}}}\n")

@@ -22,6 +22,7 @@ def _ingest(src, out, capsys, *extra: str) -> Outcome:
 
 
 # --- ingest --out that cannot be written: 74 ------------------------------------------------------------
+@pytest.mark.battery
 def test_ingest_out_under_a_regular_file(synth_zarr, tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder\n")
     out = tmp_path / "file" / "s.zarr"
@@ -31,6 +32,7 @@ def test_ingest_out_under_a_regular_file(synth_zarr, tmp_path, capsys):
     assert (tmp_path / "file").read_text() == "not a folder\n"
 
 
+@pytest.mark.battery
 def test_ingest_lock_is_a_folder(synth_zarr, tmp_path, capsys):
     out = tmp_path / "s.zarr"
     (tmp_path / "s.zarr.lock").mkdir()
@@ -39,6 +41,7 @@ def test_ingest_lock_is_a_folder(synth_zarr, tmp_path, capsys):
     assert "remove the folder" in res.error_lines[0] and (tmp_path / "s.zarr.lock").is_dir()
 
 
+@pytest.mark.battery
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_ingest_out_in_a_read_only_folder(synth_zarr, tmp_path, capsys):
     ro = tmp_path / "ro"
@@ -47,6 +50,7 @@ def test_ingest_out_in_a_read_only_folder(synth_zarr, tmp_path, capsys):
     assert_ok("ingest: --out in a read-only folder", Outcome(res.code, res.err, frozenset(DISK_FULL)))
 
 
+@pytest.mark.battery
 @pytest.mark.distributed  # a LocalCluster of processes; the issue's tracebacks did not show here (a guard)
 def test_ingest_with_worker_processes_onto_a_full_disk_is_one_line(synth_zarr, tmp_path):
     """A LocalCluster of worker processes (the default) and a file size limit: the one error line, and no
@@ -58,6 +62,7 @@ def test_ingest_with_worker_processes_onto_a_full_disk_is_one_line(synth_zarr, t
 
 
 # --- forecast --name ------------------------------------------------------------------------------------
+@pytest.mark.battery
 @pytest.mark.parametrize(("case", "name"), [("300 characters", "n" * 300), ("a backslash", "a\\b")])
 def test_forecast_name_that_is_no_file_name(tmp_path, capsys, case, name):
     ckpt = tmp_path / "m.ckpt"
@@ -74,12 +79,14 @@ def _inspect(path, capsys) -> Outcome:
     return in_process(["inspect", str(path)], capsys)
 
 
+@pytest.mark.battery
 def test_inspect_missing_path(tmp_path, capsys):
     res = _inspect(tmp_path / "nope.zarr", capsys)
     assert_ok("inspect: a missing path", res)
     assert res.code == 66 and "no such file or directory" in res.error_lines[0] and "--out" not in res.error_lines[0]
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("case", ["fifo", "/dev/zero"])
 def test_inspect_pipe_or_device(tmp_path, capsys, case):
     path = tmp_path / "fifo" if case == "fifo" else "/dev/zero"
@@ -90,12 +97,14 @@ def test_inspect_pipe_or_device(tmp_path, capsys, case):
     assert res.code == 65 and "neither a file nor a folder" in res.error_lines[0] and "--out" not in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_inspect_grib_folder_suggests_ingesting_it(synth_grib, capsys):
     res = _inspect(synth_grib, capsys)
     assert_ok("inspect: a folder of GRIB files", res)
     assert res.code == 65 and f"postcast ingest {synth_grib} --out STORE.zarr" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_inspect_forecast_zarr(synth_zarr, capsys):
     res = _inspect(synth_zarr / "forecast.zarr", capsys)
     assert_ok("inspect: a raw forecast zarr", res)
@@ -103,6 +112,7 @@ def test_inspect_forecast_zarr(synth_zarr, capsys):
     assert f"--out {synth_zarr / 'forecast.zarr'}" not in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_inspect_compressed_artefact(tmp_path, capsys):
     art = tmp_path / "t850.pcnf"
     art.write_bytes(b"PCNF\x01\x00" + bytes(64))
@@ -111,6 +121,7 @@ def test_inspect_compressed_artefact(tmp_path, capsys):
     assert res.code == 65 and "postcast decompress" in res.error_lines[0] and "--out " + str(art) not in res.err
 
 
+@pytest.mark.battery
 def test_inspect_grib_file_named_nc(synth_grib, tmp_path, capsys):
     grib = next(p for p in sorted(synth_grib.rglob("*")) if p.is_file() and p.read_bytes()[:4] == b"GRIB")
     named = tmp_path / "forecast.nc"
@@ -121,6 +132,7 @@ def test_inspect_grib_file_named_nc(synth_grib, tmp_path, capsys):
 
 
 # --- ingest: names and units ------------------------------------------------------------------------------
+@pytest.mark.battery
 def test_ingest_ambiguous_variable_name(synth_zarr, tmp_path, capsys):
     out = tmp_path / "s.zarr"
     res = _ingest(synth_zarr, out, capsys, "--variables", "air_temperature")
@@ -128,6 +140,7 @@ def test_ingest_ambiguous_variable_name(synth_zarr, tmp_path, capsys):
     assert res.code == 2 and "ambiguous" in res.error_lines[0] and "t and t2m" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_ingest_tp_in_mm_labelled_m_names_the_fix(synth_zarr, tmp_path, capsys):
     ds = xr.open_zarr(synth_zarr / "forecast.zarr", consolidated=False).load()
     ds["tp"] = (ds["tp"] * 1000.0).assign_attrs(units="m")

@@ -238,6 +238,7 @@ def test_the_service_answers_ws10_and_both_tp24_models(archive_root):
 
 
 # --- bad input (the shared battery) ---------------------------------------------------------------
+@pytest.mark.battery
 def test_tp24_on_an_input_without_the_earlier_lead(world, ckpts, window, tmp_path, capsys):
     """tp24 at +48 h is tp(+48) - tp(+24): an input with +0 and +48 h only has no tp24 to forecast. One line
     naming the +24 h it lacks and --input, exit 66, nothing written. Before: a ConfigError (exit 2) from the

@@ -56,6 +56,7 @@ def _changed(axis: np.ndarray, kind: str) -> np.ndarray:
 FAULTS = {"nan": "not finite", "not monotonic": "not monotonic", "repeated": "repeated", "out of range": "outside"}
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("axis", ["latitude", "longitude"])
 @pytest.mark.parametrize("kind", list(FAULTS))
 def test_a_source_with_bad_coordinates_is_refused_naming_them(tmp_path, capsys, axis, kind):

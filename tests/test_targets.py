@@ -248,6 +248,7 @@ def test_one_epoch_of_emos_beats_the_raw_members(derived_store, target, tmp_path
 
 
 # --- bad input (the shared battery) ---------------------------------------------------------------
+@pytest.mark.battery
 def test_synth_with_an_unknown_target(tmp_path, capsys):
     preset = tmp_path / "bad.yaml"
     preset.write_text("kind: synth\ntargets: [ws11]\n")
@@ -256,6 +257,7 @@ def test_synth_with_an_unknown_target(tmp_path, capsys):
     assert res.code == 2 and "ws11" in res.error_lines[0] and "tp24" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_train_a_derived_target_on_a_store_without_its_truth(store, tmp_path, capsys):
     """The ENS-10 store (no synth targets) has no truth_ws10: one line naming it, exit 66, no checkpoint."""
     res = in_process(
@@ -289,6 +291,7 @@ def test_an_ens10_store_is_evaluated_and_labelled_with_its_own_targets(store, cl
     assert sorted(map(str, res["target"].values)) == sorted(held)
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("n", ["0", "-5"])
 def test_evaluate_with_too_few_bootstrap_resamples(store, tmp_path, capsys, n):
     """It ended in an internal error (an IndexError inside the bootstrap's percentiles) after scoring."""

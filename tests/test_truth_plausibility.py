@@ -76,6 +76,7 @@ CASES = {
 }
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize("case", list(CASES))
 def test_implausible_truth_is_refused(raw, tmp_path, capsys, case):
     fields, said = CASES[case]
@@ -87,6 +88,7 @@ def test_implausible_truth_is_refused(raw, tmp_path, capsys, case):
     assert res.code == 65 and said in res.error_lines[0] and "era5.nc" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_truth_with_a_duplicate_time_is_refused(raw, tmp_path, capsys):
     src, inits, _ = raw
     _truth(tmp_path / "one.nc", inits)
@@ -123,6 +125,7 @@ def test_value_range_of_derived_targets_follows_their_declaration():
     assert plausibility.value_range(schema.target("t2m")) == (180.0, 340.0)
 
 
+@pytest.mark.battery
 def test_forecast_accumulation_that_shrinks_with_the_step_is_refused(raw, tmp_path, capsys):
     """tp given as amounts per step (falling from one step to the next) was clipped at 0 into a dry tp24."""
     _, _, fc = raw

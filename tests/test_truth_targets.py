@@ -187,6 +187,7 @@ def _irregular(path, inits):
     era.assign_coords(valid_time=times).to_netcdf(path)
 
 
+@pytest.mark.battery
 @pytest.mark.parametrize(
     ("case", "said"), [("5h", "valid times every 5 h;"), ("irregular", "valid times at irregular spacings (0.5 h, 1 h")]
 )
@@ -205,6 +206,7 @@ def test_tp_at_a_spacing_that_does_not_divide_24h_is_refused_in_one_line(forecas
     assert "a regular spacing that divides 24 h" in res.error_lines[0]
 
 
+@pytest.mark.battery
 def test_truth_of_u10_alone_is_refused_naming_what_ws10_needs(forecasts, capsys, tmp_path):
     src, inits = forecasts
     _era5(tmp_path / "era5_u_only.nc", inits, names=("u10",))
