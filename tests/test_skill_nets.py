@@ -82,7 +82,9 @@ def batches(n: int) -> list[dict[str, torch.Tensor]]:
 # 3e-14 of their twins: the fused training is the same computation, and only the round-off differs.
 NETS = [
     pytest.param("lenet", {"embedding": 2}, torch.float32, 1e-4, id="lenet"),
-    pytest.param("unet", {"base_filters": 4, "embedding": 2, "norm": "group"}, torch.float32, 1e-4, id="unet-groupnorm"),
+    pytest.param(
+        "unet", {"base_filters": 4, "embedding": 2, "norm": "group"}, torch.float32, 1e-4, id="unet-groupnorm"
+    ),
     pytest.param("unet", {"base_filters": 4, "embedding": 2, "norm": "none"}, torch.float32, 1e-4, id="unet-no-norm"),
     pytest.param("unet", {"base_filters": 4, "embedding": 2}, torch.float64, 1e-10, id="unet-batchnorm-float64"),
 ]
