@@ -10,8 +10,11 @@ default tier (``pytest``) runs everything but those markers and ``system``, the 
 
 ``pytest -m system`` runs the tests of ``SYSTEM_FILES`` (and the tests marked ``system`` where they are
 written): real processes killed, interrupted, starved of disk or fed the bad-input battery, the pipeline
-rerun, the wheel installed into a new environment, the GPU script's dry run, and the trainings of minutes
-(models trained to convergence to show what they learn, compressors fitted twice, every docs/api.md block).
+rerun, the wheel installed into a new environment, the GPU script's dry run, the trainings of minutes
+(models trained to convergence to show what they learn, compressors fitted twice, every docs/api.md block), and
+the slowest cross-checks of the default tier (GRIB files against cfgrib and eccodes, the Triton kernels under the
+interpreter, the download dry runs against a local server, every family through evaluate, a model at every
+lead).
 They run as their own tier, after the default tier in ``.ci/run``, which keeps the default tier within 10
 minutes on an idle 2-core machine.
 """
@@ -27,9 +30,6 @@ UNIT_FILES = frozenset(
         "test_battery_files.py",
         "test_config_kinds.py",
         "test_distributions.py",
-        "test_download.py",
-        "test_download_rerun.py",
-        "test_grib.py",
         "test_laws.py",
         "test_models.py",
         "test_regime_world.py",
@@ -45,6 +45,7 @@ UNIT_FILES = frozenset(
 )
 SYSTEM_FILES = frozenset(
     {
+        "test_any_lead.py",
         "test_apply.py",
         "test_bad_input.py",
         "test_battery.py",
@@ -54,11 +55,16 @@ SYSTEM_FILES = frozenset(
         "test_battery_training.py",
         "test_cluster.py",
         "test_docs_api.py",
+        "test_download.py",
+        "test_download_rerun.py",
         "test_emos_standard.py",
         "test_evaluate_determinism.py",
+        "test_evaluate_families.py",
         "test_exit_codes_more.py",
         "test_fused.py",
         "test_gpu_script.py",
+        "test_grib.py",
+        "test_kernels.py",
         "test_loader_faults.py",
         "test_location_aware.py",
         "test_netcdf_threads.py",
