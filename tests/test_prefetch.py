@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
+import threading
 
 import lightning as L
 import pytest
@@ -198,3 +200,54 @@ def test_concurrent_read_path_equals_xarray_selection(store):
         assert got.keys() == want.keys()
         for k in got:
             assert torch.equal(bits(got[k]), bits(want[k])), k
+
+
+def _read_in_thread(data: StoreDataset, i: int, out: list[object]) -> threading.Thread:
+    def run() -> None:
+        try:
+            out.append(data[i])
+        except Exception as err:  # the test compares it with the sample
+            out.append(err)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_read_racing_the_first_read_gets_the_same_sample(cfg, store):
+    """Prefetch threads and the consumer read one StoreDataset at once. Whatever line of its own code the first
+    read is at, a second thread's read of another sample then gives that sample's bits. The first read used to
+    open the arrays, publish them, then set the coordinates: a read in between built its sample without them
+    and failed ("this model predicts +48 h; the data holds +0, +0, +0 h")."""
+    want = StoreDataset(cfg, "train")[1]
+    here = sys.modules[StoreDataset.__module__].__file__
+    for line in range(60):  # a fresh dataset each time: the first read stops at its line-th line for the racer
+        data = StoreDataset(cfg, "train", source=LocalStore(str(store), read_only=True))
+        seen, results = [0], []
+
+        def trace(frame, event, arg, data=data, seen=seen, results=results, line=line):
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == line + 1:
+                    _read_in_thread(data, 1, results).join(timeout=60)
+            return trace
+
+        def first_read(data=data) -> None:
+            sys.settrace(lambda f, e, a: trace if f.f_code.co_filename == here and f.f_code.co_name[0] != "<" else None)
+            try:
+                data[0]
+            finally:
+                sys.settrace(None)
+
+        first = threading.Thread(target=first_read)
+        first.start()
+        first.join(timeout=120)
+        if seen[0] <= line:  # the first read has fewer lines: every one had its racer
+            break
+        assert len(results) == 1, (line, results)
+        got = results[0]
+        assert isinstance(got, dict), (line, got)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(bits(got[k]), bits(want[k])), (line, k)
+    assert line > 3

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +169,16 @@ def check_variables(store: xr.Dataset, spec: SampleSpec, store_path: str) -> Non
         raise MissingInputError(msg, missing=missing)
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What :class:`StoreDataset` reads samples with, opened once per process."""
+
+    reader: prefetch.RowReader  # the sample's arrays
+    dims: dict[str, tuple[str, ...]]  # per array, the dimensions of one date
+    coords: xr.Coordinates  # the dimension coordinates but init_time (indexes built once)
+    init_time: np.ndarray  # the store's init dates
+
+
 class StoreDataset(Dataset[dict[str, torch.Tensor]]):
     """Samples of one split of a store (see :mod:`postcast.datasets.sample` for fields and shapes)."""
 
@@ -190,8 +201,8 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         self._source = io.open_zarr(source) if source is not None else None
         self._source_store = source
         self._store = store
-        self._arrays: dict[str, zarr.Array[Any]] | None = None  # opened on the first read
-        self._coords: dict[str, np.ndarray] = {}
+        self._reading: _Reading | None = None  # the arrays and coordinates samples are read with, published whole
+        self._open_lock = threading.Lock()
         ds = self._opened()
         self.indices = contract.split_rows(ds, split, target=self.spec.resolved_target, step_h=self.spec.step_h)
         if self.indices.size == 0:
@@ -203,6 +214,15 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         self.sampler = Sampler(self.spec, ds[schema.LAT].values, ds[schema.LON].values, oracle=oracle)
         self._cache: dict[int, dict[str, torch.Tensor]] = {}  # the first samples read, within the budget
         self.budget = budget if budget is not None else ByteBudget(cfg.cache_bytes)
+        self._open_reading()  # here, once: not in the first read of each loader thread
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a DataLoader worker started by pickling gets: no lock, no opened arrays (it opens them)."""
+        return {**self.__dict__, "_reading": None, "_open_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_lock = threading.Lock()
 
     def _opened(self) -> xr.Dataset:
         """The store: the caller's, else opened once per process (:func:`_open`)."""
@@ -228,22 +248,55 @@ class StoreDataset(Dataset[dict[str, torch.Tensor]]):
         except (BadInputError, MissingInputError) as err:
             raise _across_workers(err) from None
 
+    def _open_reading(self) -> _Reading:
+        """The arrays a sample reads (only those: not the whole group's metadata) and the coordinates of its
+        dates, opened once per process under a lock and published whole: a thread reading while another
+        opens them waits, and never sees arrays without their coordinates."""
+        reading = self._reading
+        if reading is not None:
+            return reading
+        with self._open_lock:
+            if self._reading is None:
+                ds = self._source if self._source is not None else self._opened()
+                source = self._source_store if self._source_store is not None else self.cfg.store
+                group = zarr.open_group(source, mode="r", use_consolidated=False)
+                names = [n for n in self.spec.store_variables(oracle=self.sampler.oracle) if n in ds]
+                arrays = {n: group[n] for n in names}
+                assert all(isinstance(a, zarr.Array) for a in arrays.values())  # variables are arrays, not groups
+                coords = {str(c): ds[c].values for c in ds.coords if ds[c].dims == (c,) and c != schema.INIT_TIME}
+                self._reading = _Reading(
+                    reader=prefetch.RowReader(arrays),  # type: ignore[arg-type]
+                    dims={n: tuple(str(d) for d in ds[n].dims[1:]) for n in names},
+                    coords=xr.Coordinates(coords),
+                    init_time=ds[schema.INIT_TIME].values,
+                )
+            return self._reading
+
     def _read(self, i: int) -> dict[str, torch.Tensor]:
         """Sample ``i``: the variables it needs are read in one concurrent zarr call (the same values
         as ``Sampler.sample(ds.isel(init_time=row))``, several times faster than xarray's lazy reads)."""
-        ds = self._source if self._source is not None else self._opened()
-        row = int(self.indices[i])
-        if self._arrays is None:
-            group = zarr.open_group(self._source_store if self._source_store is not None else self.cfg.store, mode="r")
-            names = [n for n in self.spec.store_variables(oracle=self.sampler.oracle) if n in ds]
-            self._arrays = {n: group[n] for n in names}  # type: ignore[misc]
-            self._coords = {str(c): ds[c].values for c in ds.coords if ds[c].dims == (c,) and c != schema.INIT_TIME}
-        values = prefetch.read_rows(self._arrays, row)
-        day = xr.Dataset(
-            {n: (ds[n].dims[1:], v) for n, v in values.items()},
-            coords={**self._coords, schema.INIT_TIME: ds[schema.INIT_TIME].values[row]},
-        )
-        return to_tensors(self.sampler.sample(day))
+        return next(self._read_rows([i]))
+
+    def read_many(self, indices: Sequence[int]) -> Iterator[dict[str, torch.Tensor]]:
+        """Samples ``indices`` in order (each equal to ``self[i]``): the chunks of all of them are fetched in
+        one round trip (their reads overlap), each sample decoded and built when it is asked for. The
+        clairvoyant loader's threads read the samples they know are next this way."""
+        if self.cfg.cache:
+            yield from (self[i] for i in indices)
+            return
+        try:
+            yield from self._read_rows(indices)
+        except (BadInputError, MissingInputError) as err:
+            raise _across_workers(err) from None
+
+    def _read_rows(self, indices: Sequence[int]) -> Iterator[dict[str, torch.Tensor]]:
+        reading = self._open_reading()
+        rows = [int(self.indices[i]) for i in indices]
+        for row, values in zip(rows, reading.reader.read(rows), strict=True):
+            day = xr.Dataset({n: (reading.dims[n], v) for n, v in values.items()}, coords=reading.coords).assign_coords(
+                {schema.INIT_TIME: reading.init_time[row]}
+            )
+            yield to_tensors(self.sampler.sample(day))
 
 
 class StoreDataModule(L.LightningDataModule):

@@ -14,7 +14,9 @@ So every future access of this rank is known before training starts, and the loa
    never cached. No eviction;
 3. prefetch in the background (:class:`ClairvoyantDataset`, module :mod:`.dataset`): threads fill
    tier slots in order of first access and stage uncached samples a bounded window ahead of the
-   consumer, each read exactly once, so backing-store reads = accesses - predicted hits;
+   consumer, each read exactly once, so backing-store reads = accesses - predicted hits; each thread
+   claims its next few reads at once and, with a base that has ``read_many`` (StoreDataset), fetches
+   their chunks in one round trip (:class:`RowReader`, module :mod:`.chunks`);
 4. report per epoch (:class:`PrefetchStats`, a Lightning Callback, module :mod:`.callback`): hit
    rate per tier, stall seconds (time the consumer waited for data), backing-store reads and bytes;
 5. serve one fixed batch forever (:class:`FixedBatchLoader`, module :mod:`.dataset`) to tell
@@ -29,6 +31,7 @@ The zarr utilities :func:`read_rows` and :class:`CountingStore` live in the torc
 """
 
 from postcast.datasets.loaders.prefetch.callback import PrefetchStats
+from postcast.datasets.loaders.prefetch.chunks import RowReader
 from postcast.datasets.loaders.prefetch.dataset import (
     ClairvoyantDataset,
     FixedBatchLoader,
@@ -49,6 +52,7 @@ __all__ = [
     "FixedBatchLoader",
     "PrefetchStats",
     "ReplaySampler",
+    "RowReader",
     "Sample",
     "StreamSpec",
     "access_stream",

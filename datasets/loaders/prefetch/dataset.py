@@ -26,6 +26,11 @@ from postcast.datasets.loaders.prefetch.plan import CachePlan, plan_cache
 from postcast.datasets.loaders.prefetch.stream import ReplaySampler, StreamSpec, access_stream
 from postcast.datasets.loaders.prefetch.tiers import TIERS, EpochStats, Sample, _Tier
 
+# Samples a prefetch thread claims and reads at once when the base dataset has ``read_many(indices)`` (an
+# iterator of the samples in order, e.g. StoreDataset's: their chunks fetched in one round trip, their
+# latencies overlapping): on a 2 ms-per-read store, 8 per thread keep ~270 chunk reads in flight.
+READ_BATCH = 8
+
 
 class _Entry:
     __slots__ = ("error", "ready", "sample")
@@ -38,7 +43,8 @@ class _Entry:
 
 class ClairvoyantDataset(Dataset[Sample]):
     """``base`` (any map-style dataset of dict samples) behind a planned tiered cache, a staging
-    window of ``lookahead`` samples and ``threads`` prefetch threads.
+    window of ``lookahead`` samples and ``threads`` prefetch threads, each claiming the next ``read_batch``
+    reads in order of need and reading them with ``base.read_many`` when the base has one (else one by one).
 
     ``begin_epoch(epoch, indices)`` (called by :class:`ReplaySampler`) tells it where the consumer
     is; ``__getitem__`` serves from RAM/disk/staging when it can and reads ``base`` otherwise. Every
@@ -53,11 +59,13 @@ class ClairvoyantDataset(Dataset[Sample]):
         threads: int = 4,
         lookahead: int = 16,
         disk_dir: str | os.PathLike[str] | None = None,
+        read_batch: int = READ_BATCH,
     ):
         if plan.capacity[1] and disk_dir is None:
             msg = "the plan has a disk tier: pass disk_dir (a local directory)"
             raise ValueError(msg)
         self.base, self.plan, self.lookahead = base, plan, max(lookahead, 0)
+        self.read_batch = max(read_batch, 1)
         self.tiers = (_Tier(plan.capacity[0]), _Tier(plan.capacity[1], Path(disk_dir) if disk_dir else None))
         self._cv = threading.Condition()
         self._filled: dict[int, _Entry] = {}  # cached index -> entry (claimed when present)
@@ -190,11 +198,14 @@ class ClairvoyantDataset(Dataset[Sample]):
 
     def _read(self, i: int) -> Sample:
         sample = self.base[i]
+        self._count_read()
+        return sample
+
+    def _count_read(self) -> None:
         with self._cv:
             self.backing_reads += 1
             if self.stats:
                 self.stats[-1].backing_reads += 1
-        return sample
 
     def _store(self, i: int, pos: int, entry: _Entry | None, sample: Sample, source: str) -> None:
         if entry is None:
@@ -215,41 +226,61 @@ class ClairvoyantDataset(Dataset[Sample]):
         assert entry.sample is not None
         return entry.sample
 
-    def _next_job(self) -> tuple[int, int, _Entry, str] | None:
-        """The next read in order of need: a tier fill or a staging read within the window; lock
-        held; blocks until there is one; None when stopping."""
-        while not self._stop:
-            while self._fill_next < len(self.plan.fill_order) and self.plan.fill_order[self._fill_next] in self._filled:
-                self._fill_next += 1
-            fill = self.plan.fill_order[self._fill_next] if self._fill_next < len(self.plan.fill_order) else None
-            self._stage_next = max(self._stage_next, self._consumer)
-            g = self._stage_next
-            stage_ok = self._on_plan and g < min(self.horizon, self._consumer + self.lookahead)
-            while stage_ok and (self._expected(g) in self.plan.slots or g in self._staged):
-                g += 1
-                stage_ok = g < min(self.horizon, self._consumer + self.lookahead)
-            self._stage_next = g
-            if fill is not None and (not stage_ok or self.plan.first[fill] <= g):
-                entry = self._filled[fill] = _Entry()
-                return fill, -1, entry, TIERS[self.plan.slots[fill][0]]
-            if stage_ok:
-                entry = self._staged[g] = _Entry()
-                self._stage_next = g + 1
-                return self._expected(g), g, entry, "staging"
-            self._cv.wait()
+    def _pick(self) -> tuple[int, int, _Entry, str] | None:
+        """The next read in order of need, claimed: a tier fill or a staging read within the window; lock
+        held; None when there is none now."""
+        while self._fill_next < len(self.plan.fill_order) and self.plan.fill_order[self._fill_next] in self._filled:
+            self._fill_next += 1
+        fill = self.plan.fill_order[self._fill_next] if self._fill_next < len(self.plan.fill_order) else None
+        self._stage_next = max(self._stage_next, self._consumer)
+        g = self._stage_next
+        stage_ok = self._on_plan and g < min(self.horizon, self._consumer + self.lookahead)
+        while stage_ok and (self._expected(g) in self.plan.slots or g in self._staged):
+            g += 1
+            stage_ok = g < min(self.horizon, self._consumer + self.lookahead)
+        self._stage_next = g
+        if fill is not None and (not stage_ok or self.plan.first[fill] <= g):
+            entry = self._filled[fill] = _Entry()
+            return fill, -1, entry, TIERS[self.plan.slots[fill][0]]
+        if stage_ok:
+            entry = self._staged[g] = _Entry()
+            self._stage_next = g + 1
+            return self._expected(g), g, entry, "staging"
         return None
 
+    def _next_jobs(self) -> list[tuple[int, int, _Entry, str]]:
+        """Up to ``read_batch`` next reads, claimed (blocks until there is one; empty when stopping); lock held."""
+        while not self._stop:
+            job = self._pick()
+            if job is None:
+                self._cv.wait()
+                continue
+            jobs = [job]
+            while len(jobs) < self.read_batch and (job := self._pick()) is not None:
+                jobs.append(job)
+            return jobs
+        return []
+
     def _work(self) -> None:
+        read_many = getattr(self.base, "read_many", None)
         while True:
             with self._cv:
-                job = self._next_job()
-            if job is None:
+                jobs = self._next_jobs()
+            if not jobs:
                 return
-            i, pos, entry, source = job
+            done = 0
             try:
-                self._store(i, pos, entry, self._read(i), source)
+                if read_many is None or len(jobs) == 1:
+                    samples: Iterator[Sample] = (self.base[i] for i, *_ in jobs)
+                else:  # the chunks of every job fetched at once; each sample handed on as soon as it is built
+                    samples = read_many([i for i, *_ in jobs])
+                for (i, pos, entry, source), sample in zip(jobs, samples, strict=True):
+                    self._count_read()
+                    self._store(i, pos, entry, sample, source)
+                    done += 1
             except BaseException as err:  # handed to the consumer: a thread dying silently left it waiting
-                self._fail(entry, err)
+                for _, _, entry, _ in jobs[done:]:
+                    self._fail(entry, err)
                 return
 
     def _fail(self, entry: _Entry, err: BaseException) -> None:
@@ -279,6 +310,7 @@ def clairvoyant_loader(
     start_epoch: int = 0,
     threads: int = 4,
     lookahead: int = 16,
+    read_batch: int = READ_BATCH,
 ) -> DataLoader[Sample]:
     """A DataLoader over ``base`` that yields what ``DataLoader(base, batch_size,
     sampler=DistributedSampler(base, ...spec))`` yields, from a planned cache."""
@@ -290,7 +322,9 @@ def clairvoyant_loader(
         epochs=epochs,
         start_epoch=start_epoch,
     )
-    data = ClairvoyantDataset(base, plan, threads=threads, lookahead=lookahead, disk_dir=disk_dir)
+    data = ClairvoyantDataset(
+        base, plan, threads=threads, lookahead=lookahead, disk_dir=disk_dir, read_batch=read_batch
+    )
     return DataLoader(data, batch_size=batch_size, sampler=ReplaySampler(data, spec, data.begin_epoch), num_workers=0)
 
 
