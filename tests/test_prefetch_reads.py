@@ -5,12 +5,13 @@ next samples a batch at a time yields the plain loader's batches, reading each s
 from __future__ import annotations
 
 import shutil
+import threading
 
 import numpy as np
 import pytest
 import torch
 import zarr
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 from zarr.storage import LocalStore
 
@@ -18,6 +19,8 @@ from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.loaders import prefetch
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
+
+HANG_CEILING_S = 120  # against a hang only, generous for a busy machine
 
 STORE_ARRAYS = ("ens_mean_t", "ens_std_z", "truth_t850", "oracle_mean_t850", "t", "split")
 
@@ -119,3 +122,43 @@ def test_batched_prefetch_yields_the_plain_loaders_batches(store, cache):
     want = sorted(1 if i in data.plan.slots else c for i, c in data.plan.counts.items())
     assert truth_reads == want
     assert sum(st.off_plan for st in data.stats) == 0
+
+
+class _FailsOnce(Dataset):
+    """8 samples of one small array; the first read of index ``bad`` raises OSError (a read that fails)."""
+
+    def __init__(self, bad: int):
+        self.bad, self.failed = bad, False
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if i == self.bad and not self.failed:
+            self.failed = True
+            raise OSError(f"sample {i}: read failed")
+        return {"x": np.full(3, float(i))}
+
+
+def test_an_access_after_the_consumers_own_read_failed_raises_instead_of_waiting_forever():
+    """No prefetch thread: the consumer reads each cached sample itself. Its read of sample 2 fails; the next
+    access of sample 2 used to wait forever on the entry the failed read had claimed (the entry was never
+    marked done). It must raise the read's error at once."""
+    plan = prefetch.plan_cache(prefetch.StreamSpec(n=8), sample_bytes=24, ram_bytes=10_000)
+    data = prefetch.ClairvoyantDataset(_FailsOnce(bad=2), plan, threads=0)
+    with pytest.raises(OSError, match="sample 2"):
+        data[2]
+    outcome: list[BaseException] = []
+
+    def again() -> None:
+        try:
+            data[2]
+        except BaseException as err:  # the error is the outcome
+            outcome.append(err)
+
+    t = threading.Thread(target=again, daemon=True)
+    t.start()
+    t.join(timeout=HANG_CEILING_S)  # a ceiling against a hang only: the access returns at once when correct
+    assert not t.is_alive(), "the second access of a sample whose read failed waits forever"
+    assert isinstance(outcome[0], OSError)
+    data.close()

@@ -150,7 +150,12 @@ class ClairvoyantDataset(Dataset[Sample]):
             st.off_plan += int(not on_plan)
             entry, source, own = self._claim_for_consumer(i, pos, on_plan)
         if own:  # nobody fetched it yet: read it here
-            sample = self._read(i)
+            try:
+                sample = self._read(i)
+            except BaseException as err:  # the claimed entry gets the error: a later access raises, never waits
+                if entry is not None:
+                    self._fail(entry, err)
+                raise
             self._store(i, pos, entry, sample, source)
             with self._cv:
                 st.consumer_reads += 1
