@@ -53,18 +53,21 @@ import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Scope
 
 from postcast.datasets import schema
 from postcast.datasets.core.version import __version__
 from postcast.pipeline.products import archive
 from postcast.serve.auth import Gate, bearer_ok
 from postcast.serve.catalog import Catalog
+from postcast.serve.fast import FastRoute, point_params
 from postcast.serve.grid import Served, as_asked, box_columns
 from postcast.serve.law import QUANTITIES, describe
 from postcast.serve.metrics import Stats
 from postcast.serve.openapi import document, offline_docs
 from postcast.serve.page import page_routes
-from postcast.serve.rendering import PNGResponse, Shown, render_map
+from postcast.serve.rendering import PNGResponse, Shown, cached_map, render_map
 from postcast.serve.schemas import (
     BoxAnswer,
     Health,
@@ -80,11 +83,13 @@ from postcast.serve.schemas import (
     parse_time,
 )
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode  # json.dumps(obj, separators, allow_nan)
+
 
 def _json(obj: dict[str, Any]) -> Response:
     """A compact strict-JSON answer (the routes build their dicts; the response models only document them;
     what is served is checked on loading, serve/grid.py, so no NaN reaches here)."""
-    return Response(json.dumps(obj, separators=(",", ":"), allow_nan=False).encode(), media_type="application/json")
+    return Response(_ENCODE(obj).encode(), media_type="application/json")
 
 
 def _grid_extent(lat: np.ndarray, lon: np.ndarray) -> str:
@@ -130,6 +135,9 @@ def create_app(
         params = getattr(getattr(r, "dependant", None), "query_params", None)
         routes[getattr(r, "path", "")] = frozenset(p.alias for p in params) if params is not None else None
     document(app, catalog, set(routes) - open_paths if token is not None else set())
+    # the point query's route is matched first (each route tried before it costs a point query ~2 us); no other
+    # route's path can match /forecast/point, and the document keeps the paths in their order above
+    app.router.routes.sort(key=lambda r: not isinstance(r, FastRoute))
     app.state.catalog = catalog
     return app
 
@@ -191,9 +199,17 @@ def _forecast_routes(app: FastAPI, *, guarded: bool) -> None:
     app.add_api_route(
         "/forecasts", forecasts_list, methods=["GET"], response_model=Listing, responses=answers(401, 422)
     )
-    app.add_api_route(
-        "/forecast/point", point, methods=["GET"], response_model=PointAnswer, responses=answers(401, 404, 422)
+    app.router.add_api_route(
+        "/forecast/point",
+        point,
+        methods=["GET"],
+        response_model=PointAnswer,
+        responses=answers(401, 404, 422),
+        route_class_override=FastRoute,
     )
+    fast = app.router.routes[-1]
+    assert isinstance(fast, FastRoute)
+    fast.fast = _point_fast
     app.add_api_route(
         "/forecast/bbox", bbox, methods=["GET"], response_model=BoxAnswer, responses=answers(401, 404, 422)
     )
@@ -207,7 +223,7 @@ def _forecast_routes(app: FastAPI, *, guarded: bool) -> None:
     )
 
 
-def _catalog(request: Request) -> Catalog:
+async def _catalog(request: Request) -> Catalog:
     """The app's archive (``app.state.catalog``), handed to each forecast route."""
     catalog: Catalog = request.app.state.catalog
     return catalog
@@ -266,25 +282,54 @@ async def point(
         float | None, Query(description="exceedance threshold, target units", allow_inf_nan=False)
     ] = None,
 ) -> Response:
+    # no docstring: it would be the operation's description in the OpenAPI document. FastAPI validates the
+    # parameters here; a plainly valid query reaches point_answer without that (_point_fast, serve/fast.py)
+    return point_answer(catalog, target, lat, lon, time, model, threshold)
+
+
+def point_answer(
+    catalog: Catalog, target: str, lat: float, lon: float, time: str | None, model: str | None, threshold: float | None
+) -> Response:
+    """The point answer for validated parameters (both ways to it: :func:`point` and :func:`_point_fast`)."""
     check_threshold(target, threshold)
     entry, s = catalog.resolve(target, model, parse_time(time))
     f = s.field
     i, j = s.lat(lat), s.lon(lon % 360.0)
-    mu, sd = float(f.mean[i, j]), float(f.std[i, j])
-    out: dict[str, Any] = {
-        **_which(target, entry, s),
+    values: dict[str, Any] = {
         "latitude": float(f.lat[i]),
         "longitude": as_asked(float(f.lon[j]), lon),
-        "mean": mu,
-        "std": sd,
+        "mean": float(f.mean[i, j]),
+        "std": float(f.std[i, j]),
         "quantiles": dict(zip(s.quantile_keys, f.quantiles[:, i, j].tolist(), strict=True)),
         "exceedance": dict(zip(s.threshold_keys, f.exceedance[:, i, j].tolist(), strict=True)),
-        "law": describe(target, f),
-        "members": None if f.members is None else f.members[:, i, j].tolist(),  # finite: grid.check
     }
     if threshold is not None:
-        out["exceedance"][f"{threshold:g}"] = archive.exceedance_at(f, i, j, threshold)  # the file's family
-    return _json(out)
+        values["exceedance"][f"{threshold:g}"] = archive.exceedance_at(f, i, j, threshold)  # the file's family
+    members = None if f.members is None else f.members[:, i, j].tolist()  # finite: grid.check
+    head, law = _point_parts(target, entry, s)
+    # the bytes of _json({**_which(..), **values, "law": describe(..), "members": members}), the parts that
+    # are the same for every point of the file encoded once
+    body = f'{head}{_ENCODE(values)[1:-1]},{law},"members":{_ENCODE(members)}}}'
+    return Response(body.encode(), media_type="application/json")
+
+
+def _point_parts(target: str, entry: archive.Product, s: Served) -> tuple[str, str]:
+    """The point answer's parts that are the same at every point of a file, encoded: the head (what the
+    answer is of: :func:`_which`, up to its closing brace, exclusive) and ``"law":{..}`` (:func:`describe`)."""
+    key = ("point", target, entry.product, entry.model)
+    parts: tuple[str, str] | None = s.memo.get(key)
+    if parts is None:
+        parts = _ENCODE(_which(target, entry, s))[:-1] + ",", '"law":' + _ENCODE(describe(target, s.field))
+        s.memo[key] = parts
+    return parts
+
+
+def _point_fast(scope: Scope) -> Response | None:
+    """The point answer of a plainly valid query (:func:`postcast.serve.fast.point_params`), else None."""
+    params = point_params(scope)
+    if params is None:
+        return None
+    return point_answer(scope["app"].state.catalog, **params)
 
 
 async def bbox(
@@ -319,7 +364,7 @@ async def bbox(
     )
 
 
-def map_png(
+async def map_png(
     catalog: CatalogOf,
     target: Target | None = None,
     time: Time = None,
@@ -331,7 +376,12 @@ def map_png(
     """The map of ``target`` (default: the target of the last forecast listed, of ``model`` if given):
     ``show`` the mean, the spread, the quantile at ``level`` or the probability of exceeding ``threshold``."""
     target = target or catalog.latest_target(model)
-    png, headers = render_map(catalog, target, model, parse_time(time), Shown(show, level, threshold))
+    valid, shown = parse_time(time), Shown(show, level, threshold)
+    # a map rendered already is answered on the event loop; a render (matplotlib, blocking) runs in a worker thread
+    found = cached_map(catalog, target, model, valid, shown)
+    if found is None:
+        found = await run_in_threadpool(render_map, catalog, target, model, valid, shown)
+    png, headers = found
     return PNGResponse(png, headers=headers)
 
 

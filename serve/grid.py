@@ -4,7 +4,9 @@ and the longitudes of a box or point in the convention they were asked in (-180.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +51,10 @@ class Served:
     valid: str
     quantile_keys: tuple[str, ...]
     threshold_keys: tuple[str, ...]
+    # what every answer of this file shares, built once on first use (postcast.serve.app: the point answer's
+    # encoded head and law; postcast.serve.rendering: the map headers); it lives and goes with the loaded file (the
+    # catalog keys it by path and signature), so a replaced file starts afresh
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, p: Product, f: Field) -> Served:

@@ -16,10 +16,12 @@ DOCS_ASSETS = "/docs/assets"  # where the Swagger UI and ReDoc assets are served
 
 def document(app: FastAPI, catalog: Catalog, guarded: set[str]) -> None:
     """The OpenAPI document: the archive's models as the enum of every ``model`` parameter (built again
-    when they change), and the bearer scheme required on the ``guarded`` operations (the check itself
-    is :class:`postcast.serve.auth.Gate`'s)."""
+    when they change), the bearer scheme required on the ``guarded`` operations (the check itself
+    is :class:`postcast.serve.auth.Gate`'s), and the paths in the order of the routes at this call."""
     build = app.openapi
     shown: list[tuple[str, ...]] = []  # the models the cached document enumerates
+    # the paths in the order the routes are registered now (the app then moves its hot routes first, for speed)
+    order = {path: k for k, path in enumerate(getattr(r, "path", "") for r in app.routes)}
 
     def openapi() -> dict[str, Any]:
         catalog.watch()
@@ -27,6 +29,7 @@ def document(app: FastAPI, catalog: Catalog, guarded: set[str]) -> None:
         if spec is None or shown != [models]:
             app.openapi_schema = None  # FastAPI's build returns the document it cached
             spec = _annotate(build(), models, guarded)
+            spec["paths"] = dict(sorted(spec["paths"].items(), key=lambda item: order.get(item[0], len(order))))
             app.openapi_schema, shown[:] = spec, [models]
         return spec
 

@@ -21,6 +21,7 @@ from postcast.pipeline.products import maps
 from postcast.pipeline.products.archive import Field, Product
 from postcast.serve import law
 from postcast.serve.catalog import Catalog
+from postcast.serve.grid import Served
 
 FIGSIZE, DPI = (10.0, 5.0), 80  # 800 x 400 pixels
 AXES = (0.08, 0.14, 0.84, 0.88)  # left, top, right, bottom of the map, fractions from the top left
@@ -48,7 +49,32 @@ def render_map(
     catalog: Catalog, target: str, model: str | None, valid: pd.Timestamp | None, shown: Shown = MEAN
 ) -> tuple[bytes, dict[str, str]]:
     """The PNG of the best forecast for (target, model, valid) showing ``shown``, and the headers that say
-    where its axes are; rendered once per file and parameters."""
+    where its axes are; rendered once per file and parameters (blocking: call it off the event loop)."""
+    entry, s, key, found = _lookup(catalog, target, model, valid, shown)
+    if found is not None:
+        return found
+    with catalog.maps.render_lock:
+        png = catalog.maps.get(key)
+        if png is None:
+            png = _render(entry, s.field, key[-1])
+            catalog.maps.renders += 1
+            catalog.maps.put(key, png)
+    return bytes(png), _headers(s)
+
+
+def cached_map(
+    catalog: Catalog, target: str, model: str | None, valid: pd.Timestamp | None, shown: Shown = MEAN
+) -> tuple[bytes, dict[str, str]] | None:
+    """:func:`render_map`'s answer when that map is rendered already (no rendering: fit for the event loop),
+    else None; the same errors."""
+    return _lookup(catalog, target, model, valid, shown)[3]
+
+
+def _lookup(
+    catalog: Catalog, target: str, model: str | None, valid: pd.Timestamp | None, shown: Shown
+) -> tuple[Product, Served, tuple[Any, ...], tuple[bytes, dict[str, str]] | None]:
+    """The product and field of the map, its cache key (``shown`` last, with the file's first threshold for a
+    probability without one) and the cached answer (None: not rendered yet)."""
     entry, s = catalog.resolve(target, model, valid)
     if shown.what == "probability" and shown.threshold is None:  # the file's first threshold
         if not s.field.thresholds.size:
@@ -56,14 +82,7 @@ def render_map(
         shown = shown._replace(threshold=float(s.field.thresholds[0]))
     key = (entry.path, entry.signature, target, valid, shown)
     png = catalog.maps.get(key)
-    if png is None:
-        with catalog.maps.render_lock:
-            png = catalog.maps.get(key)
-            if png is None:
-                png = _render(entry, s.field, shown)
-                catalog.maps.renders += 1
-                catalog.maps.put(key, png)
-    return bytes(png), _headers(s.field)
+    return entry, s, key, None if png is None else (bytes(png), _headers(s))
 
 
 def _west_first(f: Field, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,12 +99,16 @@ def _extent(lon: np.ndarray, lat: np.ndarray) -> tuple[float, float, float, floa
     return float(lon.min()) - dx / 2, float(lon.max()) + dx / 2, south, north
 
 
-def _headers(f: Field) -> dict[str, str]:
-    lon, _ = _west_first(f, f.mean)
-    return {
-        "X-Map-Axes": ",".join(f"{v:g}" for v in AXES),
-        "X-Map-Extent": ",".join(f"{v:g}" for v in _extent(lon, f.lat)),
-    }
+def _headers(s: Served) -> dict[str, str]:
+    """Where the map's axes are and what they span: the same for every map of a file, worked out once."""
+    headers: dict[str, str] | None = s.memo.get("map headers")
+    if headers is None:
+        lon, _ = _west_first(s.field, s.field.mean)
+        headers = s.memo["map headers"] = {
+            "X-Map-Axes": ",".join(f"{v:g}" for v in AXES),
+            "X-Map-Extent": ",".join(f"{v:g}" for v in _extent(lon, s.field.lat)),
+        }
+    return dict(headers)  # a copy: the answer's own
 
 
 def _render(entry: Product, f: Field, shown: Shown) -> bytes:
