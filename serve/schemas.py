@@ -170,10 +170,18 @@ def error_answers(*codes: int, guarded: bool, json_media: bool = False) -> dict[
     return out
 
 
-@lru_cache(maxsize=4096)  # clients ask for the same few valid times over and over (errors are not cached)
+RELATIVE_TIMES = frozenset({"now", "today"})  # pandas reads them off the clock: never cached
+
+
 def parse_time(text: str | None) -> pd.Timestamp | None:
     """``time=`` as a naive UTC timestamp (None: the latest); 422 when it is no date-time, 404 when no
-    forecast can exist for it."""
+    forecast can exist for it. Absolute times are cached; ``now`` and ``today`` are read at each request."""
+    if text is not None and text.strip().lower() in RELATIVE_TIMES:
+        return _parse_time(text)
+    return _parse_time_cached(text)
+
+
+def _parse_time(text: str | None) -> pd.Timestamp | None:
     if text is None:
         return None
     try:
@@ -185,6 +193,10 @@ def parse_time(text: str | None) -> pd.Timestamp | None:
     if stamp is pd.NaT:
         raise HTTPException(422, f"time {text!r}: not a date-time (e.g. 2017-01-04T00:00)")
     return stamp.tz_convert("UTC").tz_localize(None) if stamp.tzinfo else stamp
+
+
+# clients ask for the same few valid times over and over (errors are not cached)
+_parse_time_cached = lru_cache(maxsize=4096)(_parse_time)
 
 
 def check_threshold(target: str, threshold: float | None) -> None:
