@@ -35,8 +35,10 @@ def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right
     right = left if right < 0 else right
     if left or right:
         x = torch.cat([x[..., x.shape[-1] - left :], x, x[..., :right]], dim=-1)
-    if top or bottom:
-        x = F.pad(x, (0, 0, top, bottom), mode="replicate")
+    if top or bottom:  # copies of the edge rows, not F.pad(mode="replicate"): torch 2.11's inductor fails to
+        # generate the GPU kernel for its clamped index behind the longitude join ("'((0)) + 719' is not comparable")
+        rows = [x[..., :1, :].expand(*x.shape[:-2], top, -1), x, x[..., -1:, :].expand(*x.shape[:-2], bottom, -1)]
+        x = torch.cat(rows, dim=-2)
     return x
 
 

@@ -1,5 +1,6 @@
 """The post-processor networks and the SMoE layer, on small random tensors (no store needed)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,6 +85,23 @@ def test_earth_padding_is_periodic_in_longitude():
     assert p.shape == (1, 1, 4, 7)
     torch.testing.assert_close(p[0, 0, 1, 0], x[0, 0, 0, -1])  # wraps around the date line
     torch.testing.assert_close(p[0, 0, 0, 1:-1], x[0, 0, 0])  # replicated at the pole
+
+
+@pytest.mark.parametrize("pads", [(1,), (2, 3, 0, 0), (0, 0, 1, 2), (3, 1, 2, 0)])
+def test_earth_padding_equals_the_reference_padding(pads):
+    """numpy's wrap (longitude) then edge (latitude) padding, bit for bit, with and without gradients."""
+    x = torch.randn(2, 3, 7, 9, dtype=torch.float64, requires_grad=True)
+    top, bottom, left, right = (pads * 4)[:4] if len(pads) == 1 else pads
+    ref = np.pad(x.detach().numpy(), ((0, 0), (0, 0), (0, 0), (left, right)), mode="wrap")
+    ref = np.pad(ref, ((0, 0), (0, 0), (top, bottom), (0, 0)), mode="edge")
+    p = convnets.earth_pad(x, *pads)
+    np.testing.assert_array_equal(p.detach().numpy(), ref)
+    (g,) = torch.autograd.grad(p.sum(), x)  # each input counted once per copy of it
+    expected = np.zeros((7, 9))
+    rows = np.clip(np.arange(-top, 7 + bottom), 0, 6)
+    cols = np.arange(-left, 9 + right) % 9
+    np.add.at(expected, (rows[:, None], cols[None, :]), 1.0)
+    np.testing.assert_array_equal(g[0, 0].numpy(), expected)
 
 
 def test_transformer_is_equivariant_to_member_order():
