@@ -27,7 +27,11 @@ Parts and figures:
   ``min_bandwidth_fraction_streaming``: the smallest Triton fraction over the streaming kernels
   (standardise, Gaussian CRPS, ensemble CRPS) at the largest batch; ``min_speedup_vs_eager``: the smallest
   eager time / Triton time there over the kernels ``auto`` runs in Triton; ``auto``: per kernel, the
-  batches where Triton beats both eager and compile, against the dispatch's choice.
+  batches where Triton beats both eager and compile, against the dispatch's choice. On the GPU each path
+  is also timed by the device alone (its kernels' durations, torch.profiler): a call's CUDA-event time
+  also holds the gaps where the device waits for the host, which set a small call's time (the Gaussian
+  CRPS took 0.4-0.7 ms at every batch from 1 to 32 in the first H200 run);
+  ``min_kernel_bandwidth_fraction_streaming`` is ``min_bandwidth_fraction_streaming`` on that time.
 * **training**: the U-Net and U-Net + SMoE T850 presets (configs/train/) at 361 x 720 on random batches of
   the sample layout (datasets/sample.py), the PostProcessor's training step (normalise, network, Gaussian
   CRPS, SMoE routing loss) and AdamW with the fused kernels (``auto``), fp32 and bf16-mixed (autocast),
@@ -47,7 +51,8 @@ Parts and figures:
 
 Last line: ``RESULT device=<cuda|cpu> min_bandwidth_fraction_streaming=<x> min_speedup_vs_eager=<x>
 unet_samples_per_s_bf16=<x> unet_mfu_bf16=<x> smoe_compiled_samples_per_s_bf16=<x>
-neural_over_sz3_at_ratio_500=<x>`` (nan for a figure whose part failed). The script exits 0 once it has
+neural_over_sz3_at_ratio_500=<x> min_kernel_bandwidth_fraction_streaming=<x>`` (nan for a figure whose
+part failed). The script exits 0 once it has
 written gpu.json. ``--fail-part NAME`` makes that part raise at its start (the test that a failing part is
 recorded and the rest still runs); ``--parts`` runs a subset.
 """
@@ -101,6 +106,7 @@ RESULT_KEYS = (
     ("training", "unet_mfu_bf16"),
     ("training", "smoe_compiled_samples_per_s_bf16"),
     ("compression", "neural_over_sz3_at_ratio_500"),
+    ("kernels", "min_kernel_bandwidth_fraction_streaming"),
 )
 
 
@@ -558,15 +564,26 @@ def kernel_figures(rows: list[dict[str, Any]], bw: float) -> dict[str, Any]:
         if r["batch"] >= largest.get(r["kernel"], {}).get("batch", 0):
             largest[r["kernel"]] = r
     auto = {name: auto_decision(name, [r for r in done if r["kernel"] == name]) for name in largest}
+    kernel_fractions = [r.get("triton_kernel_bw_fraction") for k, r in largest.items() if k in STREAMING] or [None]
     return {
         "min_bandwidth_fraction_streaming": min(
             (r["triton_bw_fraction"] for k, r in largest.items() if k in STREAMING), default=None
         ),
+        "min_kernel_bandwidth_fraction_streaming": min(kernel_fractions) if None not in kernel_fractions else None,
         "min_speedup_vs_eager": min(
             (r["triton_speedup"] for k, r in largest.items() if k not in kernels.EAGER_UNDER_AUTO), default=None
         ),
         "at_largest_batch": {
-            k: {key: r.get(key) for key in ("batch", "triton_bw_fraction", "triton_speedup", "triton_vs_compile")}
+            k: {
+                key: r.get(key)
+                for key in (
+                    "batch",
+                    "triton_bw_fraction",
+                    "triton_kernel_bw_fraction",
+                    "triton_speedup",
+                    "triton_vs_compile",
+                )
+            }
             for k, r in largest.items()
         },
         "auto": auto,
@@ -740,6 +757,7 @@ def kernel_paths(part: Part, row: dict[str, Any], case: Case, paths: tuple[str, 
                 }
             )
             row[f"{path}_bw_fraction_same_bytes_copy"] = case.nbytes / t / (1e9 * row["copy_same_bytes_GBps"])
+            kernel_time(part, row, path, case, bw)
             if path != "torch" and "torch_ms" in row:
                 row[f"{path}_speedup"] = row["torch_ms"] / row[f"{path}_ms"]
             if "triton_ms" in row and "compile_ms" in row:
@@ -748,13 +766,41 @@ def kernel_paths(part: Part, row: dict[str, Any], case: Case, paths: tuple[str, 
             part.error(f"{row['kernel']} / {path}", err)
 
 
+def kernel_time(part: Part, row: dict[str, Any], path: str, case: Case, bw: float) -> None:
+    """The device's own time of one call, without the host's: the durations of the kernels it ran (CUPTI,
+    through torch.profiler) summed over ``kernel_reps`` calls, per call, and its fraction of the copy
+    bandwidth ``bw`` (``{path}_kernel_ms``, ``{path}_kernel_bw_fraction``). The call's time (CUDA events round
+    it) also counts the gaps where the device waits for the host: Python, the autograd engine, launches.
+    On the CPU, where the host is the device, the call's time. An error is recorded and the row keeps its
+    other figures."""
+    if part.dev.type != "cuda":
+        t = row[f"{path}_ms"] / 1e3
+        row.update({f"{path}_kernel_ms": 1e3 * t, f"{path}_kernel_bw_fraction": case.nbytes / t / bw})
+        return
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(part.sizes.kernel_reps):
+                case.run(path)
+            part.sync()
+        us = sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA)
+        t = us / 1e6 / part.sizes.kernel_reps
+        row.update({f"{path}_kernel_ms": 1e3 * t, f"{path}_kernel_bw_fraction": case.nbytes / t / bw if t else None})
+        torch.cuda.synchronize()
+    except Exception as err:
+        part.error(f"{row['kernel']} / {path} kernel time", err)
+
+
 def print_kernels(part: Part, rows: list[dict[str, Any]], bw: float) -> None:
     pts = part.sizes.kernel_points
     print(f"\nkernels on {part.dev.type}, large-copy bandwidth {bw / 1e9:.1f} GB/s, {pts} points a field")
     print(
         f"{'kernel':22} {'B':>3} {'timed':8} {'MB':>8} {'copy GB/s':>10}"
         + "".join(f" {p + ' ms':>11} {p + ' %bw':>11}" for p in ("torch", "compile", "triton"))
-        + f" {'x eager':>8} {'x compile':>9} {'maxdiff':>9}"
+        + f" {'kernel %bw':>10} {'x eager':>8} {'x compile':>9} {'maxdiff':>9}"
     )
     for r in rows:
         line = f"{r['kernel']:22} {r['batch']:>3} {r['timed']:8} {r['bytes'] / 1e6:>8.1f}"
@@ -762,6 +808,8 @@ def print_kernels(part: Part, rows: list[dict[str, Any]], bw: float) -> None:
         for p in ("torch", "compile", "triton"):
             ms, frac = r.get(f"{p}_ms"), r.get(f"{p}_bw_fraction")
             line += f" {ms:>11.3f} {100 * frac:>10.1f}%" if ms is not None else f" {'-':>11} {'-':>11}"
+        kernel = r.get("triton_kernel_bw_fraction")
+        line += f" {100 * kernel:>9.1f}%" if kernel is not None else f" {'-':>10}"
         diffs = [d for d in (r.get("triton_max_abs_diff_fwd"), r.get("triton_max_abs_diff_bwd")) if d is not None]
         line += f" {fmt(r.get('triton_speedup')):>8} {fmt(r.get('triton_vs_compile')):>9}"
         line += f" {max(diffs):>9.1e}" if diffs else f" {'-':>9}"

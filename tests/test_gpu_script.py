@@ -28,6 +28,7 @@ KEYS = (
     "unet_mfu_bf16",
     "smoe_compiled_samples_per_s_bf16",
     "neural_over_sz3_at_ratio_500",
+    "min_kernel_bandwidth_fraction_streaming",
 )
 RESULT = re.compile(r"^RESULT device=(cpu|cuda)" + "".join(rf" {k}=(\S+)" for k in KEYS) + "$")
 PARTS = ("kernels", "training", "compression")
@@ -77,6 +78,7 @@ def test_dry_run_writes_every_figure_and_the_result_line(tmp_path):
         for path in ("torch", "compile", "triton"):
             assert row[f"{path}_ms"] > 0, (row["kernel"], path)
             assert row[f"{path}_bw_fraction_same_bytes_copy"] > 0, (row["kernel"], path)
+            assert row[f"{path}_kernel_ms"] > 0 and row[f"{path}_kernel_bw_fraction"] > 0, (row["kernel"], path)
         assert row["triton_max_abs_diff_fwd"] < 1e-4, row
         if row["kernel"] in ("crps_gaussian", "topk_route"):
             assert row["triton_max_abs_diff_bwd"] < 1e-4, row
