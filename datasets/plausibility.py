@@ -140,7 +140,9 @@ def infinite(ds: xr.Dataset) -> tuple[str, str] | None:
     how many, the first's sign and where (its coordinates but latitude and longitude: a step in hours)."""
     for name, da in ds.data_vars.items():
         values = np.asarray(da.values)
-        inf = np.isinf(values) if np.issubdtype(values.dtype, np.floating) else np.zeros((), bool)
+        if not np.issubdtype(values.dtype, np.floating) or _all_finite(values):
+            continue
+        inf = np.isinf(values)
         if not inf.any():
             continue
         at = np.unravel_index(int(np.argmax(inf)), values.shape)
@@ -151,6 +153,13 @@ def infinite(ds: xr.Dataset) -> tuple[str, str] | None:
         }
         return str(name), f"{int(inf.sum())} infinite values in {str(name)!r} (the first {values[at]:+g} at {where})"
     return None
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """True when no value is infinite or NaN, in one pass and no mask: the sum of finite values is finite
+    (unless it overflows, or a value is NaN: then False, and the caller looks value by value)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.sum(values)))
 
 
 def label(value: Any) -> str:
