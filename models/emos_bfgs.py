@@ -38,6 +38,25 @@ def damped_cholesky(hess: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor
     return torch.where(ok[:, None, None], chol, eye), ok, lam
 
 
+def saddle_free(hess: torch.Tensor, g: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step (P, n) -V (|E| + lambda max|E|)^-1 V^T g of each indefinite Hessian H = V E V^T (P, n, n) at
+    gradient g (P, n), damping lambda (P,): Newton's step with each negative curvature taken as positive, a
+    descent direction that keeps the Hessian's scale in every other direction (Dauphin et al. 2014); and where
+    it exists (P,): not where H or g is not finite."""
+    finite = torch.isfinite(hess).all(2).all(1) & torch.isfinite(g).all(1)  # (P,): else no step
+    size = hess.abs().amax((1, 2), keepdim=True).clamp_min(1e-300)  # eigh of H / size: entries of order 1
+    unit = torch.where(
+        finite[:, None, None], 0.5 * (hess + hess.transpose(1, 2)) / size, torch.eye(hess.shape[1]).to(hess)
+    )
+    e, v = torch.linalg.eigh(unit)  # (P, n), (P, n, n)
+    mag = e.abs()
+    top = mag.amax(1, keepdim=True).clamp_min(1e-300)
+    mag = (torch.maximum(mag, 1e-10 * top) + lam[:, None] * top) * size[:, 0]
+    along = (v.transpose(1, 2) @ g.unsqueeze(-1)).squeeze(-1)  # (P, n): g in the eigenvectors
+    step = torch.nan_to_num(-(v @ (along / mag).unsqueeze(-1)).squeeze(-1))
+    return torch.where(finite[:, None], step, 0.0), finite
+
+
 def hessian_update(hess: torch.Tensor, s: torch.Tensor, dg: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """The BFGS update of each point's Hessian (P, n, n) for a step s (P, n) that changed the gradient by dg,
     where the curvature condition holds (s . dg > 0) and ``where`` (P,)."""

@@ -55,7 +55,7 @@ class FitSettings:
     max_iter: int = 100  # from the first start
     max_iter_polish: int = 40  # of BFGS at the points the damped iterations left short (:func:`_polished`)
     max_iter_far: int = 12  # from the further starts (the csg's), before the points they lead on are iterated on
-    restarts: int = 2  # fresh descents (:func:`_restarted`) at the points the polish leaves short
+    restarts: int = 5  # fresh descents (:func:`_restarted`) at the points the polish leaves short
     refresh: int = 10  # iterations between finite-difference Hessians (BFGS updates in between)
     max_step: float = 1.0  # largest change of a coefficient in one iteration, x (1 + the largest |coefficient|)
     min_std: float = 1e-6  # the head's floor on the ensemble std
@@ -90,6 +90,8 @@ def _starts(d: PointData, model: Model, n: int) -> list[torch.Tensor]:
         near, far = zero.clone(), zero.clone()
         near[:, 4] = NEAR_SHIFT
         far[:, 2:4], far[:, 4] = moment_start(d, 4, model.form)[:, 2:4], FAR_SHIFT
+        if model.form == "sh":  # b0 = 0 is a saddle the descent never leaves (the CRPS is even in b0): off it
+            zero[:, 2] = near[:, 2] = emos_forms.nudged(zero, model.form)[0][0, 2]
         return [zero, near, far, *emos_forms.nudged(zero, model.form)] if model.family == "csg" else [zero]
     tries = [zero, moment_start(d, n, model.form), *emos_forms.nudged(zero, model.form)]
     with torch.no_grad():
@@ -104,13 +106,26 @@ def _scale(f: torch.Tensor) -> torch.Tensor:
 
 
 def _newton_step(
-    hess: torch.Tensor, g: torch.Tensor, lam: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The damped step (P, n), where it exists (P,), and the damping used (P,) (:func:`emos_bfgs.damped_cholesky`:
-    linear algebra only, no CRPS evaluation)."""
-    chol, ok, lam = emos_bfgs.damped_cholesky(hess, lam)
-    step = torch.cholesky_solve(-g.unsqueeze(-1), chol).squeeze(-1)
-    return torch.where(ok[:, None], torch.nan_to_num(step), 0.0), ok, lam
+    hess: torch.Tensor, g: torch.Tensor, lam: torch.Tensor, saddle_free: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The damped step (P, n), where it exists (P,), the damping used (P,) and where the Hessian is positive
+    definite (P,) (linear algebra only, no CRPS evaluation). A positive definite Hessian: Marquardt's step
+    (:func:`emos_bfgs.damped_cholesky`). An indefinite one: the step of its eigenvalues' absolute values
+    (:func:`emos_bfgs.saddle_free`), whose damping is that of the largest, not the Marquardt damping of its
+    diagonal that turns positive definite only at lambda ~ 100 (the sh form from the raw ensemble: its
+    curvature in b0 < 0; every step then 100 times too short, no point converged in 100 iterations). Not
+    ``saddle_free``: Marquardt's step everywhere (the location-scale families, whose fits it leaves as they were:
+    the ws10 spread form's left 4 points short with it)."""
+    definite = torch.linalg.cholesky_ex(hess)[1] == 0
+    chol, ok, damped = emos_bfgs.damped_cholesky(hess, lam)
+    step = torch.where(ok[:, None], torch.nan_to_num(torch.cholesky_solve(-g.unsqueeze(-1), chol).squeeze(-1)), 0.0)
+    if not saddle_free or bool(definite.all()):
+        return step, ok, damped, definite if saddle_free else torch.ones_like(definite)
+    bent = (~definite).nonzero().squeeze(1)
+    step, ok, damped = step.clone(), ok.clone(), damped.clone()
+    step[bent], ok[bent] = emos_bfgs.saddle_free(hess[bent], g[bent], lam[bent])
+    damped[bent] = lam[bent]
+    return step, ok, damped, definite
 
 
 @dataclass(frozen=True)
@@ -148,10 +163,10 @@ def _iterate(
         r = refresh.nonzero().squeeze(1)
         hess = hess.clone()
         hess[r] = hessian(theta[r], grad[r], d.take(r), model)
-    step, ok, lam = _newton_step(hess, g, lam)
+    step, ok, lam, definite = _newton_step(hess, g, lam, not laws.get(model.family).location_scale)
     cap = settings.max_step * (1.0 + theta.abs().amax(1, keepdim=True))  # (A, 1): grows with the coefficients
     step = step * (cap / step.abs().amax(1, keepdim=True).clamp_min(1e-300)).clamp_max(1.0)
-    newton = ok & (lam < 1e-2)  # the damped step is close to Newton's: its predicted decrease
+    newton = ok & definite & (lam < 1e-2)  # the damped step is close to Newton's: its predicted decrease
     decrement = -0.5 * (g * step).sum(1)
     done = newton & (decrement < settings.tol_decrease * _scale(f))  # no decrease left to find
     trial = theta + torch.where(~done[:, None], step, 0.0)
@@ -277,8 +292,8 @@ def fit(
     best = _polished(best, d, model, settings)
     limit &= ~best.done
     best = _restarted(best, d, model, settings, limit)
-    if family == "csg":  # a restart can carry a point into the far basin, where it walks to the limit
-        short = _far(best) & ~best.done & ~best.stalled & ~limit
+    if family == "csg":  # a restart can carry a point into the far basin, where it walks to the limit (also
+        short = _far(best) & ~best.done & ~limit  # one a flat restart called stalled: 4e-5 above scipy there)
         best, limit, gap = _toward_the_limit(best, d, model, settings, short, limit, gap)
     report = FitReport(
         method="levenberg-marquardt, then BFGS line searches (per point: finite-difference Hessian, float64)",
@@ -288,8 +303,12 @@ def fit(
         stalled_points=int((best.stalled & ~best.done & ~limit).sum()),
         limit_points=int(limit.sum()),
         limit_gap_max=float(torch.where(limit, gap, 0.0).amax()) if limit.numel() else 0.0,
-        grad_norm_max=float(best.g.abs().amax()),
-        newton_decrement_max=float(torch.where(best.done, best.decrement.clamp_min(0), 0.0).amax()),
+        # a point at the limit has its shift's coefficient out at ~1e6, where the gradient has no meaning (its
+        # criterion is limit_gap_max); a point converged by its gradient may have taken no Newton step (inf)
+        grad_norm_max=float(torch.where(limit[:, None], 0.0, best.g.abs()).amax()),
+        newton_decrement_max=float(
+            torch.where(best.done & torch.isfinite(best.decrement), best.decrement.clamp_min(0), 0.0).amax()
+        ),
         tol_grad=settings.tol_grad,
         tol_decrease=settings.tol_decrease,
         crps_raw=float(raw_crps.mean()),
@@ -318,23 +337,32 @@ def _toward_the_limit(
     infinite shift): the shift times RAY, the best, a descent from it. Also which points (P,) are at the limit
     (``limit`` updated at ``todo``), the CRPS still falling at the ray's last factor by at most ``tol_limit``
     (1 + CRPS), and that fall (P,), the ``gap``: the CRPS falls towards the limit like 1 / shift, so the fall of
-    the last doubling of the shift is what is left to fall to the limit from there."""
+    the last doubling of the shift is what is left to fall to the limit from there. Or, from shifts of thousands
+    where float64 resolves the CRPS to ~1e-8 only (its cancelling terms; it no longer falls monotonically along
+    the ray), the CRPS level from here outwards to within ``tol_limit``, the lowest of the ray out there: its
+    ``gap`` the rise and fall along the ray (on the targets world's tp24, 2 points at shifts 4,000 to 16,000 left
+    short of every criterion by a descent that moved by 1e-8 steps)."""
     far = todo.nonzero().squeeze(1)
     theta, at, f = best.theta[far], d.take(far), best.f[far]
-    c, tried, f_ray = theta[:, 4:5], theta, f
+    c, tried, f_ray, out_hi, out_lo = theta[:, 4:5], theta, f, f.clone(), f.clone()
     with torch.no_grad():
         for factor in RAY:  # a0 and a1 divided by as much as the shift grows: the location kept to first order
             scaled = theta[:, :2] * (1.0 + F.softplus(c)) / (1.0 + F.softplus(c * factor))
             ray = torch.cat([scaled, theta[:, 2:4], c * factor], dim=1)
             f_before, f_ray = f_ray, crps_per_point(ray, at, "csg", model.form)
             tried, f = torch.where((f_ray < f)[:, None], ray, tried), torch.where(f_ray < f, f_ray, f)
+            if factor > 1.0:  # (F,): the CRPS's range from here outwards
+                out_hi, out_lo = torch.maximum(out_hi, f_ray), torch.minimum(out_lo, f_ray)
     falling = (f_ray == f) & (f_ray < f_before)  # (F,): the last factor (the farthest) the lowest, still falling
+    level = ~falling & (out_lo == f) & (out_hi - out_lo <= settings.tol_limit * _scale(f))  # (F,)
     limit, gap = limit.clone(), gap.clone()
-    gap[far] = torch.where(falling, f_before - f_ray, 0.0)
-    limit[far] = falling & (gap[far] <= settings.tol_limit * _scale(f))
+    gap[far] = torch.where(falling, f_before - f_ray, torch.where(level, out_hi - out_lo, 0.0))
+    limit[far] = (falling & (gap[far] <= settings.tol_limit * _scale(f))) | level
     keep = f < best.f[far]
-    done = _descend(tried[keep], d.take(far[keep]), model, settings, settings.max_iter) if keep.any() else None
-    return (best if done is None else best.replaced(far[keep], done)), limit, gap
+    if not keep.any():
+        return best, limit, gap
+    done = _descend(tried[keep], d.take(far[keep]), model, settings, settings.max_iter)
+    return best.replaced(far[keep], _flat_is_stalled(f[keep], done, model)), limit, gap
 
 
 def _polished(best: _Descent, d: PointData, model: Model, settings: FitSettings) -> _Descent:
@@ -375,5 +403,19 @@ def _restarted(best: _Descent, d: PointData, model: Model, settings: FitSettings
         idx = (~best.done & ~best.stalled & ~limit).nonzero().squeeze(1)
         if idx.numel() == 0:
             break
-        best = best.replaced(idx, _descend(best.theta[idx], d.take(idx), model, settings, settings.max_iter))
+        again = _descend(best.theta[idx], d.take(idx), model, settings, settings.max_iter)
+        best = best.replaced(idx, _flat_is_stalled(best.f[idx], again, model))
     return best
+
+
+def _flat_is_stalled(f: torch.Tensor, again: _Descent, model: Model) -> _Descent:
+    """``again``, a whole descent of A points from CRPS ``f`` (A,), with the csg's points it lowered by no more
+    than float64 resolves (1e-13 (1 + CRPS)) and left short counted stalled: at the optimum as far as float64
+    tells (at shifts of hundreds of units the gradient's noise is ~1e-8, above ``tol_grad``; from thousands, where
+    the ray of :func:`_toward_the_limit` leaves a point whose CRPS no longer falls monotonically, no step lowers
+    it). Not a location-scale law's: its points short of the criterion have their optimum at infinity (sigma -> 0
+    through all its coefficients), each descent lowering the CRPS a little: said, not settled."""
+    if laws.get(model.family).location_scale:
+        return again
+    flat = (f - again.f <= 1e-13 * _scale(f)) & ~again.done  # (A,)
+    return _Descent(again.theta, again.f, again.g, again.done, again.stalled | flat, again.decrement, again.iterations)
