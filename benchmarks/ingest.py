@@ -25,12 +25,22 @@ worker) and projects the whole ENS-10 (2100 init dates, ~2.9 TB of GRIB) on 1, 8
 (``--fs-gbps``: the file-system bandwidth assumed). Its figures survive a run that fails late: seconds
 per finished date (from the done-markers) and the sampled peak RSS of every worker process.
 
+``--anemoi`` adds anemoi-datasets as a peer at 0.5 deg (:mod:`ingest_anemoi`: its own virtual
+environment, a recipe for the same GRIB files, both ingests timed in ``--anemoi-rounds`` interleaved
+rounds, min and median, the stores compared field by field and measured per init date). Not the
+default: the first run installs anemoi-datasets and each round adds both ingests (~1.5 min).
+
 Prints tables, writes JSON (``--out``), and ends with
-``RESULT grib_ingest_over_decode=<x> zarr_ingest_MB_per_s=<x> peak_worker_rss_MB=<x>`` (at 0.5 deg
-when it runs, else at the default grid; the scale figures with ``--scale``). Goal: <= 2 x decode.
+``RESULT grib_ingest_over_decode=<x> zarr_ingest_MB_per_s=<x> peak_worker_rss_MB=<x> ...
+ingest_over_anemoi=<x> ingest_over_decode=<x> store_per_date_over_anemoi=<x>`` (at 0.5 deg when it
+runs, else at the default grid; the scale figures with ``--scale``; the anemoi keys ``n/a`` without
+``--anemoi``: postcast's throughput over anemoi's, postcast's time over eccodes' bare decode, both at
+the min over the rounds, and postcast's store bytes per init date over anemoi's). Goals: <= 2 x decode;
+the anemoi keys >= 2, <= 3, <= 1.3.
 
     python benchmarks/ingest.py            # both grids (~13 min on the shared 2 cores under load)
     python benchmarks/ingest.py --quick    # default grid only
+    python benchmarks/ingest.py --case ens10_0.5deg --anemoi --anemoi-rounds 2  # 0.5 deg and the anemoi peer
     python benchmarks/ingest.py --scale 3 --workers 1 --memory-limit 16GB  # full shape only (~13 min, 4 GB GRIB)
 """
 
@@ -46,6 +56,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +65,8 @@ from typing import Any
 import pyproj  # noqa: F401  (before eccodes: see datasets/sources/messages.py)
 import eccodes
 # isort: on
+
+import ingest_anemoi
 
 from postcast.datasets import contract, download, io, schema, sources, statistics
 from postcast.datasets.core import moments
@@ -257,7 +270,24 @@ def synth(cfg: SynthConfig, grib_dir: Path, zarr_dir: Path | None) -> float:
     return time.perf_counter() - start
 
 
-def run_case(name: str, cfg: SynthConfig, work: Path, workers: int) -> dict[str, Any]:
+def postcast_round(grib_dir: Path, workers: int) -> Callable[[Path], float]:
+    """One peer round of ``postcast ingest``: seconds into a removed ``store`` (cluster start included)."""
+
+    def run(store: Path) -> float:
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.rmtree(contract.partial_path(store), ignore_errors=True)
+        r = timed_ingest(grib_dir, store, workers)
+        if r.error:
+            msg = f"postcast ingest of {grib_dir} into {store} failed: {r.error}"
+            raise RuntimeError(msg)
+        return r.seconds
+
+    return run
+
+
+def run_case(
+    name: str, cfg: SynthConfig, work: Path, workers: int, anemoi: ingest_anemoi.PeerConfig | None = None
+) -> dict[str, Any]:
     grib_dir, zarr_dir = work / f"{name}_grib", work / f"{name}_zarr"
     synth(cfg, grib_dir, zarr_dir)
     files = grib_files(grib_dir)
@@ -291,6 +321,11 @@ def run_case(name: str, cfg: SynthConfig, work: Path, workers: int) -> dict[str,
     }
     if cfg.resolution == 0.5:
         row["breakdown_one_date_s"] = breakdown(grib_dir, work / f"{name}_breakdown")
+        if anemoi is not None:
+            peer_dir = work / f"{name}_peer"
+            peer_dir.mkdir(exist_ok=True)
+            run = postcast_round(grib_dir, workers)
+            row["anemoi_peer"] = ingest_anemoi.peer(files, cfg.init_times, peer_dir, run, t_decode, anemoi)
     return row
 
 
@@ -438,7 +473,20 @@ def main() -> None:
     )
     ap.add_argument("--out", help="JSON results path (default benchmarks/results/ingest.json, ingest_scale.json)")
     ap.add_argument("--keep", help="keep the data under this directory instead of a temporary one")
+    ap.add_argument("--case", choices=sorted(CASES), help="only this case")
+    ap.add_argument("--anemoi", action="store_true", help="anemoi-datasets as a peer at 0.5 deg (ingest_anemoi.py)")
+    ap.add_argument("--anemoi-rounds", type=int, default=3, help="interleaved rounds of postcast and anemoi")
+    ap.add_argument(
+        "--anemoi-venv",
+        type=Path,
+        default=ingest_anemoi.DEFAULT_VENV,
+        help="anemoi's virtual environment (made if missing)",
+    )
     args = ap.parse_args()
+    args.load_start = os.getloadavg()
+    if args.anemoi and (args.quick or args.scale or args.case == "default_5deg"):
+        ap.error("--anemoi runs at 0.5 deg: drop --quick, --scale and --case default_5deg")
+    peer = ingest_anemoi.PeerConfig(args.anemoi_rounds, args.anemoi_venv, args.workers) if args.anemoi else None
     args.out = args.out or str(ROOT / "benchmarks" / "results" / ("ingest_scale.json" if args.scale else "ingest.json"))
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -451,8 +499,8 @@ def main() -> None:
             scale = scale_run(args.scale, work, args.workers, args.memory_limit)
         else:
             for name, cfg in CASES.items():
-                if not (args.quick and name != "default_5deg"):
-                    rows[name] = run_case(name, cfg, work, args.workers)
+                if not (args.quick and name != "default_5deg") and args.case in (None, name):
+                    rows[name] = run_case(name, cfg, work, args.workers, peer)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -462,6 +510,7 @@ def main() -> None:
 def report(rows: dict[str, dict[str, Any]], scale: dict[str, Any], args: argparse.Namespace) -> None:
     cores = os.cpu_count()
     load = os.getloadavg()[0]
+    print(f"load average (1, 5, 15 min): {args.load_start} at the start, {os.getloadavg()} at the end")
     print(
         f"ingest on {args.workers} dask workers x 1 thread, {cores} cores (load average {load:.1f} at the end: "
         "the machine is shared); decode: eccodes, one process, HOT (files read once before timing; the ingests "
@@ -499,6 +548,11 @@ def report(rows: dict[str, dict[str, Any]], scale: dict[str, Any], args: argpars
         if headline
         else {}
     )
+    anemoi = headline.get("anemoi_peer", {})
+    if anemoi:
+        ingest_anemoi.print_peer(anemoi)
+    for key in ("ingest_over_anemoi", "ingest_over_decode", "store_per_date_over_anemoi"):
+        summary[key] = anemoi.get(key, "n/a")
     cost = regrid_cost() if rows else {}
     if cost:
         summary["regrid_ms_per_field"] = cost["regrid_bilinear_ms_per_field"]
@@ -561,6 +615,7 @@ def report(rows: dict[str, dict[str, Any]], scale: dict[str, Any], args: argpars
             "workers": args.workers,
             "cores": cores,
             "load_average": load,
+            "load_average_start_end": [args.load_start, os.getloadavg()],
             "zarrs": io.ZARRS_IN_USE,
             "scale": scale,
             "projection": proj,
