@@ -92,7 +92,7 @@ def _starts(d: PointData, model: Model, n: int) -> list[torch.Tensor]:
         far[:, 2:4], far[:, 4] = moment_start(d, 4, model.form)[:, 2:4], FAR_SHIFT
         if model.form == "sh":  # b0 = 0 is a saddle the descent never leaves (the CRPS is even in b0): off it
             zero[:, 2] = near[:, 2] = emos_forms.nudged(zero, model.form)[0][0, 2]
-        return [zero, near, far, *emos_forms.nudged(zero, model.form)] if model.family == "csg" else [zero]
+        return [zero, near, far] if model.family == "csg" else [zero]  # (sh: zero is already nudged)
     tries = [zero, moment_start(d, n, model.form), *emos_forms.nudged(zero, model.form)]
     with torch.no_grad():
         f = torch.stack([crps_per_point(t, d, model.family, model.form) for t in tries]).nan_to_num(torch.inf)
