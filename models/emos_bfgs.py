@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 ValueGrad = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Value = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ARMIJO = 1e-4  # the sufficient decrease a trial step must reach: f(x + t p) <= f(x) + ARMIJO t g.p
 HALVINGS = 30  # trial step lengths 1, 1/2, ... 2^-29 of the BFGS direction per iteration
 
@@ -105,12 +106,16 @@ def _line_search(
 
 
 def polish(
-    theta: torch.Tensor, inv: torch.Tensor, value_grad: ValueGrad, max_iter: int, tol_grad: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    theta: torch.Tensor, inv: torch.Tensor, value_grad: ValueGrad, max_iter: int, tol_grad: torch.Tensor,
+    value: Value | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """BFGS from theta (P, n) with inverse Hessians inv (P, n, n), each point its own line search, until its
     max |gradient| is below tol_grad (P,) or no step lowers its value, at most max_iter iterations.
-    ``value_grad(theta_A, idx)`` gives the value (A,) and gradient (A, n) at the points idx (A,). Returns theta,
-    value, gradient and whether each point ended below its tolerance."""
+    ``value_grad(theta_A, idx)`` gives the value (A,) and gradient (A, n) at the points idx (A,); ``value``, the
+    same value without the gradient, serves the line searches' trials where given (a trial needs no gradient:
+    up to HALVINGS of them per iteration). Returns theta, value, gradient and whether each point ended below its
+    tolerance."""
+    trial_value = value if value is not None else lambda t, at: value_grad(t, at)[0]
     everyone = torch.arange(theta.shape[0], device=theta.device)
     f, g = value_grad(theta, everyone)
     theta, inv, first = theta.clone(), inv.clone(), inv.clone()
@@ -121,7 +126,7 @@ def polish(
         if idx.numel() == 0:
             break
         p = -(inv[idx] @ g[idx].unsqueeze(-1)).squeeze(-1)  # (A, n) the quasi-Newton direction
-        length = _line_search(theta[idx], f[idx], g[idx], p, lambda t, at: value_grad(t, at)[0], idx)
+        length = _line_search(theta[idx], f[idx], g[idx], p, trial_value, idx)
         step = length[:, None] * p
         f_new, g_new = value_grad(theta[idx] + step, idx)
         keep = (length > 0) & torch.isfinite(f_new) & (f_new <= f[idx])

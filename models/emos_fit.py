@@ -379,9 +379,15 @@ def _polished(best: _Descent, d: PointData, model: Model, settings: FitSettings)
     )[0]
     theta, f, g, done = emos_bfgs.polish(
         best.theta[idx], torch.cholesky_inverse(chol), lambda t, i: value_grad(t, at.take(i), model)[:2],
-        settings.max_iter_polish, settings.tol_grad * _scale(best.f[idx]),
+        settings.max_iter_polish, settings.tol_grad * _scale(best.f[idx]), lambda t, i: _value(t, at.take(i), model),
     )  # fmt: skip
     return best.replaced(idx, _Descent(theta, f, g, done, best.stalled[idx], best.decrement[idx], best.iterations))
+
+
+def _value(theta: torch.Tensor, d: PointData, model: Model) -> torch.Tensor:
+    """Each point's CRPS (P,) as :func:`value_grad` gives it, without the gradient (no autograd graph)."""
+    with torch.no_grad():
+        return crps_per_point(theta, d, model.family, model.form)
 
 
 def fit_bands(
