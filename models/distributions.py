@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -63,6 +63,13 @@ class Distribution(ABC):
     @abstractmethod
     def log_score(self, y: torch.Tensor) -> torch.Tensor:
         """-log density at y (*S) (for a point mass at 0: -log P(Y = 0) at y = 0)."""
+
+    def raised(self, floor: torch.Tensor) -> Distribution | None:
+        """The law of max(Y, floor) - floor, floor >= 0 (*S), where it is one of this family, else None. For a
+        law censored at 0, Y = max(0, X), it is X moved down by the floor and censored at 0 again: the twCRPS of
+        weight 1{z >= t} is then this law's CRPS at max(y, t) - t (t >= 0; the CRPS does not change when law and
+        outcome move together), a closed form where the quantiles would take a root-finder per level."""
+        return None
 
     def select(self, mask: torch.Tensor) -> Distribution:
         """The distributions where ``mask`` (boolean, shape S) holds: parameters (N,) (Bernstein: (N, d + 1))."""
@@ -243,6 +250,9 @@ class CensoredLogistic(Distribution):
     def from_raw(cls, raw: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> CensoredLogistic:
         return cls(m + s * raw[..., 0], s * torch.exp(raw[..., 1]) * (math.sqrt(3.0) / math.pi))
 
+    def raised(self, floor: torch.Tensor) -> CensoredLogistic:
+        return replace(self, loc=self.loc - floor)
+
     @_float64
     @_censored
     def crps(self, y: torch.Tensor) -> torch.Tensor:
@@ -286,6 +296,9 @@ class CensoredShiftedGamma(Distribution):
         std = s64 * torch.exp(r[..., 1])
         shape, scale = ((mean / std) ** 2).clamp(1e-30, 1e30), (std * std / mean).clamp(1e-30, 1e30)
         return cls(shape.to(raw.dtype), scale.to(raw.dtype), shift.to(raw.dtype))
+
+    def raised(self, floor: torch.Tensor) -> CensoredShiftedGamma:
+        return replace(self, shift=self.shift + floor)
 
     @_float64
     @_censored

@@ -102,14 +102,21 @@ def test_gaussian_targets_keep_their_baseline_and_events(evaluated):
     assert set(map(str, results["target"].values)) == {"t2m", "ws10", "tp24"}
 
 
-class _EveryQuantile:
-    """A FamilyForecast whose quantile_where computes every quantile first: the reference of the tail pass."""
+class _QuantilesOnly:
+    """A FamilyForecast scored through its quantiles alone (no closed-form twCRPS): the tail pass."""
 
     def __init__(self, ff):
         self.ff = ff
 
     def __getattr__(self, name):
         return getattr(self.ff, name)
+
+    def twcrps_above(self, t, y):
+        return None
+
+
+class _EveryQuantile(_QuantilesOnly):
+    """... whose quantile_where computes every quantile first: the reference of the tail pass."""
 
     def quantile_where(self, tau, mask):
         return self.ff.quantile(tau)[mask]
@@ -137,7 +144,7 @@ def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
         "above_t1": np.full(shape[1:], 1.0),
         "above_t2": np.full(shape[1:], 10.0),
     }
-    fast = Chunk(y, np.zeros_like(y), dist=ff, thresholds=events).tail_scores
+    fast = Chunk(y, np.zeros_like(y), dist=_QuantilesOnly(ff), thresholds=events).tail_scores
     full = Chunk(y, np.zeros_like(y), dist=_EveryQuantile(ff), thresholds=events).tail_scores
     for e in events:
         np.testing.assert_allclose(fast[f"twcrps_{e}"], full[f"twcrps_{e}"], rtol=1e-12, atol=1e-14)
@@ -145,6 +152,51 @@ def test_tail_pass_computes_only_the_quantiles_an_event_can_see():
     law = lambda z: special.gammainc(k, (np.maximum(z, 0.0) + delta) / theta) * (z >= 0)  # noqa: E731
     integral = tw_crps_integral(law, ff.quantile, y, events["above_t1"])
     np.testing.assert_allclose(fast["twcrps_above_t1"][1:], integral[1:], rtol=5e-3, atol=1e-3)
+
+
+def _upper_twcrps_by_quad(cdf, y: float, t: float) -> float:
+    """int_t^inf (F(z) - 1{z >= y})^2 dz by scipy's adaptive quadrature, split where the integrand jumps."""
+    from scipy import integrate
+
+    mid = max(y, t)
+    below = integrate.quad(lambda z: cdf(z) ** 2, t, mid, epsabs=1e-13, epsrel=1e-11)[0] if mid > t else 0.0
+    above = integrate.quad(lambda z: (1.0 - cdf(z)) ** 2, mid, np.inf, epsabs=1e-13, epsrel=1e-11, limit=200)[0]
+    return below + above
+
+
+@pytest.mark.parametrize("family", ["csg", "clogistic"])
+def test_the_censored_families_score_their_upper_tails_in_closed_form(family):
+    """A censored family's twCRPS of weight 1{z >= t} (the tail events of tp24) is the CRPS of its law raised
+    to the threshold: equal to scipy's quadrature of its CDF to 1e-9, at dry and wet outcomes below and above t
+    and at t = 0, where the quantile ensemble of TAIL_LEVELS levels (the route before) is off by up to 1e-3."""
+    import torch
+
+    from postcast.models import distributions as D
+    from postcast.pipeline.verify import evaluate as ev
+
+    rng = np.random.default_rng(5)
+    shape = (4, 2, 3)
+    if family == "csg":
+        k, theta, delta = rng.uniform(0.3, 3.0, shape), rng.uniform(0.5, 4.0, shape), rng.uniform(0.0, 2.0, shape)
+        dist = D.CensoredShiftedGamma(*(torch.from_numpy(a) for a in (k, theta, delta)))
+        cdfs = [lambda z, i=i: special.gammainc(k.flat[i], (z + delta.flat[i]) / theta.flat[i]) for i in range(k.size)]
+        y = np.maximum(rng.gamma(k, theta) - delta, 0.0)
+    else:
+        loc, scale = rng.normal(0.5, 2.0, shape), rng.uniform(0.3, 2.0, shape)
+        dist = D.CensoredLogistic(torch.from_numpy(loc), torch.from_numpy(scale))
+        cdfs = [lambda z, i=i: special.expit((z - loc.flat[i]) / scale.flat[i]) for i in range(loc.size)]
+        y = np.maximum(rng.logistic(loc, scale), 0.0)
+    y[0, 0, :2] = 0.0  # dry outcomes
+    t = np.array([[0.0, 0.5, 1.0], [2.0, 4.0, 8.0]])  # (lat, lon): thresholds at, near and far above 0
+    ff = ev.FamilyForecast(dist)
+    closed = ff.twcrps_above(t, y)
+    tt = np.broadcast_to(t, shape)
+    quad = np.array([_upper_twcrps_by_quad(cdfs[i], y.flat[i], tt.flat[i]) for i in range(y.size)]).reshape(shape)
+    np.testing.assert_allclose(closed, quad, rtol=1e-9, atol=1e-12)
+    chunk = Chunk(y, np.zeros_like(y), dist=ff, thresholds={"above_t1": t})
+    np.testing.assert_array_equal(chunk.tail_scores["twcrps_above_t1"], closed)  # the chunk takes the closed form
+    by_quantiles = Chunk(y, np.zeros_like(y), dist=_QuantilesOnly(ff), thresholds={"above_t1": t}).tail_scores
+    assert np.abs(by_quantiles["twcrps_above_t1"] - quad).max() > 1e-6  # the quantile ensemble's error
 
 
 @pytest.mark.slow

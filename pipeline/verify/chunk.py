@@ -28,6 +28,8 @@ class Predictive(Protocol):
 
     def crps(self, y: np.ndarray) -> np.ndarray: ...  # closed form at outcomes y (S)
 
+    def twcrps_above(self, t: np.ndarray, y: np.ndarray) -> np.ndarray | None: ...  # closed form, weight 1{z >= t}
+
     def cdf(self, x: np.ndarray) -> np.ndarray: ...  # P(Y <= x), x broadcastable to S
 
     def cdf_left(self, x: np.ndarray) -> np.ndarray: ...  # P(Y < x)
@@ -59,6 +61,10 @@ class GaussianForecast:
 
     def crps(self, y: np.ndarray) -> np.ndarray:
         return scores.crps_gaussian(self.mu, self.sigma, y)
+
+    def twcrps_above(self, t: np.ndarray, y: np.ndarray) -> None:
+        """None: the quantiles of a Gaussian are cheap (:meth:`Chunk.quantile_twcrps` scores its tails)."""
+        return None
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
         return laws.get(self.name).cdf(self.params, x)
@@ -105,7 +111,7 @@ class Chunk:
         assert self.dist is not None
         return self.dist.quantile(tau)
 
-    def _tail_quantiles(self) -> Callable[[float], np.ndarray]:
+    def _tail_quantiles(self, thresholds: dict[str, np.ndarray]) -> Callable[[float], np.ndarray]:
         """tau -> Q(tau) (T, lat, lon) where some event's chaining can tell it apart, else a stand-in of the same
         chained value. With t_hi the lowest upper-event threshold and t_lo the highest lower-event one, a level
         with F_left(t_lo) < tau <= F(t_hi) has t_lo <= Q(tau) <= t_hi, chained to each event's own threshold,
@@ -113,8 +119,8 @@ class Chunk:
         levels in a tail, several times fewer for a rain forecast."""
         assert self.dist is not None
         dist, shape = self.dist, self.truth.shape
-        above = [t for e, t in self.thresholds.items() if e.startswith("above")]
-        below = [t for e, t in self.thresholds.items() if not e.startswith("above")]
+        above = [t for e, t in thresholds.items() if e.startswith("above")]
+        below = [t for e, t in thresholds.items() if not e.startswith("above")]
         t_hi = np.broadcast_to(np.min(above, axis=0), shape) if above else np.full(shape, np.inf)
         t_lo = np.broadcast_to(np.max(below, axis=0), shape) if below else np.full(shape, -np.inf)
         f_hi = dist.cdf(t_hi) if above else np.ones(shape)
@@ -131,30 +137,45 @@ class Chunk:
 
         return quantile
 
-    def quantile_twcrps(self) -> dict[str, np.ndarray]:
+    def quantile_twcrps(self, thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One pass over the TAIL_LEVELS levels tau_i = (i - 1/2)/n of a distribution's quantiles q_i
-        (T, lat, lon): per event the twCRPS 2/n sum_i rho_tau_i(v(y) - v(q_i)), v the chaining
+        (T, lat, lon): per event of ``thresholds`` the twCRPS 2/n sum_i rho_tau_i(v(y) - v(q_i)), v the chaining
         (:func:`_chain`), rho the pinball loss: the CRPS of the chained quantile ensemble."""
+        if not thresholds:
+            return {}
         n = TAIL_LEVELS
-        tw = {e: np.zeros_like(self.truth) for e in self.thresholds}
-        ys = {e: _chain(e, self.truth, t) for e, t in self.thresholds.items()}
-        tail_quantile = self._tail_quantiles()
+        tw = {e: np.zeros_like(self.truth) for e in thresholds}
+        ys = {e: _chain(e, self.truth, t) for e, t in thresholds.items()}
+        tail_quantile = self._tail_quantiles(thresholds)
         for tau in (np.arange(n) + 0.5) / n:
             q = tail_quantile(float(tau))
-            for e, t in self.thresholds.items():
+            for e, t in thresholds.items():
                 d = ys[e] - _chain(e, q, t)
                 tw[e] += d * (tau - (d < 0))
-        return {f"twcrps_{e}": 2.0 * v / n for e, v in tw.items()}
+        return {e: 2.0 * v / n for e, v in tw.items()}
+
+    def distribution_twcrps(self) -> dict[str, np.ndarray]:
+        """twCRPS (T, lat, lon) per event of a distribution: in closed form where its family has one for the
+        event (:meth:`Predictive.twcrps_above`: the censored families' upper tails, exact, where the CSG's
+        quantiles cost a root-finder each), else by :meth:`quantile_twcrps`."""
+        assert self.dist is not None
+        exact = {
+            e: closed
+            for e, t in self.thresholds.items()
+            if e.startswith("above") and (closed := self.dist.twcrps_above(t, self.truth)) is not None
+        }
+        rest = self.quantile_twcrps({e: t for e, t in self.thresholds.items() if e not in exact})
+        return {f"twcrps_{e}": (exact | rest)[e] for e in self.thresholds}
 
     @cached_property
     def tail_scores(self) -> dict[str, np.ndarray]:
         """twCRPS (T, lat, lon) per event, as ``twcrps_<event>``: members, the chained fair CRPS
         (:func:`postcast.pipeline.verify.scores.twcrps_ensemble`; below: of the negated values); a
-        distribution, its quantile ensemble (:meth:`quantile_twcrps`)."""
+        distribution, :meth:`distribution_twcrps`."""
         if not self.thresholds:
             return {}
         if self.members is None:
-            return self.quantile_twcrps()
+            return self.distribution_twcrps()
         out = {}
         for e, t in self.thresholds.items():
             sign = 1.0 if e.startswith("above") else -1.0
@@ -172,7 +193,7 @@ class Chunk:
         """Fair and standard ensemble CRPS (T, lat, lon) from one pass over the members."""
         assert self.members is not None
         x = np.moveaxis(self.members, 1, -1)  # (T, lat, lon, M)
-        if not scores.numba_available():  # the numpy kernel, once per estimator
+        if not scores.numba_pays(x.size):  # the numpy kernel, once per estimator
             return {e: scores.crps_ensemble(x, self.truth, estimator=e) for e in ("fair", "standard")}
         fair, std = scores.crps_ensemble_pair(x.reshape(-1, x.shape[-1]), self.truth.reshape(-1))
         return {"fair": fair.reshape(self.truth.shape), "standard": std.reshape(self.truth.shape)}

@@ -168,6 +168,17 @@ class FamilyForecast:
     def crps(self, y: np.ndarray) -> np.ndarray:
         return self._at(self.dist.crps, y)
 
+    def twcrps_above(self, t: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+        """The twCRPS of weight 1{z >= t} (t broadcastable to S) at outcomes y (S) in closed form: the CRPS of
+        :meth:`~postcast.models.distributions.Distribution.raised` at max(y, t) - max(t, 0); None for a family
+        without one. A NaN threshold gives NaN."""
+        floor = np.maximum(np.broadcast_to(np.asarray(t, dtype=np.float64), y.shape), 0.0)  # (S)
+        law = self.dist.raised(torch.as_tensor(floor))
+        if law is None:
+            return None
+        with torch.no_grad():
+            return law.crps(torch.as_tensor(np.maximum(y, t) - floor)).double().numpy()
+
     def cdf(self, x: np.ndarray) -> np.ndarray:
         return self.law.cdf(self.params, x)
 

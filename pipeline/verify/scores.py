@@ -14,7 +14,8 @@ so both estimators come from one O(M) pass over sorted members (:func:`crps_ense
 numba kernels sort with Batcher's sorting network, branch-free: for small M one row at a time in
 registers with the network unrolled, for larger M on blocks of points with members outermost,
 vectorised across points (which is faster was measured, ``UNROLLED_MAX_MEMBERS``); the numpy
-kernel (np.sort + a matrix-vector product) is the fallback without numba. Always state the
+kernel (np.sort + a matrix-vector product) serves calls too small to repay numba's compilation
+(:func:`numba_pays`) and machines without numba. Always state the
 estimator: the two differ by a factor M/(M-1) on the spread term, which matters when comparing
 10- and 50-member ensembles.
 
@@ -36,6 +37,7 @@ from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.core.geo import latitude_weights as latitude_weights  # re-exported: one implementation
 
 Estimator = Literal["fair", "standard"]
+NUMBA_MIN_VALUES = 20_000_000  # member values in one call from which the "auto" engine compiles numba (numba_pays)
 _INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -192,6 +194,14 @@ def numba_available() -> bool:
     return _numba_kernel() is not None
 
 
+def numba_pays(values: int) -> bool:
+    """Whether the "auto" engine takes the numba kernels for ``values`` member values in one call: from
+    NUMBA_MIN_VALUES on (where numba is installed). Compiling them takes 4 to 12 s on the 2-core machine, the
+    numpy kernel's time for about 100 to 250 M values (0.047 ns per value for both estimators, numba's 3 ns),
+    so a small evaluation (the targets world's: 0.4 M values a call) scores faster without them."""
+    return values >= NUMBA_MIN_VALUES and numba_available()
+
+
 def crps_ensemble_pair(
     x: np.ndarray, y: np.ndarray, *, presorted: bool = False, kernel: Literal["auto", "unrolled", "block"] = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -254,8 +264,9 @@ def crps_ensemble(
     """Ensemble CRPS of members ``x`` (member axis ``axis``) at outcomes ``y`` (x's shape without
     that axis), float64. ``estimator``: "fair" (default) or "standard". ``engine``: "auto" uses the
     fused kernel on a CUDA GPU (:func:`postcast.models.kernels.crps_ensemble`, Triton), else the numba
-    block kernels (:func:`crps_ensemble_pair`) when numba is installed, else the vectorised numpy
-    kernel; "numba" / "numpy" / "torch" (the kernel dispatch, on the GPU when there is one) force one."""
+    block kernels (:func:`crps_ensemble_pair`) for a call large enough to repay their compilation
+    (:func:`numba_pays`), else the vectorised numpy kernel; "numba" / "numpy" / "torch" (the kernel
+    dispatch, on the GPU when there is one) force one."""
     if estimator not in ("fair", "standard"):
         msg = f"estimator {estimator!r}: use 'fair' or 'standard'"
         raise ValueError(msg)
@@ -271,7 +282,7 @@ def crps_ensemble(
     fair = estimator == "fair"
     if engine == "torch" or (engine == "auto" and _cuda_available()):
         return _crps_rows_torch(xm.reshape(-1, m), y.reshape(-1), fair).reshape(y.shape)
-    kernel = _numba_kernel() if engine in ("auto", "numba") else None
+    kernel = _numba_kernel() if engine == "numba" or (engine == "auto" and numba_pays(xm.size)) else None
     if engine == "numba" and kernel is None:
         msg = "engine='numba' needs numba installed (pip install numba), or use engine='numpy'"
         raise ValueError(msg)

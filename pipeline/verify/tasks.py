@@ -110,14 +110,16 @@ def _decoded(store: xr.Dataset, ver: xr.Dataset, rows: np.ndarray, scratch: Path
 def _efi_of_date(members: np.ndarray, window: list[Path]) -> np.ndarray:
     """EFI (lat, lon) of one date's ``members`` (M, lat, lon) against the members of its ``window`` dates (their
     ``.npy`` files), a band of latitudes at a time: each band's float64 climate filled from the files (a date's
-    file mapped only while its band is copied) and partitioned in place by the quantiles."""
+    file mapped only while its band is copied) and sorted in place for the quantiles."""
     n_members, n_lat, n_lon = members.shape
     out = np.empty((n_lat, n_lon))
     for band in _bands(n_lat, len(window) * n_members * n_lon * 8, EFI_TILE_BYTES):
         clim = np.empty((len(window), n_members, band.stop - band.start, n_lon))  # (n, M, band, lon) float64
         for k, path in enumerate(window):
             clim[k] = np.load(path, mmap_mode="r")[:, band]  # the memmap is dropped (unmapped) at once
-        q = np.quantile(clim.reshape(-1, *clim.shape[2:]), scores.EFI_LEVELS, axis=0, overwrite_input=True)
+        pooled = clim.reshape(-1, *clim.shape[2:])  # (n M, band, lon), a view
+        pooled.sort(axis=0)  # in place: the quantiles' partitions of sorted columns are cheap (3x less in all)
+        q = np.quantile(pooled, scores.EFI_LEVELS, axis=0, overwrite_input=True)
         out[band] = scores.efi(q, members[:, band])
     return out
 
