@@ -27,12 +27,14 @@ def assert_same_results(
     new: xr.Dataset, ref: xr.Dataset, regrouped: tuple[str, ...] = REGROUPED, ulps: float = 0.0
 ) -> None:
     """Every variable of ``ref`` in ``new``: bit for bit (or within ``ulps`` units in the last place of its largest
-    value), or to 1e-12 relative for those in ``regrouped``."""
+    value), or to 1e-12 relative (1e-15 absolute) for those in ``regrouped``."""
     assert set(new.data_vars) == set(ref.data_vars)
     for name in ref.data_vars:
         expected = ref[name].transpose(*new[name].dims).values
         if name in regrouped:
-            np.testing.assert_allclose(new[name].values, expected, rtol=1e-12, atol=0, err_msg=name)
+            # atol: a score that cancels to zero keeps its round-off (the raw members' twCRPS below q10, 1e-19
+            # by numpy's kernel where numba's gave 4e-19)
+            np.testing.assert_allclose(new[name].values, expected, rtol=1e-12, atol=1e-15, err_msg=name)
         elif ulps:  # ulps of the variable's largest value (a difference of scores cancels their leading digits)
             tol = ulps * 2.0**-52
             scale = float(np.nanmax(np.abs(expected), initial=0.0)) if np.issubdtype(expected.dtype, np.floating) else 0
@@ -49,6 +51,22 @@ def _lead(path: Path, target: str, split: str, client: object = None) -> xr.Data
     return next(evaluate.stream_leads(store, [job], 20, client))
 
 
+def _exact_tails_checked(res: xr.Dataset, ref: xr.Dataset) -> xr.Dataset:
+    """tp24's oracle, a censored shifted gamma: its upper-tail twCRPS is exact since 2026-11-30 (the law raised to
+    the threshold; tests/test_evaluate_targets.py), the reference's is the 400-level quantile ensemble's (1.3e-4
+    relative off at most on the targets world's regional means; per date up to 2.5e-6 mm, most where the tail's score
+    is itself tiny: an exceedance rarer than the ensemble's first level, 1 / 800). Those numbers are checked to 3e-4
+    relative or 1e-5 mm and the reference's put in their place in ``res``, so that every other number is compared
+    as before."""
+    at = {"forecast": ["oracle"], "metric": [m for m in ref["metric"].values if str(m).startswith("twcrps_above")]}
+    out = res.copy(deep=True)
+    for name in ("score", "score_per_date"):
+        old = ref[name].sel(at).transpose(*res[name].dims)
+        np.testing.assert_allclose(res[name].sel(at).values, old.values, rtol=3e-4, atol=1e-5, err_msg=name)
+        out[name].loc[at] = old.values
+    return out
+
+
 @pytest.mark.parametrize(
     ("fixture", "reference", "target", "split"),
     [("store", "tiny", "t850", "test"), ("derived_store", "derived", "tp24", "val")],
@@ -62,6 +80,8 @@ def test_streamed_scores_equal_the_in_memory_evaluate(request, fixture, referenc
     ref = xr.open_dataset(REFERENCE / f"{reference}.nc").sel(target=target, lead=48)
     ref = ref.sel(forecast=res["forecast"].values, event=res["event"].values)
     ref = ref.dropna(schema.INIT_TIME, how="all", subset=["score_per_date"])
+    if target == "tp24":
+        res = _exact_tails_checked(res, ref)
     # the csg CRPS (tp24's family) was rewritten after the reference without cancellation (issue 38 item 3): its
     # scores agree to 1e-12 (1 ulp seen), not bit for bit
     scores = ("score", "score_per_date", "crps_map", "crps_minus_raw", "crps_minus_raw_low", "crps_minus_raw_high")
