@@ -18,15 +18,16 @@ import torch
 from postcast.models import distributions
 from postcast.models.emos_objective import PointData
 
-FIT_BYTES = 1 << 30  # what the fit of one band of points may hold, whatever the number of training dates
+FIT_BYTES = 1 << 30  # what the fits of one band of points may hold, whatever the number of training dates
 FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads (PointData.from_fields)
 
 
-def band_rows(family: str, n_dates: int, height: int, width: int, neighbours: int = 1) -> int:
-    """Latitude rows per band, so that a band's fit holds about FIT_BYTES (at least one row; a sample of the
-    family holds :attr:`~postcast.models.distributions.Distribution.fit_bytes_per_sample`): each point's
-    samples are its ``n_dates`` times the ``neighbours`` whose dates it is fitted on (1: its own only)."""
-    per_row = distributions.get(family).fit_bytes_per_sample * n_dates * neighbours * width
+def band_rows(family: str, n_dates: int, height: int, width: int, neighbours: int = 1, fits: int = 1) -> int:
+    """Latitude rows per band, so that the fits of a band held at once hold about FIT_BYTES together (at least
+    one row; a sample of the family holds :attr:`~postcast.models.distributions.Distribution.fit_bytes_per_sample`):
+    each point's samples are its ``n_dates`` times the ``neighbours`` whose dates it is fitted on (1: its own
+    only), and ``fits`` candidates are fitted on the band at the same time."""
+    per_row = distributions.get(family).fit_bytes_per_sample * n_dates * neighbours * width * fits
     return max(1, min(height, FIT_BYTES // max(1, per_row)))
 
 

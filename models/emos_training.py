@@ -102,7 +102,7 @@ def fit(model: PostProcessor, cfg: Any) -> dict[str, Any]:
             log.info("local EMOS fitted: %s", report)
             return report.to_dict()
         (h, w), most = model.meta.grid, max((p.neighbours for p in pools), default=1)
-        rows = emos_bands.band_rows(family, len(train), h, w, neighbours=most)
+        rows = emos_bands.band_rows(family, len(train), h, w, most, emos_select.held_at_once(forms, pools))
         val = StoreDataset(cfg, "val")
         fields = {name: scratch(model, data, Path(tmp) / name, rows) for name, data in (("train", train), ("val", val))}
         weights = torch.from_numpy(np.cos(np.deg2rad(train.sampler.lat)))  # (H,): area per latitude row

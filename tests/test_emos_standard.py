@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models import emos_forms, emos_objective, emos_training
+from postcast.models import distributions, emos_bands, emos_forms, emos_objective, emos_select, emos_training
 from postcast.models.emos_bands import BandScratch
 from postcast.models.emos_fit import fit
 from postcast.models.emos_objective import Model, PointData, crps_per_point
@@ -168,6 +168,36 @@ def test_a_point_with_3_training_dates_is_calibrated_through_pooling_chosen_on_v
     cover, crps_pooled = coverage_and_crps(chosen.theta, chosen.chosen.form, chosen.unit)
     assert 0.7 <= cover <= 0.9, cover
     assert crps_pooled < crps_local
+
+
+def test_candidates_fitted_side_by_side_equal_those_fitted_one_after_another(tmp_path, monkeypatch):
+    """Two forms, then two poolings, fitted on each band at the same time (threads) give bit-identical
+    coefficients and validation scores to the same candidates fitted one at a time, on bands sized for the fits
+    held at once."""
+    height, width = 6, 5
+    scratch = {}
+    for name, d in (("train", grid_data(height, width, 12, 4)), ("val", grid_data(height, width, 8, 5))):
+        scratch[name] = BandScratch(tmp_path / name, height, rows=4)
+        (tmp_path / name).mkdir()
+        scratch[name].add(_fields(d, height))
+    forms, pools = ["spread", "standard"], [Pooling(1, 0.5), Pooling(2, 1.0)]
+    runs = {}
+    for at_once in (1, 2):
+        monkeypatch.setattr(emos_select, "FITS_AT_ONCE", at_once)
+        assert emos_select.held_at_once(forms, pools) == at_once
+        runs[at_once] = select(scratch["train"], scratch["val"], "gaussian", forms, pools, torch.ones(height), False)
+    torch.testing.assert_close(runs[2].theta, runs[1].theta, rtol=0, atol=0)
+    assert [r["val_crps"] for r in runs[2].table] == [r["val_crps"] for r in runs[1].table]
+    assert runs[2].chosen == runs[1].chosen
+
+
+def test_bands_are_sized_for_the_fits_held_at_once():
+    """Two fits at once on a band share its memory budget: half the rows of one fit (at least one)."""
+    per_row = distributions.get("csg").fit_bytes_per_sample * 128 * 72
+    one = emos_bands.band_rows("csg", 128, 37, 72)
+    assert one == min(37, emos_bands.FIT_BYTES // per_row)
+    assert emos_bands.band_rows("csg", 128, 37, 72, fits=2) == emos_bands.FIT_BYTES // (2 * per_row) < one
+    assert emos_bands.band_rows("csg", 10**6, 37, 72, fits=2) == 1
 
 
 def test_a_preset_keeps_the_candidate_of_lowest_validation_crps(derived_store, tmp_path, recwarn):
