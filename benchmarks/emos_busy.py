@@ -1,7 +1,8 @@
 """The local EMOS fit alone and beside CPU-burning processes (issue 54: its time beside other work within 2x of
 its time alone): the tp24 preset's censored-shifted-gamma fit on the targets world's training dates, in every
 form the preset fits before it keeps one on validation (the spread and sh forms; points and settled points are
-summed over the forms, the training CRPS too), each fit in a fresh process (torch on every core), alone and
+summed over the forms, the training CRPS too; the forms fitted side by side, as the preset's selection fits them:
+:func:`postcast.models.emos_select.fits_at_once`), each fit in a fresh process (torch on every core), alone and
 beside ``--burners`` processes that spin a core each, with torch's OpenMP threads sleeping at barriers
 (postcast's policy: OMP_WAIT_POLICY=PASSIVE, set when postcast is imported before torch) and spinning first as
 libgomp does by default (GOMP_SPINCOUNT=300000). Only the fit is timed (the store read is not); every fit must
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +42,28 @@ def child(store: str, target: str, every: int) -> dict[str, Any]:
     import torch
 
     from postcast.datasets.loaders.datamodule import StoreDataset
-    from postcast.models import emos_fit, emos_training
+    from postcast.models import emos_fit, emos_select, emos_training
     from postcast.pipeline.train import built
 
     cli = built(["-c", str(ROOT / "configs" / "train" / f"emos_{target}.yaml"), "--data.cfg.store", store])
     d = emos_training.points(cli.model, StoreDataset(cli.datamodule.cfg, "train"))
     d = d.take(torch.arange(0, d.y.shape[0], every))
-    row: dict[str, Any] = {"seconds": 0.0, "crps_fit": 0.0, "points": d.y.shape[0], "settled": 0, "forms": {}}
-    for form in emos_training.candidates(cli.model)[0]:  # every form the preset fits (then keeps one on validation)
+    forms = emos_training.candidates(cli.model)[0]  # every form the preset fits (then keeps one on validation)
+
+    def fit(form: str) -> tuple[str, Any, float]:
         at = d if form == "spread" else d.with_unit(d.training_unit(emos_fit.FitSettings.min_std))
         t0 = time.perf_counter()
         _, report = emos_fit.fit(at, cli.model.meta.family, form=form)
-        seconds = time.perf_counter() - t0
+        return form, report, time.perf_counter() - t0
+
+    row: dict[str, Any] = {"crps_fit": 0.0, "points": d.y.shape[0], "settled": 0, "forms": {}}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(emos_select.fits_at_once(len(forms))) as pool:  # side by side, as the preset's selection
+        fits = list(pool.map(fit, forms))
+    row["seconds"] = time.perf_counter() - t0
+    for form, report, seconds in fits:
         counts = {k: getattr(report, f"{k}_points") for k in ("converged", "stalled", "limit")}
         row["forms"][form] = {"seconds": seconds, "crps_fit": report.crps_fit, **counts}
-        row["seconds"] += seconds
         row["crps_fit"] += report.crps_fit  # (the sum over forms: identical runs give identical sums)
         row["settled"] += sum(counts.values())
     row["points"] *= len(row["forms"])
