@@ -38,6 +38,7 @@ from postcast.datasets import contract, laws, schema
 from postcast.datasets.core.errors import ConfigError, MissingInputError
 
 Sample = dict[str, np.ndarray]
+NORMALISATIONS = ("point", "channel")  # a model's input statistics: each grid point's own, or one per channel
 
 
 class Input(NamedTuple):
@@ -229,21 +230,27 @@ class SampleSpec:
             pos[schema.LEVEL] = int(da.get_index(schema.LEVEL).get_loc(lv if lv is not None else levels[0]))
         return np.asarray(da.variable.isel(pos).values)
 
-    def normalisation(self, stats: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std), each (n_fields, H, W) float32: the per-grid-point training statistics of the
-        ``fields`` channels (std floored at 1e-3 of its mean, so constant points divide by > 0)."""
+    def normalisation(self, stats: xr.Dataset, per: str = "point") -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std), each (n_fields, H, W) float32: the training statistics of the ``fields`` channels, per
+        grid point (``per="point"``) or one mean and std per channel over the grid (``"channel"``:
+        :func:`pooled`, broadcast to (H, W)); std floored at 1e-3 of its mean, so constant points divide by > 0."""
+        if per not in NORMALISATIONS:
+            msg = f"normalisation per {per!r}: choose one of {list(NORMALISATIONS)}"
+            raise ConfigError(msg)
         means, stds = [], []
         for i in self.inputs():
             for name in (contract.ens_mean(i.variable), contract.ens_std(i.variable)):
                 mean = self.select(stats[contract.point_mean(name)], i.level).astype(np.float32)
                 std = self.select(stats[contract.point_std(name)], i.level).astype(np.float32)
+                mean, std = pooled(mean, std) if per == "channel" else (mean, std)
                 floor = max(float(np.nanmean(std)) * 1e-3, 1e-12)
                 means.append(np.nan_to_num(mean))
                 stds.append(np.maximum(np.nan_to_num(std), floor))
         if self.target_fields:
-            target_means, target_stds = self._target_normalisation(stats)
-            means += target_means
-            stds += target_stds
+            target = zip(*self._target_normalisation(stats), strict=True)
+            for mean, std in (pooled(m, s) if per == "channel" else (m, s) for m, s in target):
+                means.append(mean)
+                stds.append(std)
         return np.stack(means), np.stack(stds)
 
     def _target_normalisation(self, stats: xr.Dataset) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -263,6 +270,15 @@ class SampleSpec:
         std = np.maximum(std, max(float(std.mean()) * 0.1, 1e-6))
         zero, one = np.zeros_like(mean), np.ones_like(mean)
         return [mean, zero, zero][: len(self.target_fields)], [std, std, one][: len(self.target_fields)]
+
+
+def pooled(mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One channel's per-point training statistics (H, W) pooled over the points that have them (NaN: none,
+    e.g. SST over land) and broadcast back to (H, W): the mean of the point means, and the total std (within the
+    points and between them: sqrt(mean(std^2 + (mean - pooled mean)^2)))."""
+    m = np.nanmean(mean)
+    s = np.sqrt(np.nanmean(std.astype(np.float64) ** 2 + (mean - m) ** 2))
+    return np.full_like(mean, m), np.full_like(std, s)
 
 
 class Sampler:

@@ -35,7 +35,7 @@ import torch
 
 from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError, MissingInputError
-from postcast.datasets.sample import SampleSpec
+from postcast.datasets.sample import NORMALISATIONS, SampleSpec
 from postcast.models import distributions, emos_training, postprocessors, registry, rng, spread_blend
 from postcast.models.distributions import Distribution
 from postcast.models.hyperparameters import ModelMeta
@@ -78,6 +78,10 @@ class PostProcessor(L.LightningModule):
         scale: ``spread`` (the ENS-10 head: outputs in units of the date's spread) or ``blend`` (in units of
             u^lambda s^(1 - lambda), a learned exponent per point: :mod:`postcast.models.spread_blend`).
         point_lr: the learning rate of the per-point parameters (:data:`PER_POINT`) relative to ``lr``.
+        normalisation: the inputs' statistics, ``point`` (each grid point's own training mean and std) or
+            ``channel`` (one mean and std per channel over the grid, as anemoi's per-variable normaliser: the
+            inputs keep their absolute values, which a network needs where the error depends on the weather's
+            absolute state, such as a wind speed above a threshold; docs/models.md).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class PostProcessor(L.LightningModule):
         distribution: str | None = None,
         scale: str = "spread",
         point_lr: float = 1.0,
+        normalisation: str = "point",
     ):
         super().__init__()
         spec = SampleSpec.from_dict(sample or {})
@@ -104,6 +109,9 @@ class PostProcessor(L.LightningModule):
             raise ConfigError(msg)
         if distribution not in distributions.names():
             msg = f"model.distribution {distribution!r}: choose one of {distributions.names()}"
+            raise ConfigError(msg)
+        if normalisation not in NORMALISATIONS:
+            msg = f"model.normalisation {normalisation!r}: choose one of {list(NORMALISATIONS)}"
             raise ConfigError(msg)
         if scale not in spread_blend.SCALES:
             msg = f"model.scale {scale!r}: choose one of {list(spread_blend.SCALES)}"
@@ -158,7 +166,7 @@ class PostProcessor(L.LightningModule):
     def on_fit_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         if dm is not None and hasattr(dm, "normalisation"):
-            mean, std = dm.normalisation()
+            mean, std = dm.normalisation(self.hparams["normalisation"])
             self.set_normalisation(torch.from_numpy(mean), torch.from_numpy(std))
         if dm is not None and hasattr(dm, "climate_thresholds"):
             self.thresholds = list(dm.climate_thresholds())

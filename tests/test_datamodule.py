@@ -62,6 +62,26 @@ def test_the_model_normalises_with_the_training_statistics(cfg):
     np.testing.assert_allclose(x.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("target", ["t850", "t2m"])
+def test_channel_normalisation_is_the_statistics_of_every_training_value(store, target):
+    """``per="channel"``: one mean and std per channel, the mean and population std of every training date's
+    value at every point where it exists (numpy over the raw fields; SST is NaN over land), not each point's own."""
+    cfg = DataConfig(store=str(store), sample=SampleSpec(target=target))
+    data = StoreDataset(cfg, "train")
+    fields = torch.stack([data[i]["fields"] for i in range(len(data))]).double().numpy()  # (N, C, H, W)
+    mean, std = StoreDataModule(cfg).normalisation("channel")
+    point_mean, _ = StoreDataModule(cfg).normalisation()
+    assert mean.shape == std.shape == point_mean.shape == fields.shape[1:]
+    want_mean, want_std = np.nanmean(fields, axis=(0, 2, 3)), np.nanstd(fields, axis=(0, 2, 3))  # (C,)
+    np.testing.assert_allclose(mean, np.broadcast_to(want_mean[:, None, None], mean.shape), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(std, np.broadcast_to(want_std[:, None, None], std.shape), rtol=1e-4, atol=1e-6)
+    assert not np.allclose(point_mean, mean)  # each point's own statistics differ from the channel's
+    if target == "t2m":
+        assert np.isnan(fields[:, 2 * list(cfg.sample.input_variables).index("sst")]).any()  # the NaN case ran
+    with pytest.raises(ConfigError, match="normalisation"):
+        PostProcessor("mlp", sample=cfg.sample.to_dict(), grid=GRID, normalisation="grid")
+
+
 def test_surface_target_uses_surface_variables(store):
     spec = SampleSpec(target="t2m", location_features=False, season_features=False)
     data = StoreDataset(DataConfig(store=str(store), sample=spec), "val")

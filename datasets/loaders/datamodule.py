@@ -326,9 +326,10 @@ class StoreDataModule(L.LightningDataModule):
         ds, _ = _open(self.cfg.store)
         return int(ds.sizes[schema.MEMBER])
 
-    def normalisation(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std), each (n_fields, H, W): the store's training statistics of the sample's fields
-        (the model copies them at fit start and carries them in its checkpoint)."""
+    def normalisation(self, per: str = "point") -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std), each (n_fields, H, W): the store's training statistics of the sample's fields, per grid
+        point or per channel (:meth:`postcast.datasets.sample.SampleSpec.normalisation`; the model copies them at
+        fit start and carries them in its checkpoint)."""
         stats = _open(self.cfg.store)[1]
         if stats is None:
             msg = (
@@ -337,7 +338,7 @@ class StoreDataModule(L.LightningDataModule):
             )
             raise MissingInputError(msg)
         check_variables(_open(self.cfg.store)[0], self.cfg.sample, self.cfg.store)
-        return self.cfg.sample.normalisation(stats)
+        return self.cfg.sample.normalisation(stats, per)
 
     def climate_thresholds(self) -> tuple[float, ...]:
         """Default exceedance thresholds for the model's forecasts: the target's own (schema.TARGETS: tp24 1
