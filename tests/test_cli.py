@@ -159,6 +159,7 @@ def test_paths_live_in_one_file_and_presets_stack():
         "distribution": None,
         "scale": "blend",
         "point_lr": 1.0,
+        "normalisation": "channel",
     }  # None: the target's family (gaussian)
     data = data_config(cfg)
     assert data.store == "runs/quickstart/store.zarr" and data.loader == "clairvoyant" and data.batch_size == 2
