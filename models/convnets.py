@@ -20,54 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from postcast.datasets.core.errors import BadInputError, ConfigError
+from postcast.datasets.core.errors import ConfigError
+from postcast.models.earth import PointEmbedding, check_embedding, earth_pad
 from postcast.models.postprocessors import Batch, Outputs, zero_init
 from postcast.models.registry import NetIO, architecture
 
 NORMS = ("batch", "group", "none")  # the U-Net blocks' normalisation (model.net.norm)
-
-
-def earth_pad(x: torch.Tensor, top: int, bottom: int = -1, left: int = -1, right: int = -1) -> torch.Tensor:
-    """Pad (B, C, H, W): periodic in longitude (W), replicated in latitude (H).
-    ``earth_pad(x, p)`` pads p on every side."""
-    bottom = top if bottom < 0 else bottom
-    left = top if left < 0 else left
-    right = left if right < 0 else right
-    if left or right:
-        x = torch.cat([x[..., x.shape[-1] - left :], x, x[..., :right]], dim=-1)
-    if top or bottom:  # copies of the edge rows, not F.pad(mode="replicate"): torch 2.11's inductor fails to
-        # generate the GPU kernel for its clamped index behind the longitude join ("'((0)) + 719' is not comparable")
-        rows = [x[..., :1, :].expand(*x.shape[:-2], top, -1), x, x[..., -1:, :].expand(*x.shape[:-2], bottom, -1)]
-        x = torch.cat(rows, dim=-2)
-    return x
-
-
-class PointEmbedding(nn.Module):
-    """E learned numbers per grid point (E, H, W), zero at the start, joined to the input channels:
-    (B, C, H, W) -> (B, C + E, H, W). E = 0 passes the input through (no parameter)."""
-
-    def __init__(self, channels: int, grid: tuple[int, int]):
-        super().__init__()
-        self.channels = channels
-        self.weight = nn.Parameter(torch.zeros(channels, *grid)) if channels else None  # (E, H, W)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is None:
-            return x
-        if x.shape[-2:] != self.weight.shape[-2:]:
-            msg = (
-                f"the model's embedding was learned on a {tuple(self.weight.shape[-2:])} grid, the input is "
-                f"{tuple(x.shape[-2:])}: regrid the inputs to the training grid, or train with embedding: 0"
-            )
-            raise BadInputError(msg)
-        return torch.cat([x, self.weight.expand(x.shape[0], -1, -1, -1)], dim=1)  # (B, C + E, H, W)
-
-
-def check_embedding(name: str, embedding: int) -> None:
-    """An architecture's ``embedding`` option: a count >= 0 (ConfigError naming it otherwise)."""
-    if embedding < 0:
-        msg = f"model.net ({name}) embedding={embedding}: give the learned numbers per grid point, >= 0 (0: none)"
-        raise ConfigError(msg)
 
 
 def check_norm(name: str, norm: str) -> None:
@@ -148,8 +106,9 @@ def _block(c_in: int, c_out: int, norm: str = "batch") -> nn.Sequential:
 class UNetTrunk(nn.Module):
     """U-Net features (B, base [+ E], H, W) for any H, W: ``depth`` down/up levels with channels
     base * 2**level (ENS-10: 32 / 64 / 128), max-pool 2, bilinear up-sampling, skip concatenation; with
-    ``embedding`` > 0, E learned numbers per point of ``grid`` join the inputs (:class:`PointEmbedding`) and,
-    by a skip connection, the features: (B, base + E, H, W), so a head reads each point's own numbers too.
+    ``embedding`` > 0, E learned numbers per point of ``grid`` join the inputs (:class:`PointEmbedding`, read
+    through a Gaussian filter of ``smoothing`` grid cells when > 0) and, by a skip connection, the features:
+    (B, base + E, H, W), so a head reads each point's own numbers too.
     ``between(channels, level_grid)``, when given, builds a layer put between the decoder blocks (after each
     up block but the last, on its channels and its level's grid: the padded grid halved ``level`` times)."""
 
@@ -161,11 +120,12 @@ class UNetTrunk(nn.Module):
         *,
         grid: tuple[int, int] = (0, 0),
         embedding: int = 0,
+        smoothing: float = 0.0,
         between: Callable[[int, tuple[int, int]], nn.Module] | None = None,
         norm: str = "batch",
     ):
         super().__init__()
-        self.embedding = PointEmbedding(embedding, grid)
+        self.embedding = PointEmbedding(embedding, grid, smoothing)
         in_channels += embedding
         self.depth = depth
         chans = [base * 2**i for i in range(depth + 1)]
@@ -232,11 +192,12 @@ class UNet(nn.Module):
         *,
         grid: tuple[int, int] = (0, 0),
         embedding: int = 0,
+        smoothing: float = 0.0,
         norm: str = "batch",
         head: int = 0,
     ):
         super().__init__()
-        self.trunk = UNetTrunk(in_channels, base, depth, grid=grid, embedding=embedding, norm=norm)
+        self.trunk = UNetTrunk(in_channels, base, depth, grid=grid, embedding=embedding, smoothing=smoothing, norm=norm)
         c = self.trunk.out_channels
         self.head = PointHead(c, in_channels, head, outputs) if head else zero_init(EarthConv(c, outputs))
 
@@ -269,11 +230,12 @@ class UNetArchitecture:
 
     base_filters: int = 32
     embedding: int = 0  # learned numbers per grid point joined to the inputs (0: none; the model is then grid-free)
+    smoothing: float = 0.0  # the embedding read through a Gaussian filter this many grid cells wide (0: none)
     norm: str = "batch"  # normalisation in each block: batch, group or none
     head: int = 0  # hidden units of a pointwise head on the features and inputs (0: a 3 x 3 convolution)
 
     def __post_init__(self) -> None:
-        check_embedding("unet", self.embedding)
+        check_embedding("unet", self.embedding, self.smoothing)
         check_norm("unet", self.norm)
 
     def build(self, io: NetIO) -> nn.Module:
@@ -283,6 +245,7 @@ class UNetArchitecture:
             outputs=io.outputs,
             grid=io.grid,
             embedding=self.embedding,
+            smoothing=self.smoothing,
             norm=self.norm,
             head=self.head,
         )

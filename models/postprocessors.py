@@ -23,6 +23,7 @@ from postcast.datasets import laws
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import emos_forms
 from postcast.models.distributions import Distribution
+from postcast.models.earth import Smoother, check_embedding
 from postcast.models.losses import CRPSLoss, distribution_head
 from postcast.models.registry import NetIO, architecture
 
@@ -49,8 +50,9 @@ class PointwiseMLP(nn.Module):
 
     ``embedding`` > 0 gives every grid point of ``grid`` that many learned numbers, read as extra inputs
     (the station embedding of Rasp and Lerch 2018): the shared network then learns what is local to a
-    place (a static bias) beside what the weather explains. Such a model is bound to its training grid,
-    like the local EMOS."""
+    place (a static bias) beside what the weather explains; ``smoothing`` > 0 reads them through a Gaussian
+    filter of that many grid cells (:mod:`postcast.models.earth`), so that neighbouring places share their
+    dates. Such a model is bound to its training grid, like the local EMOS."""
 
     def __init__(
         self,
@@ -61,9 +63,11 @@ class PointwiseMLP(nn.Module):
         layers: int = 1,
         grid: tuple[int, int] = (0, 0),
         embedding: int = 0,
+        smoothing: float = 0.0,
     ):
         super().__init__()
         self.embedding = nn.Parameter(torch.zeros(embedding, *grid)) if embedding else None  # (E, H, W)
+        self.smooth = Smoother(grid, smoothing) if embedding and smoothing > 0 else nn.Identity()
         widths = [in_channels + embedding] + [hidden] * layers
         hidden_layers = [m for a, b in itertools.pairwise(widths) for m in (nn.Conv2d(a, b, 1), nn.ReLU())]
         self.net = nn.Sequential(*hidden_layers, zero_init(nn.Conv2d(hidden, outputs, 1)))
@@ -71,7 +75,8 @@ class PointwiseMLP(nn.Module):
     def forward(self, batch: Batch) -> Outputs:
         x = batch["x"]  # (B, C, H, W)
         if self.embedding is not None:
-            x = torch.cat([x, self.embedding.expand(x.shape[0], -1, -1, -1)], dim=1)  # (B, C + E, H, W)
+            own = self.smooth(self.embedding)  # (E, H, W)
+            x = torch.cat([x, own.expand(x.shape[0], -1, -1, -1)], dim=1)  # (B, C + E, H, W)
         return tuple(self.net(x).unbind(1))  # K x (B, H, W)
 
 
@@ -255,15 +260,22 @@ class MLPArchitecture:
     hidden: int = 128  # hidden units per layer
     layers: int = 1  # hidden layers (ReLU)
     embedding: int = 0  # learned numbers per grid point read as inputs (0: none; the model is then grid-free)
+    smoothing: float = 0.0  # the embedding read through a Gaussian filter this many grid cells wide (0: none)
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in (("hidden", self.hidden), ("layers", self.layers)) if v < 1}
-        if bad or self.embedding < 0:
-            given = bad or {"embedding": self.embedding}
-            msg = f"model.net (mlp) {given}: hidden and layers must be >= 1, embedding >= 0"
+        if bad:
+            msg = f"model.net (mlp) {bad}: hidden and layers must be >= 1"
             raise ConfigError(msg)
+        check_embedding("mlp", self.embedding, self.smoothing)
 
     def build(self, io: NetIO) -> nn.Module:
         return PointwiseMLP(
-            io.in_channels, self.hidden, io.outputs, layers=self.layers, grid=io.grid, embedding=self.embedding
+            io.in_channels,
+            self.hidden,
+            io.outputs,
+            layers=self.layers,
+            grid=io.grid,
+            embedding=self.embedding,
+            smoothing=self.smoothing,
         )

@@ -40,7 +40,8 @@ from torch import nn
 
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import kernels
-from postcast.models.convnets import PointEmbedding, UNetTrunk, check_embedding
+from postcast.models.convnets import UNetTrunk
+from postcast.models.earth import PointEmbedding, check_embedding
 from postcast.models.kernels.reference import TopKRouting, routing_correct
 from postcast.models.postprocessors import Batch, Outputs
 from postcast.models.registry import NetIO, architecture
@@ -264,7 +265,7 @@ class SMoE(nn.Module):
 class UNetSMoE(nn.Module):
     """U-Net whose final layer is an SMoE; with ``decoder_experts`` > 0, an :class:`SMoELayer` of that many experts
     per channel between its decoder blocks; with ``embedding`` > 0, E learned numbers per grid point join the
-    inputs (:class:`~postcast.models.convnets.PointEmbedding`)."""
+    inputs (:class:`~postcast.models.earth.PointEmbedding`)."""
 
     def __init__(
         self,
@@ -276,6 +277,7 @@ class UNetSMoE(nn.Module):
         outputs: int = 2,
         *,
         embedding: int = 0,
+        smoothing: float = 0.0,
         decoder_experts: int = 0,
     ):
         super().__init__()
@@ -284,7 +286,13 @@ class UNetSMoE(nn.Module):
             return SMoELayer(channels, decoder_experts * channels, level_grid, cfg)
 
         self.trunk = UNetTrunk(
-            in_channels, base, depth, grid=grid, embedding=embedding, between=between if decoder_experts else None
+            in_channels,
+            base,
+            depth,
+            grid=grid,
+            embedding=embedding,
+            smoothing=smoothing,
+            between=between if decoder_experts else None,
         )
         self.smoe = SMoEHead(self.trunk.out_channels, grid, cfg, outputs=outputs)
 
@@ -316,10 +324,11 @@ class UNetSMoEArchitecture:
     smoe: SMoEConfig = field(default_factory=SMoEConfig)
     base_filters: int = 32
     embedding: int = 0  # learned numbers per grid point joined to the inputs (0: none; the model is then grid-free)
+    smoothing: float = 0.0  # the embedding read through a Gaussian filter this many grid cells wide (0: none)
     decoder_experts: int = 0  # > 0: an SMoE layer between the decoder blocks, top-C of C x this many experts
 
     def __post_init__(self) -> None:
-        check_embedding("unet_smoe", self.embedding)
+        check_embedding("unet_smoe", self.embedding, self.smoothing)
         if self.decoder_experts < 0:
             msg = f"model.net (unet_smoe) decoder_experts={self.decoder_experts}: give experts per channel, >= 0"
             raise ConfigError(msg)
@@ -332,5 +341,6 @@ class UNetSMoEArchitecture:
             self.base_filters,
             outputs=io.outputs,
             embedding=self.embedding,
+            smoothing=self.smoothing,
             decoder_experts=self.decoder_experts,
         )

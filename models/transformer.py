@@ -12,7 +12,7 @@ corrected ensemble z_j + d_j of the target variable defines the head outputs
 
 so the zero-initialised output layer reproduces the raw ensemble's law exactly (a = 0, b = 0 to the bit,
 also where the members agree and z's std is floored). With ``embedding: E`` > 0, E learned numbers per grid
-point join the ensemble-mean channels (:class:`~postcast.models.convnets.PointEmbedding`). A
+point join the ensemble-mean channels (:class:`~postcast.models.earth.PointEmbedding`). A
 distribution with K > 2 parameters gets its further K - 2 head outputs from a zero-initialised 1 x 1
 convolution of the member-averaged features.
 """
@@ -27,7 +27,7 @@ from torch import nn
 
 from postcast.datasets.core.errors import ConfigError
 from postcast.models import kernels
-from postcast.models.convnets import PointEmbedding, check_embedding, earth_pad
+from postcast.models.earth import PointEmbedding, check_embedding, earth_pad
 from postcast.models.postprocessors import Batch, Outputs, require_members, zero_init
 from postcast.models.registry import NetIO, architecture
 
