@@ -151,7 +151,7 @@ def test_paths_live_in_one_file_and_presets_stack():
     assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["max_epochs"] == 12  # fragment + preset
     assert cfg["model"] == {
         "family": "unet",
-        "net": {"base_filters": 32, "embedding": 32, "head": 256},
+        "net": {"base_filters": 32, "embedding": 32, "head": 256, "smoothing": 2, "norm": "none"},
         "lr": 0.001,
         "weight_decay": 0.0,
         "schedule": "plateau",
