@@ -387,6 +387,20 @@ def test_a_negative_smoothing_is_refused_naming_it(name):
         registry.make(name, {"embedding": 2, "smoothing": -1})
 
 
+@pytest.mark.parametrize("value", ["abc", True, [1.0]])
+def test_a_number_option_given_something_else_is_refused_naming_it(value):
+    """A float option (``smoothing``) given text, a boolean or a list: one line naming the option and the value
+    (it reached the dataclass unchecked, and ``smoothing: abc`` answered "'<' not supported between instances
+    of 'str' and 'int'")."""
+    with pytest.raises(ConfigError, match=r"model.net \(mlp\).smoothing: expected a number, got"):
+        registry.make("mlp", {"embedding": 2, "smoothing": value})
+
+
+def test_a_number_option_written_as_yaml_1_1_text_reads_as_the_number():
+    """PyYAML reads ``smoothing: 2e0`` (an exponent without a dot) as text: the option takes the number."""
+    assert registry.make("mlp", {"embedding": 2, "smoothing": "2e0"}).smoothing == 2.0
+
+
 @pytest.mark.parametrize("options", [{"layers": 0}, {"hidden": 0}, {"embedding": -1}])
 def test_mlp_options_out_of_range_are_refused_naming_them(options):
     with pytest.raises(ConfigError, match=f"model.net \\(mlp\\) .*{next(iter(options))}"):

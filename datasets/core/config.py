@@ -114,6 +114,20 @@ def _convert_tuple(args: tuple[Any, ...], value: Any, where: str) -> tuple[Any, 
     return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
 
 
+def _number(value: Any, where: str) -> float:
+    """A float option's value: a number, or text that reads as one (PyYAML reads ``1e-3``, without a dot, as
+    text); a boolean, a list or other text is refused naming the option."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    msg = f"{where}: expected a number, got {value!r}"
+    raise ConfigError(msg)
+
+
 def _convert(tp: Any, value: Any, where: str) -> Any:
     """Check ``value`` against the type hint ``tp`` (YAML lists become tuples, ints become floats)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -130,8 +144,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             msg = f"{where}: expected a mapping, got {value!r}"
             raise ConfigError(msg)
         return value
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+    if tp is float:
+        return _number(value, where)
     if (tp in (int, str, bool) and not isinstance(value, tp)) or (tp is int and isinstance(value, bool)):
         msg = f"{where}: expected {tp.__name__}, got {value!r}"
         raise ConfigError(msg)
