@@ -375,9 +375,14 @@ DEFAULT_TARGET = "t850"  # what a sample spec or a preset without a target post-
 # --- calendar ------------------------------------------------------------------------------------
 def ens10_month_days() -> list[tuple[int, int]]:
     """The 105 (month, day) pairs of ENS-10: the Mondays and Thursdays of 2018."""
+    return list(_ens10_month_days())
+
+
+@functools.cache
+def _ens10_month_days() -> tuple[tuple[int, int], ...]:
     days = pd.date_range("2018-01-01", "2018-12-31", freq="D")
     picked = days[(days.day_of_week == 0) | (days.day_of_week == 3)]
-    return [(int(d.month), int(d.day)) for d in picked]
+    return tuple((int(d.month), int(d.day)) for d in picked)
 
 
 def month_days_subset(n: int) -> list[tuple[int, int]]:

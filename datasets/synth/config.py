@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -71,8 +72,9 @@ class SynthConfig:
     def month_days(self) -> list[tuple[int, int]]:
         return schema.month_days_subset(self.dates_per_year)
 
-    @property
+    @functools.cached_property
     def init_times(self) -> pd.DatetimeIndex:
+        """Every init date (computed once: each task of the lazy dataset reads it)."""
         return schema.init_times(self.year_list, self.month_days)
 
     @property

@@ -105,4 +105,5 @@ def static_fields(
     (the time-frozen case of :class:`GaussianWaves`, batched)."""
     lat, std, lon = _static_basis(grid.resolution, n_max, l_max, scale)
     coef = std[None] * rng.standard_normal((count, *std.shape))  # (count, 2L+2, 2N+2)
-    return np.einsum("ya,mab,bx->myx", lat, coef, lon, optimize=True)
+    out: np.ndarray = lat @ (coef @ lon)  # (count, n_lat, n_lon)
+    return out
