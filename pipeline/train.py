@@ -27,7 +27,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from jsonargparse.typing import OpenUnitInterval
+from lightning.pytorch.callbacks import EarlyStopping, EMAWeightAveraging, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -70,12 +71,29 @@ class PostcastCLI(LightningCLI):
         # ... early stopping on the validation CRPS (max_epochs is a ceiling; pipeline/stopping.py)
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
         parser.set_defaults(stopping.early_stopping_defaults())
+        # ... and, when given, validation and checkpoints on an exponential moving average of the weights
+        parser.add_argument(
+            "--ema_decay",
+            type=OpenUnitInterval | None,
+            default=None,
+            help="average the weights over the training steps, w_avg <- d w_avg + (1 - d) w after each step; "
+            "validation, model selection and the checkpoints' weights use the average (e.g. 0.99; none: off)",
+        )
         parser.link_arguments(
             "data", "model.sample", compute_fn=lambda dm: dm.cfg.sample.to_dict(), apply_on="instantiate"
         )
         parser.link_arguments("data", "model.grid", compute_fn=lambda dm: dm.grid, apply_on="instantiate")
         parser.link_arguments("data", "model.grid_area", compute_fn=lambda dm: dm.grid_area, apply_on="instantiate")
         parser.link_arguments("data", "model.n_members", compute_fn=lambda dm: dm.n_members, apply_on="instantiate")
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        """The trainer, with Lightning's EMA weight averaging among its callbacks when ``ema_decay`` is set (it
+        swaps the average in for validation and writes it as the checkpoint's weights, the current weights
+        beside them for a resumed fit)."""
+        decay = self._get(self.config, "ema_decay")
+        if decay is not None:
+            callbacks = [*callbacks, EMAWeightAveraging(decay=float(decay))]
+        return super()._instantiate_trainer(config, callbacks)
 
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` goes through the gate every use of a checkpoint takes (:func:`read_checkpoint`:
