@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import signal
@@ -159,6 +160,53 @@ def resolve(args: Sequence[str]) -> dict[str, Any]:
             raise ValueError(_parser_error(err.getvalue()) or f"invalid (exit {stop.code})") from None
     resolved = config.load_yaml(out.getvalue(), "the resolved training configuration")
     return resolved if isinstance(resolved, dict) else {}
+
+
+NET_FLAG = "--model.net."  # the architecture's options: a free mapping, checked by the family's dataclass
+
+
+def _fold_net_flags(args: Sequence[str]) -> list[str]:
+    """``--model.net.KEY.SUB[...] VALUE`` sets one nested option of the architecture and keeps the others: the
+    parser reads a mapping-typed option one key deep (``--model.net.head 256``) and replaced ``net.KEY`` with
+    ``{SUB: 'VALUE'}``, the value as text and the preset's other options under KEY dropped. Such a flag
+    becomes ``--model.net.KEY MAPPING``: ``net.KEY`` as the arguments before it resolve, with the one option
+    set to the YAML value."""
+    out: list[str] = []
+    rest = iter(args)
+    for a in rest:
+        flag, eq, value = a.partition("=")
+        keys = flag.removeprefix(NET_FLAG).split(".") if flag.startswith(NET_FLAG) else []
+        if len(keys) < 2:
+            out.append(a)
+            continue
+        value = value if eq else next(rest, "")
+        try:
+            net = resolve([x for x in out if x not in SUBCOMMANDS]).get("model") or {}
+        except ValueError:  # the arguments before it are wrong: the parser says so on the whole line
+            out += [flag, value]
+            continue
+        current = (net.get("net") or {}).get(keys[0])
+        mapping = current if isinstance(current, dict) else {}
+        out += [NET_FLAG + keys[0], json.dumps(_set_nested(mapping, keys[1:], _yaml_or_text(value)))]
+    return out
+
+
+def _yaml_or_text(value: str) -> Any:
+    """A flag's value as the parser reads one: YAML, or the text itself when it is no YAML (then refused by the
+    option's type, naming it)."""
+    import yaml
+
+    try:
+        return _load_yaml_value(value)
+    except yaml.YAMLError:
+        return value
+
+
+def _set_nested(mapping: dict[str, Any], keys: list[str], value: Any) -> dict[str, Any]:
+    """A copy of ``mapping`` with ``mapping[k0][k1]...`` set to ``value`` (missing levels made)."""
+    inner = mapping.get(keys[0])
+    child = _set_nested(inner if isinstance(inner, dict) else {}, keys[1:], value) if len(keys) > 1 else value
+    return {**mapping, keys[0]: child}
 
 
 def _parser_error(text: str) -> str:
@@ -352,6 +400,6 @@ def _cli(args: Sequence[str], *, subcommands: bool) -> PostcastCLI:
             StoreDataModule,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"prog": "postcast train", "parser_mode": YAML_MODE, **defaults},
-            args=list(args),
+            args=_fold_net_flags(args),
             run=subcommands,
         )

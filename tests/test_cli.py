@@ -166,6 +166,22 @@ def test_paths_live_in_one_file_and_presets_stack():
     assert data.sample.target == "t850" and data.sample.variables == ("t", "z", "q", "w", "d", "u", "v", "tcc")
 
 
+@pytest.mark.parametrize("form", ["two words", "equals"])
+def test_a_nested_net_option_is_set_alone(form):
+    """``--model.net.smoe.experts 4`` sets that one option of the SMoE and keeps the preset's others; the
+    parser alone replaced ``net.smoe`` with ``{experts: '4'}`` (text, refused by the architecture, the gate,
+    RC loss and quantile of the preset dropped)."""
+    from postcast.pipeline.train import resolve
+
+    preset = str(ROOT / "configs/train/unet_smoe_t2m.yaml")
+    flag = ["--model.net.smoe.experts", "4"] if form == "two words" else ["--model.net.smoe.experts=4"]
+    before = resolve(["-c", preset])["model"]["net"]
+    after = resolve(["-c", preset, *flag, "--model.net.head", "256"])["model"]["net"]
+    assert after == {**before, "smoe": {**before["smoe"], "experts": 4}, "head": 256}
+    deeper = resolve(["-c", preset, *flag, "--model.net.smoe.gate", "conv"])["model"]["net"]["smoe"]
+    assert deeper == {**before["smoe"], "experts": 4, "gate": "conv"}  # two nested flags, each kept
+
+
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_train_help_is_lightnings(cli, flag):
     """`postcast train --help` reaches the Lightning CLI (it was refused as an unrecognized argument)."""
