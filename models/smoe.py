@@ -40,7 +40,7 @@ from torch import nn
 
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.models import kernels
-from postcast.models.convnets import UNetTrunk
+from postcast.models.convnets import PointHead, UNetTrunk, check_norm
 from postcast.models.earth import PointEmbedding, check_embedding
 from postcast.models.kernels.reference import TopKRouting, routing_correct
 from postcast.models.postprocessors import Batch, Outputs
@@ -265,7 +265,8 @@ class SMoE(nn.Module):
 class UNetSMoE(nn.Module):
     """U-Net whose final layer is an SMoE; with ``decoder_experts`` > 0, an :class:`SMoELayer` of that many experts
     per channel between its decoder blocks; with ``embedding`` > 0, E learned numbers per grid point join the
-    inputs (:class:`~postcast.models.earth.PointEmbedding`)."""
+    inputs (:class:`~postcast.models.earth.PointEmbedding`); with ``head`` > 0, the U-Net's pointwise head of that
+    many hidden units beside the SMoE, the two outputs added (the SMoE a routed correction of the U-Net's)."""
 
     def __init__(
         self,
@@ -279,6 +280,8 @@ class UNetSMoE(nn.Module):
         embedding: int = 0,
         smoothing: float = 0.0,
         decoder_experts: int = 0,
+        norm: str = "batch",
+        head: int = 0,
     ):
         super().__init__()
 
@@ -293,11 +296,19 @@ class UNetSMoE(nn.Module):
             embedding=embedding,
             smoothing=smoothing,
             between=between if decoder_experts else None,
+            norm=norm,
         )
-        self.smoe = SMoEHead(self.trunk.out_channels, grid, cfg, outputs=outputs)
+        c = self.trunk.out_channels
+        self.head = PointHead(c, in_channels, head, outputs) if head else None
+        self.smoe = SMoEHead(c, grid, cfg, outputs=outputs)
 
     def forward(self, batch: Batch) -> Outputs:
-        return tuple(self.smoe(self.trunk(batch["x"])).unbind(1))  # K x (B, H, W)
+        x = batch["x"]  # (B, C, H, W)
+        feats = self.trunk(x)  # (B, base + E, H, W)
+        out = self.smoe(feats)  # (B, K, H, W)
+        if self.head is not None:
+            out = out + self.head(feats, x)
+        return tuple(out.unbind(1))  # K x (B, H, W)
 
 
 # --- architectures ------------------------------------------------------------------------------
@@ -326,9 +337,12 @@ class UNetSMoEArchitecture:
     embedding: int = 0  # learned numbers per grid point joined to the inputs (0: none; the model is then grid-free)
     smoothing: float = 0.0  # the embedding read through a Gaussian filter this many grid cells wide (0: none)
     decoder_experts: int = 0  # > 0: an SMoE layer between the decoder blocks, top-C of C x this many experts
+    norm: str = "batch"  # normalisation in each block: batch, group or none
+    head: int = 0  # > 0: the U-Net's pointwise head (this many hidden units) beside the SMoE, outputs added
 
     def __post_init__(self) -> None:
         check_embedding("unet_smoe", self.embedding, self.smoothing)
+        check_norm("unet_smoe", self.norm)
         if self.decoder_experts < 0:
             msg = f"model.net (unet_smoe) decoder_experts={self.decoder_experts}: give experts per channel, >= 0"
             raise ConfigError(msg)
@@ -343,4 +357,6 @@ class UNetSMoEArchitecture:
             embedding=self.embedding,
             smoothing=self.smoothing,
             decoder_experts=self.decoder_experts,
+            norm=self.norm,
+            head=self.head,
         )

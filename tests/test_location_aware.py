@@ -103,6 +103,7 @@ NETWORKS = [
     ("transformer", {"width": 8}),
     ("smoe", {"embedding": 3, "smoe": {"gate": "lcn"}}),
     *[("unet_smoe", {"base_filters": 4, "embedding": 3, "decoder_experts": 2, "smoe": {"gate": g}}) for g in GATES],
+    ("unet_smoe", {"base_filters": 4, "embedding": 3, "head": 8, "norm": "none", "smoe": {"gate": "latent"}}),
 ]
 
 

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from postcast.datasets.core.errors import BadInputError, ConfigError
+from postcast.models.convnets import UNet
 from postcast.models.module import PostProcessor
-from postcast.models.smoe import GATES, Gate, SMoEConfig, SMoEHead, SMoELayer
+from postcast.models.smoe import GATES, Gate, SMoEConfig, SMoEHead, SMoELayer, UNetSMoE
 
 E, GRID = 3, (1, 4)  # 3 experts on a 1 x 4 grid, one output channel, top-1
 MAP = torch.tensor([[[[2.0, 0.0, 0.0, 1.0]], [[0.0, 3.0, 0.0, 0.0]], [[1.0, 1.0, 2.0, 0.0]]]])  # (1, E, 1, 4)
@@ -173,3 +174,25 @@ def test_a_unet_with_an_smoe_between_its_decoder_blocks_trains_its_gate_on_an_od
     mu, _ = model(b)
     mu.square().mean().backward()
     assert layer.gate.map.grad is not None and layer.gate.map.grad.abs().sum() > 0
+
+
+def test_the_unet_smoe_with_a_head_is_the_unet_plus_the_routed_experts():
+    """``head: n``: the U-Net's pointwise head beside the SMoE, outputs added. With the U-Net's weights copied in,
+    the U-Net + SMoE's answer is the U-Net's plus, at each point, the selected expert's value (worked from the
+    experts' convolution and the gate's argmax)."""
+    shape = {"base": 4, "grid": (6, 8), "embedding": 2, "norm": "none", "head": 8}  # (a, b): 2 outputs
+    torch.manual_seed(0)
+    unet = UNet(5, **shape).eval()
+    both = UNetSMoE(5, cfg=SMoEConfig(experts=E), **shape).eval()
+    torch.nn.init.normal_(unet.head.net[-1].weight)  # a U-Net that corrects something
+    missing = both.load_state_dict(unet.state_dict(), strict=False).missing_keys
+    assert sorted(missing) == ["smoe.experts.weight", "smoe.gate.map"]  # all else is the U-Net's
+    torch.nn.init.normal_(both.smoe.experts.weight)
+    x = torch.randn(2, 5, 6, 8, generator=torch.Generator().manual_seed(1))  # (B, C, H, W)
+    with torch.no_grad():
+        alone = torch.stack(unet({"x": x}), 1)  # (B, 2, H, W): the U-Net's (a, b)
+        together = torch.stack(both({"x": x}), 1)
+        feats = both.trunk(x)  # (B, 4 + 2, H, W)
+        values = both.smoe.experts(feats).view(2, 2, E, 6, 8)  # (B, K, E, H, W)
+        pick = both.smoe.gate(feats).view(2, 2, E, 6, 8).argmax(2, keepdim=True)
+    torch.testing.assert_close(together, alone + values.gather(2, pick).squeeze(2))
