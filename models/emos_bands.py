@@ -19,7 +19,8 @@ from postcast.models import distributions
 from postcast.models.emos_objective import PointData
 
 FIT_BYTES = 1 << 30  # what the fits of one band of points may hold, whatever the number of training dates
-FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields a local EMOS reads (PointData.from_fields)
+FIELDS = ("xm", "xs", "m", "s", "y")  # the (N, H, W) fields every local EMOS reads (PointData.from_fields)
+SEASON_FIELDS = ("sin", "cos")  # and the seasonal form's, when given
 
 
 def band_rows(family: str, n_dates: int, height: int, width: int, neighbours: int = 1, fits: int = 1) -> int:
@@ -43,7 +44,8 @@ class HaloBand:
 
 
 class BandScratch:
-    """:meth:`add` appends a batch of (B, H, W) fields to each band's file (its raw bytes, dates in order);
+    """:meth:`add` appends a batch of (B, H, W) fields (:data:`FIELDS`, and :data:`SEASON_FIELDS` when given) to each
+    band's file (its raw bytes, dates in order);
     :meth:`bands` reads the bands back as :class:`PointData`, in order; :meth:`halo_bands` with rows around."""
 
     def __init__(self, folder: Path, height: int, rows: int) -> None:
@@ -54,7 +56,7 @@ class BandScratch:
         return [slice(i, min(i + self.rows, self.height)) for i in range(0, self.height, self.rows)]
 
     def add(self, fields: dict[str, torch.Tensor]) -> None:
-        for key in FIELDS:
+        for key in (*FIELDS, *(k for k in SEASON_FIELDS if k in fields)):
             t = fields[key].detach().cpu().contiguous()  # (B, H, W)
             self.layout[key] = (t.dtype, t.shape[-1])
             for b, rows in enumerate(self._slices()):

@@ -268,7 +268,7 @@ def fit(
     unit ``d.u`` (:meth:`PointData.with_unit`)."""
     t0 = time.perf_counter()
     model = Model(family, form)
-    n = 4 + distributions.get(family).n_raw - 2
+    n = emos_forms.coefficients(distributions.get(family).n_raw, d)
     starts = _starts(d, model, n)
     if start is not None:
         with torch.no_grad():

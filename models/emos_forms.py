@@ -25,6 +25,11 @@ With x_mean, x_std the target's normalised ensemble mean and std (per point, the
     it). Its raw outputs: a = a0 + a1 log(1 + max(x_mean, 0)), b as the standard form's and
     c = softplus^-1((u / s) softplus(c2)), so that the head's shift s softplus(c) is u softplus(c2).
 
+Seasonal terms (``season: true``, the spread and standard forms): the location's bracket gains
+a_sin sin(day) + a_cos cos(day), day the init date's angle in the year (the sample's season features), two more
+coefficients per point after the others: a bias that follows the season, which a fit of all training dates
+otherwise takes for noise (Lang et al. 2020 compare such harmonic terms with training on a sliding window).
+
 In raw outputs the standard form is a = (u / s)(a0 + a1 x_mean) (linear in the coefficients) and
 b = log(sqrt(c^2 + d^2 s^2) / s) (not linear in b0, b1): :func:`columns` gives each coefficient's column of the
 Jacobian d raw / d theta at a date, :func:`curvature` the second-derivative term that b adds to the Hessian,
@@ -54,6 +59,25 @@ class Data(Protocol):
     def s(self) -> torch.Tensor: ...
     @property
     def u(self) -> torch.Tensor | None: ...
+    @property
+    def season(self) -> torch.Tensor | None: ...
+
+
+SEASON = 2  # the seasonal form's coefficients: of the sine and cosine of the day of year, in the location
+
+
+def coefficients(outputs: int, d: Data) -> int:
+    """Coefficients per point, n, of a head with ``outputs`` raw outputs: (a0, a1, b0, b1), a constant for each
+    output past two, and the seasonal terms' :data:`SEASON` where the data carry the season."""
+    return 4 + outputs - 2 + (0 if d.season is None else SEASON)
+
+
+def _seasonal(theta: torch.Tensor, d: Data) -> torch.Tensor | None:
+    """The location's seasonal term (P, N): a_sin sin(day) + a_cos cos(day), the last two coefficients; None
+    without the season."""
+    if d.season is None:
+        return None
+    return (d.season * theta[:, None, -SEASON:]).sum(-1)
 
 
 def raw_start(points: int, n: int, form: str, like: torch.Tensor) -> torch.Tensor:
@@ -146,32 +170,43 @@ def _log_mean(d: Data) -> torch.Tensor:
 
 
 def raw(theta: torch.Tensor, d: Data, form: str) -> torch.Tensor:
-    """The head's raw outputs (P, N, K) for coefficients theta (P, 4 + K - 2) in ``form``."""
-    if form == "spread":
-        a = theta[:, 0:1] + theta[:, 1:2] * d.xm  # (P, N)
-        b = theta[:, 2:3] + theta[:, 3:4] * d.xs
-    elif form == "sh":
+    """The head's raw outputs (P, N, K) for coefficients theta (P, :func:`coefficients`) in ``form``."""
+    if form == "sh":
+        _no_season(d, form)
         a = theta[:, 0:1] + theta[:, 1:2] * _log_mean(d)
         b = _scale(theta, d).b
         return torch.stack([a, b, _shift(theta, d).c], dim=-1)
+    seasonal = _seasonal(theta, d)  # (P, N) or None
+    location = theta[:, 0:1] + theta[:, 1:2] * d.xm  # (P, N)
+    if seasonal is not None:
+        location = location + seasonal
+    if form == "spread":
+        a, b = location, theta[:, 2:3] + theta[:, 3:4] * d.xs
     else:
-        a = unit_of(d) / d.s * (theta[:, 0:1] + theta[:, 1:2] * d.xm)
-        b = _scale(theta, d).b
-    extra = theta[:, 4:].unsqueeze(1).expand(-1, a.shape[1], -1)  # (P, N, K - 2)
-    return torch.cat([a.unsqueeze(-1), b.unsqueeze(-1), extra], dim=-1)
+        a, b = unit_of(d) / d.s * location, _scale(theta, d).b
+    extra = theta[:, 4 : theta.shape[1] - (0 if seasonal is None else SEASON)]  # (P, K - 2)
+    return torch.cat([a.unsqueeze(-1), b.unsqueeze(-1), extra.unsqueeze(1).expand(-1, a.shape[1], -1)], dim=-1)
+
+
+def _no_season(d: Data, form: str) -> None:
+    if d.season is not None:
+        msg = f"the {form} EMOS form has no seasonal terms: they are for the spread and standard forms"
+        raise ValueError(msg)
 
 
 def columns(theta: torch.Tensor, d: Data, k: int, form: str) -> list[Column]:
     """Each coefficient's Jacobian column at every date: the raw output it moves and by what factor."""
     extra: list[Column] = [(j, None) for j in range(2, k)]
+    season = [] if d.season is None else [d.season[..., j] for j in range(SEASON)]  # each (P, N)
     if form == "spread":
-        return [(0, None), (0, d.xm), (1, None), (1, d.xs), *extra]
+        return [(0, None), (0, d.xm), (1, None), (1, d.xs), *extra, *((0, z) for z in season)]
     sc = _scale(theta, d)
     scale: list[Column] = [(1, sc.uu * theta[:, 2:3]), (1, sc.ss * theta[:, 3:4])]
     if form == "sh":
+        _no_season(d, form)
         return [(0, None), (0, _log_mean(d)), *scale, (2, _shift(theta, d).dc)]
     ratio = unit_of(d) / d.s  # (P, N)
-    return [(0, ratio), (0, ratio * d.xm), *scale, *extra]
+    return [(0, ratio), (0, ratio * d.xm), *scale, *extra, *((0, ratio * z) for z in season)]
 
 
 def curvature(theta: torch.Tensor, d: Data, grad: torch.Tensor, form: str) -> torch.Tensor | None:

@@ -22,7 +22,8 @@ from postcast.models import distributions, emos_forms
 class PointData:
     """Training data per point, points first: each (P, N) float64 (N dates); ``w`` weights each date by
     1 / (finite truths at the point), 0 where the truth is missing (its ``y`` filled with ``m``); ``u`` the
-    standard form's unit of the point each sample belongs to (:mod:`postcast.models.emos_forms`), or None."""
+    standard form's unit of the point each sample belongs to (:mod:`postcast.models.emos_forms`), or None;
+    ``season`` (P, N, 2) the sine and cosine of each sample's day of year, the seasonal form's predictors, or None."""
 
     xm: torch.Tensor
     xs: torch.Tensor
@@ -31,11 +32,22 @@ class PointData:
     y: torch.Tensor
     w: torch.Tensor
     u: torch.Tensor | None = None
+    season: torch.Tensor | None = None
 
     @classmethod
-    def from_fields(cls, xm: torch.Tensor, xs: torch.Tensor, m: torch.Tensor, s: torch.Tensor, y: torch.Tensor,
-                    min_std: float) -> PointData:  # fmt: skip
-        """From (N, H, W) fields: normalised ensemble mean and std, the raw ensemble's m and s, the truth y."""
+    def from_fields(
+        cls,
+        xm: torch.Tensor,
+        xs: torch.Tensor,
+        m: torch.Tensor,
+        s: torch.Tensor,
+        y: torch.Tensor,
+        min_std: float,
+        sin: torch.Tensor | None = None,
+        cos: torch.Tensor | None = None,
+    ) -> PointData:
+        """From (N, H, W) fields: normalised ensemble mean and std, the raw ensemble's m and s, the truth y, and
+        the season's sine and cosine of each date (both or neither)."""
 
         def points(t: torch.Tensor) -> torch.Tensor:
             return t.detach().double().flatten(1).T.contiguous()  # (N, H, W) -> (P, N)
@@ -43,14 +55,22 @@ class PointData:
         yp, mp = points(y), points(m)
         ok = torch.isfinite(yp)
         count = ok.sum(1, keepdim=True).clamp_min(1)
+        season = None if sin is None or cos is None else torch.stack([points(sin), points(cos)], dim=-1)
         return cls(
-            points(xm), points(xs), mp, points(s).clamp_min(min_std), torch.where(ok, yp, mp), ok.double() / count
+            points(xm),
+            points(xs),
+            mp,
+            points(s).clamp_min(min_std),
+            torch.where(ok, yp, mp),
+            ok.double() / count,
+            season=season,
         )
 
     def take(self, idx: torch.Tensor) -> PointData:
         """The points ``idx`` (A,) of each field, (A, N)."""
         xm, xs, m, s, y, w = (t[idx] for t in (self.xm, self.xs, self.m, self.s, self.y, self.w))
-        return PointData(xm, xs, m, s, y, w, None if self.u is None else self.u[idx])
+        u, season = (None if t is None else t[idx] for t in (self.u, self.season))
+        return PointData(xm, xs, m, s, y, w, u, season)
 
     def with_unit(self, unit: torch.Tensor) -> PointData:
         """This data with each point's unit ``unit`` (P,) for every date (fixed from the training spread)."""

@@ -53,7 +53,7 @@ def pooled(d: PointData, shape: tuple[int, int], core: slice, pool: Pooling, wra
     offsets = [(0, 0)] + [(i, j) for i in range(-r, r + 1) for j in range(-r, r + 1) if (i, j) != (0, 0)]
     own = torch.arange(core.start, core.stop)  # (h,) grid rows of the points pooled
     cols = torch.arange(width)
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("xm", "xs", "m", "s", "y", "w", "u")}
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("xm", "xs", "m", "s", "y", "w", "u", "season")}
     for di, dj in offsets:
         near_rows, near_cols = own + di, cols + dj
         if wrap:

@@ -59,6 +59,8 @@ def scratch(model: PostProcessor, data: StoreDataset, folder: Path, rows: int | 
             x = model.normalise({k: v.to(model.device) for k, v in batch.items()})["x"]  # (B, C, H, W)
             fields = {"xm": x[:, net.mean_channel], "xs": x[:, net.std_channel]}
             fields |= {k: batch[k] for k in ("m", "s", "y")}  # each (B, H, W)
+            if net.season_channels is not None:  # the inputs' sin and cos of the day of year, (B, H, W) each
+                fields |= {k: x[:, c] for k, c in zip(emos_bands.SEASON_FIELDS, net.season_channels, strict=True)}
             if out is None:
                 _, h, w = fields["y"].shape
                 rows = rows or emos_bands.band_rows(model.meta.family, len(data), h, w)
@@ -119,6 +121,8 @@ def _use_form(model: PostProcessor, form: str) -> None:
     net = _emos(model)
     outputs = 2 + (0 if net.extra is None else net.extra.shape[0])
     grid = (int(net.coef.shape[1]), int(net.coef.shape[2]))
-    model.net = postprocessors.LocalEMOS(grid, net.mean_channel, net.std_channel, outputs, net.solver, form)
+    model.net = postprocessors.LocalEMOS(
+        grid, net.mean_channel, net.std_channel, outputs, net.solver, form, net.season_channels
+    )
     model.net.to(model.device)
     model.set_net_option("form", form)

@@ -133,6 +133,7 @@ class PostProcessor(L.LightningModule):
             n_variables=spec.n_member_variables,
             target_variable=spec.target_variable_index,
             outputs=distributions.get(distribution).n_raw,
+            season_channels=(spec.n_channels - 2, spec.n_channels - 1) if spec.season_features else None,
         )
         self.net = arch.build(io)
         self.std_channel = io.target_channels[1]  # the target's ensemble-std field: its norm_mean is the unit

@@ -88,6 +88,7 @@ class _PointFields:
     xs: torch.Tensor
     s: torch.Tensor
     u: torch.Tensor | None
+    season: torch.Tensor | None  # (P, B, 2): sin, cos of the day of year
 
 
 class LocalEMOS(nn.Module):
@@ -100,7 +101,9 @@ class LocalEMOS(nn.Module):
     ``newton`` fits every point to its training-CRPS optimum before the first epoch
     (:mod:`postcast.models.emos_fit`); ``gradient`` leaves the coefficients to the epochs' optimiser; ``auto``
     (the default) is ``newton`` for the location-scale families (:attr:`postcast.datasets.laws.Family.location_scale`)
-    and ``gradient`` for the others. ``form: auto`` is the spread form until the fit chooses (:meth:`PostProcessor`)."""
+    and ``gradient`` for the others. ``form: auto`` is the spread form until the fit chooses (:meth:`PostProcessor`).
+    ``season_channels`` (the inputs' sine and cosine of the day of year): two more coefficients per point, the
+    location's seasonal terms (:mod:`postcast.models.emos_forms`)."""
 
     def __init__(
         self,
@@ -110,11 +113,14 @@ class LocalEMOS(nn.Module):
         outputs: int = 2,
         solver: str = "auto",
         form: str = "spread",
+        season_channels: tuple[int, int] | None = None,
     ):
         super().__init__()
         self.mean_channel, self.std_channel, self.solver, self.form = mean_channel, std_channel, solver, form
+        self.season_channels = season_channels
         self.coef = nn.Parameter(torch.zeros(4, *grid))  # (a0, a1, b0, b1) per point
         self.extra = nn.Parameter(torch.zeros(outputs - 2, *grid)) if outputs > 2 else None  # (K - 2, H, W)
+        self.season = nn.Parameter(torch.zeros(emos_forms.SEASON, *grid)) if season_channels else None  # (2, H, W)
         self.unit: torch.Tensor | None
         if form in ("standard", "sh"):
             self.register_buffer("unit", torch.ones(*grid))  # (H, W), target units
@@ -130,26 +136,32 @@ class LocalEMOS(nn.Module):
             return t.flatten(1).T  # (B, H, W) -> (P, B)
 
         u = None if self.unit is None else self.unit.flatten()[:, None].expand(-1, b).to(s)
-        fields = _PointFields(points(x[:, self.mean_channel]), points(x[:, self.std_channel]), points(s), u)
+        season = None
+        if self.season_channels is not None:  # (P, B, 2): the inputs' sin and cos of the day of year
+            season = torch.stack([points(x[:, c]) for c in self.season_channels], dim=-1)
+        fields = _PointFields(points(x[:, self.mean_channel]), points(x[:, self.std_channel]), points(s), u, season)
         form = "spread" if self.form == "auto" else self.form
         raw = emos_forms.raw(self._theta(), fields, form)  # (P, B, K)
         return tuple(raw.permute(2, 1, 0).reshape(-1, b, h, w).unbind(0))  # K x (B, H, W)
 
     def _theta(self) -> torch.Tensor:
-        parts: list[torch.Tensor] = [self.coef] if self.extra is None else [self.coef, self.extra]
-        return torch.cat(parts).flatten(1).T  # (P, 4 + K - 2)
+        parts: list[torch.Tensor] = [p for p in (self.coef, self.extra, self.season) if p is not None]
+        return torch.cat(parts).flatten(1).T  # (P, 4 + K - 2 [+ 2])
 
     def theta(self) -> torch.Tensor:
-        """The coefficients per point, (P, 4 + K - 2) with P = H * W (row-major points)."""
+        """The coefficients per point, (P, 4 + K - 2 [+ 2 seasonal]) with P = H * W (row-major points)."""
         return self._theta().detach()
 
     def set_theta(self, theta: torch.Tensor, unit: torch.Tensor | None = None) -> None:
-        """Coefficients from a per-point fit, theta (P, 4 + K - 2) with P = H * W (row-major points), and the
-        standard form's unit per point (P,)."""
+        """Coefficients from a per-point fit, theta (P, 4 + K - 2 [+ 2 seasonal]) with P = H * W (row-major
+        points), and the standard form's unit per point (P,)."""
         with torch.no_grad():
             self.coef.copy_(theta[:, :4].T.reshape(self.coef.shape))
-            if self.extra is not None:
-                self.extra.copy_(theta[:, 4:].T.reshape(self.extra.shape))
+            k = 4
+            for part in (self.extra, self.season):
+                if part is not None:
+                    part.copy_(theta[:, k : k + part.shape[0]].T.reshape(part.shape))
+                    k += part.shape[0]
             if self.unit is not None and unit is not None:
                 self.unit.copy_(unit.reshape(self.unit.shape))
 
@@ -218,6 +230,7 @@ class LocalEMOSArchitecture:
     form: str = "spread"  # spread | standard | sh (csg) | auto (spread and the family's other, kept on validation)
     radii: tuple[int, ...] = ()  # pooling candidates: neighbours within these grid cells (models/emos_pool.py) ...
     weights: tuple[float, ...] = ()  # ... counted with these weights relative to a point's own dates
+    season: bool = False  # the location's seasonal terms: sin and cos of the day of year (spread, standard forms)
 
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
@@ -240,7 +253,14 @@ class LocalEMOSArchitecture:
         if {"standard": 2, "sh": 3}.get(self.form, io.outputs) != io.outputs:  # the families' head outputs
             msg = f"model.net.form {self.form!r}: sh is the csg's form, standard the location-scale families' (or auto)"
             raise ConfigError(msg)
-        return LocalEMOS(io.grid, *io.target_channels, io.outputs, self.solver, self.form)
+        if self.season and (io.season_channels is None or io.outputs != 2 or self.solver == "gradient"):
+            msg = (
+                "model.net.season: the seasonal terms need the season among the inputs "
+                "(data.cfg.sample.season_features: true), a location-scale family and the newton solver"
+            )
+            raise ConfigError(msg)
+        season = io.season_channels if self.season else None
+        return LocalEMOS(io.grid, *io.target_channels, io.outputs, self.solver, self.form, season)
 
 
 @architecture("emos_global", needs_members=True)

@@ -34,6 +34,7 @@ class NetIO:
     n_variables: int  # input variables V (members are (B, M, V, H, W))
     target_variable: int  # index of the target variable among the inputs
     outputs: int = 2  # head outputs per point: the predictive distribution's raw parameters (models/distributions.py)
+    season_channels: tuple[int, int] | None = None  # the inputs' sine and cosine of the day of year, if given
 
     @property
     def target_channels(self) -> tuple[int, int]:

@@ -235,6 +235,27 @@ def test_a_standard_form_checkpoint_predicts_what_it_was_fitted_to(derived_store
     torch.testing.assert_close(net.flatten(1).mean(0)[ok], fitted[ok], rtol=1e-4, atol=1e-5)
 
 
+def test_a_seasonal_checkpoint_predicts_what_it_was_fitted_to(derived_store, tmp_path):
+    """With ``season: true`` the network reads the season features of each date, and its CRPS (float32, through
+    the head) is the fit's own (float64, from the scratch's season fields) on the validation dates."""
+    flags = ("--model.net.form", "standard", "--model.net.radii", "[]", "--model.net.weights", "[]")
+    ckpt, _ = fit_preset(
+        derived_store, tmp_path / "runs", "configs/train/emos_t2m.yaml", *flags, "--model.net.season", "true"
+    )
+    model, meta = load_checkpoint(str(ckpt))
+    assert model.net.season is not None and model.net.season.abs().sum() > 0  # fitted, saved and loaded
+    cfg = DataConfig(store=str(derived_store), sample=SampleSpec.from_dict(meta["sample"]))
+    val = StoreDataset(cfg, "val")
+    d = emos_training.points(model, val)
+    assert d.season is not None
+    with torch.no_grad():
+        fitted = crps_per_point(model.net.theta().double(), d, "gaussian", "standard")  # (P,) mean over dates
+        batch = next(iter(DataLoader(val, batch_size=len(val))))
+        net = model.predictive(batch).crps(batch["y"]).double()  # (N, H, W)
+    ok = torch.isfinite(batch["y"]).all(0).flatten()
+    torch.testing.assert_close(net.flatten(1).mean(0)[ok], fitted[ok], rtol=1e-4, atol=1e-5)
+
+
 def sh_law(theta: torch.Tensor, d: PointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sh form's censored shifted gamma (shape, scale, shift) per the docs: X of mean
     (max(m, 0) + shift) (1 + max(x_mean, 0))^a1 exp(a0), std sqrt((u b0)^2 + (b1 s)^2), shift u softplus(c2)."""
