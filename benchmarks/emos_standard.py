@@ -41,10 +41,15 @@ def crps_normal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def crps_tnormal(mu: np.ndarray, sigma: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The normal truncated to [0, inf), y >= 0 (Thorarinsdottir and Gneiting 2010): with p = Phi(mu / sigma),
-    z = (y - mu) / sigma, sigma / p^2 [z p (2 Phi(z) + p - 2) + 2 phi(z) p - Phi(sqrt(2) mu / sigma) / sqrt(pi)]."""
-    p, z = special.ndtr(mu / sigma), (y - mu) / sigma
-    inner = z * p * (2.0 * special.ndtr(z) + p - 2.0) + 2.0 * stats.norm.pdf(z) * p
-    return sigma / p**2 * (inner - special.ndtr(np.sqrt(2.0) * mu / sigma) / np.sqrt(np.pi))
+    z = (y - mu) / sigma, sigma / p^2 [z p (2 Phi(z) + p - 2) + 2 phi(z) p - Phi(sqrt(2) mu / sigma) / sqrt(pi)],
+    each ratio to p taken in log space: far below mu / sigma = -7 p^2 underflows and the plain form is wrong
+    (tests/test_emos_standard_reference.py)."""
+    a, z = mu / sigma, (y - mu) / sigma
+    log_p = special.log_ndtr(a)
+    below = np.exp(special.log_ndtr(-z) - log_p)  # Phi(-z) / p <= 1, y >= 0
+    density = np.exp(-0.5 * z**2 - log_p) / np.sqrt(2.0 * np.pi)  # phi(z) / p
+    pairs = np.exp(special.log_ndtr(np.sqrt(2.0) * a) - 2.0 * log_p)  # Phi(sqrt(2) a) / p^2
+    return sigma * (z * (1.0 - 2.0 * below) + 2.0 * density - pairs / np.sqrt(np.pi))
 
 
 def crps_csgd(shape: np.ndarray, scale: np.ndarray, shift: np.ndarray, y: np.ndarray) -> np.ndarray:

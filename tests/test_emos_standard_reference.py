@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scoringrules as sr
-from scipy import integrate, special
+from scipy import integrate, special, stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmark's own module
 
@@ -55,3 +55,31 @@ def test_the_scheuerer_hamill_fit_reaches_the_law_that_made_the_data():
     at_truth = emos_standard.reference_crps(np.append(truth[:4], x[4]), m, s, y, "csg").mean()
     assert np.isfinite(fitted) and fitted <= at_truth + 1e-9
     assert x[4] >= 0.0
+
+
+def tnormal_crps_by_integration(mu: float, sigma: float, y: float) -> float:
+    """int_0^inf (F(x) - 1{x >= y})^2 dx for the normal (mu, sigma) truncated to [0, inf), F from scipy's
+    truncnorm (which keeps the far tail in log space), split at y and at the law's 1 - 1e-13 quantile."""
+    a = -mu / sigma
+    law = stats.truncnorm(a, np.inf, loc=mu, scale=sigma)
+    top = max(float(law.ppf(1.0 - 1e-13)), y)
+    below = integrate.quad(lambda x: law.cdf(x) ** 2, 0.0, y, epsabs=1e-14, limit=400)[0] if y > 0 else 0.0
+    above = integrate.quad(lambda x: law.sf(x) ** 2, y, top, epsabs=1e-14, limit=400)[0]
+    return below + above
+
+
+def test_the_references_truncated_normal_crps_holds_far_in_the_lower_tail():
+    """Where mu / sigma is far below 0 (calm points of the ws10 world, where the fits go: mu -800 m/s, sigma 9) the
+    law is nearly exponential and Phi(mu / sigma)^2 underflows; the closed form must still be the integral.
+    It was not: 0.045 off at mu / sigma = -7.8, NaN below about -27."""
+    cases = [(1.0, 2.0, 0.5), (-3.0, 1.0, 0.2), (-7.8, 1.0, 0.05), (-12.0, 1.5, 0.3), (-61.2, 2.73, 0.02)]
+    cases.append((-806.0, 9.35, 0.02))
+    mu, sigma, y = (np.array(c) for c in zip(*cases, strict=True))
+    expected = [tnormal_crps_by_integration(*c) for c in cases]
+    np.testing.assert_allclose(emos_standard.crps_tnormal(mu, sigma, y), expected, rtol=1e-7, atol=1e-12)
+    ordinary = slice(0, 2)  # where scoringrules is exact (tests/test_distributions.py)
+    np.testing.assert_allclose(
+        emos_standard.crps_tnormal(mu[ordinary], sigma[ordinary], y[ordinary]),
+        sr.crps_tnormal(y[ordinary], mu[ordinary], sigma[ordinary], 0.0, np.inf),
+        rtol=1e-9,
+    )
