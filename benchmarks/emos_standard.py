@@ -2,10 +2,12 @@
 it: N(a + b * ensemble mean, c^2 + d^2 * ensemble variance) (Gneiting et al. 2005; truncated at 0 for wind
 speed, Thorarinsdottir and Gneiting 2010), one (a, b, c, d) per grid point, by scipy.optimize.minimize
 (Nelder-Mead from a least-squares start, then BFGS) on the point's training dates, with the CRPS written out
-here in numpy (independent of postcast's). The textbook truncated-normal CRPS cancels below mu / sigma of about
--5 (docs/distributions.md): a non-finite or negative value there counts as no fit (1e30), so the search stays
-where the closed form holds. Both are scored on the test dates at the same sampled points: the area-weighted
-CRPS of each test date, their difference, the dates postcast wins and a paired t-test over the dates.
+here in numpy (independent of postcast's). The truncated-normal CRPS takes its ratios to Phi(mu / sigma) in log
+space: the textbook form's Phi(mu / sigma)^2 underflows far in the lower tail, where the ws10 fits go at calm
+points, and it was wrong there (positive or negative) from mu / sigma of about -7. Both are scored on the test
+dates at the same sampled points: the area-weighted CRPS of each test date, their difference, the dates postcast
+wins and a paired t-test over the dates. The oracle (the law that drew the synthetic truths, from the store) is
+scored the same way, as the ceiling: the dates the true law itself wins against the standard form.
 
 For tp24's censored shifted gamma the operational form is Scheuerer and Hamill's (2015): Y = max(0, X - delta),
 X a gamma of mean mu and std sigma, delta the point's climatological shift (a censored shifted gamma fitted to its
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 from scipy import optimize, special, stats
 
+from postcast.datasets import contract, io, schema
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
 from postcast.models import distributions, emos_forms, emos_training
@@ -152,6 +155,29 @@ def _ours(model: Any, d: PointData, family: str) -> np.ndarray:
     return crps.numpy()
 
 
+def _oracle(store: str, test: StoreDataset, y: np.ndarray, family: str) -> np.ndarray | None:
+    """The oracle's CRPS (P, N) at every point and test date, from the law's parameters in a synthetic store (None
+    for a store without them); ``y`` (P, N): the test truths the samples hold, checked against the store's."""
+    target = test.spec.resolved_target
+    ds = io.open_zarr(store)
+    names = contract.oracle_parameters(target)
+    if not all(n in ds for n in names.values()):
+        return None
+    at = {schema.STEP: contract.step_position(ds.get_index(schema.STEP), test.spec.step_h)}
+    rows = ds.isel(at).isel({schema.INIT_TIME: test.indices})
+
+    def field(name: str) -> np.ndarray:  # (init, lat, lon) -> (P, N), the samples' row-major points
+        values = rows[name].transpose(schema.INIT_TIME, schema.LAT, schema.LON).values.astype(np.float64)
+        return values.reshape(len(test.indices), -1).T
+
+    truth = field(contract.truth_name(target.name))
+    if not np.allclose(truth, y, equal_nan=True):
+        msg = f"{store}: the test truths the samples hold are not the store's; the oracle cannot be matched to them"
+        raise SystemExit(msg)
+    with np.errstate(all="ignore"):
+        return np.asarray(CLOSED[family](*(field(n) for n in names.values()), y))
+
+
 def compare_standard(checkpoint: str, store: str, points: int | None, seed: int = 0) -> dict[str, Any]:
     """Test CRPS per date (area-weighted over the sampled points) of postcast's EMOS and of the standard form
     fitted per point by scipy; postcast minus standard, dates won, the paired t-test's p."""
@@ -175,11 +201,16 @@ def compare_standard(checkpoint: str, store: str, points: int | None, seed: int 
         ref[i] = reference_crps(x, test.m[p].numpy(), test.s[p].numpy(), test.y[p].numpy(), family)
     fit_s = time.perf_counter() - t0
     ours = _ours(model, test, family)[chosen]  # (A, N)
+    oracle = _oracle(store, data["test"], test.y.numpy(), family)
     ok = test.w.numpy()[chosen] > 0
     per_date = {k: (np.where(ok, v, 0.0) * area[:, None]).sum(0) / (ok * area[:, None]).sum(0)
                 for k, v in (("postcast", ours), ("standard", ref))}  # fmt: skip
     dates = np.isfinite(per_date["postcast"]) & np.isfinite(per_date["standard"])
     ours_t, ref_t = per_date["postcast"][dates], per_date["standard"][dates]
+    oracle_won = None
+    if oracle is not None:
+        oracle_t = (np.where(ok, oracle[chosen], 0.0) * area[:, None]).sum(0) / (ok * area[:, None]).sum(0)
+        oracle_won = int((oracle_t[dates] < ref_t).sum())
     return {
         "family": family,
         "form": model.net.form,
@@ -189,6 +220,7 @@ def compare_standard(checkpoint: str, store: str, points: int | None, seed: int 
         "test_crps_standard": float(ref_t.mean()),
         "postcast_minus_standard": float(ours_t.mean() - ref_t.mean()),
         "dates_won": int((ours_t < ref_t).sum()),
+        "oracle_dates_won": oracle_won,
         "paired_t_p": float(stats.ttest_rel(ours_t, ref_t).pvalue),
         "standard_fit_s_per_point": fit_s / chosen.size,
     }
@@ -197,10 +229,11 @@ def compare_standard(checkpoint: str, store: str, points: int | None, seed: int 
 def print_standard(rows: dict[str, dict[str, Any]]) -> None:
     print("\nlocal EMOS (chosen on validation) vs the standard form per point, scipy (test dates, area-weighted):")
     head = f"{'target':6} {'form':9} {'points':>6} {'postcast':>10} {'standard':>10} {'difference':>11} {'won':>7}"
-    print(f"{head} {'p':>8}")
+    print(f"{head} {'p':>8} {'oracle won':>10}")
     for t, r in rows.items():
+        oracle = "n/a" if r["oracle_dates_won"] is None else f"{r['oracle_dates_won']}/{r['test_dates']}"
         print(
             f"{t:6} {r['form']:9} {r['sampled_points']:>6} {r['test_crps_postcast']:>10.5f} "
             f"{r['test_crps_standard']:>10.5f} {r['postcast_minus_standard']:>+11.2e} "
-            f"{r['dates_won']:>3}/{r['test_dates']:<3} {r['paired_t_p']:>8.2g}"
+            f"{r['dates_won']:>3}/{r['test_dates']:<3} {r['paired_t_p']:>8.2g} {oracle:>10}"
         )

@@ -21,7 +21,8 @@ emos_minus_standard_<t>=<x> emos_wins_<t>=<k>/<n> for each target with an EMOS r
 (its form and pooling chosen on validation) minus the operational form fitted per point by scipy (the standard
 form, a + b mean and c^2 + d^2 variance, for t2m, ws10, z500, t850; Scheuerer and Hamill's censored shifted
 gamma for tp24), area-weighted test CRPS at the same sampled points, and the test dates it wins
-(benchmarks/emos_standard.py).
+(benchmarks/emos_standard.py); oracle_wins_<t>=<k>/<n>: the dates the oracle (the law that drew the truths) wins
+against the same fit, the ceiling of emos_wins_<t>.
 Then the network keys (benchmarks/skill_nets.py, issue 55; ``n/a`` where the row was not run):
 unet_minus_best_min=<x>: min over the targets of the best U-Net-family (unet, unet_smoe) gap closed minus the best
 model's; smoe_minus_unet_regimes=<x> smoe_regimes_p=<x>: on the regime world (its own store, built on demand;
@@ -396,6 +397,8 @@ def main() -> None:
         for target, r in standard.items():
             res[f"emos_minus_standard_{target}"] = r["postcast_minus_standard"]
             res[f"emos_wins_{target}"] = f"{r['dates_won']}/{r['test_dates']}"
+            if r["oracle_dates_won"] is not None:
+                res[f"oracle_wins_{target}"] = f"{r['oracle_dates_won']}/{r['test_dates']}"
     print(f"learned forecasts beating their target's baseline: {beat}")
     train_s = {k: r["train_s"] for k, r in done.items()}
     io.write_json(

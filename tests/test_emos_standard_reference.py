@@ -11,11 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scoringrules as sr
+import xarray as xr
 from scipy import integrate, special, stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmark's own module
 
 import emos_standard
+
+from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
+from postcast.datasets.sample import SampleSpec
 
 
 def crps_by_integration(k: float, theta: float, shift: float, y: float) -> float:
@@ -83,3 +87,23 @@ def test_the_references_truncated_normal_crps_holds_far_in_the_lower_tail():
         sr.crps_tnormal(y[ordinary], mu[ordinary], sigma[ordinary], 0.0, np.inf),
         rtol=1e-9,
     )
+
+
+@pytest.mark.system  # the derived store: about 20 s to build
+def test_the_oracles_crps_is_read_at_the_samples_points_and_dates(derived_store):
+    """The ceiling beside the standard form: the oracle's CRPS per point and date of a split, from the law's
+    parameters in the store, lined up with the samples' (P, N) truths (the points row-major, the split's dates);
+    scoringrules at the store's fields picked by date is the reference. Truths that are not the store's refuse."""
+    cfg = DataConfig(store=str(derived_store), sample=SampleSpec(target="ws10", variables=("u10", "v10")))
+    val = StoreDataset(cfg, "val")
+    ds = xr.open_zarr(derived_store).sel(step=np.timedelta64(48, "h")).isel(init_time=val.indices)
+    dates = [ds[v].transpose("latitude", "longitude", "init_time").values for v in ("truth_ws10", "oracle_mu_ws10")]
+    y, mu = (a.reshape(-1, len(val.indices)).astype(np.float64) for a in dates)
+    sigma = ds["oracle_sigma_ws10"].transpose("latitude", "longitude", "init_time").values.reshape(y.shape)
+    crps = emos_standard._oracle(str(derived_store), val, y, "truncnormal")
+    expected = sr.crps_tnormal(y, mu, sigma.astype(np.float64), 0.0, np.inf)
+    exact = mu / sigma > -3.0  # where scoringrules is exact (tests/test_distributions.py)
+    assert np.isfinite(crps).all() and exact.mean() > 0.9
+    np.testing.assert_allclose(crps[exact], expected[exact], rtol=1e-9)
+    with pytest.raises(SystemExit, match="not the store's"):
+        emos_standard._oracle(str(derived_store), val, y[::-1], "truncnormal")
