@@ -12,7 +12,8 @@ One sample = one init date at the spec's lead (48 h by default), on the whole gr
   and, for a target with ``dry_below`` (tp24), the fraction of dry members. The model normalises them
   (models/module.py), not the loader;
 * ``features`` (F, H, W) float32: optional location features sin(lat), cos(lat) sin(lon),
-  cos(lat) cos(lon), then season features sin/cos(2 pi doy / 365.25);
+  cos(lat) cos(lon), then the land channel (1 over land, 0 over sea: where SST, undefined over land, has no
+  ensemble mean), then season features sin/cos(2 pi doy / 365.25);
 * ``y`` (H, W): the truth of the target (NaN where missing);
 * ``m``, ``s`` (H, W): the raw ensemble mean and population std of the target (for the head); a derived
   target's (``ws10``, ``tp24``: :class:`postcast.datasets.schema.Target`) are taken over its members,
@@ -71,6 +72,7 @@ class SampleSpec:
     # entries "name" (pressure variables at the target level) or "name@level" ("u@850")
     step_h: int = schema.TARGET_STEP_H
     location_features: bool = True
+    land_feature: bool = False  # the land-sea mask as a channel, read from SST's gaps (:attr:`land_source`)
     season_features: bool = True
     members: bool = False  # also read the raw members (Transformer, global EMOS)
 
@@ -162,7 +164,13 @@ class SampleSpec:
 
     @property
     def n_features(self) -> int:
-        return 3 * self.location_features + 2 * self.season_features
+        return 3 * self.location_features + self.land_feature + 2 * self.season_features
+
+    @property
+    def land_source(self) -> str:
+        """The variable whose gaps are the land channel: the one ENS-10 leaves undefined over land (SST). An
+        ENS-10 store has no static field, but every one holds SST, NaN over land at every date."""
+        return next(v.name for v in schema.SFC_VARIABLES if v.missing_over_land)
 
     @property
     def n_channels(self) -> int:
@@ -199,6 +207,8 @@ class SampleSpec:
             names += list(tg.input_variables)
         else:
             names += [contract.ens_mean(tg.variable), contract.ens_std(tg.variable)]
+        if self.land_feature:
+            names.append(contract.ens_mean(self.land_source))
         names.append(contract.truth_name(self.target))
         if oracle:
             names += list(contract.oracle_parameters(tg).values())
@@ -208,6 +218,7 @@ class SampleSpec:
         """Raw variables and pressure levels a sample is computed from (the target's included)."""
         tg = self.resolved_target
         variables = {*tg.input_variables, *(i.variable for i in self.inputs())}
+        variables |= {self.land_source} if self.land_feature else set()
         levels = {(i.level or schema.LEVELS[0]) for i in self.inputs() if i.pressure}
         levels |= {tg.level} if tg.level else set()
         return tuple(sorted(variables)), tuple(sorted(levels))
@@ -293,10 +304,16 @@ class Sampler:
         lon = np.deg2rad(self.lon)[None, :] * np.ones((self.lat.size, 1))
         return np.stack([np.sin(lat), np.cos(lat) * np.sin(lon), np.cos(lat) * np.cos(lon)]).astype(np.float32)
 
-    def features(self, init_time: Any) -> np.ndarray:
-        """(F, H, W) float32: location features, then season features of ``init_time``."""
+    def features(self, init_time: Any, land: np.ndarray | None = None) -> np.ndarray:
+        """(F, H, W) float32: location features, the land channel (``land`` (H, W): 1 over land, 0 over sea;
+        required by a spec with ``land_feature``), then season features of ``init_time``."""
         shape = (self.lat.size, self.lon.size)
         parts = [self._location] if self._location is not None else []
+        if self.spec.land_feature:
+            if land is None:
+                msg = "a spec with land_feature needs the land channel: give features(..., land=)"
+                raise ValueError(msg)
+            parts.append(land.astype(np.float32)[None])
         if self.spec.season_features:
             ang = 2 * np.pi * pd.Timestamp(init_time).day_of_year / 365.25
             parts.append(np.stack([np.full(shape, np.sin(ang), np.float32), np.full(shape, np.cos(ang), np.float32)]))
@@ -330,7 +347,7 @@ class Sampler:
         fields += list(target.values())[: len(spec.target_fields)]  # a derived target's own channels
         out: Sample = {
             "fields": np.stack(fields).astype(np.float32),  # (2V [+ T], H, W) physical units
-            "features": self.features(day[schema.INIT_TIME].values),  # (F, H, W)
+            "features": self.features(day[schema.INIT_TIME].values, self.land(day)),  # (F, H, W)
             "m": target["m"],
             "s": target["s"],  # (H, W) raw units
         }
@@ -342,6 +359,13 @@ class Sampler:
             for param in laws.get(spec.resolved_target.family).parameters:  # oracle_mean, ...; oracle_shape, ...
                 out[f"oracle_{param.oracle_stem}"] = spec.select(day[names[param.name]]).astype(np.float32)  # (H, W)
         return out
+
+    def land(self, day: xr.Dataset) -> np.ndarray | None:
+        """(H, W) float32, 1 where the land source (SST) has no ensemble mean at the lead, else 0; None without
+        ``land_feature``."""
+        if not self.spec.land_feature:
+            return None
+        return np.isnan(self.spec.select(day[contract.ens_mean(self.spec.land_source)])).astype(np.float32)
 
     def derived_members(self, day: xr.Dataset) -> np.ndarray | None:
         """A derived target's members (M, H, W) float64 in its units, from the fields it is derived from; None

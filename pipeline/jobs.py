@@ -45,6 +45,7 @@ class CompressJob:
         target, whose members the artefact does not hold."""
         spec = self.data_config(Path("store.zarr")).sample
         gappy = sorted({i.variable for i in spec.inputs() if schema.VARIABLES[i.variable].missing_over_land})
+        gappy += [spec.land_source] if spec.land_feature and spec.land_source not in gappy else []
         if gappy:
             msg = (
                 f"compress.preset {self.preset}: it reads {', '.join(gappy)}, undefined over land (NaN), and a "

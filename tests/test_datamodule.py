@@ -11,6 +11,7 @@ from postcast.datasets import contract, schema
 from postcast.datasets.core.errors import BadInputError, ConfigError
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule, StoreDataset
 from postcast.datasets.sample import SampleSpec
+from postcast.datasets.synth.weather import Weather
 from postcast.models.kernels import crps_gaussian as metrics_torch_crps
 from postcast.models.module import PostProcessor
 from postcast.pipeline.verify import scores
@@ -48,6 +49,20 @@ def test_sample_fields_and_shapes(cfg, store):
         np.testing.assert_array_equal(s["fields"][2 * k + 1].numpy(), ds[f"ens_std_{v}"].sel(at).values)
     np.testing.assert_array_equal(s["s"].numpy(), ds["ens_std_t"].sel(at).values)
     assert set(StoreDataset(cfg, "test").indices.tolist()).isdisjoint(data.indices.tolist())
+
+
+def test_the_land_channel_is_the_synthetic_worlds_land_sea_mask(store, tiny_cfg):
+    """``land_feature`` adds one channel after the location features, read from SST's gaps in the store: it is
+    the generator's own land mask (1 land, 0 sea), and the other features are unchanged, the season's last."""
+    spec = SampleSpec(target="t850", land_feature=True)
+    s = StoreDataset(DataConfig(store=str(store), sample=spec), "train")[0]
+    plain = StoreDataset(DataConfig(store=str(store), sample=SampleSpec(target="t850")), "train")[0]
+    assert spec.n_features == 6 and s["features"].shape == (6, *GRID)
+    land = Weather(tiny_cfg.seed, tiny_cfg.grid).land
+    assert 0.1 < land.mean() < 0.9
+    np.testing.assert_array_equal(s["features"][3].numpy(), land)
+    np.testing.assert_array_equal(s["features"][[0, 1, 2, 4, 5]].numpy(), plain["features"].numpy())
+    assert "sst" in spec.raw_needs()[0] and "sst" not in SampleSpec(target="t850").raw_needs()[0]
 
 
 def test_the_model_normalises_with_the_training_statistics(cfg):

@@ -100,6 +100,23 @@ def test_forecast_range_is_cf_and_matches_the_evaluated_model(cli, checkpoint, s
     assert "written 0 (0 fallback), kept 12 existing" in again.stdout
 
 
+def test_a_model_reading_the_land_channel_forecasts_as_it_is_evaluated(cli, store, synth_zarr, tmp_path):
+    """A checkpoint with the land channel (``sample.land_feature``) finds it in the raw input's SST, which its
+    T850 inputs do not otherwise read: the forecast's law is the evaluation path's on the store."""
+    root, out = tmp_path / "runs", tmp_path / "fc"
+    train = ["train", "fit", "-c", str(ROOT / "configs/train/mlp_t850.yaml"), "--data.cfg.store", str(store)]
+    train += ["--data.cfg.sample.land_feature", "true", "--trainer.default_root_dir", str(root)]
+    cli(*train, "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "1", check=True)
+    ckpt = sorted(root.rglob("best*.ckpt"))[-1]
+    window = ["--init-time", "2016-01-01", "--end", "2017-12-31", "--out", str(out)]
+    proc = cli("forecast", "--checkpoint", str(ckpt), "--input", str(synth_zarr), *window, check=True)
+    assert "(0 fallback)" in proc.stdout
+    ds = xr.open_mfdataset(sorted((out / "postprocessed/mlp/t850").glob("*.nc")))
+    _, times, mu, sigma = forecasts.predict_checkpoint(str(ckpt), str(store), "test")
+    np.testing.assert_allclose(ds["t850_mean"].sel(forecast_reference_time=times).values, mu, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(ds["t850_std"].sel(forecast_reference_time=times).values, sigma, rtol=1e-4, atol=1e-5)
+
+
 def test_forecasts_carry_climatological_exceedance_thresholds_by_default(cli, checkpoint, synth_zarr, store, tmp_path):
     """Without --thresholds the files had an empty threshold dimension (the service answered
     "exceedance": {}); now they carry the 10/50/90 % quantiles of the training truth, recorded in the

@@ -134,3 +134,17 @@ def test_bad_pipeline_configs(cli, tmp_path):
     )
     proc = cli("config", "validate", str(narrow))
     assert proc.returncode == 2 and "width=0 must be >= 1" in proc.stderr
+
+
+def test_a_compress_preset_reading_the_land_channel_is_refused_before_any_stage(tmp_path):
+    """The land channel reads SST, undefined over land, which a neural field cannot fit: refused up front, named."""
+    from postcast.datasets.core.errors import ConfigError
+    from postcast.pipeline.jobs import CompressJob
+
+    preset = tmp_path / "mlp_t850_land.yaml"
+    with_land = yaml.safe_load((ROOT / "configs/train/mlp_t850.yaml").read_text())
+    with_land["data"]["cfg"]["sample"]["land_feature"] = True
+    preset.write_text(yaml.safe_dump(with_land))
+    CompressJob(str(ROOT / "configs/train/mlp_t850.yaml")).check_fields()  # the same preset without it passes
+    with pytest.raises(ConfigError, match="it reads sst"):
+        CompressJob(str(preset)).check_fields()
