@@ -304,18 +304,15 @@ class Sampler:
         lon = np.deg2rad(self.lon)[None, :] * np.ones((self.lat.size, 1))
         return np.stack([np.sin(lat), np.cos(lat) * np.sin(lon), np.cos(lat) * np.cos(lon)]).astype(np.float32)
 
-    def features(self, init_time: Any, land: np.ndarray | None = None) -> np.ndarray:
-        """(F, H, W) float32: location features, the land channel (``land`` (H, W): 1 over land, 0 over sea;
-        required by a spec with ``land_feature``), then season features of ``init_time``."""
+    def features(self, day: xr.Dataset) -> np.ndarray:
+        """(F, H, W) float32 of one init date: location features, the land channel (:meth:`land`), then season
+        features of its init time."""
         shape = (self.lat.size, self.lon.size)
         parts = [self._location] if self._location is not None else []
         if self.spec.land_feature:
-            if land is None:
-                msg = "a spec with land_feature needs the land channel: give features(..., land=)"
-                raise ValueError(msg)
-            parts.append(land.astype(np.float32)[None])
+            parts.append(self.land(day)[None])
         if self.spec.season_features:
-            ang = 2 * np.pi * pd.Timestamp(init_time).day_of_year / 365.25
+            ang = 2 * np.pi * pd.Timestamp(day[schema.INIT_TIME].values).day_of_year / 365.25
             parts.append(np.stack([np.full(shape, np.sin(ang), np.float32), np.full(shape, np.cos(ang), np.float32)]))
         return np.concatenate(parts) if parts else np.zeros((0, *shape), np.float32)
 
@@ -347,7 +344,7 @@ class Sampler:
         fields += list(target.values())[: len(spec.target_fields)]  # a derived target's own channels
         out: Sample = {
             "fields": np.stack(fields).astype(np.float32),  # (2V [+ T], H, W) physical units
-            "features": self.features(day[schema.INIT_TIME].values, self.land(day)),  # (F, H, W)
+            "features": self.features(day),  # (F, H, W)
             "m": target["m"],
             "s": target["s"],  # (H, W) raw units
         }
@@ -360,11 +357,8 @@ class Sampler:
                 out[f"oracle_{param.oracle_stem}"] = spec.select(day[names[param.name]]).astype(np.float32)  # (H, W)
         return out
 
-    def land(self, day: xr.Dataset) -> np.ndarray | None:
-        """(H, W) float32, 1 where the land source (SST) has no ensemble mean at the lead, else 0; None without
-        ``land_feature``."""
-        if not self.spec.land_feature:
-            return None
+    def land(self, day: xr.Dataset) -> np.ndarray:
+        """(H, W) float32: 1 where the land source (SST) has no ensemble mean at the spec's lead, else 0."""
         return np.isnan(self.spec.select(day[contract.ens_mean(self.spec.land_source)])).astype(np.float32)
 
     def derived_members(self, day: xr.Dataset) -> np.ndarray | None:
