@@ -12,16 +12,19 @@ twice: with N and with 4N init dates (N/4 and N dates a year). N must give full 
 evaluate tasks (4 test dates each): with N = 16 the small run has 8 training and 4 test dates. For each
 stage it reads, every 0.2 s, the resident high-water mark (VmHWM, which the kernel keeps per process, so a
 peak between samples counts) of every process of the stage's tree (dask workers and loader workers
-included; psutil finds them) and keeps each process's own peak: the largest is the process peak, their
-sum the tree's (an upper bound of the tree's at any one instant; the largest sum of resident memory seen
-at one sample, a lower bound, is kept beside it); wall time; and the CPU time of the tree
+included; psutil finds them) and keeps each process's own peak: the largest is the process peak. The stage's
+memory is the driver's peak plus every descendant at the largest descendant's peak: the tree once every worker
+is as busy as the busiest, as at ENS-10's size (with 2 workers, N = 16 gives evaluate one task and leaves a
+worker idle, which the plain sum of peaks counted as growth at 4N); the sum of peaks (an upper bound of the
+tree's at any one instant, for the workers the run kept busy) and the largest sum of resident memory seen at
+one sample (a lower bound) are kept beside it; wall time; and the CPU time of the tree
 (``RUSAGE_CHILDREN``: every descendant that was waited for). Until 2026-11-27 it kept the sampled
 resident memory alone, which misses peaks shorter than the interval and so caught more of them in the
 longer 4N run (a training's true peak 2.82 and 2.84 GB read 2.25 and 2.70 GB).
 
 Projection to ENS-10 (2,100 init dates of which about 1,680 train, 210 validation, 210 test): memory
 is fitted as a + b x dates through the two sizes (test dates for evaluate and forecast, all dates for
-the others) and evaluated there; the largest projected tree and process give ``ens10_peak_rss_GB``.
+the others) and evaluated there; the largest projected stage and process give ``ens10_peak_rss_GB``.
 ``ens10_evaluate_core_hours`` is evaluate's CPU time per test date (the slope between the sizes)
 times 210. Both project *this* stage set (one field); docs/scale.md says what the full width adds.
 ``ens10_peak_rss_GB`` includes the EMOS fit (fitted a latitude band of points at a time, its memory does
@@ -33,7 +36,8 @@ not grow with the training dates).
 
 Prints a table, writes JSON (``--out``) and ends with
 ``RESULT ingest_rss_growth=.. train_rss_growth=.. evaluate_rss_growth=.. forecast_rss_growth=..
-emos_rss_growth=.. ens10_peak_rss_GB=.. ens10_evaluate_core_hours=..`` (growth: peak tree RSS, 4N over N).
+emos_rss_growth=.. ens10_peak_rss_GB=.. ens10_evaluate_core_hours=..`` (growth: the stage's memory, every
+worker busy, 4N over N; the sum of peaks' growth is in the JSON as ``*_tree_sum_growth``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Stage:
     driver_peak_GB: float = 0.0  # the postcast process itself
     worker_peak_GB: float = 0.0  # the largest of its descendants (dask workers, loader workers)
     tree_sampled_GB: float = 0.0  # the largest sum of the tree's RSS seen at one sample (a lower bound)
+    busy_bound_GB: float = 0.0  # driver + every descendant at the largest one's peak: the tree, every worker busy
 
 
 def _hwm(p: psutil.Process) -> int:
@@ -131,9 +136,11 @@ def run_stage(name: str, dates: int, cmd: list[str], log: Path) -> Stage:
         raise SystemExit(f"{name} ({dates} dates) failed with exit {rc}: {' '.join(cmd)}\n{log.read_text()[-3000:]}")
     driver = max((v for (pid, _), v in peaks.items() if pid == proc.pid), default=0)
     worker = max((v for (pid, _), v in peaks.items() if pid != proc.pid), default=0)
+    processes = seen.get("processes", 0)
+    busy = driver + max(processes - 1, 0) * worker
     return Stage(
         *(name, dates, round(wall, 1), round(cpu, 1), sum(peaks.values()) / GB, max(peaks.values(), default=0) / GB),
-        *(seen.get("processes", 0), driver / GB, worker / GB, seen.get("tree", 0) / GB),
+        *(processes, driver / GB, worker / GB, seen.get("tree", 0) / GB, busy / GB),
     )
 
 
@@ -192,7 +199,8 @@ def _project(a: Stage, b: Stage, key: str) -> float:
 
 def summarise(small: list[Stage], large: list[Stage]) -> dict[str, float]:
     pairs = {a.stage: (a, b) for a, b in zip(small, large, strict=True)}
-    growth = {f"{s}_rss_growth": round(b.tree_peak_GB / a.tree_peak_GB, 3) for s, (a, b) in pairs.items()}
+    growth = {f"{s}_rss_growth": round(b.busy_bound_GB / a.busy_bound_GB, 3) for s, (a, b) in pairs.items()}
+    growth |= {f"{s}_tree_sum_growth": round(b.tree_peak_GB / a.tree_peak_GB, 3) for s, (a, b) in pairs.items()}
     for role in ("driver", "worker"):  # per process: the postcast process, its largest descendant
         key = f"{role}_peak_GB"
         growth |= {
@@ -200,7 +208,7 @@ def summarise(small: list[Stage], large: list[Stage]) -> dict[str, float]:
             for s, (a, b) in pairs.items()
             if getattr(a, key) > 0
         }
-    tree = {s: _project(a, b, "tree_peak_GB") for s, (a, b) in pairs.items()}
+    tree = {s: _project(a, b, "busy_bound_GB") for s, (a, b) in pairs.items()}
     proc = {s: _project(a, b, "process_peak_GB") for s, (a, b) in pairs.items()}
     hours = {}
     if "evaluate" in pairs:
@@ -219,11 +227,12 @@ def summarise(small: list[Stage], large: list[Stage]) -> dict[str, float]:
 
 def _table(rows: list[Stage]) -> None:
     head = f"{'stage':<9} {'dates':>5} {'wall_s':>7} {'cpu_s':>7} {'tree_GB':>8} {'process_GB':>10} {'procs':>5}"
-    print(f"{head} {'driver_GB':>9} {'worker_GB':>9}")
+    print(f"{head} {'driver_GB':>9} {'worker_GB':>9} {'busy_GB':>8}")
     for r in rows:
         print(
             f"{r.stage:<9} {r.dates:>5} {r.wall_s:>7.1f} {r.cpu_s:>7.1f} {r.tree_peak_GB:>8.2f} "
-            f"{r.process_peak_GB:>10.2f} {r.processes:>5} {r.driver_peak_GB:>9.2f} {r.worker_peak_GB:>9.2f}"
+            f"{r.process_peak_GB:>10.2f} {r.processes:>5} {r.driver_peak_GB:>9.2f} {r.worker_peak_GB:>9.2f} "
+            f"{r.busy_bound_GB:>8.2f}"
         )
 
 

@@ -39,3 +39,38 @@ def test_the_scale_benchmark_keeps_a_peak_shorter_than_its_sampling_interval(tmp
     assert row.process_peak_GB * 1024 > 256, row
     assert row.driver_peak_GB * 1024 > 256, row
     assert row.tree_peak_GB >= row.process_peak_GB, row
+
+
+# A parent (64 MB) with two children: one touches 256 MB, the other stays small, as an idle dask worker does.
+TWO_WORKERS = """
+import subprocess, sys
+held = b'\\1' * (64 << 20)
+busy = "b = b'\\\\1' * (256 << 20); import time; time.sleep(1.0)"
+idle = "import time; time.sleep(1.0)"
+for p in [subprocess.Popen([sys.executable, '-c', code]) for code in (busy, idle)]:
+    p.wait()
+"""
+
+
+def test_the_scale_benchmark_bounds_the_tree_with_every_worker_as_busy_as_the_busiest(tmp_path):
+    """With 2 workers, N = 16 gives evaluate one task: one worker idle at N, both busy at 4N, so the sum of the
+    processes' peaks "grew" by a whole worker (evaluate 1.58, ingest 1.34 at the default run) while no process
+    grew. The stage's bound counts every descendant at the largest one's peak: what the tree holds once every
+    worker is busy, as at ENS-10's size."""
+    scale = runpy.run_path(str(ROOT / "benchmarks" / "scale.py"))
+    row = scale["run_stage"]("two", 1, [sys.executable, "-c", TWO_WORKERS], tmp_path / "two.log")
+    assert row.processes == 3, row
+    assert row.busy_bound_GB * 1024 > 64 + 2 * 256, row
+    assert row.busy_bound_GB > row.tree_peak_GB + 0.15, row  # the idle child counted at the busy one's peak
+
+
+def test_the_scale_benchmarks_growth_does_not_count_a_worker_that_was_idle_at_n():
+    """A hand-worked pair: at N the driver peaks at 1 GB, one worker at 2 GB and the idle one at 0.2 GB; at 4N
+    the driver 1 GB and both workers 2 GB. No process grew: the growth is 1.0 (the sum of peaks read 1.56)."""
+    scale = runpy.run_path(str(ROOT / "benchmarks" / "scale.py"))
+    Stage = scale["Stage"]
+    small = Stage("evaluate", 4, 1.0, 1.0, 3.2, 2.0, 3, 1.0, 2.0, 3.2, 5.0)
+    large = Stage("evaluate", 16, 1.0, 1.0, 5.0, 2.0, 3, 1.0, 2.0, 5.0, 5.0)
+    result = scale["summarise"]([small], [large])
+    assert result["evaluate_rss_growth"] == 1.0, result
+    assert result["evaluate_tree_sum_growth"] == round(5.0 / 3.2, 3), result
