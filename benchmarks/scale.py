@@ -67,6 +67,7 @@ YEARS = (2014, 2017)
 SPLITS = ("--train-years", "2014:2015", "--val-years", "2016:2016", "--test-years", "2017:2017")
 ENS10_DATES = {"synth": 2100, "ingest": 2100, "train": 2100, "emos": 2100, "evaluate": 210, "forecast": 210}
 GB = 2**30
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")  # not workers: counted at their own peak
 STAGES = ("train", "emos", "evaluate", "forecast")  # after synth and ingest, which every run needs
 
 
@@ -82,7 +83,7 @@ class Stage:
     driver_peak_GB: float = 0.0  # the postcast process itself
     worker_peak_GB: float = 0.0  # the largest of its descendants (dask workers, loader workers)
     tree_sampled_GB: float = 0.0  # the largest sum of the tree's RSS seen at one sample (a lower bound)
-    busy_bound_GB: float = 0.0  # driver + every descendant at the largest one's peak: the tree, every worker busy
+    busy_bound_GB: float = 0.0  # driver + every worker at the largest one's peak (+ helpers): every worker busy
 
 
 def _hwm(p: psutil.Process) -> int:
@@ -93,9 +94,16 @@ def _hwm(p: psutil.Process) -> int:
     return int(kib) << 10
 
 
-def _sample(pid: int, peaks: dict[tuple[int, float], int], seen: dict[str, int], halt: threading.Event) -> None:
-    """Every 0.2 s until ``halt``: each process's own peak into ``peaks`` (by pid and start time), the largest
-    sum of the tree's RSS at one sample and the most processes at once into ``seen``."""
+def _sample(
+    pid: int,
+    peaks: dict[tuple[int, float], int],
+    helpers: set[tuple[int, float]],
+    seen: dict[str, int],
+    halt: threading.Event,
+) -> None:
+    """Every 0.2 s until ``halt``: each process's own peak into ``peaks`` (by pid and start time), multiprocessing's
+    own helper processes into ``helpers``, the largest sum of the tree's RSS at one sample and the most processes
+    at once into ``seen``."""
     root = psutil.Process(pid)
     while not halt.wait(0.2):
         with contextlib.suppress(psutil.Error):
@@ -105,6 +113,8 @@ def _sample(pid: int, peaks: dict[tuple[int, float], int], seen: dict[str, int],
                     rss.append(p.memory_info().rss)
                     key = (p.pid, p.create_time())
                     peaks[key] = max(peaks.get(key, 0), rss[-1], _hwm(p))
+                    if key not in helpers and any(h in " ".join(p.cmdline()) for h in HELPERS):
+                        helpers.add(key)
             seen["tree"] = max(seen.get("tree", 0), sum(rss))
             seen["processes"] = max(seen.get("processes", 0), len(rss))
 
@@ -122,11 +132,12 @@ def run_stage(name: str, dates: int, cmd: list[str], log: Path) -> Stage:
     """Run ``cmd`` as a process, sampling its tree; a failure ends the benchmark with its log."""
     cpu0, t0 = _cpu_children(), time.perf_counter()
     peaks: dict[tuple[int, float], int] = {}
+    helpers: set[tuple[int, float]] = set()
     seen: dict[str, int] = {}
     halt = threading.Event()
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        sampler = threading.Thread(target=_sample, args=(proc.pid, peaks, seen, halt), daemon=True)
+        sampler = threading.Thread(target=_sample, args=(proc.pid, peaks, helpers, seen, halt), daemon=True)
         sampler.start()
         rc = proc.wait()
     halt.set()
@@ -135,9 +146,11 @@ def run_stage(name: str, dates: int, cmd: list[str], log: Path) -> Stage:
     if rc != 0:
         raise SystemExit(f"{name} ({dates} dates) failed with exit {rc}: {' '.join(cmd)}\n{log.read_text()[-3000:]}")
     driver = max((v for (pid, _), v in peaks.items() if pid == proc.pid), default=0)
-    worker = max((v for (pid, _), v in peaks.items() if pid != proc.pid), default=0)
+    workers = {k: v for k, v in peaks.items() if k[0] != proc.pid and k not in helpers}
+    worker = max(workers.values(), default=0)
     processes = seen.get("processes", 0)
-    busy = driver + max(processes - 1, 0) * worker
+    helper = sum(v for k, v in peaks.items() if k in helpers)
+    busy = driver + helper + max(processes - 1 - len(helpers), 0) * worker
     return Stage(
         *(name, dates, round(wall, 1), round(cpu, 1), sum(peaks.values()) / GB, max(peaks.values(), default=0) / GB),
         *(processes, driver / GB, worker / GB, seen.get("tree", 0) / GB, busy / GB),

@@ -74,3 +74,26 @@ def test_the_scale_benchmarks_growth_does_not_count_a_worker_that_was_idle_at_n(
     result = scale["summarise"]([small], [large])
     assert result["evaluate_rss_growth"] == 1.0, result
     assert result["evaluate_tree_sum_growth"] == round(5.0 / 3.2, 3), result
+
+
+# A parent that starts one worker through multiprocessing's spawn, which also starts its resource tracker process.
+SPAWN_ONE = """
+import multiprocessing as mp, time
+def hold():
+    b = b'\\1' * (256 << 20); time.sleep(1.5)
+if __name__ == '__main__':
+    p = mp.get_context('spawn').Process(target=hold); p.start(); p.join()
+"""
+
+
+def test_the_scale_benchmark_counts_multiprocessings_tracker_at_its_own_peak(tmp_path):
+    """A dask LocalCluster's workers come with multiprocessing's resource tracker, a small process: counted as
+    a worker at the busiest one's peak, it added a whole worker to ingest's bound (2.05 GB for 1.39 GB of
+    processes at N = 16)."""
+    script = tmp_path / "spawn_one.py"
+    script.write_text(SPAWN_ONE)
+    scale = runpy.run_path(str(ROOT / "benchmarks" / "scale.py"))
+    row = scale["run_stage"]("spawn", 1, [sys.executable, str(script)], tmp_path / "spawn.log")
+    assert row.processes == 3, row
+    assert row.worker_peak_GB * 1024 > 256, row
+    assert row.busy_bound_GB < row.driver_peak_GB + 1.5 * row.worker_peak_GB, row
