@@ -97,3 +97,20 @@ def test_the_scale_benchmark_counts_multiprocessings_tracker_at_its_own_peak(tmp
     assert row.processes == 3, row
     assert row.worker_peak_GB * 1024 > 256, row
     assert row.busy_bound_GB < row.driver_peak_GB + 1.5 * row.worker_peak_GB, row
+
+
+def test_the_ingest_benchmark_reports_a_workers_own_peak():
+    """benchmarks/ingest.py asks each dask worker for its peak resident memory. Workers are started by the
+    benchmark after it synthesised the files (about 8 GB at 0.5 deg), and ru_maxrss carries the parent's peak
+    through fork and exec: a fresh run reported peak_worker_rss_MB=7974 for workers that peak near 1.9 GB. A
+    child of a 512 MB parent that holds a few MB reports a few MB."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import runpy; "
+        f"print(runpy.run_path({str(ROOT / 'benchmarks' / 'ingest.py')!r})['_peak_rss_mb']())"
+    )
+    held = bytearray(512 << 20)
+    held[:: 1 << 12] = b"\1" * len(held[:: 1 << 12])  # every page touched: resident
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    child_mb = float(out.stdout.split()[-1])
+    assert 1 < child_mb < 500, child_mb
+    del held
