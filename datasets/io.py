@@ -237,7 +237,8 @@ def chunk_shape(
 def zarr_encoding(ds: xr.Dataset, chunks: Mapping[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
     """Chunking + compression for every data variable (``chunks`` maps name -> chunk shape)."""
     enc: dict[str, dict[str, Any]] = {}
-    for name, v in ds.data_vars.items():
+    for name in ds.data_vars:  # Variables, not DataArrays: building one scans every variable (hundreds of arrays)
+        v = ds.variables[name]
         kind = "member" if schema.MEMBER in v.dims else "field"
         e: dict[str, Any] = {"compressors": compressors_for(kind)}
         if str(name) in chunks:
@@ -324,7 +325,8 @@ def write_template(
     enc = zarr_encoding(ds, chunks)
     protos: dict[str, str] = {}  # name -> the prototype of its layout
     first: dict[str, str] = {}  # layout -> prototype name
-    for name, v in ds.data_vars.items():
+    for name in ds.data_vars:
+        v = ds.variables[name]
         plain = all(_plain_json(a) for a in v.attrs.values())
         key = repr(
             (
@@ -341,11 +343,15 @@ def write_template(
     root = zarr.open_group(str(path), mode="r+", zarr_format=3)
     prefix = f"{group.strip('/')}/" if group else ""
     nodes = {}
+    made = {}  # prototype -> (its metadata, the attributes zarr added to it: e.g. _FillValue), read once each
+    variables = ds.variables  # by name in O(1): ds[name] builds a DataArray, scanning every variable for coords
     for name in others:
         proto = protos[name]
-        meta = root[prefix + proto].metadata
-        own = {k: a for k, a in meta.attributes.items() if k not in ds[proto].attrs}  # e.g. _FillValue
-        nodes[prefix + name] = dataclasses.replace(meta, attributes={**ds[name].attrs, **own})
+        if proto not in made:
+            meta = root[prefix + proto].metadata
+            made[proto] = meta, {k: a for k, a in meta.attributes.items() if k not in variables[proto].attrs}
+        meta, own = made[proto]
+        nodes[prefix + name] = dataclasses.replace(meta, attributes={**variables[name].attrs, **own})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
         for _ in zarr.create_hierarchy(store=root.store, nodes=nodes):
@@ -379,8 +385,9 @@ def write_into(ds: xr.Dataset, path: str | os.PathLike[str], *, group: str | Non
     with other dtypes go through xarray, which encodes them."""
     with warnings.catch_warnings(), os_errors(path):
         warnings.simplefilter("ignore", category=UserWarning)
-        if all(np.issubdtype(v.dtype, np.floating) for v in ds.data_vars.values()):
-            values = {str(n): np.asarray(v.values) for n, v in ds.data_vars.items()}
+        variables = {str(n): ds.variables[n] for n in ds.data_vars}  # (ds[n] would scan every variable per name)
+        if all(np.issubdtype(v.dtype, np.floating) for v in variables.values()):
+            values = {n: np.asarray(v.values) for n, v in variables.items()}
             zarr.core.sync.sync(_write_arrays(str(path), group or "", values))  # on zarr's own event loop
         else:  # values CF encoding may change (times, integers): through xarray
             ds.drop_vars(list(ds.coords)).to_zarr(path, group=group, mode="r+", zarr_format=3, consolidated=False)

@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -258,10 +259,12 @@ def _build(run: IngestRun) -> list[int]:
     n = len(run.plan.init_times)
     log.info("%d of %d init dates to ingest (%d already done)", len(resume.todo), n, n - len(resume.todo))
     t_dates = time.perf_counter()
-    sums = provenance.source_checksums(
-        run.client, run.plan, run.found
-    )  # on the workers, after the dates (lower priority)
-    merged = _run_tasks(run, resume, ingest_tasks.batches(resume.todo, _dates_per_task(run)))
+    merged, sums = _run_tasks(
+        run,
+        resume,
+        ingest_tasks.batches(resume.todo, _dates_per_task(run)),
+        lambda: provenance.source_checksums(run.client, run.plan, run.found),
+    )
     t_written = time.perf_counter()
     _statistics(run, merged)
     del merged
@@ -321,14 +324,18 @@ def _submit_dates(run: IngestRun, batch: list[int], key: str) -> Any:
     )
 
 
-def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]]) -> Any:
-    """Run the date tasks of ``work`` (batches of consecutive dates), merging the training partials on the
-    workers in date order as tasks finish; returns the future of the merged partials (None: no training date),
-    which stays on its worker. A date task is submitted when an earlier one is folded in, so that at most
-    DATES_AHEAD_PER_THREAD per worker thread are in flight and the partials waiting to be folded do not grow
-    with the dates. The partials of ``resume.prior`` (training dates an interrupted run finished after its
-    last checkpoint) are read back from the store. Meanwhile, on the one-pass path, a thread of this process
-    creates the statistics group's arrays."""
+def _run_tasks(
+    run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]], behind: Callable[[], Any]
+) -> tuple[Any, Any]:
+    """Run the date tasks of ``work`` (batches of consecutive dates), merging the training partials on the workers in
+    date order as tasks finish; returns the future of the merged partials (None: no training date), which stays on
+    its worker, and what ``behind`` returned: it submits work that waits behind the dates (the sources' checksums,
+    at a lower priority), called once the first date tasks are queued, as tasks submitted to idle workers run at
+    once whatever their priority. A date task is submitted when an earlier one is folded in, so that at most
+    DATES_AHEAD_PER_THREAD per worker thread are in flight and the partials waiting to be folded do not grow with
+    the dates. The partials of ``resume.prior`` (training dates an interrupted run finished after its last
+    checkpoint) are read back from the store. Meanwhile, on the one-pass path, a thread of this process creates
+    the statistics group's arrays."""
     from dask.distributed import wait
 
     plan, client = run.plan, run.client
@@ -350,6 +357,7 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]
             finishing.add(_submit_dates(run, work[k], keys[k]), len(work[k]))
 
     submit_up_to(_ahead(client))
+    after = behind()
     with ThreadPoolExecutor(1) as pool:  # the template beside the loop that submits merges as dates finish
         side = pool.submit(ingest_merge.statistics_template, run.store) if run.train and run.one_pass else None
         for k, fut in enumerate(ingest_merge.in_order(finishing, keys)):
@@ -362,7 +370,7 @@ def _run_tasks(run: IngestRun, resume: ingest_merge.Resume, work: list[list[int]
             submit_up_to(k + 1 + _ahead(client))
         if side is not None:
             side.result()
-    return merger.acc
+    return merger.acc, after
 
 
 def _ahead(client: Any) -> int:
