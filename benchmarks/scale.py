@@ -67,7 +67,9 @@ YEARS = (2014, 2017)
 SPLITS = ("--train-years", "2014:2015", "--val-years", "2016:2016", "--test-years", "2017:2017")
 ENS10_DATES = {"synth": 2100, "ingest": 2100, "train": 2100, "emos": 2100, "evaluate": 210, "forecast": 210}
 GB = 2**30
-HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")  # not workers: counted at their own peak
+# multiprocessing's own helper processes: small, one per tree, counted at their own peak like any process that is
+# not a worker (a `git` the driver runs, say)
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 STAGES = ("train", "emos", "evaluate", "forecast")  # after synth and ingest, which every run needs
 
 
@@ -81,9 +83,10 @@ class Stage:
     process_peak_GB: float  # the largest process's own peak
     processes: int  # the most processes seen at once in the tree
     driver_peak_GB: float = 0.0  # the postcast process itself
-    worker_peak_GB: float = 0.0  # the largest of its descendants (dask workers, loader workers)
+    worker_peak_GB: float = 0.0  # the largest worker's (dask workers, loader workers: :func:`_role`)
     tree_sampled_GB: float = 0.0  # the largest sum of the tree's RSS seen at one sample (a lower bound)
-    busy_bound_GB: float = 0.0  # driver + every worker at the largest one's peak (+ helpers): every worker busy
+    busy_bound_GB: float = 0.0  # driver + every worker at the largest one's peak + the others': every worker busy
+    workers: int = 0  # the most workers seen at once
 
 
 def _hwm(p: psutil.Process) -> int:
@@ -94,29 +97,40 @@ def _hwm(p: psutil.Process) -> int:
     return int(kib) << 10
 
 
+def _role(p: psutil.Process, root: psutil.Process) -> str:
+    """``worker`` for a process multiprocessing started as a worker (spawned: dask's workers; forked: the root's
+    own command line, a fork-started loader worker), ``other`` for anything else (its helpers, a `git`)."""
+    cmd = p.cmdline()
+    if any(h in " ".join(cmd) for h in HELPERS):
+        return "other"
+    return "worker" if any("spawn_main" in c for c in cmd) or cmd == root.cmdline() else "other"
+
+
 def _sample(
     pid: int,
     peaks: dict[tuple[int, float], int],
-    helpers: set[tuple[int, float]],
+    roles: dict[tuple[int, float], str],
     seen: dict[str, int],
     halt: threading.Event,
 ) -> None:
-    """Every 0.2 s until ``halt``: each process's own peak into ``peaks`` (by pid and start time), multiprocessing's
-    own helper processes into ``helpers``, the largest sum of the tree's RSS at one sample and the most processes
-    at once into ``seen``."""
+    """Every 0.2 s until ``halt``: each process's own peak into ``peaks`` and its role into ``roles`` (by pid and
+    start time: the root is the ``driver``), the largest sum of the tree's RSS at one sample and the most processes
+    and workers at once into ``seen``."""
     root = psutil.Process(pid)
     while not halt.wait(0.2):
         with contextlib.suppress(psutil.Error):
-            rss = []
+            rss, now = [], []
             for p in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error, OSError, StopIteration):
                     rss.append(p.memory_info().rss)
                     key = (p.pid, p.create_time())
                     peaks[key] = max(peaks.get(key, 0), rss[-1], _hwm(p))
-                    if key not in helpers and any(h in " ".join(p.cmdline()) for h in HELPERS):
-                        helpers.add(key)
+                    if key not in roles:
+                        roles[key] = "driver" if p.pid == pid else _role(p, root)
+                    now.append(key)
             seen["tree"] = max(seen.get("tree", 0), sum(rss))
             seen["processes"] = max(seen.get("processes", 0), len(rss))
+            seen["workers"] = max(seen.get("workers", 0), sum(roles[k] == "worker" for k in now))
 
 
 def _cpu_children() -> float:
@@ -132,12 +146,12 @@ def run_stage(name: str, dates: int, cmd: list[str], log: Path) -> Stage:
     """Run ``cmd`` as a process, sampling its tree; a failure ends the benchmark with its log."""
     cpu0, t0 = _cpu_children(), time.perf_counter()
     peaks: dict[tuple[int, float], int] = {}
-    helpers: set[tuple[int, float]] = set()
+    roles: dict[tuple[int, float], str] = {}
     seen: dict[str, int] = {}
     halt = threading.Event()
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        sampler = threading.Thread(target=_sample, args=(proc.pid, peaks, helpers, seen, halt), daemon=True)
+        sampler = threading.Thread(target=_sample, args=(proc.pid, peaks, roles, seen, halt), daemon=True)
         sampler.start()
         rc = proc.wait()
     halt.set()
@@ -145,15 +159,14 @@ def run_stage(name: str, dates: int, cmd: list[str], log: Path) -> Stage:
     wall, cpu = time.perf_counter() - t0, _cpu_children() - cpu0
     if rc != 0:
         raise SystemExit(f"{name} ({dates} dates) failed with exit {rc}: {' '.join(cmd)}\n{log.read_text()[-3000:]}")
-    driver = max((v for (pid, _), v in peaks.items() if pid == proc.pid), default=0)
-    workers = {k: v for k, v in peaks.items() if k[0] != proc.pid and k not in helpers}
-    worker = max(workers.values(), default=0)
-    processes = seen.get("processes", 0)
-    helper = sum(v for k, v in peaks.items() if k in helpers)
-    busy = driver + helper + max(processes - 1 - len(helpers), 0) * worker
+    driver = sum(v for k, v in peaks.items() if roles.get(k) == "driver")
+    worker = max((v for k, v in peaks.items() if roles.get(k) == "worker"), default=0)
+    others = sum(v for k, v in peaks.items() if roles.get(k) == "other")
+    busy = driver + others + seen.get("workers", 0) * worker
     return Stage(
         *(name, dates, round(wall, 1), round(cpu, 1), sum(peaks.values()) / GB, max(peaks.values(), default=0) / GB),
-        *(processes, driver / GB, worker / GB, seen.get("tree", 0) / GB, busy / GB),
+        *(seen.get("processes", 0), driver / GB, worker / GB, seen.get("tree", 0) / GB, busy / GB),
+        seen.get("workers", 0),
     )
 
 

@@ -41,14 +41,19 @@ def test_the_scale_benchmark_keeps_a_peak_shorter_than_its_sampling_interval(tmp
     assert row.tree_peak_GB >= row.process_peak_GB, row
 
 
-# A parent (64 MB) with two children: one touches 256 MB, the other stays small, as an idle dask worker does.
+# A parent (64 MB) with two workers started by multiprocessing: one touches 256 MB, the other stays small, as an idle
+# dask worker does.
 TWO_WORKERS = """
-import subprocess, sys
-held = b'\\1' * (64 << 20)
-busy = "b = b'\\\\1' * (256 << 20); import time; time.sleep(1.0)"
-idle = "import time; time.sleep(1.0)"
-for p in [subprocess.Popen([sys.executable, '-c', code]) for code in (busy, idle)]:
-    p.wait()
+import multiprocessing as mp, time
+def busy():
+    b = b'\\1' * (256 << 20); time.sleep(1.5)
+def idle():
+    time.sleep(1.5)
+if __name__ == '__main__':
+    held = b'\\1' * (64 << 20)
+    ps = [mp.get_context('spawn').Process(target=f) for f in (busy, idle)]
+    for p in ps: p.start()
+    for p in ps: p.join()
 """
 
 
@@ -57,9 +62,11 @@ def test_the_scale_benchmark_bounds_the_tree_with_every_worker_as_busy_as_the_bu
     processes' peaks "grew" by a whole worker (evaluate 1.58, ingest 1.34 at the default run) while no process
     grew. The stage's bound counts every descendant at the largest one's peak: what the tree holds once every
     worker is busy, as at ENS-10's size."""
+    script = tmp_path / "two_workers.py"
+    script.write_text(TWO_WORKERS)
     scale = runpy.run_path(str(ROOT / "benchmarks" / "scale.py"))
-    row = scale["run_stage"]("two", 1, [sys.executable, "-c", TWO_WORKERS], tmp_path / "two.log")
-    assert row.processes == 3, row
+    row = scale["run_stage"]("two", 1, [sys.executable, str(script)], tmp_path / "two.log")
+    assert row.workers == 2, row
     assert row.busy_bound_GB * 1024 > 64 + 2 * 256, row
     assert row.busy_bound_GB > row.tree_peak_GB + 0.15, row  # the idle child counted at the busy one's peak
 
@@ -76,25 +83,28 @@ def test_the_scale_benchmarks_growth_does_not_count_a_worker_that_was_idle_at_n(
     assert result["evaluate_tree_sum_growth"] == round(5.0 / 3.2, 3), result
 
 
-# A parent that starts one worker through multiprocessing's spawn, which also starts its resource tracker process.
+# A parent that starts one worker through multiprocessing's spawn, which also starts its resource tracker process,
+# and, while it runs, a short process of its own (as the driver runs `git`).
 SPAWN_ONE = """
-import multiprocessing as mp, time
+import multiprocessing as mp, subprocess, sys, time
 def hold():
     b = b'\\1' * (256 << 20); time.sleep(1.5)
 if __name__ == '__main__':
-    p = mp.get_context('spawn').Process(target=hold); p.start(); p.join()
+    p = mp.get_context('spawn').Process(target=hold); p.start()
+    subprocess.run([sys.executable, '-c', 'import time; time.sleep(0.6)'])
+    p.join()
 """
 
 
 def test_the_scale_benchmark_counts_multiprocessings_tracker_at_its_own_peak(tmp_path):
     """A dask LocalCluster's workers come with multiprocessing's resource tracker, a small process: counted as
     a worker at the busiest one's peak, it added a whole worker to ingest's bound (2.05 GB for 1.39 GB of
-    processes at N = 16)."""
+    processes at N = 16), as did a short process of the driver's to forecast's. Both count at their own peak."""
     script = tmp_path / "spawn_one.py"
     script.write_text(SPAWN_ONE)
     scale = runpy.run_path(str(ROOT / "benchmarks" / "scale.py"))
     row = scale["run_stage"]("spawn", 1, [sys.executable, str(script)], tmp_path / "spawn.log")
-    assert row.processes == 3, row
+    assert row.processes == 4 and row.workers == 1, row
     assert row.worker_peak_GB * 1024 > 256, row
     assert row.busy_bound_GB < row.driver_peak_GB + 1.5 * row.worker_peak_GB, row
 
