@@ -157,10 +157,13 @@ class Run:
 
 
 def timed_ingest(src: Path, out: Path, workers: int, memory_limit: str | int = 0) -> Run:
-    """``postcast ingest`` of ``src`` on a fresh LocalCluster (as ``ingest`` starts one: worker
-    processes, one thread each), timed from the cluster start to the finished store."""
+    """``postcast ingest`` of ``src`` into a removed ``out`` (a store kept from an earlier run would be found
+    complete) on a fresh LocalCluster (as ``ingest`` starts one: worker processes, one thread each), timed from
+    the cluster start to the finished store."""
     from dask.distributed import Client, LocalCluster
 
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(contract.partial_path(out), ignore_errors=True)
     sampler = RssSampler(contract.partial_path(out) / "done")
     sampler.start()
     start = time.perf_counter()
@@ -276,8 +279,6 @@ def postcast_round(grib_dir: Path, workers: int) -> Callable[[Path], float]:
     """One peer round of ``postcast ingest``: seconds into a removed ``store`` (cluster start included)."""
 
     def run(store: Path) -> float:
-        shutil.rmtree(store, ignore_errors=True)
-        shutil.rmtree(contract.partial_path(store), ignore_errors=True)
         r = timed_ingest(grib_dir, store, workers)
         if r.error:
             msg = f"postcast ingest of {grib_dir} into {store} failed: {r.error}"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -124,3 +126,16 @@ def test_the_ingest_benchmark_reports_a_workers_own_peak():
     child_mb = float(out.stdout.split()[-1])
     assert 1 < child_mb < 500, child_mb
     del held
+
+
+@pytest.mark.system  # two ingests on a dask cluster: ~40 s
+def test_the_ingest_benchmark_times_a_fresh_ingest_when_its_store_is_kept(synth_grib, tmp_path):
+    """``benchmarks/ingest.py --keep DIR`` reuses DIR's synthetic files, and its ingests wrote their stores there
+    too: a second run found them complete, ingested nothing ("wrote 0 of 0 init dates") and stopped. Each timed
+    ingest starts from a removed store."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    timed_ingest = runpy.run_path(str(ROOT / "benchmarks" / "ingest.py"))["timed_ingest"]
+    out = tmp_path / "kept.zarr"
+    first = timed_ingest(synth_grib, out, 1)
+    second = timed_ingest(synth_grib, out, 1)
+    assert first.error == second.error == "", (first.error, second.error)
