@@ -7,6 +7,7 @@ checkpoint's hyperparameters then name. The memory held does not grow with the t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 from pathlib import Path
@@ -95,6 +96,7 @@ def fit(model: PostProcessor, cfg: Any) -> dict[str, Any]:
     points at a time (each band's samples of every date read back from a scratch folder under TMPDIR); with
     several candidates, the one of lowest validation CRPS. Returns the fit's report (checkpoint, summary.json)."""
     family, (forms, pools), net = model.meta.family, candidates(model), _emos(model)
+    cfg = dataclasses.replace(cfg, cache=False)  # each sample is read once, into the scratch: nothing to keep
     train = StoreDataset(cfg, "train")
     with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
         if forms == ["spread"] and not pools:
