@@ -324,14 +324,17 @@ def _log_handler(level: str) -> logging.Handler:
 
 
 class _AsyncioLeftovers(logging.Filter):
-    """asyncio's "Future exception was never retrieved" about a library's leftover future (dask's
-    tornado timeouts at cluster shutdown), logged whenever it is garbage-collected: at DEBUG only, so
-    that an error stays one line."""
+    """Libraries' reports of their own leftovers, at DEBUG only, so that an error stays one line: asyncio's
+    "Future exception was never retrieved" about a leftover future (dask's tornado timeouts at cluster
+    shutdown), logged whenever it is garbage-collected; and tornado's traceback of distributed's ``sync``
+    cancelling, after Ctrl-C, a call whose coroutine had not started yet (its ``cancel`` reads a future not
+    made yet: a NameError, distributed 2025's)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         first = str(record.msg).split("\n", 1)[0]
         leftover = record.name == "asyncio" and first.endswith("exception was never retrieved")
-        return not leftover or logging.getLogger().level <= logging.DEBUG
+        cancelled = record.name == "tornado.application" and "sync.<locals>.cancel" in record.getMessage()
+        return not (leftover or cancelled) or logging.getLogger().level <= logging.DEBUG
 
 
 def _check_out(out: object) -> None:

@@ -393,3 +393,53 @@ def test_asyncio_leftovers_stay_out_of_the_error_output():
             root.removeHandler(handler)
             root.setLevel(before)
         assert ("never retrieved" in err.getvalue()) == shown and "a real error" in err.getvalue()
+
+
+def test_ctrl_c_at_the_start_of_a_dask_call_stays_one_line():
+    """Ctrl-C that reaches a dask call before its coroutine has started: distributed's ``sync`` queues its
+    ``cancel`` callback, which reads a future not yet made, and tornado logged that NameError with its
+    traceback before postcast's one line (seen in CI, in an ingest interrupted as it started indexing). The
+    race is made here with a real client whose event loop is busy when the interrupt arrives; a handler of
+    the test's own on tornado's logger shows the record was logged, postcast's handler leaves it out."""
+    import asyncio
+    import contextlib
+    import io
+    import logging
+    import signal
+    import threading
+    import time
+
+    from dask.distributed import Client, LocalCluster
+
+    from postcast.main import _log_handler
+
+    class Seen(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    root, before, seen = logging.getLogger(), logging.getLogger().level, Seen()
+    tornado = logging.getLogger("tornado.application")
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            handler = _log_handler("INFO")
+        tornado.addHandler(seen)
+        try:
+            client.loop.add_callback(time.sleep, 0.5)  # the loop is busy: the call's coroutine waits
+            main = threading.main_thread().ident
+            assert main is not None and threading.get_ident() == main  # where Ctrl-C lands
+            threading.Timer(0.1, signal.pthread_kill, (main, signal.SIGINT)).start()  # a real signal: wakes the wait
+            with contextlib.suppress(KeyboardInterrupt):
+                client.sync(asyncio.sleep, 0)  # interrupted before its coroutine ran
+            time.sleep(1.0)  # the loop runs the coroutine, then the queued cancel
+            logging.getLogger("postcast").error("a real error")
+        finally:
+            tornado.removeHandler(seen)
+            root.removeHandler(handler)
+            root.setLevel(before)
+    assert any(r.exc_info and isinstance(r.exc_info[1], NameError) for r in seen.records), seen.records
+    assert "NameError" not in err.getvalue() and "a real error" in err.getvalue(), err.getvalue()
