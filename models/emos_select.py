@@ -114,20 +114,22 @@ def _run(
     halo = max((c.pooling.radius for c in candidates), default=0)
     tallies = [_Tally([], [], []) for _ in candidates]
     bands = zip(train.halo_bands(settings.min_std, halo), val.bands(settings.min_std), strict=True)
-    for b, (band, val_band) in enumerate(bands):
-        width = band.data.y.shape[0] // band.rows
-        weights = row_weights[band.core].repeat_interleave(width).to(torch.float64)  # (A,)
-        warm = None if starts is None else starts[b]
-        fit = functools.partial(_fit_band, band, width, family, settings=settings, wrap=wrap, start=warm)
-        with ThreadPoolExecutor(max_workers=fits_at_once(len(candidates))) as pool:
+    # one pool for every band: a pool per band started new threads each time, and each new thread's glibc arena
+    # kept the band's freed tensors (0.5 deg, 12 bands: the fit's peak 2.70 GB against 2.17 with one pool)
+    with ThreadPoolExecutor(max_workers=fits_at_once(len(candidates))) as pool:
+        for b, (band, val_band) in enumerate(bands):
+            width = band.data.y.shape[0] // band.rows
+            weights = row_weights[band.core].repeat_interleave(width).to(torch.float64)  # (A,)
+            warm = None if starts is None else starts[b]
+            fit = functools.partial(_fit_band, band, width, family, settings=settings, wrap=wrap, start=warm)
             fits = list(pool.map(fit, candidates))
-        for candidate, (theta, unit, report, seconds), tally in zip(candidates, fits, tallies, strict=True):
-            tally.seconds += seconds
-            score, weight = _validation(theta, unit, val_band, family, candidate.form, weights)
-            tally.thetas.append(theta)
-            tally.units.append(unit)
-            tally.reports.append(report)
-            tally.score, tally.weight = tally.score + score, tally.weight + weight
+            for candidate, (theta, unit, report, seconds), tally in zip(candidates, fits, tallies, strict=True):
+                tally.seconds += seconds
+                score, weight = _validation(theta, unit, val_band, family, candidate.form, weights)
+                tally.thetas.append(theta)
+                tally.units.append(unit)
+                tally.reports.append(report)
+                tally.score, tally.weight = tally.score + score, tally.weight + weight
     return tallies
 
 
