@@ -5,6 +5,7 @@ Hessian against autograd's, pooling of radius 0 against the local fit, and a poi
 overfits alone and gets a finite, calibrated fit through pooling chosen on validation dates."""
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,16 +173,22 @@ def test_a_point_with_3_training_dates_is_calibrated_through_pooling_chosen_on_v
     assert crps_pooled < crps_local
 
 
+def _small_scratch(tmp_path: Path, height: int, rows: int) -> dict[str, BandScratch]:
+    """Training (12 dates) and validation (8) scratch of a height x 5 grid, ``rows`` latitude rows a band."""
+    scratch = {}
+    for name, d in (("train", grid_data(height, 5, 12, 4)), ("val", grid_data(height, 5, 8, 5))):
+        scratch[name] = BandScratch(tmp_path / name, height, rows=rows)
+        (tmp_path / name).mkdir()
+        scratch[name].add(_fields(d, height))
+    return scratch
+
+
 def test_candidates_fitted_side_by_side_equal_those_fitted_one_after_another(tmp_path, monkeypatch):
     """Two forms, then two poolings, fitted on each band at the same time (threads) give bit-identical
     coefficients and validation scores to the same candidates fitted one at a time, on bands sized for the fits
     held at once."""
-    height, width = 6, 5
-    scratch = {}
-    for name, d in (("train", grid_data(height, width, 12, 4)), ("val", grid_data(height, width, 8, 5))):
-        scratch[name] = BandScratch(tmp_path / name, height, rows=4)
-        (tmp_path / name).mkdir()
-        scratch[name].add(_fields(d, height))
+    height = 6
+    scratch = _small_scratch(tmp_path, height, rows=4)
     forms, pools = ["spread", "standard"], [Pooling(1, 0.5), Pooling(2, 1.0)]
     runs = {}
     for at_once in (1, 2):
@@ -320,12 +327,8 @@ def test_the_bands_candidates_are_fitted_on_the_same_threads(tmp_path, monkeypat
     arena that kept the band's freed tensors, so the fit's memory grew with the number of bands, that is with
     the training dates (0.5 deg: 2.04 GB at 3 bands, 2.70 GB at 12; one pool: 1.97 and 2.17 GB). Every band's
     fits now run on the same pool: the threads are named after their pool."""
-    height, width = 6, 5
-    scratch = {}
-    for name, d in (("train", grid_data(height, width, 12, 4)), ("val", grid_data(height, width, 8, 5))):
-        scratch[name] = BandScratch(tmp_path / name, height, rows=2)
-        (tmp_path / name).mkdir()
-        scratch[name].add(_fields(d, height))
+    height = 6
+    scratch = _small_scratch(tmp_path, height, rows=2)
     names: list[str] = []
     fit_band = emos_select._fit_band
 
