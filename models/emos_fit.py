@@ -346,9 +346,10 @@ def _toward_the_limit(
     theta, at, f = best.theta[far], d.take(far), best.f[far]
     c, tried, f_ray, out_hi, out_lo = theta[:, 4:5], theta, f, f.clone(), f.clone()
     with torch.no_grad():
-        for factor in RAY:  # a0 and a1 divided by as much as the shift grows: the location kept to first order
-            scaled = theta[:, :2] * (1.0 + F.softplus(c)) / (1.0 + F.softplus(c * factor))
-            ray = torch.cat([scaled, theta[:, 2:4], c * factor], dim=1)
+        for factor in RAY:  # the location's coefficients (a0, a1 and any seasonal terms after the shift's c)
+            # divided by as much as the shift grows: the location kept to first order
+            shrink = (1.0 + F.softplus(c)) / (1.0 + F.softplus(c * factor))  # (F, 1)
+            ray = torch.cat([theta[:, :2] * shrink, theta[:, 2:4], c * factor, theta[:, 5:] * shrink], dim=1)
             f_before, f_ray = f_ray, crps_per_point(ray, at, "csg", model.form)
             tried, f = torch.where((f_ray < f)[:, None], ray, tried), torch.where(f_ray < f, f_ray, f)
             if factor > 1.0:  # (F,): the CRPS's range from here outwards

@@ -25,10 +25,11 @@ With x_mean, x_std the target's normalised ensemble mean and std (per point, the
     it). Its raw outputs: a = a0 + a1 log(1 + max(x_mean, 0)), b as the standard form's and
     c = softplus^-1((u / s) softplus(c2)), so that the head's shift s softplus(c) is u softplus(c2).
 
-Seasonal terms (``season: true``, the spread and standard forms): the location's bracket gains
-a_sin sin(day) + a_cos cos(day), day the init date's angle in the year (the sample's season features), two more
-coefficients per point after the others: a bias that follows the season, which a fit of all training dates
-otherwise takes for noise (Lang et al. 2020 compare such harmonic terms with training on a sliding window).
+Seasonal terms (``season: true``, every form): the location's bracket gains a_sin sin(day) + a_cos cos(day),
+day the init date's angle in the year (the sample's season features), two more coefficients per point after the
+others: a bias that follows the season, which a fit of all training dates otherwise takes for noise (Lang et al.
+2020 compare such harmonic terms with training on a sliding window). In the sh form they enter the log of the
+gamma's mean, so the season scales the mean by exp(a_sin sin + a_cos cos).
 
 In raw outputs the standard form is a = (u / s)(a0 + a1 x_mean) (linear in the coefficients) and
 b = log(sqrt(c^2 + d^2 s^2) / s) (not linear in b0, b1): :func:`columns` gives each coefficient's column of the
@@ -171,12 +172,12 @@ def _log_mean(d: Data) -> torch.Tensor:
 
 def raw(theta: torch.Tensor, d: Data, form: str) -> torch.Tensor:
     """The head's raw outputs (P, N, K) for coefficients theta (P, :func:`coefficients`) in ``form``."""
-    if form == "sh":
-        _no_season(d, form)
-        a = theta[:, 0:1] + theta[:, 1:2] * _log_mean(d)
-        b = _scale(theta, d).b
-        return torch.stack([a, b, _shift(theta, d).c], dim=-1)
     seasonal = _seasonal(theta, d)  # (P, N) or None
+    if form == "sh":
+        a = theta[:, 0:1] + theta[:, 1:2] * _log_mean(d)  # (P, N): the log of the gamma's mean, less its fixed part
+        if seasonal is not None:
+            a = a + seasonal
+        return torch.stack([a, _scale(theta, d).b, _shift(theta, d).c], dim=-1)
     location = theta[:, 0:1] + theta[:, 1:2] * d.xm  # (P, N)
     if seasonal is not None:
         location = location + seasonal
@@ -188,12 +189,6 @@ def raw(theta: torch.Tensor, d: Data, form: str) -> torch.Tensor:
     return torch.cat([a.unsqueeze(-1), b.unsqueeze(-1), extra.unsqueeze(1).expand(-1, a.shape[1], -1)], dim=-1)
 
 
-def _no_season(d: Data, form: str) -> None:
-    if d.season is not None:
-        msg = f"the {form} EMOS form has no seasonal terms: they are for the spread and standard forms"
-        raise ValueError(msg)
-
-
 def columns(theta: torch.Tensor, d: Data, k: int, form: str) -> list[Column]:
     """Each coefficient's Jacobian column at every date: the raw output it moves and by what factor."""
     extra: list[Column] = [(j, None) for j in range(2, k)]
@@ -203,8 +198,7 @@ def columns(theta: torch.Tensor, d: Data, k: int, form: str) -> list[Column]:
     sc = _scale(theta, d)
     scale: list[Column] = [(1, sc.uu * theta[:, 2:3]), (1, sc.ss * theta[:, 3:4])]
     if form == "sh":
-        _no_season(d, form)
-        return [(0, None), (0, _log_mean(d)), *scale, (2, _shift(theta, d).dc)]
+        return [(0, None), (0, _log_mean(d)), *scale, (2, _shift(theta, d).dc), *((0, z) for z in season)]
     ratio = unit_of(d) / d.s  # (P, N)
     return [(0, ratio), (0, ratio * d.xm), *scale, *extra, *((0, ratio * z) for z in season)]
 

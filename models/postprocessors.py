@@ -230,7 +230,7 @@ class LocalEMOSArchitecture:
     form: str = "spread"  # spread | standard | sh (csg) | auto (spread and the family's other, kept on validation)
     radii: tuple[int, ...] = ()  # pooling candidates: neighbours within these grid cells (models/emos_pool.py) ...
     weights: tuple[float, ...] = ()  # ... counted with these weights relative to a point's own dates
-    season: bool = False  # the location's seasonal terms: sin and cos of the day of year (spread, standard forms)
+    season: bool = False  # the location's seasonal terms: sin and cos of the day of year (every form)
 
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
@@ -253,10 +253,10 @@ class LocalEMOSArchitecture:
         if {"standard": 2, "sh": 3}.get(self.form, io.outputs) != io.outputs:  # the families' head outputs
             msg = f"model.net.form {self.form!r}: sh is the csg's form, standard the location-scale families' (or auto)"
             raise ConfigError(msg)
-        if self.season and (io.season_channels is None or io.outputs != 2 or self.solver == "gradient"):
+        if self.season and (io.season_channels is None or self.solver == "gradient"):
             msg = (
                 "model.net.season: the seasonal terms need the season among the inputs "
-                "(data.cfg.sample.season_features: true), a location-scale family and the newton solver"
+                "(data.cfg.sample.season_features: true) and the newton solver"
             )
             raise ConfigError(msg)
         season = io.season_channels if self.season else None
