@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import EarlyStopping, EMAWeightAveraging, Model
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from postcast.datasets.core import config
+from postcast.datasets.core import config, heap
 from postcast.datasets.core.errors import TERMINATED
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataModule
 from postcast.models import plugins  # noqa: F401  (plugin classes show up in --help as known subclasses)
@@ -368,7 +368,8 @@ def _signals_end_the_run() -> Iterator[None]:
 def run(args: Sequence[str]) -> PostcastCLI:
     """Run the Lightning CLI on ``args``; returns the CLI (``cli.trainer.checkpoint_callback
     .best_model_path`` after ``fit``). ``sys.argv`` is left alone: DDP's launcher re-runs it for the
-    other ranks."""
+    other ranks. Threads started from here on share glibc's arenas (:func:`heap.one_arena`)."""
+    heap.one_arena()
     return _cli(args, subcommands=True)
 
 

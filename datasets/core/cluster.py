@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from postcast.datasets.core import heap
 from postcast.datasets.core.errors import ConfigError, MissingInputError, PostcastError
 
 log = logging.getLogger(__name__)
@@ -333,14 +334,12 @@ def quiet_task_failures() -> None:
             worker_log.addFilter(_NoTaskFailureReports())
 
 
-# glibc mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 KEEP_FREED_BYTES = 1 << 30  # free heap memory a worker keeps for the next temporaries
 # blocks larger than this are mapped and unmapped: above a 0.5 deg float64 slice (2 MB), below a field's partials
 MMAP_ABOVE_BYTES = 4 << 20
 
 
-@functools.cache  # once per process (finding libc can run ldconfig)
+@functools.cache  # once per process
 def keep_freed_memory() -> bool:
     """Let this process reuse freed memory for its next temporaries instead of handing it back to the
     kernel. dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes glibc's mmap
@@ -350,16 +349,8 @@ def keep_freed_memory() -> bool:
     blocks (a field's partials, which outlive the task, and a date's member array) are mapped and go back
     at once, so that they do not pin the heap between the task's temporaries (at 32 MB they did, and a
     worker's resident memory depended on its history). No-op (False) outside glibc."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_ABOVE_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+    mapped = heap.mallopt(heap.M_MMAP_THRESHOLD, MMAP_ABOVE_BYTES)
+    return mapped and heap.mallopt(heap.M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
 
 
 def worker_memory_gb(client: Any) -> float | None:
