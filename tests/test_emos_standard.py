@@ -280,16 +280,23 @@ def test_the_sh_forms_jacobian_and_curvature_are_autograds():
     sum_t g_t . d^2 raw_t / d theta^2 for any per-date gradient g) against autograd through the raw outputs. The
     CRPS's own Hessian in the raw outputs is finite differences for every family (torch has no derivative of
     the incomplete gamma in its shape, so autograd cannot check the whole Hessian here)."""
-    d = with_unit(synthetic("csg", points=3, dates=40, seed=1))
-    g = torch.randn(3, 40, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    jac = torch.autograd.functional.jacobian(lambda t: emos_forms.raw(t, d, "sh"), SH_THETA)  # (P, N, K, P, n)
-    for j, (k, factor) in enumerate(emos_forms.columns(SH_THETA, d, 3, "sh")):
+    assert_sh_pieces_are_autograds(SH_THETA, with_unit(synthetic("csg", points=3, dates=40, seed=1)))
+
+
+def assert_sh_pieces_are_autograds(theta: torch.Tensor, d: PointData) -> None:
+    """Each of the sh form's Jacobian columns and its curvature term at theta (P, n) against autograd."""
+    points, dates = d.y.shape
+    g = torch.randn(points, dates, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    jac = torch.autograd.functional.jacobian(lambda t: emos_forms.raw(t, d, "sh"), theta)  # (P, N, K, P, n)
+    columns = emos_forms.columns(theta, d, 3, "sh")
+    assert len(columns) == theta.shape[1]
+    for j, (k, factor) in enumerate(columns):
         ours = torch.ones_like(d.s) if factor is None else factor  # (P, N)
-        auto = torch.stack([jac[p, :, k, p, j] for p in range(3)])
+        auto = torch.stack([jac[p, :, k, p, j] for p in range(points)])
         torch.testing.assert_close(ours, auto, rtol=1e-10, atol=1e-12)
-    hess = torch.autograd.functional.hessian(lambda t: (emos_forms.raw(t, d, "sh") * g).sum(), SH_THETA)
-    auto = torch.stack([hess[p, :, p, :] for p in range(3)])  # (P, n, n)
-    torch.testing.assert_close(emos_forms.curvature(SH_THETA, d, g, "sh"), auto, rtol=1e-9, atol=1e-11)
+    hess = torch.autograd.functional.hessian(lambda t: (emos_forms.raw(t, d, "sh") * g).sum(), theta)
+    auto = torch.stack([hess[p, :, p, :] for p in range(points)])  # (P, n, n)
+    torch.testing.assert_close(emos_forms.curvature(theta, d, g, "sh"), auto, rtol=1e-9, atol=1e-11)
 
 
 def test_the_sh_form_reaches_scipys_fit_of_its_law():
