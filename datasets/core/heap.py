@@ -5,7 +5,9 @@
 * :func:`one_arena`: the threads a process starts from now on allocate from the arenas it has, instead of one
   new arena each. Each glibc arena keeps what its thread freed, so a fit whose threads each free large
   temporaries holds that memory once per arena (the local EMOS at 0.5 deg: 1.92-2.09 GB resident at 8 and
-  32 training dates, against 1.64-1.75 GB sharing the main arena, the same fit time; docs/scale.md).
+  32 training dates, against 1.64-1.75 GB sharing the main arena, the same fit time; docs/scale.md);
+* :data:`ONE_ARENA_ENVIRON`: the same for a process yet to start, read by glibc as it starts (the local dask
+  workers: :func:`postcast.datasets.core.cluster.dask_client`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 # glibc mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+# glibc's tunable for M_ARENA_MAX: every thread of the process started with it shares the main arena
+ONE_ARENA_ENVIRON = {"MALLOC_ARENA_MAX": "1"}
 
 
 @functools.cache  # finding libc can run ldconfig
