@@ -14,12 +14,9 @@ import pytest
 
 from postcast.datasets.core.cluster import dask_client
 
-PROBE = """
-import ctypes, ctypes.util, sys, threading
-tuned = False
-if sys.argv[1] == "one":
-    from postcast.datasets.core import heap
-    tuned = heap.one_arena()
+# 4 threads allocate and free: each takes an arena of its own unless told otherwise
+THREADS_ALLOCATE = """
+import threading
 def work():
     for _ in range(50):
         blocks = [bytearray(200_000) for _ in range(4)]  # above pymalloc's 512 bytes: from malloc, in this thread
@@ -29,6 +26,14 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
+"""
+PROBE = f"""
+import ctypes, ctypes.util, sys
+tuned = False
+if sys.argv[1] == "one":
+    from postcast.datasets.core import heap
+    tuned = heap.one_arena()
+{THREADS_ALLOCATE}
 print(tuned, flush=True)
 ctypes.CDLL(ctypes.util.find_library("c")).malloc_stats()  # to stderr
 """
@@ -60,18 +65,7 @@ def test_threads_get_arenas_of_their_own_by_default():
 def _threads_then_arenas() -> int:
     """In the process that runs it: 4 threads allocate and free, then glibc's arena count (``malloc_stats``
     writes to file descriptor 2, read back through a file)."""
-    import threading
-
-    def work() -> None:
-        for _ in range(50):
-            blocks = [bytearray(200_000) for _ in range(4)]
-            del blocks
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    exec(THREADS_ALLOCATE, {})  # the probe's own threads, here
     with tempfile.TemporaryFile() as report:
         saved = os.dup(2)
         os.dup2(report.fileno(), 2)
