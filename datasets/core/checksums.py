@@ -4,25 +4,27 @@ manifest, the integrity check and the forecast files' ``checkpoint_sha256`` reco
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from pathlib import Path
 
+BLOCK_BYTES = 1 << 20  # read size: one buffer, reused (a new bytes object per block would be fresh memory each time)
+
 
 def sha256_file(path: str | os.PathLike[str], *, limit: int | None = None) -> str:
-    """SHA-256 of a file (or of its first ``limit`` bytes), hex."""
+    """SHA-256 of a file (or of its first ``limit`` bytes), hex. The file is read into one reused buffer: blocks
+    read as new bytes objects were each a fresh mapping the kernel faulted in (tests/test_checksums.py)."""
     h = hashlib.sha256()
-    remaining = limit
-    with open(path, "rb") as f:
-        while True:
-            n = 1 << 22 if remaining is None else min(1 << 22, remaining)
-            if n == 0:
+    buf = bytearray(BLOCK_BYTES)
+    view = memoryview(buf)
+    remaining = math.inf if limit is None else limit
+    with open(path, "rb", buffering=0) as f:
+        while remaining > 0:
+            n = f.readinto(view[: int(min(BLOCK_BYTES, remaining))])
+            if not n:
                 break
-            buf = f.read(n)
-            if not buf:
-                break
-            h.update(buf)
-            if remaining is not None:
-                remaining -= len(buf)
+            h.update(view[:n])
+            remaining -= n
     return h.hexdigest()
 
 
