@@ -69,6 +69,7 @@ import ingest_anemoi
 
 from postcast.datasets import contract, download, io, schema, sources, statistics
 from postcast.datasets.core import moments
+from postcast.datasets.core.cluster import local_cluster
 from postcast.datasets.ingest import layout as ingest_layout
 from postcast.datasets.ingest import run as ingest
 from postcast.datasets.sources import messages as grib
@@ -114,6 +115,12 @@ def _peak_rss_mb() -> float:
         return int(next(line.split()[1] for line in f if line.startswith("VmHWM:"))) / 1024
 
 
+def _arena_max() -> str | None:
+    """This process's MALLOC_ARENA_MAX (run on each worker: ``os.environ.get`` itself would be pickled with the
+    driver's environment)."""
+    return os.environ.get("MALLOC_ARENA_MAX")
+
+
 class RssSampler(threading.Thread):
     """Samples, every ``every`` seconds, the resident memory of every process below this one (the
     cluster's nannies and worker processes, restarted ones included) and when each init date's
@@ -154,13 +161,14 @@ class Run:
     n_workers: int
     date_s: list[float]  # seconds between successive finished init dates (the first from the cluster start)
     error: str = ""
+    worker_arena_max: str = ""  # the workers' MALLOC_ARENA_MAX ("1": started as `postcast ingest` starts them)
 
 
 def timed_ingest(src: Path, out: Path, workers: int, memory_limit: str | int = 0) -> Run:
     """``postcast ingest`` of ``src`` into a removed ``out`` (a store kept from an earlier run would be found
-    complete) on a fresh LocalCluster (as ``ingest`` starts one: worker processes, one thread each), timed from
-    the cluster start to the finished store."""
-    from dask.distributed import Client, LocalCluster
+    complete) on a fresh LocalCluster started as ``postcast ingest`` starts one (:func:`cluster.local_cluster`:
+    worker processes, one thread and one glibc arena each), timed from the cluster start to the finished store."""
+    from dask.distributed import Client
 
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(contract.partial_path(out), ignore_errors=True)
@@ -168,17 +176,7 @@ def timed_ingest(src: Path, out: Path, workers: int, memory_limit: str | int = 0
     sampler.start()
     start = time.perf_counter()
     error, rss = "", {}
-    with (
-        LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            memory_limit=memory_limit,
-            silence_logs=logging.ERROR,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with local_cluster(workers, memory_limit=memory_limit) as cluster, Client(cluster) as client:
         client.wait_for_workers(workers)
         cluster_s = time.perf_counter() - start
         try:
@@ -192,6 +190,7 @@ def timed_ingest(src: Path, out: Path, workers: int, memory_limit: str | int = 0
         seconds = time.perf_counter() - start
         if not error:
             rss = client.run(_peak_rss_mb)
+        arena_max = {str(v) for v in client.run(_arena_max).values()}
     sampled = sampler.stop()
     marks = [start + cluster_s, *sampler.marks]
     return Run(
@@ -202,6 +201,7 @@ def timed_ingest(src: Path, out: Path, workers: int, memory_limit: str | int = 0
         workers,
         [round(b - a, 1) for a, b in itertools.pairwise(marks)],
         error,
+        ",".join(sorted(arena_max)),
     )
 
 

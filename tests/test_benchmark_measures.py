@@ -132,13 +132,16 @@ def test_the_ingest_benchmark_reports_a_workers_own_peak():
 def test_the_ingest_benchmark_times_a_fresh_ingest_when_its_store_is_kept(synth_grib, tmp_path):
     """``benchmarks/ingest.py --keep DIR`` reuses DIR's synthetic files, and its ingests wrote their stores there
     too: a second run found them complete, ingested nothing ("wrote 0 of 0 init dates") and stopped. Each timed
-    ingest starts from a removed store."""
+    ingest starts from a removed store, on workers started as the CLI starts them."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     timed_ingest = runpy.run_path(str(ROOT / "benchmarks" / "ingest.py"))["timed_ingest"]
     out = tmp_path / "kept.zarr"
     first = timed_ingest(synth_grib, out, 1)
     second = timed_ingest(synth_grib, out, 1)
     assert first.error == second.error == "", (first.error, second.error)
+    # and its workers start as `postcast ingest`'s (cluster.local_cluster): it started its own LocalCluster, whose
+    # workers kept an arena per thread (MALLOC_ARENA_MAX unset) where the CLI's share one
+    assert getattr(first, "worker_arena_max", None) == "1", first
 
 
 def test_the_anemoi_peers_decode_ratio_divides_by_the_decodes_own_min_over_the_rounds():

@@ -65,7 +65,7 @@ def dask_client(
     scheduler file (the JSON that ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi
     write), or a LocalCluster of worker processes. A missing or unreadable scheduler file, or a
     scheduler that does not answer within ``connect_timeout`` seconds, is a MissingInputError (66)."""
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client
 
     for name in ("distributed", "distributed.scheduler", "distributed.core"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -76,20 +76,29 @@ def dask_client(
         with scheduler_client(scheduler, connect_timeout) as client:
             yield client
         return
-    with _children_ignore_interrupts(), _driver_environment_kept(), _workers_share_one_arena():
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=processes,
-            dashboard_address=":0",  # its HTTP server on a free port (None still tried 8787, warning when taken)
-            memory_limit=0,
-            silence_logs=logging.ERROR,
-        )
-    with cluster, Client(cluster) as client:
+    with local_cluster(workers, processes) as cluster, Client(cluster) as client:
         quiet_task_failures()  # this process (thread workers): a failed task is reported once, by the driver
         if processes:  # and our own worker processes
             client.run(quiet_task_failures)
         yield client
+
+
+def local_cluster(workers: int, processes: bool = True, memory_limit: int | str = 0) -> Any:
+    """A LocalCluster of ``workers`` single-threaded workers, started as ingest, evaluate and forecast start theirs
+    (:func:`dask_client`; the benchmarks too, so that they time what a user runs): the workers ignore Ctrl-C, share
+    one glibc arena each, and the driver's environment is left as it was. ``memory_limit``: dask's, per worker
+    (0: none)."""
+    from dask.distributed import LocalCluster
+
+    with _children_ignore_interrupts(), _driver_environment_kept(), _workers_share_one_arena():
+        return LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=processes,
+            dashboard_address=":0",  # its HTTP server on a free port (None still tried 8787, warning when taken)
+            memory_limit=memory_limit,
+            silence_logs=logging.ERROR,
+        )
 
 
 def in_order(client: Any, fn: Callable[..., T], shared: Any, n: int) -> Iterator[T]:
