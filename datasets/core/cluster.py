@@ -3,6 +3,7 @@
 * :func:`check_local_workers`: a local cluster no larger than the machine (cores, memory);
 * :func:`dask_client`: a client of the scheduler at an address or named by a scheduler file (what
   ``dask scheduler --scheduler-file F``, dask-jobqueue and dask-mpi write), or of a LocalCluster;
+* :func:`local_cluster`: a LocalCluster whose workers start as every stage's (and the benchmarks') do;
 * :func:`client_for`: the same, or none (work in this process) when neither a scheduler nor workers are given
   (evaluate and forecast);
 * :func:`in_order`: ``fn(shared, k)`` for k = 0 .. n - 1 on the cluster, yielded in order with a bounded number
