@@ -19,6 +19,24 @@ from postcast.models import distributions, emos_forms
 
 
 @dataclass(frozen=True)
+class Prior:
+    """A quadratic penalty that shrinks each point's coefficients towards a centre: the objective gains
+    sum_j weight_j (theta_j - centre_j)^2 per point, each (P, n); a weight of 0 leaves a coefficient free."""
+
+    centre: torch.Tensor
+    weight: torch.Tensor
+
+    def take(self, idx: torch.Tensor) -> Prior:
+        return Prior(self.centre[idx], self.weight[idx])
+
+    def value(self, theta: torch.Tensor) -> torch.Tensor:
+        return (self.weight * (theta - self.centre) ** 2).sum(1)  # (P,)
+
+    def grad(self, theta: torch.Tensor) -> torch.Tensor:
+        return 2.0 * self.weight * (theta - self.centre)  # (P, n)
+
+
+@dataclass(frozen=True)
 class PointData:
     """Training data per point, points first: each (P, N) float64 (N dates); ``w`` weights each date by
     1 / (finite truths at the point), 0 where the truth is missing (its ``y`` filled with ``m``); ``u`` the
@@ -33,6 +51,7 @@ class PointData:
     w: torch.Tensor
     u: torch.Tensor | None = None
     season: torch.Tensor | None = None
+    prior: Prior | None = None
 
     @classmethod
     def from_fields(
@@ -70,7 +89,7 @@ class PointData:
         """The points ``idx`` (A,) of each field, (A, N)."""
         xm, xs, m, s, y, w = (t[idx] for t in (self.xm, self.xs, self.m, self.s, self.y, self.w))
         u, season = (None if t is None else t[idx] for t in (self.u, self.season))
-        return PointData(xm, xs, m, s, y, w, u, season)
+        return PointData(xm, xs, m, s, y, w, u, season, None if self.prior is None else self.prior.take(idx))
 
     def with_unit(self, unit: torch.Tensor) -> PointData:
         """This data with each point's unit ``unit`` (P,) for every date (fixed from the training spread)."""
@@ -103,8 +122,10 @@ def _raw_crps(raw: torch.Tensor, d: PointData, family: str) -> torch.Tensor:
 
 
 def crps_per_point(theta: torch.Tensor, d: PointData, family: str, form: str = "spread") -> torch.Tensor:
-    """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2) in ``form``."""
-    return _raw_crps(emos_forms.raw(theta, d, form), d, family)
+    """Mean training CRPS at each point, (P,), for coefficients theta (P, 4 + K - 2) in ``form``, plus the
+    penalty of ``d.prior`` where the data carry one (what the fit minimises)."""
+    f = _raw_crps(emos_forms.raw(theta, d, form), d, family)
+    return f if d.prior is None else f + d.prior.value(theta)
 
 
 def _raw_value_grad(raw: torch.Tensor, d: PointData, family: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +146,8 @@ def value_grad(theta: torch.Tensor, d: PointData, model: Model) -> tuple[torch.T
     f, grad = _raw_value_grad(emos_forms.raw(theta, d, model.form), d, model.family)
     coefs = emos_forms.columns(theta, d, grad.shape[-1], model.form)
     g = torch.stack([_times(grad[..., k], x).sum(1) for k, x in coefs], dim=1)  # (P, n): sum_t J_t^T grad_t
+    if d.prior is not None:
+        f, g = f + d.prior.value(theta), g + d.prior.grad(theta)
     return f, g, grad
 
 
@@ -146,4 +169,6 @@ def hessian(theta: torch.Tensor, grad: torch.Tensor, d: PointData, model: Model)
             per_date = 0.5 * (cols[m][..., k] + cols[k][..., m])  # (P, N): H_t[k, m], symmetrised
             hess[:, i, j] = hess[:, j, i] = _times(_times(per_date, x), z).sum(1)
     bend = emos_forms.curvature(theta, d, grad, model.form)
-    return hess if bend is None else hess + bend
+    if bend is not None:
+        hess = hess + bend
+    return hess if d.prior is None else hess + torch.diag_embed(2.0 * d.prior.weight)

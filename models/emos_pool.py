@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from postcast.models.emos_objective import PointData
+from postcast.models.emos_objective import PointData, Prior
 
 
 @dataclass(frozen=True)
@@ -70,4 +70,90 @@ def pooled(d: PointData, shape: tuple[int, int], core: slice, pool: Pooling, wra
     fields = {k: torch.cat(v, dim=1) for k, v in parts.items() if v[0] is not None}  # (h * W, N x neighbours)
     total = fields["w"].sum(1, keepdim=True)
     fields["w"] = torch.where(total > 0, fields["w"] / total.clamp_min(1e-300), 0.0)
-    return PointData(**fields)
+    xm, xs, m, s, y = (fields[k] for k in ("xm", "xs", "m", "s", "y"))
+    return PointData(xm, xs, m, s, y, fields["w"], fields.get("u"), fields.get("season"))
+
+
+@dataclass(frozen=True)
+class Shrinkage:
+    """Coefficients shrunk towards their neighbours' (a penalty, where :class:`Pooling` borrows the neighbours'
+    dates): point p's objective gains ``weight`` x its local training CRPS x the squared distance of each
+    penalised coefficient from the mean of its local fit's neighbours within ``radius`` grid cells. The scale
+    by the point's own CRPS keeps ``weight`` dimensionless (the CRPS is in the target's units, the coefficients
+    are not). It costs one fit warm-started from the local one, with the dates of the point alone."""
+
+    radius: int = 1
+    weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.radius < 1 or not self.weight > 0.0:
+            msg = f"shrinkage {self}: radius must be >= 1 grid cell and weight > 0"
+            raise ValueError(msg)
+
+    def label(self) -> str:
+        return f"shrunk to radius {self.radius}, weight {self.weight:g}"
+
+
+EVEN = (2, 3)  # the standard and sh forms' b0, b1: the CRPS is even in each, so only |b| is compared
+
+
+def neighbour_mean(
+    theta: torch.Tensor, shape: tuple[int, int], radius: int, wrap: bool, ok: torch.Tensor
+) -> torch.Tensor:
+    """The mean of each point's neighbours within ``radius`` cells (itself included) of theta (P, n), over the
+    points ``ok`` (P,) only (a point with none keeps its own), ``shape`` = (H, W), points row-major. Round a
+    global grid (``wrap``) each column counts once, however wide the radius."""
+    h, w = shape
+    grid = torch.where(ok[:, None], theta, 0.0).reshape(h, w, -1)  # (H, W, n)
+    count = ok.to(theta).reshape(h, w, 1)
+    total, n = torch.zeros_like(grid), torch.zeros_like(count)
+    offsets = range(-radius, radius + 1)
+    cols = sorted({dj % w for dj in offsets}) if wrap else [dj for dj in offsets if abs(dj) < w]
+    for di in (di for di in offsets if abs(di) < h):
+        for dj in cols:
+            total += _shifted(grid, di, dj, wrap)
+            n += _shifted(count, di, dj, wrap)
+    mean = torch.where(n > 0, total / n.clamp_min(1.0), grid)  # (H, W, n)
+    return torch.where(n.reshape(-1, 1) > 0, mean.reshape(h * w, -1), theta)
+
+
+def _shifted(t: torch.Tensor, di: int, dj: int, wrap: bool) -> torch.Tensor:
+    """t (H, W, n) read at (row + di, column + dj): 0 beyond the rows, and beyond the columns unless ``wrap``."""
+    out = torch.zeros_like(t)
+    h, w = t.shape[:2]
+    rows_to, rows_from = slice(max(0, -di), min(h, h - di)), slice(max(0, di), min(h, h + di))
+    if wrap:
+        out[rows_to] = torch.roll(t, -dj, dims=1)[rows_from]
+    else:
+        cols_to, cols_from = slice(max(0, -dj), min(w, w - dj)), slice(max(0, dj), min(w, w + dj))
+        out[rows_to, cols_to] = t[rows_from, cols_from]
+    return out
+
+
+def centres(
+    theta: torch.Tensor, shape: tuple[int, int], form: str, radius: int, wrap: bool, free: torch.Tensor
+) -> torch.Tensor:
+    """Where a local fit theta (P, n) is shrunk to: each point's neighbours' mean coefficients (P, n), each even
+    one taken as |b| and given the point's own sign; the points ``free`` (P,) count for none."""
+    even = [j for j in EVEN if form != "spread"]
+    signed = theta.clone()
+    signed[:, even] = theta[:, even].abs()
+    centre = neighbour_mean(signed, shape, radius, wrap, ~free)
+    centre[:, even] = centre[:, even] * torch.where(theta[:, even] < 0, -1.0, 1.0)
+    return centre
+
+
+def prior(centre: torch.Tensor, crps: torch.Tensor, form: str, shrink: Shrinkage, free: torch.Tensor) -> Prior:
+    """The penalty of ``shrink`` towards ``centre`` (P, n) at points of local training CRPS ``crps`` (P,); weight 0
+    at the points ``free`` (P,) and on the coefficients :func:`penalised` leaves out."""
+    weight = shrink.weight * crps.clamp_min(0.0)[:, None] * penalised(centre.shape[1], form).to(centre)  # (P, n)
+    return Prior(centre, torch.where(free[:, None], 0.0, weight))
+
+
+def penalised(n: int, form: str) -> torch.Tensor:
+    """Which of a point's n coefficients are shrunk (n,): all but the sh form's shift (its far basin has no
+    finite value to shrink to)."""
+    mask = torch.ones(n, dtype=torch.bool)
+    if form == "sh":
+        mask[4] = False
+    return mask

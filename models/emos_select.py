@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from postcast.models import emos_fit
 from postcast.models.emos_bands import BandScratch
 from postcast.models.emos_fit import FitSettings
 from postcast.models.emos_objective import PointData, crps_per_point
-from postcast.models.emos_pool import Pooling, pooled
+from postcast.models.emos_pool import Pooling, Shrinkage, centres, pooled, prior
 from postcast.models.emos_report import FitReport
 
 DEFAULT = FitSettings()
@@ -37,12 +37,17 @@ log = logging.getLogger(__name__)
 class Candidate:
     form: str
     pooling: Pooling
+    shrinkage: Shrinkage | None = None
+    centre: torch.Tensor | None = field(default=None, compare=False, repr=False)  # (P, n): the shrinkage's
 
     def label(self) -> str:
-        return f"{self.form} form, {self.pooling.label()}"
+        return f"{self.form} form, {self.pooling.label() if self.shrinkage is None else self.shrinkage.label()}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"form": self.form, "radius": self.pooling.radius, "weight": self.pooling.weight}
+        out = {"form": self.form, "radius": self.pooling.radius, "weight": self.pooling.weight}
+        if self.shrinkage is not None:
+            out |= {"shrink_radius": self.shrinkage.radius, "shrink_weight": self.shrinkage.weight}
+        return out
 
 
 @dataclass
@@ -83,10 +88,33 @@ def _fit_band(
     d = d.with_unit(d.training_unit(settings.min_std))  # each point's unit from its own training spread
     core = slice(band.core.start - band.first, band.core.stop - band.first)
     data = pooled(d, (band.rows, width), core, candidate.pooling, wrap)
+    if candidate.shrinkage is not None and candidate.centre is not None and start is not None:
+        data = _shrunk(data, candidate, family, start, slice(band.core.start * width, band.core.stop * width))
     theta, report = emos_fit.fit(data, family, settings, candidate.form, start)
+    if data.prior is not None:  # the report's training CRPS without the penalty
+        with torch.no_grad():
+            crps = crps_per_point(theta, replace(data, prior=None), family, candidate.form)
+        report = replace(report, crps_fit=float(crps.mean()))
     assert d.u is not None
     unit = d.u[core.start * width : core.stop * width, 0]
     return theta, unit, report, time.perf_counter() - t0
+
+
+def _shrunk(data: PointData, candidate: Candidate, family: str, local: torch.Tensor, points: slice) -> PointData:
+    """The band's data with the penalty of ``candidate``'s shrinkage, each point's weight scaled by the CRPS of its
+    local fit ``local`` (A, n); ``points``: the band's points in the whole grid's order."""
+    assert candidate.shrinkage is not None and candidate.centre is not None
+    with torch.no_grad():
+        crps = crps_per_point(local, data, family, candidate.form)  # (A,)
+    free = _free(local, candidate.form) | ~torch.isfinite(crps)
+    penalty = prior(candidate.centre[points], torch.nan_to_num(crps), candidate.form, candidate.shrinkage, free)
+    return replace(data, prior=penalty)
+
+
+def _free(theta: torch.Tensor, form: str) -> torch.Tensor:
+    """The points (P,) a shrinkage leaves alone: a coefficient not finite, or (sh form) the shift in the far basin."""
+    free = ~torch.isfinite(theta).all(1)
+    return free | (theta[:, 4] > emos_fit.FAR_SHIFT / 2) if form == "sh" else free
 
 
 def _validation(
@@ -138,9 +166,10 @@ def fits_at_once(candidates: int) -> int:
     return max(1, min(candidates, FITS_AT_ONCE))
 
 
-def held_at_once(forms: list[str], pools: list[Pooling]) -> int:
-    """The most fits :func:`select` holds at once over its two stages (the forms', then the poolings')."""
-    return fits_at_once(max(len(forms), sum(not p.local for p in pools)))
+def held_at_once(forms: list[str], pools: list[Pooling], shrinks: int = 0) -> int:
+    """The most fits :func:`select` holds at once over its two stages (the forms', then the poolings' and the
+    ``shrinks`` shrinkages')."""
+    return fits_at_once(max(len(forms), sum(not p.local for p in pools) + shrinks))
 
 
 def _row(candidate: Candidate, tally: _Tally) -> dict[str, Any]:
@@ -160,18 +189,26 @@ def select(
     row_weights: torch.Tensor,
     wrap: bool,
     settings: FitSettings = DEFAULT,
+    shrinks: tuple[Shrinkage, ...] = (),
 ) -> Selection:
     """The candidate of lowest validation CRPS, fitted on ``train``'s bands; ``val`` holds the validation dates
     in the same bands; ``row_weights`` (H,) weight each latitude row's points (cos latitude). In two stages, so
     that the costly pooled fits (a neighbour's dates count at every point near it) run for one form only: each
     form's local fit, then the poolings ``pools`` of the form whose local fit validated best, each warm-started
-    from that local fit."""
+    from that local fit, and its shrinkages ``shrinks`` towards that local fit's neighbours (warm-started too)."""
     t0 = time.perf_counter()
     local = [Candidate(f, Pooling()) for f in forms]
     tallies = _run(train, val, family, local, row_weights, wrap, settings, None)
     rows = [_row(c, t) for c, t in zip(local, tallies, strict=True)]
     form = min(range(len(local)), key=lambda i: rows[i]["val_crps"])
     pooled_ = [Candidate(forms[form], p) for p in pools if not p.local]
+    if shrinks:
+        local_theta = torch.cat(tallies[form].thetas)  # (P, n), row-major over the grid
+        shape = (train.height, local_theta.shape[0] // train.height)
+        for shrink in shrinks:
+            free = _free(local_theta, forms[form])
+            centre = centres(local_theta, shape, forms[form], shrink.radius, wrap, free)
+            pooled_.append(Candidate(forms[form], Pooling(), shrink, centre))
     if pooled_:
         more = _run(train, val, family, pooled_, row_weights, wrap, settings, tallies[form].thetas)
         local, tallies = local + pooled_, tallies + more

@@ -21,7 +21,7 @@ from postcast.datasets.core.errors import BadInputError
 from postcast.datasets.loaders.datamodule import StoreDataset
 from postcast.models import emos_bands, emos_fit, emos_forms, emos_select, postprocessors
 from postcast.models.emos_objective import PointData
-from postcast.models.emos_pool import Pooling
+from postcast.models.emos_pool import Pooling, Shrinkage
 from postcast.models.hyperparameters import ModelMeta
 
 
@@ -82,36 +82,42 @@ def points(model: PostProcessor, data: StoreDataset) -> PointData:
     return d if unit is None else d.with_unit(unit.flatten().double())
 
 
-def candidates(model: PostProcessor) -> tuple[list[str], list[Pooling]]:
-    """The forms and the poolings beside the local fit that the preset names (``model.net``: form, radii,
-    weights)."""
+def candidates(model: PostProcessor) -> tuple[list[str], list[Pooling], tuple[Shrinkage, ...]]:
+    """The forms, the poolings and the shrinkages beside the local fit that the preset names (``model.net``: form,
+    radii, weights, shrink_radii, shrink_weights)."""
     opts = model.meta.net
     form = opts.get("form", "spread")
     forms = emos_forms.auto(model.meta.family) if form == "auto" else [form]
-    return forms, [Pooling(r, w) for r in opts.get("radii", ()) for w in opts.get("weights", ())]
+    pools = [Pooling(r, w) for r in opts.get("radii", ()) for w in opts.get("weights", ())]
+    shrinks = tuple(Shrinkage(r, w) for r in opts.get("shrink_radii", ()) for w in opts.get("shrink_weights", ()))
+    return forms, pools, shrinks
 
 
 def fit(model: PostProcessor, cfg: Any) -> dict[str, Any]:
     """The local EMOS of ``model`` fitted on the training split of ``cfg`` (a DataConfig), a latitude band of
     points at a time (each band's samples of every date read back from a scratch folder under TMPDIR); with
     several candidates, the one of lowest validation CRPS. Returns the fit's report (checkpoint, summary.json)."""
-    family, (forms, pools), net = model.meta.family, candidates(model), _emos(model)
+    family, (forms, pools, shrinks), net = model.meta.family, candidates(model), _emos(model)
     cfg = dataclasses.replace(cfg, cache=False)  # each sample is read once, into the scratch: nothing to keep
     train = StoreDataset(cfg, "train")
     with tempfile.TemporaryDirectory(prefix="postcast-emos-") as tmp:
-        if forms == ["spread"] and not pools:
+        if forms == ["spread"] and not pools and not shrinks:
             bands = scratch(model, train, Path(tmp)).bands(emos_fit.FitSettings.min_std, model.device)
             theta, report = emos_fit.fit_bands(bands, family)
             net.set_theta(theta.float())
             log.info("local EMOS fitted: %s", report)
             return report.to_dict()
         (h, w), most = model.meta.grid, max((p.neighbours for p in pools), default=1)
-        rows = emos_bands.band_rows(family, len(train), h, w, most, emos_select.held_at_once(forms, pools))
+        rows = emos_bands.band_rows(
+            family, len(train), h, w, most, emos_select.held_at_once(forms, pools, len(shrinks))
+        )
         val = StoreDataset(cfg, "val")
         fields = {name: scratch(model, data, Path(tmp) / name, rows) for name, data in (("train", train), ("val", val))}
         weights = torch.from_numpy(np.cos(np.deg2rad(train.sampler.lat)))  # (H,): area per latitude row
         wrap = model.meta.grid_area is None  # a global grid: longitudes wrap round
-        chosen = emos_select.select(fields["train"], fields["val"], family, forms, pools, weights, wrap)
+        chosen = emos_select.select(
+            fields["train"], fields["val"], family, forms, pools, weights, wrap, shrinks=shrinks
+        )
     _use_form(model, chosen.chosen.form)
     _emos(model).set_theta(chosen.theta.float(), chosen.unit.float())
     log.info("local EMOS fitted: %s", chosen.report)

@@ -230,6 +230,8 @@ class LocalEMOSArchitecture:
     form: str = "spread"  # spread | standard | sh (csg) | auto (spread and the family's other, kept on validation)
     radii: tuple[int, ...] = ()  # pooling candidates: neighbours within these grid cells (models/emos_pool.py) ...
     weights: tuple[float, ...] = ()  # ... counted with these weights relative to a point's own dates
+    shrink_radii: tuple[int, ...] = ()  # shrinkage candidates: towards the neighbours' coefficients within these
+    shrink_weights: tuple[float, ...] = ()  # ... grid cells, at these penalty weights (models/emos_pool.py)
     season: bool = False  # the location's seasonal terms: sin and cos of the day of year (every form)
 
     def __post_init__(self) -> None:
@@ -245,7 +247,16 @@ class LocalEMOSArchitecture:
         if bool(self.radii) != bool(self.weights):
             msg = "model.net: pooling needs both radii and weights (e.g. radii: [1], weights: [0.25, 1.0]), or neither"
             raise ConfigError(msg)
-        if (self.form != "spread" or self.radii) and self.solver == "gradient":
+        if any(r < 1 for r in self.shrink_radii) or any(not w > 0.0 for w in self.shrink_weights):
+            msg = (
+                f"model.net shrink_radii {list(self.shrink_radii)} / shrink_weights {list(self.shrink_weights)}: "
+                "radii >= 1, weights > 0"
+            )
+            raise ConfigError(msg)
+        if bool(self.shrink_radii) != bool(self.shrink_weights):
+            msg = "model.net: shrinkage needs both shrink_radii and shrink_weights (e.g. [1] and [0.01]), or neither"
+            raise ConfigError(msg)
+        if (self.form != "spread" or self.radii or self.shrink_radii) and self.solver == "gradient":
             msg = "model.net: the standard form and pooling are fitted by the full-batch solver: set solver: newton"
             raise ConfigError(msg)
 
