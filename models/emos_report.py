@@ -26,6 +26,7 @@ class FitReport:
     crps_start: float
     crps_fit: float
     seconds: float
+    kept_points: int = 0  # left at their local fit by a shrinkage (emos_select: the sh form's far basin), settled there
 
     def to_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -55,4 +56,5 @@ class FitReport:
             crps_start=mean("crps_start"),
             crps_fit=mean("crps_fit"),
             seconds=sum(r.seconds for r in reports),
+            kept_points=sum(r.kept_points for r in reports),
         )

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from postcast.models import emos_fit
+from postcast.models import emos_fit, emos_forms
 from postcast.models.emos_bands import BandScratch
 from postcast.models.emos_fit import FitSettings
 from postcast.models.emos_objective import PointData, crps_per_point
@@ -88,27 +88,44 @@ def _fit_band(
     d = d.with_unit(d.training_unit(settings.min_std))  # each point's unit from its own training spread
     core = slice(band.core.start - band.first, band.core.stop - band.first)
     data = pooled(d, (band.rows, width), core, candidate.pooling, wrap)
-    if candidate.shrinkage is not None and candidate.centre is not None and start is not None:
-        data = _shrunk(data, candidate, family, start, slice(band.core.start * width, band.core.stop * width))
-    theta, report = emos_fit.fit(data, family, settings, candidate.form, start)
-    if data.prior is not None:  # the report's training CRPS without the penalty
-        with torch.no_grad():
-            crps = crps_per_point(theta, replace(data, prior=None), family, candidate.form)
-        report = replace(report, crps_fit=float(crps.mean()))
+    if candidate.shrinkage is not None and start is not None:
+        points = slice(band.core.start * width, band.core.stop * width)
+        theta, report = _fit_shrunk(data, candidate, family, settings, start, points)
+    else:
+        theta, report = emos_fit.fit(data, family, settings, candidate.form, start)
     assert d.u is not None
     unit = d.u[core.start * width : core.stop * width, 0]
     return theta, unit, report, time.perf_counter() - t0
 
 
-def _shrunk(data: PointData, candidate: Candidate, family: str, local: torch.Tensor, points: slice) -> PointData:
-    """The band's data with the penalty of ``candidate``'s shrinkage, each point's weight scaled by the CRPS of its
-    local fit ``local`` (A, n); ``points``: the band's points in the whole grid's order."""
+def _fit_shrunk(
+    data: PointData, candidate: Candidate, family: str, settings: FitSettings, local: torch.Tensor, points: slice
+) -> tuple[torch.Tensor, FitReport]:
+    """The band's points refitted with the penalty of ``candidate``'s shrinkage from their local fit ``local``
+    (A, n), each point's weight scaled by its local training CRPS; ``points``: the band's points in the whole
+    grid's order. The points :func:`_free` leaves alone keep their local coefficients, untouched: refitted, the
+    sh form's far basin walked its shift out again (to 1e9 spreads, where the model's float32 law is wrong)."""
     assert candidate.shrinkage is not None and candidate.centre is not None
     with torch.no_grad():
         crps = crps_per_point(local, data, family, candidate.form)  # (A,)
     free = _free(local, candidate.form) | ~torch.isfinite(crps)
     penalty = prior(candidate.centre[points], torch.nan_to_num(crps), candidate.form, candidate.shrinkage, free)
-    return replace(data, prior=penalty)
+    fitted, kept = (~free).nonzero().squeeze(1), int(free.sum())
+    theta = local.clone()
+    if fitted.numel() == 0:  # every point of the band keeps its local fit
+        with torch.no_grad():
+            raw = crps_per_point(emos_forms.raw_start(kept, local.shape[1], candidate.form, data.y), data, family,
+                                 candidate.form)  # fmt: skip
+        mean = float(crps.mean())
+        nothing = FitReport("none: every point kept its local fit", 0, kept, 0, 0, 0, 0.0, 0.0, 0.0, settings.tol_grad,
+                            settings.tol_decrease, float(raw.mean()), mean, mean, 0.0, kept)  # fmt: skip
+        return theta, nothing
+    theta[fitted], report = emos_fit.fit(
+        replace(data, prior=penalty).take(fitted), family, settings, candidate.form, local[fitted]
+    )
+    with torch.no_grad():  # the report's training CRPS without the penalty, over every point of the band
+        crps = crps_per_point(theta, data, family, candidate.form)
+    return theta, replace(report, points=report.points + kept, kept_points=kept, crps_fit=float(crps.mean()))
 
 
 def _free(theta: torch.Tensor, form: str) -> torch.Tensor:

@@ -32,7 +32,7 @@ def stop_reason(trainer: L.Trainer, model: Any) -> str:
     ceiling, some points short of the criterion), early_stopping, max_epochs or interrupted."""
     fit = getattr(model, "fit_report", None)
     if fit is not None:
-        settled = fit["converged_points"] + fit["stalled_points"] + fit.get("limit_points", 0)
+        settled = sum(fit.get(k, 0) for k in ("converged_points", "stalled_points", "limit_points", "kept_points"))
         return "converged" if settled == fit["points"] else "fit_max_iter"
     stopper = trainer.early_stopping_callback
     if stopper is not None and stopper.stopped_epoch > 0:
