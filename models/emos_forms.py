@@ -17,12 +17,14 @@ With x_mean, x_std the target's normalised ensemble mean and std (per point, the
     ensemble is theta = (0, 0, 0, 1) exactly.
 
 ``sh`` (after Scheuerer and Hamill 2015, the censored shifted gamma's operational form): the gamma X of
-    Y = max(0, X - shift) has mean (max(m, 0) + shift) (1 + max(x_mean, 0))^a1 exp(a0), std sqrt(c^2 + d^2 s^2)
+    Y = max(0, X - shift) has mean (max(m, 0) + shift) (1 + max(m, 0) / u)^a1 exp(a0), std sqrt(c^2 + d^2 s^2)
     (c = u b0, d = b1, as the standard form's scale) and shift u softplus(c2), a constant of the point. The
     spread form's shift s softplus(c2) and std s exp(b) both collapse on a date whose members agree (all dry),
     where this form keeps the point's floor; and its mean grows like exp(a1 x_mean), which ran away at the wet
     test dates, where this form's grows like a power of the ensemble mean (Scheuerer and Hamill's is linear in
-    it). Its raw outputs: a = a0 + a1 log(1 + max(x_mean, 0)), b as the standard form's and
+    it). The power reads the raw ensemble mean in units of the point's spread, so it is the same law in mm or m
+    (checkpoint format 4 read the normalised x_mean clamped at 0: every date drier than the point's training
+    mean predicted alike). Its raw outputs: a = a0 + a1 log(1 + max(m, 0) / u), b as the standard form's and
     c = softplus^-1((u / s) softplus(c2)), so that the head's shift s softplus(c) is u softplus(c2).
 
 Seasonal terms (``season: true``, every form): the location's bracket gains a_sin sin(day) + a_cos cos(day),
@@ -56,6 +58,8 @@ class Data(Protocol):
     def xm(self) -> torch.Tensor: ...
     @property
     def xs(self) -> torch.Tensor: ...
+    @property
+    def m(self) -> torch.Tensor: ...
     @property
     def s(self) -> torch.Tensor: ...
     @property
@@ -165,9 +169,8 @@ def _shift(theta: torch.Tensor, d: Data) -> _Shift:
 
 
 def _log_mean(d: Data) -> torch.Tensor:
-    """The sh form's predictor of the location, log(1 + max(x_mean, 0)) (P, N): the gamma's mean is then a power
-    of the ensemble mean's, (1 + x_mean)^a1, where exp(a1 x_mean) ran away at wet dates."""
-    return torch.log1p(d.xm.clamp_min(0.0))
+    """The sh form's predictor of the location, log(1 + max(m, 0) / u) (P, N)."""
+    return torch.log1p(d.m.clamp_min(0.0) / unit_of(d))
 
 
 def raw(theta: torch.Tensor, d: Data, form: str) -> torch.Tensor:

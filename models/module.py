@@ -44,9 +44,11 @@ from postcast.models.losses import distribution_head
 from postcast.models.smoe import SMoEHead
 
 SCHEDULES = ("plateau", "cosine", "none")  # the learning-rate schedule (PostProcessor's ``schedule``)
-CHECKPOINT_FORMAT_VERSION = 4  # 3: a content checksum in checkpoint["postcast"]["checksum"]; 4: the U-Net's
+CHECKPOINT_FORMAT_VERSION = 5  # 3: a content checksum in checkpoint["postcast"]["checksum"]; 4: the U-Net's
 # convolutions pad round the globe and the SMoE's latent gate is `smoe.gate.map` (a format-3 U-Net would load and
-# predict differently, unsaid; an SMoE would not load): format 3 is refused with the fix, retrain
+# predict differently, unsaid; an SMoE would not load): format 3 is refused with the fix, retrain; 5: the local
+# EMOS's sh form reads the raw ensemble mean where format 4's read the normalised mean channel clamped at 0
+# (emos_forms): a format-4 sh EMOS is refused with the fix, every other format-4 model means the same and loads
 Batch = dict[str, torch.Tensor]
 NO_STEP_WARNING = "`training_step` returned `None`"  # Lightning's, for a step without optimisation: on purpose here
 log = logging.getLogger(__name__)
@@ -405,17 +407,32 @@ def read_checkpoint(path: str) -> dict[str, Any]:
             "checkpoint saved by `postcast train`; retrain it with `postcast train fit`"
         )
         raise BadInputError(msg)
-    if version != CHECKPOINT_FORMAT_VERSION:
-        fix = (
-            "upgrade postcast"
-            if isinstance(version, int) and version > CHECKPOINT_FORMAT_VERSION
-            else "retrain it with `postcast train fit` (earlier formats carry no checksum and are not read)"
-        )
-        msg = f"{path}: checkpoint format {version}, this postcast reads format {CHECKPOINT_FORMAT_VERSION}: {fix}"
-        raise BadInputError(msg)
+    _check_format(version, ckpt, path)
     verify_checksum(ckpt, path)
     _check_sample_agrees(ckpt, path)
     return ckpt
+
+
+def _check_format(version: int | None, ckpt: dict[str, Any], path: str) -> None:
+    """The current format loads, and format 4 but for the sh-form EMOS, whose coefficients mean another law now."""
+    net = (ckpt.get("hyper_parameters") or {}).get("net")
+    sh = isinstance(net, dict) and net.get("form") == "sh"
+    if version == CHECKPOINT_FORMAT_VERSION or (version == 4 and not sh):
+        return
+    if version == 4:
+        msg = (
+            f"{path}: checkpoint format 4 holds an sh-form local EMOS, whose location read the normalised ensemble "
+            "mean clamped at 0 (every date drier than a point's mean predicted alike); this postcast reads the raw "
+            "ensemble mean: retrain it with `postcast train fit`"
+        )
+        raise BadInputError(msg)
+    fix = (
+        "upgrade postcast"
+        if isinstance(version, int) and version > CHECKPOINT_FORMAT_VERSION
+        else "retrain it with `postcast train fit` (earlier formats carry no checksum and are not read)"
+    )
+    msg = f"{path}: checkpoint format {version}, this postcast reads format {CHECKPOINT_FORMAT_VERSION}: {fix}"
+    raise BadInputError(msg)
 
 
 def _check_sample_agrees(ckpt: dict[str, Any], path: str) -> None:

@@ -86,6 +86,7 @@ class _PointFields:
 
     xm: torch.Tensor
     xs: torch.Tensor
+    m: torch.Tensor
     s: torch.Tensor
     u: torch.Tensor | None
     season: torch.Tensor | None  # (P, B, 2): sin, cos of the day of year
@@ -139,7 +140,8 @@ class LocalEMOS(nn.Module):
         season = None
         if self.season_channels is not None:  # (P, B, 2): the inputs' sin and cos of the day of year
             season = torch.stack([points(x[:, c]) for c in self.season_channels], dim=-1)
-        fields = _PointFields(points(x[:, self.mean_channel]), points(x[:, self.std_channel]), points(s), u, season)
+        xm, xs = points(x[:, self.mean_channel]), points(x[:, self.std_channel])
+        fields = _PointFields(xm, xs, points(batch["m"]), points(s), u, season)
         form = "spread" if self.form == "auto" else self.form
         raw = emos_forms.raw(self._theta(), fields, form)  # (P, B, K)
         return tuple(raw.permute(2, 1, 0).reshape(-1, b, h, w).unbind(0))  # K x (B, H, W)

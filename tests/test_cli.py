@@ -98,7 +98,7 @@ def test_train_cli_fit_test_and_checkpoint(cli, store, tmp_path):
     ckpts = sorted(tmp_path.rglob("*.ckpt"))
     assert ckpts, "no checkpoint written"
     ck = torch.load(ckpts[-1], weights_only=False)
-    assert ck["postcast"]["format_version"] == 4 and ck["postcast"]["sample"]["target"] == "t2m"
+    assert ck["postcast"]["format_version"] == 5 and ck["postcast"]["sample"]["target"] == "t2m"
     assert ck["postcast"]["checksum"].startswith("sha256:")  # of the weights and hyperparameters
     assert ck["hyper_parameters"]["family"] == "emos" and ck["hyper_parameters"]["grid"] == (19, 36)
     assert float(ck["state_dict"]["norm_std"].abs().sum()) > 0  # statistics travel with the weights

@@ -185,7 +185,7 @@ def test_lightning_fit_and_self_describing_checkpoint(cfg, tmp_path):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, None])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 6, None])
 def test_other_checkpoint_formats_are_refused_with_the_fix(cfg, tmp_path, version):
     """Formats 1 and 2 loaded through a migration without their checksum checked: rewriting
     format_version to 2 and deleting the checksum skipped tamper detection. Only the current format loads."""
@@ -201,9 +201,29 @@ def test_other_checkpoint_formats_are_refused_with_the_fix(cfg, tmp_path, versio
         },
         path,
     )
-    fix = "upgrade postcast" if version == 5 else "retrain it"
-    with pytest.raises(BadInputError, match=rf"checkpoint format {version}, this postcast reads format 4: {fix}"):
+    fix = "upgrade postcast" if version == 6 else "retrain it"
+    with pytest.raises(BadInputError, match=rf"checkpoint format {version}, this postcast reads format 5: {fix}"):
         load_checkpoint(str(path))
+
+
+@pytest.mark.parametrize(("family", "net"), [("mlp", {"hidden": 16}), ("emos", {"form": "sh", "solver": "newton"})])
+def test_format_4_loads_but_for_the_sh_form_whose_predictor_changed(cfg, tmp_path, family, net):
+    """Format 5's sh form reads the raw ensemble mean where format 4's read the normalised mean channel: a format-4
+    sh EMOS would load and predict another law, unsaid, so it is refused with the fix; any other format-4 model
+    (checksummed as saved) means what it meant and loads."""
+    from postcast.models.module import content_checksum, load_checkpoint
+
+    module = _model(cfg, family, net, **({"distribution": "csg"} if family == "emos" else {}))
+    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+    meta = {"format_version": 4, "family": family, "sample": cfg.sample.to_dict()}
+    ckpt["postcast"] = {**meta, "checksum": content_checksum(ckpt, meta)}
+    path = tmp_path / "format4.ckpt"
+    torch.save(ckpt, path)
+    if family == "emos":
+        with pytest.raises(BadInputError, match=r"format 4 holds an sh-form local EMOS.*retrain it"):
+            load_checkpoint(str(path))
+    else:
+        assert load_checkpoint(str(path))[1]["format_version"] == 4
 
 
 @pytest.mark.parametrize("options", [{"batch_size": 0}, {"num_workers": -1}])

@@ -251,10 +251,10 @@ def test_a_standard_form_checkpoint_predicts_what_it_was_fitted_to(derived_store
 
 def sh_law(theta: torch.Tensor, d: PointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sh form's censored shifted gamma (shape, scale, shift) per the docs: X of mean
-    (max(m, 0) + shift) (1 + max(x_mean, 0))^a1 exp(a0), std sqrt((u b0)^2 + (b1 s)^2), shift u softplus(c2)."""
-    t, u, s, m, xm = (v.numpy() for v in (theta, d.u, d.s, d.m, d.xm))
+    (max(m, 0) + shift) (1 + max(m, 0) / u)^a1 exp(a0), std sqrt((u b0)^2 + (b1 s)^2), shift u softplus(c2)."""
+    t, u, s, m = (v.numpy() for v in (theta, d.u, d.s, d.m))
     shift = u * np.logaddexp(0.0, t[:, 4:5])
-    mean = (np.maximum(m, 0.0) + shift) * (1.0 + np.maximum(xm, 0.0)) ** t[:, 1:2] * np.exp(t[:, 0:1])
+    mean = (np.maximum(m, 0.0) + shift) * (1.0 + np.maximum(m, 0.0) / u) ** t[:, 1:2] * np.exp(t[:, 0:1])
     std = np.sqrt((u * t[:, 2:3]) ** 2 + (t[:, 3:4] * s) ** 2)
     return (mean / std) ** 2, std**2 / mean, shift
 
@@ -262,6 +262,20 @@ def sh_law(theta: torch.Tensor, d: PointData) -> tuple[np.ndarray, np.ndarray, n
 SH_THETA = torch.tensor(
     [[0.1, 0.2, 0.3, 0.8, 0.5], [-0.2, 0.1, 0.5, 0.6, -6.0], [0.3, -0.1, 0.2, 1.1, 40.0]], dtype=torch.float64
 )  # a shift of 0.97, 0.0025 and 40 units
+
+
+def test_the_sh_form_tells_apart_dates_drier_than_the_points_mean():
+    """The sh form read log(1 + max(x_mean, 0)) of the normalised mean channel (the ensemble mean less the point's
+    training mean, over its std): every date drier than the point's mean had the same location, whatever its
+    members said. It reads the raw ensemble mean m in units of the point's spread u: a = a0 + a1 log(1 + m / u),
+    worked by hand for m = 0.3 and 1.2 mm, u = 0.5 mm (log 1.6 = 0.4700036292, log 3.4 = 1.2237754316)."""
+    one = torch.ones(1, 2, dtype=torch.float64)
+    xm, m = torch.tensor([[-0.5, -0.2]], dtype=torch.float64), torch.tensor([[0.3, 1.2]], dtype=torch.float64)
+    d = PointData(xm, one, m, 0.5 * one, one, 0.5 * one, u=0.5 * one)
+    theta = torch.tensor([[0.1, 0.7, 0.3, 0.8, 0.5]], dtype=torch.float64)
+    a = emos_forms.raw(theta, d, "sh")[0, :, 0]
+    by_hand = torch.tensor([0.1 + 0.7 * 0.4700036292, 0.1 + 0.7 * 1.2237754316], dtype=torch.float64)
+    torch.testing.assert_close(a, by_hand)
 
 
 def test_the_sh_forms_crps_is_scoringrules_of_its_law():

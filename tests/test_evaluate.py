@@ -47,7 +47,7 @@ def trained(cli, store, tmp_path_factory):
 
 def test_checkpoints_are_self_describing(trained, store):
     model, meta = load_checkpoint(str(trained["transformer_t850"]))
-    assert meta["format_version"] == 4 and "checksum" in meta
+    assert meta["format_version"] == 5 and "checksum" in meta
     assert meta["family"] == "transformer" and meta["sample"]["members"]
     assert list(meta["sample"]["variables"][:2]) == ["t", "z"] and model.hparams["grid"] == (19, 36)
     assert float(model.norm_std.abs().sum()) > 0 and model.norm_mean.shape == (2 * 8, 19, 36)
