@@ -36,12 +36,13 @@ import torch
 import torch.nn.functional as F
 
 from postcast.datasets import laws
-from postcast.models import distributions, emos_bfgs, emos_forms
+from postcast.models import distributions, emos_bfgs, emos_forms, special
 from postcast.models.emos_objective import Model, PointData, crps_per_point, hessian, value_grad
 from postcast.models.emos_report import FitReport
 
 NEAR_SHIFT = -5.0  # the csg's raw shift c of its second start (shift = s softplus(c): 0.007 spreads)
 FAR_SHIFT = 1000.0  # ... of its third (1,000 spreads; from 1e4 the descent fails in float64)
+STORE_TOL = 1e-4  # the largest rise of a point's training CRPS, x (1 + CRPS), that :func:`representable` accepts
 RAY = tuple(2.0**i for i in range(-4, 0)) + tuple(2.0**i for i in range(1, 11))  # the csg's shift times these:
 # in from the far start (points left at a shift of 1,000 spreads, the Newton decrement's criterion met on an
 # inexact Hessian, lay 3e-4 above a shift 4 times smaller), then out toward its censored-normal limit
@@ -396,9 +397,42 @@ def fit_bands(
     bands: Iterable[PointData], family: str, settings: FitSettings = FitSettings(), form: str = "spread"
 ) -> tuple[torch.Tensor, FitReport]:
     """:func:`fit` of each band of points in turn (the points do not interact, so each point's coefficients
-    are those of one fit over every point), and the merged report: theta (P, n) in the bands' order."""
-    fits = [fit(d, family, settings, form) for d in bands]
-    return torch.cat([theta for theta, _ in fits]), FitReport.merged([report for _, report in fits])
+    are those of one fit over every point), :func:`representable`, and the merged report: theta (P, n) in the
+    bands' order."""
+    thetas, reports = [], []
+    for d in bands:
+        theta, report = fit(d, family, settings, form)
+        thetas.append(representable(theta, d, family, form))
+        reports.append(report)
+    return torch.cat(thetas), FitReport.merged(reports)
+
+
+def representable(theta: torch.Tensor, d: PointData, family: str, form: str) -> torch.Tensor:
+    """Fitted coefficients theta (P, n) as the model stores them: the csg's points whose shift walked past
+    FAR_SHIFT towards the censored-normal limit brought back to it. The model evaluates its law in float32,
+    which is wrong that far out: at raw shifts of 1e6 to 1e9 the tp24 preset's checkpoint validated 0.7917 on the
+    targets world where its float64 fit said 0.7852 (one point 16 above). Of two ways back, each point takes the
+    one of lower training CRPS: the shift alone, or with the log-mean's coefficients (a0, a1, the seasonal
+    terms) scaled by the shift's ratio, which keeps the location (m + shift) e^a - shift to first order in a. A
+    point whose CRPS would rise by more than STORE_TOL (1 + CRPS) keeps its fit."""
+    idx = (theta[:, 4] > FAR_SHIFT).nonzero().squeeze(1) if family == "csg" else theta.new_zeros(0, dtype=torch.long)
+    if idx.numel() == 0:
+        return theta
+    now, at = theta[idx], replace(d.take(idx), prior=None)  # (A, n), the points' training data
+    plain = now.clone()
+    plain[:, 4] = FAR_SHIFT
+    scaled = plain.clone()
+    k = special.softplus(now[:, 4]) / special.softplus(plain[:, 4])  # (A,): the shift's ratio
+    n = theta.shape[1]
+    log_mean = [0, 1, *(range(n - emos_forms.SEASON, n) if d.season is not None else ())]
+    scaled[:, log_mean] *= k[:, None]
+    with torch.no_grad():
+        f = torch.stack([crps_per_point(t, at, family, form) for t in (now, scaled, plain)]).nan_to_num(torch.inf)
+    back = torch.where((f[1] <= f[2])[:, None], scaled, plain)  # (A, n)
+    ok = f[1:].amin(0) <= f[0] + STORE_TOL * (1.0 + f[0])  # (A,)
+    out = theta.clone()
+    out[idx[ok]] = back[ok]
+    return out
 
 
 def _restarted(best: _Descent, d: PointData, model: Model, settings: FitSettings, limit: torch.Tensor) -> _Descent:

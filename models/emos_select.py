@@ -93,6 +93,7 @@ def _fit_band(
         theta, report = _fit_shrunk(data, candidate, family, settings, start, points)
     else:
         theta, report = emos_fit.fit(data, family, settings, candidate.form, start)
+    theta = emos_fit.representable(theta, data, family, candidate.form)
     assert d.u is not None
     unit = d.u[core.start * width : core.stop * width, 0]
     return theta, unit, report, time.perf_counter() - t0

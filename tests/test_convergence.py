@@ -15,6 +15,7 @@ from test_emos_optimum import OPTIMUM_TOL, crps_normal_numpy
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
+from postcast.models import emos_fit
 from postcast.models.module import load_checkpoint
 from postcast.pipeline import train
 
@@ -107,7 +108,9 @@ def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path,
     objective, or lower. The 20-epoch AdamW fit the Gaussian preset ran before missed it by ~1e-3, the truncated
     normal's until it was fitted by the full-batch solver by default, and the censored shifted gamma's (tp24)
     until it was too (ISSUE 39: its test CRPS was 5e-3 above scipy's per-point fit in benchmarks/skill.py)."""
-    local_spread = ("--model.net.form", "spread", "--model.net.radii", "[]", "--model.net.weights", "[]")
+    local = ("--model.net.radii", "[]", "--model.net.weights", "[]", "--model.net.shrink_radii", "[]")
+    plain = ("--model.net.shrink_weights", "[]", "--model.net.season", "false")  # the form this test writes out
+    local_spread = ("--model.net.form", "spread", *local, *plain)
     ckpt, summary = fit_preset(derived_store, tmp_path / "runs", preset, *local_spread)
     coef, d = training_points(ckpt, derived_store)
     d["s"] = np.maximum(d["s"], 1e-6)
@@ -127,7 +130,10 @@ def test_emos_preset_checkpoint_is_at_the_scipy_optimum(derived_store, tmp_path,
                 f, x0, method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-13, "maxiter": 40000}
             )
             best = min(best, nm.fun, optimize.minimize(f, nm.x, method="BFGS", options={"gtol": 1e-10}).fun)
-        assert ours <= best + OPTIMUM_TOL, (int(p), ours, best)  # float32 coefficients: ~1e-9 above in practice
+        # float32 coefficients: ~1e-9 above in practice; a csg point stored back at FAR_SHIFT from the censored-normal
+        # limit (emos_fit.representable), within STORE_TOL
+        back = family == "csg" and float(coef[4, p]) == emos_fit.FAR_SHIFT
+        assert ours <= best + (emos_fit.STORE_TOL * (1.0 + best) if back else OPTIMUM_TOL), (int(p), ours, best)
     fit = summary["fit"]
     settled = fit["converged_points"] + fit["stalled_points"] + fit["limit_points"] == fit["points"]
     assert summary["reason"] == ("converged" if settled else "fit_max_iter") and fit["converged_points"] > 0
