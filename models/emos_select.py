@@ -3,11 +3,16 @@
 validation CRPS (area-weighted over the points with a validation truth) is kept. The test dates are never read.
 
 Every candidate is fitted a latitude band at a time (:class:`emos_bands.BandScratch`, with a halo of rows for
-pooling), so the memory held does not grow with the training dates. Up to :data:`FITS_AT_ONCE` candidates are
-fitted on a band at the same time, in threads: a fit's last iterations move a few hard points, where torch's
-per-call cost leaves a core idle (the tp24 preset's two forms on the targets world: 130 % of a core one after
-the other, 170 % side by side). The bands are sized for the fits held at once (:func:`emos_bands.band_rows`'s
-``fits``), a constant, so that the bands, and with them the coefficients, do not depend on the machine.
+pooling), so the memory held does not grow with the training dates. Up to :data:`FITS_AT_ONCE` fits run on a band
+at the same time, in threads: a fit's last iterations move a few hard points, where torch's per-call cost leaves a
+core idle (the tp24 preset's two forms on the targets world: 130 % of a core one after the other, 170 % side by
+side). A stage with fewer candidates than that splits each candidate's points into parts (every ``parts``-th point
+of the band's core), fitted side by side: the points do not interact, so each point ends where one fit over them
+all leaves it, up to round-off (torch's sums over the dates take an order that can depend on how many points are
+active; a location-scale fit is bit-identical, the csg's can settle elsewhere in a flat valley: 6.5e-9 (1 + CRPS)
+apart at most at 40 points of tests/test_emos_optimum.py's world). The bands are sized for the fits held at once
+(:func:`emos_bands.band_rows`'s ``fits``; a candidate's parts together hold one fit's memory), a constant, as the
+parts are, so that the bands, and with them the coefficients, do not depend on the machine.
 """
 
 from __future__ import annotations
@@ -77,35 +82,71 @@ class Selection:
         return {"chosen": self.chosen.to_dict(), "candidates": self.table}
 
 
+@dataclass(frozen=True)
+class _Part:
+    """One thread's share of a candidate's fit on a band: every ``parts``-th point of the core from ``index``."""
+
+    candidate: Candidate
+    index: int = 0
+    parts: int = 1
+
+    def of(self, points: int) -> torch.Tensor:
+        return torch.arange(self.index, points, self.parts)  # (A / parts,)
+
+
 def _fit_band(
-    band: Any, width: int, family: str, candidate: Candidate, settings: FitSettings, wrap: bool,
-    start: torch.Tensor | None,
+    band: Any, width: int, family: str, part: _Part, settings: FitSettings, wrap: bool, start: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, FitReport, float]:  # fmt: skip
-    """One candidate on one band (:class:`emos_bands.HaloBand`): (theta (A, n), unit (A,), report, seconds) of its
-    core, warm-started from ``start`` (A, n) where given."""
+    """One part of a candidate on one band (:class:`emos_bands.HaloBand`): (theta (A', n), unit (A',), report,
+    seconds) of its share of the core's points, warm-started from ``start`` (A, n, the whole core) where given."""
     t0 = time.perf_counter()
+    candidate = part.candidate
     d: PointData = band.data
     d = d.with_unit(d.training_unit(settings.min_std))  # each point's unit from its own training spread
     core = slice(band.core.start - band.first, band.core.stop - band.first)
     data = pooled(d, (band.rows, width), core, candidate.pooling, wrap)
+    share = part.of(data.y.shape[0])  # (A',) into the core's points
+    data, start = data.take(share), None if start is None else start[share]
     if candidate.shrinkage is not None and start is not None:
-        points = slice(band.core.start * width, band.core.stop * width)
-        theta, report = _fit_shrunk(data, candidate, family, settings, start, points)
+        theta, report = _fit_shrunk(data, candidate, family, settings, start, band.core.start * width + share)
     else:
         theta, report = emos_fit.fit(data, family, settings, candidate.form, start)
     theta = emos_fit.representable(theta, data, family, candidate.form)
     assert d.u is not None
-    unit = d.u[core.start * width : core.stop * width, 0]
+    unit = d.u[core.start * width : core.stop * width, 0][share]
     return theta, unit, report, time.perf_counter() - t0
 
 
+def _joined(
+    fits: list[tuple[torch.Tensor, torch.Tensor, FitReport, float]], parts: int
+) -> tuple[torch.Tensor, torch.Tensor, FitReport, float]:
+    """A candidate's ``parts`` fits on a band (:func:`_fit_band`, in part order) as one: theta (A, n) and unit (A,)
+    in the core's order, the merged report, and the seconds of the slowest part (they ran side by side)."""
+    if parts == 1:
+        return fits[0]
+    points = sum(f[0].shape[0] for f in fits)
+    theta = fits[0][0].new_empty(points, fits[0][0].shape[1])
+    unit = fits[0][1].new_empty(points)
+    for i, (t, u, _, _) in enumerate(fits):
+        theta[i::parts], unit[i::parts] = t, u
+    report = FitReport.merged([f[2] for f in fits])
+    seconds = max(f[3] for f in fits)
+    return theta, unit, replace(report, seconds=seconds), seconds
+
+
 def _fit_shrunk(
-    data: PointData, candidate: Candidate, family: str, settings: FitSettings, local: torch.Tensor, points: slice
+    data: PointData,
+    candidate: Candidate,
+    family: str,
+    settings: FitSettings,
+    local: torch.Tensor,
+    points: torch.Tensor,
 ) -> tuple[torch.Tensor, FitReport]:
     """The band's points refitted with the penalty of ``candidate``'s shrinkage from their local fit ``local``
-    (A, n), each point's weight scaled by its local training CRPS; ``points``: the band's points in the whole
-    grid's order. The points :func:`_free` leaves alone keep their local coefficients, untouched: refitted, the
-    sh form's far basin walked its shift out again (to 1e9 spreads, where the model's float32 law is wrong)."""
+    (A, n), each point's weight scaled by its local training CRPS; ``points`` (A,): their indices in the whole
+    grid's row-major order. The points :func:`_free` leaves alone keep their local coefficients, untouched:
+    refitted, the sh form's far basin walked its shift out again (to 1e9 spreads, where the model's float32 law
+    is wrong)."""
     assert candidate.shrinkage is not None and candidate.centre is not None
     with torch.no_grad():
         crps = crps_per_point(local, data, family, candidate.form)  # (A,)
@@ -113,20 +154,21 @@ def _fit_shrunk(
     penalty = prior(candidate.centre[points], torch.nan_to_num(crps), candidate.form, candidate.shrinkage, free)
     fitted, kept = (~free).nonzero().squeeze(1), int(free.sum())
     theta = local.clone()
+    with torch.no_grad():  # the report's CRPS over every point of the band: the raw ensemble's, the local fit's
+        raw = crps_per_point(emos_forms.raw_start(local.shape[0], local.shape[1], candidate.form, data.y), data,
+                             family, candidate.form)  # fmt: skip
+    means = {"crps_raw": float(raw.mean()), "crps_start": float(crps.mean())}
     if fitted.numel() == 0:  # every point of the band keeps its local fit
-        with torch.no_grad():
-            raw = crps_per_point(emos_forms.raw_start(kept, local.shape[1], candidate.form, data.y), data, family,
-                                 candidate.form)  # fmt: skip
-        mean = float(crps.mean())
         nothing = FitReport("none: every point kept its local fit", 0, kept, 0, 0, 0, 0.0, 0.0, 0.0, settings.tol_grad,
-                            settings.tol_decrease, float(raw.mean()), mean, mean, 0.0, kept)  # fmt: skip
+                            settings.tol_decrease, means["crps_raw"], means["crps_start"], means["crps_start"], 0.0,
+                            kept)  # fmt: skip
         return theta, nothing
     theta[fitted], report = emos_fit.fit(
         replace(data, prior=penalty).take(fitted), family, settings, candidate.form, local[fitted]
     )
-    with torch.no_grad():  # the report's training CRPS without the penalty, over every point of the band
+    with torch.no_grad():  # the training CRPS without the penalty
         crps = crps_per_point(theta, data, family, candidate.form)
-    return theta, replace(report, points=report.points + kept, kept_points=kept, crps_fit=float(crps.mean()))
+    return theta, replace(report, points=report.points + kept, kept_points=kept, crps_fit=float(crps.mean()), **means)
 
 
 def _free(theta: torch.Tensor, form: str) -> torch.Tensor:
@@ -162,13 +204,16 @@ def _run(
     bands = zip(train.halo_bands(settings.min_std, halo), val.bands(settings.min_std), strict=True)
     # one pool for every band: a pool per band started new threads each time, and each new thread's glibc arena
     # kept the band's freed tensors (0.5 deg, 12 bands: the fit's peak 2.70 GB against 2.17 with one pool)
-    with ThreadPoolExecutor(max_workers=fits_at_once(len(candidates))) as pool:
+    parts = max(1, FITS_AT_ONCE // max(1, len(candidates)))  # each candidate's share of the threads
+    shares = [_Part(c, i, parts) for c in candidates for i in range(parts)]
+    with ThreadPoolExecutor(max_workers=fits_at_once(len(shares))) as pool:
         for b, (band, val_band) in enumerate(bands):
             width = band.data.y.shape[0] // band.rows
             weights = row_weights[band.core].repeat_interleave(width).to(torch.float64)  # (A,)
             warm = None if starts is None else starts[b]
             fit = functools.partial(_fit_band, band, width, family, settings=settings, wrap=wrap, start=warm)
-            fits = list(pool.map(fit, candidates))
+            done = list(pool.map(fit, shares))
+            fits = [_joined(done[i : i + parts], parts) for i in range(0, len(done), parts)]
             for candidate, (theta, unit, report, seconds), tally in zip(candidates, fits, tallies, strict=True):
                 tally.seconds += seconds
                 score, weight = _validation(theta, unit, val_band, family, candidate.form, weights)

@@ -7,15 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from scipy import optimize
 from test_emos_optimum import crps_normal_numpy
 from test_emos_standard import _fields, grid_data, with_unit
+from test_emos_tp24_convergence import underdispersed
 
+from postcast.models import emos_forms, emos_select
 from postcast.models.emos_bands import BandScratch
-from postcast.models.emos_fit import FAR_SHIFT, fit
+from postcast.models.emos_fit import FAR_SHIFT, FitSettings, fit
 from postcast.models.emos_objective import PointData, Prior, crps_per_point
-from postcast.models.emos_pool import Shrinkage, centres, neighbour_mean
+from postcast.models.emos_pool import Pooling, Shrinkage, centres, neighbour_mean
 from postcast.models.emos_select import select
 
 TOL = 1e-5  # as the standard form's test against scipy: at most scipy's objective + 1e-5
@@ -145,3 +148,22 @@ def test_a_shrinkage_leaves_the_sh_forms_far_basin_at_its_local_fit(tmp_path: Pa
     r = shrunk.report
     assert r.kept_points == int(far.sum())
     assert r.converged_points + r.stalled_points + r.limit_points + r.kept_points == r.points == height * width
+
+
+def test_a_shrunk_fits_report_means_every_point_of_the_band():
+    """The sh form's shrinkage leaves its far-basin points at their local fit; its report's raw-ensemble and
+    starting CRPS are means over every point of the band, as its fitted CRPS and its count of points are. They
+    were means over the refitted points only, weighted as if over all: a band fitted in two parts reported
+    another raw-ensemble CRPS (the tp24 preset's 1.07907 against 1.07880)."""
+    d = underdispersed(seed=1)  # two of its 4 points walk towards the censored-normal limit
+    local, _ = fit(d, "csg", form="sh")
+    kept = int(emos_select._free(local, "sh").sum())
+    assert 0 < kept < 4
+    candidate = emos_select.Candidate("sh", Pooling(), Shrinkage(1, 1.0), centre=local.clone())
+    _, report = emos_select._fit_shrunk(d, candidate, "csg", FitSettings(), local, torch.arange(4))
+    with torch.no_grad():
+        raw = crps_per_point(emos_forms.raw_start(4, local.shape[1], "sh", d.y), d, "csg", "sh")
+        start = crps_per_point(local, d, "csg", "sh")
+    assert (report.points, report.kept_points) == (4, kept)
+    assert report.crps_raw == pytest.approx(float(raw.mean()), rel=1e-12)
+    assert report.crps_start == pytest.approx(float(start.mean()), rel=1e-12)

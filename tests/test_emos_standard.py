@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from postcast.datasets.loaders.datamodule import DataConfig, StoreDataset
 from postcast.datasets.sample import SampleSpec
-from postcast.models import distributions, emos_bands, emos_forms, emos_objective, emos_select, emos_training
+from postcast.models import distributions, emos_bands, emos_forms, emos_objective, emos_pool, emos_select, emos_training
 from postcast.models.emos_bands import BandScratch
 from postcast.models.emos_fit import fit
 from postcast.models.emos_objective import Model, PointData, crps_per_point
@@ -198,6 +198,38 @@ def test_candidates_fitted_side_by_side_equal_those_fitted_one_after_another(tmp
     torch.testing.assert_close(runs[2].theta, runs[1].theta, rtol=0, atol=0)
     assert [r["val_crps"] for r in runs[2].table] == [r["val_crps"] for r in runs[1].table]
     assert runs[2].chosen == runs[1].chosen
+
+
+def test_one_candidate_split_across_threads_equals_its_fit_in_one_thread(tmp_path, monkeypatch):
+    """One form and its shrinkage (a stage of one candidate each, as the tp24 preset's): with two fits at once each
+    candidate's points are split into two parts fitted side by side (every other point of a band); the
+    coefficients, validation scores and reports' counts equal those of the whole band fitted in one thread."""
+    height = 6
+    scratch = _small_scratch(tmp_path, height, rows=4)
+    runs, calls = {}, {}
+    for at_once in (1, 2):
+        monkeypatch.setattr(emos_select, "FITS_AT_ONCE", at_once)
+        calls[at_once] = []
+        monkeypatch.setattr(emos_select.emos_fit, "fit", _recording_points(emos_select.emos_fit.fit, calls[at_once]))
+        runs[at_once] = select(scratch["train"], scratch["val"], "gaussian", ["standard"], [], torch.ones(height),
+                               False, shrinks=(emos_pool.Shrinkage(1, 1.0),))  # fmt: skip
+        monkeypatch.undo()
+    assert sum(calls[2]) == sum(calls[1]) and len(calls[2]) == 2 * len(calls[1])  # the split happened
+    torch.testing.assert_close(runs[2].theta, runs[1].theta, rtol=0, atol=0)
+    torch.testing.assert_close(runs[2].unit, runs[1].unit, rtol=0, atol=0)
+    assert [r["val_crps"] for r in runs[2].table] == [r["val_crps"] for r in runs[1].table]
+    one, two = runs[1].report, runs[2].report
+    assert (two.points, two.converged_points, two.kept_points) == (one.points, one.converged_points, one.kept_points)
+
+
+def _recording_points(fit, points: list[int]):
+    """``fit`` that records how many points each call fits (the split is real: twice the calls, half the points)."""
+
+    def recorded(d, *args, **kwargs):
+        points.append(d.y.shape[0])
+        return fit(d, *args, **kwargs)
+
+    return recorded
 
 
 def test_bands_are_sized_for_the_fits_held_at_once():
