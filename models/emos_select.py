@@ -157,18 +157,19 @@ def _fit_shrunk(
     with torch.no_grad():  # the report's CRPS over every point of the band: the raw ensemble's, the local fit's
         raw = crps_per_point(emos_forms.raw_start(local.shape[0], local.shape[1], candidate.form, data.y), data,
                              family, candidate.form)  # fmt: skip
-    means = {"crps_raw": float(raw.mean()), "crps_start": float(crps.mean())}
+    crps_raw, crps_start = float(raw.mean()), float(crps.mean())
     if fitted.numel() == 0:  # every point of the band keeps its local fit
         nothing = FitReport("none: every point kept its local fit", 0, kept, 0, 0, 0, 0.0, 0.0, 0.0, settings.tol_grad,
-                            settings.tol_decrease, means["crps_raw"], means["crps_start"], means["crps_start"], 0.0,
-                            kept)  # fmt: skip
+                            settings.tol_decrease, crps_raw, crps_start, crps_start, 0.0, kept)  # fmt: skip
         return theta, nothing
     theta[fitted], report = emos_fit.fit(
         replace(data, prior=penalty).take(fitted), family, settings, candidate.form, local[fitted]
     )
     with torch.no_grad():  # the training CRPS without the penalty
         crps = crps_per_point(theta, data, family, candidate.form)
-    return theta, replace(report, points=report.points + kept, kept_points=kept, crps_fit=float(crps.mean()), **means)
+    fit_mean = float(crps.mean())
+    return theta, replace(report, points=report.points + kept, kept_points=kept, crps_raw=crps_raw,
+                          crps_start=crps_start, crps_fit=fit_mean)  # fmt: skip
 
 
 def _free(theta: torch.Tensor, form: str) -> torch.Tensor:
