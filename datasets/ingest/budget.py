@@ -35,6 +35,25 @@ def _fields(plan: sources.Plan) -> int:
     )
 
 
+def variable_groups(plan: sources.Plan, dates: int) -> list[tuple[str, ...]]:
+    """The plan's variables in consecutive groups of at most TASK_BYTES of member data over ``dates`` init dates
+    (or one variable), which a date task loads and writes one group at a time: every variable in one group where
+    the dates are small (5 deg), one or two per group at 0.5 deg."""
+    ny, nx = plan.grid.shape
+    per_field = 4 * ny * nx * len(plan.members) * len(plan.steps_h) * dates
+    groups: list[tuple[str, ...]] = []
+    held = 0
+    for v in plan.variables:
+        size = per_field * (len(plan.levels) if plan.variable(v).level_type is schema.LevelType.PRESSURE else 1)
+        if groups and held + size <= TASK_BYTES:
+            groups[-1] += (v,)
+            held += size
+        else:
+            groups.append((v,))
+            held = size
+    return groups
+
+
 def date_bytes(plan: sources.Plan) -> int:
     """Decoded bytes of member fields per init date (float32): what MB/s counts."""
     ny, nx = plan.grid.shape

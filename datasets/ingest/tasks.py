@@ -16,6 +16,7 @@ from postcast.datasets import contract, integrity, io, plausibility, schema, sou
 from postcast.datasets.core import moments
 from postcast.datasets.core.cluster import keep_freed_memory
 from postcast.datasets.core.errors import BadInputError
+from postcast.datasets.ingest import budget as ingest_budget
 
 
 def ingest_dates(
@@ -28,19 +29,33 @@ def ingest_dates(
     done_dir: str,
     train: frozenset[int] = frozenset(),
 ) -> moments.FieldPartials | None:
-    """Load, check and write consecutive init dates ``indices`` with one region write (whole chunks), then
-    mark each done (the marker holds the checksums of the date's chunk files). Returns the merged partial
-    statistics of this batch's training dates (in ``train``; None: none of them), computed from the values
-    in hand in the same sweep as the ensemble statistics."""
+    """Load, check and write consecutive init dates ``indices`` one group of forecast variables at a time (the
+    truth and oracle with the last), each group with one region write of whole chunks, then mark each date done
+    (the marker holds the checksums of the date's chunk files). Returns the merged partial statistics of this
+    batch's training dates (in ``train``; None: none of them), computed from the values in hand in the same sweep
+    as the ensemble statistics. A group holds about ``budget.TASK_BYTES`` of member data: a 0.5 deg date held
+    whole was 0.8 GB of fresh memory per task, whose first touch cost more than its decoding (docs/ingest.md)."""
     keep_freed_memory()
-    loaded = [load_date(forecast, truth, oracle, plan, i, partials=i in train) for i in indices]
-    parts = [day for day, _ in loaded]
-    full = xr.concat(parts, dim=schema.INIT_TIME) if len(parts) > 1 else parts[0]
-    io.write_region(full, store_path, {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)})
+    region = {schema.INIT_TIME: slice(indices[0], indices[-1] + 1)}
+    parts: dict[int, moments.FieldPartials] = {i: {} for i in indices if i in train}
+    arrays: list[str] = []
+    groups = ingest_budget.variable_groups(plan, len(indices))
+    for k, group in enumerate(groups):
+        last = k == len(groups) - 1  # with the truth and oracle
+        loaded = [
+            load_date(forecast, truth, oracle, plan, i, partials=i in train, variables=group, extras=last)
+            for i in indices
+        ]
+        days = [day for day, _ in loaded]
+        io.write_region(xr.concat(days, dim=schema.INIT_TIME) if len(days) > 1 else days[0], store_path, region)
+        arrays += [str(n) for n in days[0].data_vars]
+        for i, (_, mine) in zip(indices, loaded, strict=True):
+            if mine is not None:
+                parts[i] |= mine
+        del loaded, days
     merged: moments.FieldPartials | None = None
-    arrays = [str(n) for n in full.data_vars]
-    for i, (_, mine) in zip(indices, loaded, strict=True):
-        merged = moments.combine_fields(merged, mine)
+    for i in indices:
+        merged = moments.combine_fields(merged, parts.pop(i, None))
         chunks = integrity.date_chunks(store_path, arrays, i)  # hashed now, while in the page cache
         io.write_json(Path(done_dir) / marker_name(plan.init_times[i]), {"chunks": chunks})
     return merged
@@ -54,11 +69,14 @@ def load_date(
     i: int,
     *,
     partials: bool = False,
+    variables: tuple[str, ...] | None = None,
+    extras: bool = True,
 ) -> tuple[xr.Dataset, moments.FieldPartials | None]:
     """One init date as the store holds it (members, their ensemble statistics, truth and oracle) and, with
-    ``partials``, the partial statistics of its fields (from the float32 values the store gets)."""
+    ``partials``, the partial statistics of its fields (from the float32 values the store gets). ``variables``:
+    only these forecast variables (None: the plan's); ``extras``: with the truth and oracle."""
     t = plan.init_times[i]
-    ds = forecast.load(t, plan)
+    ds = forecast.load(t, plan, variables)
     ens: dict[str, xr.Variable] = {}
     parts: moments.FieldPartials = {}
     for name, x in ds.data_vars.items():
@@ -78,7 +96,8 @@ def load_date(
                 contract.ens_std(name): moments.value_partial(std),
             }
     pieces = [ds, xr.Dataset(ens)]
-    pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
+    if extras:
+        pieces += [extra.load(t, plan) for extra in (truth, oracle) if extra is not None]
     day = xr.merge(pieces, compat="override", join="override")
     _refuse_infinite(day, t, forecast, truth, oracle)
     if partials:

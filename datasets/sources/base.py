@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -311,7 +312,9 @@ class ForecastSource(ABC):
     def plan(self, expect: Expectation) -> Plan: ...
 
     @abstractmethod
-    def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset: ...
+    def load(self, init_time: pd.Timestamp, plan: Plan, variables: Sequence[str] | None = None) -> xr.Dataset:
+        """Init date ``init_time`` of ``variables`` (None: the plan's), each (1, member, step[, level], lat, lon)
+        float32 on the plan's grid, checked (:func:`check_values`); only those variables are read."""
 
     @property
     def kind(self) -> str:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,6 +39,7 @@ class GribSource(ForecastSource):
         self.files = sorted(files)
         self.path = self.files[0] if len(self.files) == 1 else self.files[0].parent  # names the input in messages
         self._index = index
+        self._dates: dict[pd.Timestamp, pd.DataFrame] | None = None  # built where dates are loaded (a worker)
 
     @property
     def index(self) -> pd.DataFrame:
@@ -49,6 +52,18 @@ class GribSource(ForecastSource):
         """Install per-file indices (computed elsewhere, e.g. in parallel on dask workers)."""
         frames = [p.assign(file=str(f)) for p, f in zip(parts, self.files, strict=True)]
         self._index = pd.concat(frames, ignore_index=True)
+        self._dates = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_dates": None}  # the index travels once, not twice
+
+    def _date_rows(self, init_time: pd.Timestamp) -> pd.DataFrame:
+        """The messages of one init date, indexed by (var, level, member, step_h): the index split by date once
+        per source, not filtered again for each variable an ingest task loads."""
+        if self._dates is None:
+            key = ["var", "level", "member", "step_h"]
+            self._dates = {pd.Timestamp(t): g.set_index(key).sort_index() for t, g in self.index.groupby("init_time")}
+        return self._dates[pd.Timestamp(init_time)]
 
     def plan(self, expect: Expectation) -> Plan:
         src = self.path
@@ -152,12 +167,11 @@ class GribSource(ForecastSource):
             out += [(v, lv) for lv in plan.levels] if plan.variable(v).on_levels else [(v, 0)]
         return out
 
-    def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
-        idx = self.index
-        rows = idx[idx.init_time == init_time].set_index(["var", "level", "member", "step_h"]).sort_index()
+    def load(self, init_time: pd.Timestamp, plan: Plan, variables: Sequence[str] | None = None) -> xr.Dataset:
+        rows = self._date_rows(init_time)
         shape = plan.source_grid.shape if plan.source_grid is not None else plan.grid.shape
         data = {}
-        for v in plan.variables:
+        for v in plan.variables if variables is None else variables:
             pl = plan.variable(v).on_levels
             levels = plan.levels if pl else (0,)
             # the fields in the store's order, (member, step, level): decoded where they belong, so the array is

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +150,8 @@ class XarraySource(ForecastSource):
         times = sorted(pd.Timestamp(t) for t in ds[schema.INIT_TIME].values)
         return Plan(times, variables, levels, members, steps, grid, list(self.paths), source_grid, expect.method)
 
-    def load(self, init_time: pd.Timestamp, plan: Plan) -> xr.Dataset:
-        ds = self.dataset[list(plan.variables)]
+    def load(self, init_time: pd.Timestamp, plan: Plan, variables: Sequence[str] | None = None) -> xr.Dataset:
+        ds = self.dataset[list(plan.variables if variables is None else variables)]
         sel: dict[str, Any] = {
             schema.INIT_TIME: [init_time],
             schema.MEMBER: list(plan.members),
