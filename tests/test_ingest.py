@@ -744,8 +744,8 @@ def test_a_date_task_holds_one_group_of_variables_at_a_time_and_writes_the_same_
     memory for a 0.5 deg date, whose first touch cost more than decoding it. It now loads, writes and frees one
     group of about ``budget.TASK_BYTES`` of member data at a time. With the budget at one variable, the memory
     traced while a date is ingested is at least half the date's member bytes below what it is with the date in
-    one group (the task as it was, above the date's member bytes), and the chunk files (their checksums in the date's done-marker) are the
-    same."""
+    one group (the task as it was, above the date's member bytes), and the chunk files (their checksums in the
+    date's done-marker) are the same."""
     import gc
     import tracemalloc
 
